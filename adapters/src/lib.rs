@@ -1,0 +1,1 @@
+//! plexus upstream connections.

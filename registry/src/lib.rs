@@ -1,0 +1,1 @@
+//! The plexus catalog.
