@@ -1,1 +1,13 @@
-//! The plexus catalog.
+//! The plexus catalog: names and namespacing, route tables, immutable catalog snapshots
+//! and pagination cursors. Pure and synchronous: no I/O, no clock, no logging; problems
+//! come back as [`CatalogWarning`] data.
+
+pub mod catalog;
+pub mod cursor;
+pub mod filter;
+pub mod names;
+pub mod uris;
+
+pub use catalog::{Catalog, CatalogOptions, CatalogWarning, Kind, Page, Route, UpstreamListing};
+pub use cursor::CursorError;
+pub use filter::ToolFilter;

@@ -1,1 +1,231 @@
-fn main() {}
+//! plexus-fixture: a stdio MCP server for plexus tests, with vendor-key output patches and fault-injection flags.
+
+#[path = "../fixture/filter.rs"]
+mod filter;
+#[path = "../fixture/server.rs"]
+mod server;
+
+use std::{
+    io::Write as _,
+    path::PathBuf,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use rmcp::{service::ServerInitializeError, ServiceExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, ReadBuf};
+
+use server::{AddSchema, Fixture};
+
+/// Test MCP server speaking newline-delimited JSON-RPC on stdin/stdout.
+#[derive(Parser, Debug)]
+#[command(name = "plexus-fixture")]
+struct Cli {
+    /// serverInfo.name, also embedded in outputs [env: FIXTURE_NAME] [default: fixture]
+    #[arg(long)]
+    name: Option<String>,
+    /// Input schema of the `add` tool [env: FIXTURE_ADD_SCHEMA] [default: v1]
+    #[arg(long, value_enum)]
+    add_schema: Option<AddSchema>,
+    /// Print non-JSON lines on stdout: one before serving, one after the initialize response.
+    #[arg(long)]
+    banner: bool,
+    /// Read stdin forever but never answer anything.
+    #[arg(long)]
+    hang_initialize: bool,
+    /// Keep running when SIGTERM arrives.
+    #[arg(long)]
+    ignore_sigterm: bool,
+    /// Write BYTES bytes of 'x' (no newline) to stderr at startup.
+    #[arg(long, value_name = "BYTES")]
+    stderr_flood: Option<u64>,
+    /// Exit with status 3, without answering, while handling the N-th tools/call.
+    #[arg(long, value_name = "N")]
+    exit_after_calls: Option<u64>,
+}
+
+const DEFAULT_NAME: &str = "fixture";
+
+fn main() {
+    let cli = Cli::parse();
+    // Before anything else, so a parent that never drains stderr blocks us
+    // here, which is the fault this flag exists to provoke.
+    if let Some(bytes) = cli.stderr_flood {
+        flood_stderr(bytes);
+    }
+    init_tracing();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            1
+        }
+    };
+    // Exit explicitly: tokio's stdin reader runs on a blocking thread that
+    // runtime shutdown would otherwise wait on.
+    std::process::exit(code);
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(filter)
+        .init();
+}
+
+fn flood_stderr(bytes: u64) {
+    let chunk = [b'x'; 8192];
+    let mut left = bytes;
+    let mut stderr = std::io::stderr().lock();
+    while left > 0 {
+        let n = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+        if stderr.write_all(&chunk[..n]).is_err() {
+            return;
+        }
+        left -= n as u64;
+    }
+    let _ = stderr.flush();
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    // clap's `env` feature is not enabled in the workspace, so fall back to
+    // the environment by hand.
+    let name = cli
+        .name
+        .or_else(|| std::env::var("FIXTURE_NAME").ok())
+        .unwrap_or_else(|| DEFAULT_NAME.to_owned());
+    let add_schema = match cli.add_schema {
+        Some(schema) => schema,
+        None => match std::env::var("FIXTURE_ADD_SCHEMA") {
+            Ok(value) => AddSchema::from_str(&value, true)
+                .map_err(|e| anyhow::anyhow!("FIXTURE_ADD_SCHEMA={value}: {e}"))?,
+            Err(_) => AddSchema::V1,
+        },
+    };
+    let cancel_log = std::env::var_os("FIXTURE_CANCEL_LOG").map(PathBuf::from);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(async move {
+        if cli.ignore_sigterm {
+            ignore_sigterm()?;
+        }
+        tracing::info!(%name, ?add_schema, pid = std::process::id(), "plexus-fixture starting");
+
+        // rmcp writes into `to_filter`; the filter owns the real stdout.
+        let (to_filter, from_rmcp) = tokio::io::duplex(64 * 1024);
+        let filter_task = tokio::spawn(filter::run(
+            from_rmcp,
+            tokio::io::stdout(),
+            name.clone(),
+            cli.banner,
+        ));
+
+        let stdin_eof = Arc::new(AtomicBool::new(false));
+        let stdin = EofFlag {
+            inner: tokio::io::stdin(),
+            eof: stdin_eof.clone(),
+        };
+
+        if cli.hang_initialize {
+            drop(to_filter);
+            hang(stdin).await;
+        } else {
+            let fixture = Fixture::new(
+                name.clone(),
+                add_schema,
+                cli.exit_after_calls,
+                cancel_log,
+                stdin_eof,
+            );
+            match fixture.serve((stdin, to_filter)).await {
+                Ok(running) => {
+                    let reason = running.waiting().await.context("joining the service")?;
+                    tracing::info!(?reason, "service finished");
+                }
+                // Closing stdin before initialize is a normal way to go away.
+                Err(ServerInitializeError::ConnectionClosed(context)) => {
+                    tracing::info!(%context, "stdin closed before initialize");
+                }
+                Err(error) => return Err(anyhow::Error::new(error).context("initialize")),
+            }
+        }
+        // The duplex writer is gone once the service is, so the filter ends
+        // after writing what it already holds.
+        filter_task
+            .await
+            .context("joining the output filter")?
+            .context("writing stdout")?;
+        Ok(0)
+    })
+}
+
+/// Installs a SIGTERM handler that only logs: once tokio owns the signal its
+/// default (terminate) action no longer applies.
+fn ignore_sigterm() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    tokio::spawn(async move {
+        while sigterm.recv().await.is_some() {
+            tracing::warn!("SIGTERM received and ignored (--ignore-sigterm)");
+        }
+    });
+    Ok(())
+}
+
+/// `--hang-initialize`: consume stdin so the writer never blocks, answer nothing.
+async fn hang<R: AsyncRead + Unpin>(stdin: R) {
+    let mut lines = BufReader::new(stdin).lines();
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => {
+                tracing::info!(len = line.len(), "--hang-initialize: ignoring input line")
+            }
+            Ok(None) => {
+                tracing::info!("--hang-initialize: stdin closed");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "--hang-initialize: stdin read failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Wraps stdin to record EOF, which tells `sleep` that a cancellation came
+/// from shutdown rather than from the client.
+struct EofFlag<R> {
+    inner: R,
+    eof: Arc<AtomicBool>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for EofFlag<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &poll {
+            if buf.filled().len() == before && buf.remaining() > 0 {
+                self.eof.store(true, Ordering::SeqCst);
+            }
+        }
+        poll
+    }
+}

@@ -1,0 +1,155 @@
+//! Newline-delimited JSON framing with a hard line-length cap.
+//!
+//! Upstream stdout is untrusted: a line may be huge, may not be JSON (banners),
+//! or may not be UTF-8. The decoder never fails the stream for any of these; it
+//! reports them so the connection can count, log and carry on.
+
+use bytes::{Buf, BytesMut};
+use tokio_util::codec::Decoder;
+
+/// One unit read off a newline-delimited stream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A complete line, without its terminating newline (and without a trailing `\r`).
+    Line(BytesMut),
+    /// A line longer than the cap; its bytes were discarded. Carries the cap.
+    TooLong { limit: usize },
+}
+
+/// Splits a byte stream into lines of at most `max_line_bytes`.
+#[derive(Debug)]
+pub struct LineDecoder {
+    max_line_bytes: usize,
+    /// Set while skipping the rest of an oversized line.
+    discarding: bool,
+    /// How far the buffer has already been scanned for a newline.
+    scanned: usize,
+}
+
+impl LineDecoder {
+    pub fn new(max_line_bytes: usize) -> LineDecoder {
+        LineDecoder {
+            max_line_bytes,
+            discarding: false,
+            scanned: 0,
+        }
+    }
+}
+
+impl Decoder for LineDecoder {
+    type Item = Frame;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, std::io::Error> {
+        loop {
+            let newline = buf[self.scanned..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map(|offset| self.scanned + offset);
+            match newline {
+                Some(end) if self.discarding => {
+                    buf.advance(end + 1);
+                    self.discarding = false;
+                    self.scanned = 0;
+                    // The oversized line was already reported when discarding began.
+                    continue;
+                }
+                Some(end) => {
+                    let mut line = buf.split_to(end + 1);
+                    self.scanned = 0;
+                    line.truncate(end);
+                    if line.last() == Some(&b'\r') {
+                        line.truncate(end - 1);
+                    }
+                    if line.len() > self.max_line_bytes {
+                        return Ok(Some(Frame::TooLong {
+                            limit: self.max_line_bytes,
+                        }));
+                    }
+                    return Ok(Some(Frame::Line(line)));
+                }
+                None if self.discarding => {
+                    buf.clear();
+                    self.scanned = 0;
+                    return Ok(None);
+                }
+                None if buf.len() > self.max_line_bytes => {
+                    buf.clear();
+                    self.scanned = 0;
+                    self.discarding = true;
+                    return Ok(Some(Frame::TooLong {
+                        limit: self.max_line_bytes,
+                    }));
+                }
+                None => {
+                    self.scanned = buf.len();
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, std::io::Error> {
+        if let Some(frame) = self.decode(buf)? {
+            return Ok(Some(frame));
+        }
+        if buf.is_empty() || self.discarding {
+            buf.clear();
+            return Ok(None);
+        }
+        // A final line without a newline still counts as a line.
+        let line = buf.split();
+        self.scanned = 0;
+        Ok(Some(Frame::Line(line)))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn decode_all(input: &[u8], limit: usize) -> Vec<Frame> {
+        let mut decoder = LineDecoder::new(limit);
+        let mut frames = Vec::new();
+        // Feed byte by byte to exercise partial reads.
+        let mut buf = BytesMut::new();
+        for byte in input {
+            buf.extend_from_slice(&[*byte]);
+            while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                frames.push(frame);
+            }
+        }
+        while let Some(frame) = decoder.decode_eof(&mut buf).unwrap() {
+            frames.push(frame);
+        }
+        frames
+    }
+
+    fn line(text: &str) -> Frame {
+        Frame::Line(BytesMut::from(text.as_bytes()))
+    }
+
+    #[test]
+    fn splits_lines_and_strips_carriage_returns() {
+        assert_eq!(
+            decode_all(b"{\"a\":1}\r\nbanner\n{}", 100),
+            vec![line("{\"a\":1}"), line("banner"), line("{}")]
+        );
+    }
+
+    #[test]
+    fn oversized_line_is_reported_once_and_skipped() {
+        let mut input = vec![b'x'; 50];
+        input.extend_from_slice(b"\nok\n");
+        assert_eq!(
+            decode_all(&input, 10),
+            vec![Frame::TooLong { limit: 10 }, line("ok")]
+        );
+    }
+
+    #[test]
+    fn line_exactly_at_the_limit_passes() {
+        assert_eq!(decode_all(b"0123456789\n", 10), vec![line("0123456789")]);
+    }
+}

@@ -1,0 +1,240 @@
+//! JSON-RPC plumbing shared by every upstream transport: outgoing ids, the table
+//! of requests awaiting replies, and the classification of incoming messages.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::{Map, Value};
+use tokio::sync::oneshot;
+
+/// What an upstream answered to a request, kept as sent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    /// The `result` member.
+    Result(Value),
+    /// The `error` member: `{code, message, data?}`, relayed unchanged.
+    Error(Value),
+}
+
+/// Something an upstream sent that is not a reply to one of our requests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum UpstreamEvent {
+    /// A notification (`method`, no `id`), whole.
+    Notification(Value),
+    /// A server-to-client request (`method` and `id`), whole; answer with
+    /// [`crate::UpstreamConnection::respond`].
+    Request(Value),
+}
+
+/// Why a request got no reply from the upstream.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConnectionError {
+    #[error("the connection to the upstream is closed")]
+    Closed,
+    #[error("the upstream sent a message over the {limit}-byte limit")]
+    TooLarge { limit: usize },
+}
+
+type ReplySender = oneshot::Sender<Result<Reply, ConnectionError>>;
+
+/// Requests sent upstream and not yet answered, keyed by the id plexus gave them.
+#[derive(Default)]
+pub(crate) struct PendingRequests {
+    next_id: AtomicU64,
+    waiting: Mutex<HashMap<u64, ReplySender>>,
+}
+
+impl PendingRequests {
+    pub(crate) fn register(&self) -> (u64, oneshot::Receiver<Result<Reply, ConnectionError>>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (sender, receiver) = oneshot::channel();
+        self.lock().insert(id, sender);
+        (id, receiver)
+    }
+
+    /// Removes a request; true if it was still waiting (so a cancel is due).
+    pub(crate) fn forget(&self, id: u64) -> bool {
+        self.lock().remove(&id).is_some()
+    }
+
+    pub(crate) fn complete(&self, id: u64, outcome: Result<Reply, ConnectionError>) -> bool {
+        match self.lock().remove(&id) {
+            Some(sender) => {
+                // The caller may have given up meanwhile; the late reply is dropped.
+                let _ = sender.send(outcome);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn fail_all(&self, error: ConnectionError) {
+        let drained: Vec<_> = self.lock().drain().collect();
+        for (_, sender) in drained {
+            let _ = sender.send(Err(error.clone()));
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, ReplySender>> {
+        // A panic while holding this lock cannot leave the map inconsistent.
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Classifies one parsed message from an upstream.
+pub(crate) enum Incoming {
+    Reply { id: Value, reply: Reply },
+    Event(UpstreamEvent),
+    Invalid,
+}
+
+pub(crate) fn classify(message: Value) -> Incoming {
+    let Value::Object(mut object) = message else {
+        return Incoming::Invalid;
+    };
+    let has_method = object.get("method").is_some_and(Value::is_string);
+    let has_id = object.get("id").is_some_and(|id| !id.is_null());
+    if has_method {
+        return if has_id {
+            Incoming::Event(UpstreamEvent::Request(Value::Object(object)))
+        } else {
+            Incoming::Event(UpstreamEvent::Notification(Value::Object(object)))
+        };
+    }
+    let Some(id) = object.remove("id") else {
+        return Incoming::Invalid;
+    };
+    if let Some(result) = object.remove("result") {
+        Incoming::Reply {
+            id,
+            reply: Reply::Result(result),
+        }
+    } else if let Some(error) = object.remove("error") {
+        Incoming::Reply {
+            id,
+            reply: Reply::Error(error),
+        }
+    } else {
+        Incoming::Invalid
+    }
+}
+
+/// Serializes a request with plexus's own id, adding a trailing newline.
+pub(crate) fn encode_request(id: u64, method: &str, params: Option<Value>) -> Vec<u8> {
+    let mut object = Map::with_capacity(4);
+    object.insert("jsonrpc".into(), Value::from("2.0"));
+    object.insert("id".into(), Value::from(id));
+    object.insert("method".into(), Value::from(method));
+    if let Some(params) = params {
+        object.insert("params".into(), params);
+    }
+    encode_line(&Value::Object(object))
+}
+
+pub(crate) fn encode_notification(method: &str, params: Option<Value>) -> Vec<u8> {
+    let mut object = Map::with_capacity(3);
+    object.insert("jsonrpc".into(), Value::from("2.0"));
+    object.insert("method".into(), Value::from(method));
+    if let Some(params) = params {
+        object.insert("params".into(), params);
+    }
+    encode_line(&Value::Object(object))
+}
+
+pub(crate) fn encode_response(id: Value, reply: Reply) -> Vec<u8> {
+    let mut object = Map::with_capacity(3);
+    object.insert("jsonrpc".into(), Value::from("2.0"));
+    object.insert("id".into(), id);
+    match reply {
+        Reply::Result(result) => object.insert("result".into(), result),
+        Reply::Error(error) => object.insert("error".into(), error),
+    };
+    encode_line(&Value::Object(object))
+}
+
+fn encode_line(message: &Value) -> Vec<u8> {
+    // Serializing a `Value` cannot fail: its keys are strings and it holds no floats
+    // that JSON cannot express (serde_json refuses to build NaN values).
+    let mut bytes = serde_json::to_vec(message).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// The id of one of our requests, as echoed by the upstream.
+pub(crate) fn our_id(id: &Value) -> Option<u64> {
+    match id {
+        Value::Number(number) => number.as_u64(),
+        // Some servers echo numeric ids back as strings.
+        Value::String(text) => text.parse().ok(),
+        _ => None,
+    }
+}
+
+pub(crate) type SharedPending = Arc<PendingRequests>;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn classifies_replies_events_and_garbage() {
+        assert!(matches!(
+            classify(json!({"jsonrpc":"2.0","id":3,"result":{"x":1}})),
+            Incoming::Reply {
+                reply: Reply::Result(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(json!({"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"m"}})),
+            Incoming::Reply {
+                reply: Reply::Error(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})),
+            Incoming::Event(UpstreamEvent::Notification(_))
+        ));
+        assert!(matches!(
+            classify(json!({"jsonrpc":"2.0","id":"s1","method":"roots/list"})),
+            Incoming::Event(UpstreamEvent::Request(_))
+        ));
+        assert!(matches!(classify(json!([1, 2])), Incoming::Invalid));
+        assert!(matches!(
+            classify(json!({"jsonrpc":"2.0","id":1})),
+            Incoming::Invalid
+        ));
+    }
+
+    #[tokio::test]
+    async fn pending_requests_complete_once_and_fail_together() {
+        let pending = PendingRequests::default();
+        let (first, first_rx) = pending.register();
+        let (_second, second_rx) = pending.register();
+        assert!(pending.complete(first, Ok(Reply::Result(json!(1)))));
+        assert!(!pending.complete(first, Ok(Reply::Result(json!(2)))));
+        pending.fail_all(ConnectionError::Closed);
+        assert_eq!(first_rx.await.unwrap(), Ok(Reply::Result(json!(1))));
+        assert_eq!(second_rx.await.unwrap(), Err(ConnectionError::Closed));
+        assert_eq!(pending.in_flight(), 0);
+    }
+
+    #[test]
+    fn requests_are_encoded_as_one_line() {
+        let bytes = encode_request(7, "tools/call", Some(json!({"name":"echo"})));
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n"
+        );
+        assert_eq!(our_id(&json!("12")), Some(12));
+        assert_eq!(our_id(&json!(null)), None);
+    }
+}

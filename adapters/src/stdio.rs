@@ -1,0 +1,545 @@
+//! A supervised stdio upstream: one child process in its own process group, one
+//! task per pipe, and a handle that sends requests and stops the whole group.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+use crate::framing::{Frame, LineDecoder};
+use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
+use crate::rpc::{
+    classify, encode_notification, encode_request, encode_response, our_id, ConnectionError,
+    Incoming, PendingRequests, Reply, SharedPending, UpstreamEvent,
+};
+
+/// Limits and timings of one stdio connection.
+#[derive(Clone, Debug)]
+pub struct StdioOptions {
+    /// Longest accepted stdout line.
+    pub max_message_bytes: usize,
+    /// How long a stopping child gets after SIGTERM before SIGKILL.
+    pub stop_grace: Duration,
+    /// Lines of stderr kept for status and error reports.
+    pub stderr_ring_lines: usize,
+}
+
+impl Default for StdioOptions {
+    fn default() -> Self {
+        StdioOptions {
+            max_message_bytes: 16 * 1024 * 1024,
+            stop_grace: Duration::from_secs(5),
+            stderr_ring_lines: 50,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error("could not start `{program}`: {source}")]
+    Io {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How a child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitReport {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl std::fmt::Display for ExitReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(code), _) => write!(f, "exit code {code}"),
+            (None, Some(signal)) => write!(f, "signal {signal}"),
+            (None, None) => write!(f, "unknown exit"),
+        }
+    }
+}
+
+/// Counters a connection keeps for metrics.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    /// Lines on stdout that were not JSON-RPC messages.
+    pub dropped_stdout_lines: AtomicU64,
+    /// Replies that arrived after their caller gave up.
+    pub late_replies: AtomicU64,
+}
+
+/// A handle to a running stdio upstream. Cheap to clone; the child is stopped by
+/// [`UpstreamConnection::shutdown`], or killed when the last handle is dropped.
+#[derive(Clone)]
+pub struct UpstreamConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    upstream: Arc<str>,
+    pending: SharedPending,
+    writer: mpsc::Sender<Vec<u8>>,
+    /// Set when stdout ends: no reply can come any more.
+    closed: CancellationToken,
+    /// Set to stop the child.
+    stop: CancellationToken,
+    exit: watch::Receiver<Option<ExitReport>>,
+    pid: Option<u32>,
+    stats: Arc<ConnectionStats>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Last handle gone without a graceful stop: never leave the group behind.
+        if self.exit.borrow().is_none() {
+            if let Some(pid) = self.pid {
+                let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+        self.stop.cancel();
+    }
+}
+
+impl UpstreamConnection {
+    /// Starts the child described by `spec`. Messages the upstream sends on its
+    /// own (notifications, server-to-client requests) go to `events`.
+    pub fn spawn_stdio(
+        upstream: Arc<str>,
+        spec: &LaunchSpec,
+        options: &StdioOptions,
+        events: mpsc::Sender<UpstreamEvent>,
+    ) -> Result<UpstreamConnection, SpawnError> {
+        let parent = std::env::vars_os()
+            .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
+        let env = clean_environment(parent, &spec.env);
+        let program = resolve_program(&spec.program, env.get("PATH").map(String::as_str))?;
+        let mut command = Command::new(&program);
+        command
+            .args(&spec.args)
+            .env_clear()
+            .envs(&env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group, so stopping it reaches grandchildren (npx → npm → sh → node).
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(cwd) = &spec.cwd {
+            command.current_dir(cwd);
+        }
+        let mut child = command.spawn().map_err(|source| SpawnError::Io {
+            program: spec.program.clone(),
+            source,
+        })?;
+        let pid = child.id();
+        tracing::info!(
+            upstream = %upstream,
+            pid = pid.unwrap_or_default(),
+            program = %program.display(),
+            argv = ?spec.args,
+            "spawned upstream"
+        );
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(SpawnError::Io {
+                program: spec.program.clone(),
+                source: std::io::Error::other("child pipes were not created"),
+            });
+        };
+
+        let pending: SharedPending = Arc::new(PendingRequests::default());
+        let closed = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let stats = Arc::new(ConnectionStats::default());
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let (writer, writer_rx) = mpsc::channel(256);
+        let (exit_tx, exit) = watch::channel(None);
+
+        tokio::spawn(write_loop(stdin, writer_rx, stop.clone()));
+        tokio::spawn(read_loop(ReadLoop {
+            upstream: upstream.clone(),
+            stdout,
+            pending: pending.clone(),
+            events,
+            stats: stats.clone(),
+            max_message_bytes: options.max_message_bytes,
+            closed: closed.clone(),
+            stop: stop.clone(),
+        }));
+        tokio::spawn(stderr_loop(
+            upstream.clone(),
+            stderr,
+            stderr_tail.clone(),
+            options.stderr_ring_lines,
+        ));
+        tokio::spawn(child_loop(
+            upstream.clone(),
+            child,
+            stop.clone(),
+            options.stop_grace,
+            exit_tx,
+        ));
+
+        Ok(UpstreamConnection {
+            inner: Arc::new(Inner {
+                upstream,
+                pending,
+                writer,
+                closed,
+                stop,
+                exit,
+                pid,
+                stats,
+                stderr_tail,
+            }),
+        })
+    }
+
+    /// Sends a request and waits for the upstream's reply. Dropping the future
+    /// before the reply arrives sends `notifications/cancelled` upstream.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Reply, ConnectionError> {
+        let inner = &self.inner;
+        let (id, reply) = inner.pending.register();
+        let mut guard = CancelOnDrop {
+            inner,
+            id,
+            armed: true,
+        };
+        if inner.closed.is_cancelled()
+            || inner
+                .writer
+                .send(encode_request(id, method, params))
+                .await
+                .is_err()
+        {
+            guard.armed = false;
+            inner.pending.forget(id);
+            return Err(ConnectionError::Closed);
+        }
+        let outcome = tokio::select! {
+            biased;
+            outcome = reply => outcome.unwrap_or(Err(ConnectionError::Closed)),
+            _ = inner.closed.cancelled() => {
+                inner.pending.forget(id);
+                Err(ConnectionError::Closed)
+            }
+        };
+        guard.armed = false;
+        outcome
+    }
+
+    /// Sends a notification.
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), ConnectionError> {
+        self.send_line(encode_notification(method, params)).await
+    }
+
+    /// Answers a server-to-client request, under the id the upstream gave it.
+    pub async fn respond(&self, id: Value, reply: Reply) -> Result<(), ConnectionError> {
+        self.send_line(encode_response(id, reply)).await
+    }
+
+    async fn send_line(&self, line: Vec<u8>) -> Result<(), ConnectionError> {
+        if self.inner.closed.is_cancelled() {
+            return Err(ConnectionError::Closed);
+        }
+        self.inner
+            .writer
+            .send(line)
+            .await
+            .map_err(|_| ConnectionError::Closed)
+    }
+
+    pub fn upstream(&self) -> &Arc<str> {
+        &self.inner.upstream
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.inner.pid
+    }
+
+    /// Requests sent and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.inner.pending.in_flight()
+    }
+
+    pub fn stats(&self) -> &ConnectionStats {
+        &self.inner.stats
+    }
+
+    /// True once no reply can arrive any more (stdout closed or the child stopped).
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.is_cancelled()
+    }
+
+    /// Resolves when the connection closes.
+    pub async fn closed(&self) {
+        self.inner.closed.cancelled().await;
+    }
+
+    /// The last lines the child wrote to stderr, oldest first.
+    pub fn stderr_tail(&self) -> Vec<String> {
+        let tail = self
+            .inner
+            .stderr_tail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        tail.iter().cloned().collect()
+    }
+
+    /// Waits until the child and every process of its group are gone.
+    pub async fn wait_exit(&self) -> ExitReport {
+        let mut exit = self.inner.exit.clone();
+        loop {
+            if let Some(report) = *exit.borrow_and_update() {
+                return report;
+            }
+            if exit.changed().await.is_err() {
+                return ExitReport {
+                    code: None,
+                    signal: None,
+                };
+            }
+        }
+    }
+
+    /// Stops the child: close stdin, then SIGTERM to its group, then after the
+    /// grace period SIGKILL; waits until every process of the group is reaped.
+    pub async fn shutdown(&self) -> ExitReport {
+        self.inner.stop.cancel();
+        self.wait_exit().await
+    }
+}
+
+/// Sends `notifications/cancelled` for a request whose caller stopped waiting.
+struct CancelOnDrop<'a> {
+    inner: &'a Inner,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.inner.pending.forget(self.id) {
+            let cancel = encode_notification(
+                "notifications/cancelled",
+                Some(json!({"requestId": self.id, "reason": "the caller stopped waiting"})),
+            );
+            // Best effort: a full queue means the upstream is not reading anyway.
+            let _ = self.inner.writer.try_send(cancel);
+        }
+    }
+}
+
+async fn write_loop(
+    mut stdin: ChildStdin,
+    mut lines: mpsc::Receiver<Vec<u8>>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            line = lines.recv() => {
+                let Some(line) = line else { break };
+                if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    // Dropping stdin here is the first, polite stop signal.
+}
+
+struct ReadLoop {
+    upstream: Arc<str>,
+    stdout: ChildStdout,
+    pending: SharedPending,
+    events: mpsc::Sender<UpstreamEvent>,
+    stats: Arc<ConnectionStats>,
+    max_message_bytes: usize,
+    closed: CancellationToken,
+    stop: CancellationToken,
+}
+
+async fn read_loop(state: ReadLoop) {
+    let ReadLoop {
+        upstream,
+        stdout,
+        pending,
+        events,
+        stats,
+        max_message_bytes,
+        closed,
+        stop,
+    } = state;
+    let mut frames = FramedRead::new(stdout, LineDecoder::new(max_message_bytes));
+    while let Some(frame) = frames.next().await {
+        let line = match frame {
+            Ok(Frame::Line(line)) => line,
+            Ok(Frame::TooLong { limit }) => {
+                tracing::error!(upstream = %upstream, limit, "upstream sent an oversized message; restarting it");
+                pending.fail_all(ConnectionError::TooLarge { limit });
+                stop.cancel();
+                break;
+            }
+            Err(error) => {
+                tracing::warn!(upstream = %upstream, %error, "reading upstream stdout failed");
+                break;
+            }
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let message = match serde_json::from_slice::<Value>(&line) {
+            Ok(message) => message,
+            Err(_) => {
+                note_dropped_line(&upstream, &stats, &line);
+                continue;
+            }
+        };
+        match classify(message) {
+            Incoming::Reply { id, reply } => {
+                let completed = our_id(&id).is_some_and(|id| pending.complete(id, Ok(reply)));
+                if !completed {
+                    stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(upstream = %upstream, %id, "dropped a reply nobody waits for");
+                }
+            }
+            Incoming::Event(event) => {
+                if events.send(event).await.is_err() {
+                    tracing::debug!(upstream = %upstream, "no listener for upstream events");
+                }
+            }
+            Incoming::Invalid => note_dropped_line(&upstream, &stats, &line),
+        }
+    }
+    pending.fail_all(ConnectionError::Closed);
+    closed.cancel();
+}
+
+fn note_dropped_line(upstream: &str, stats: &ConnectionStats, line: &[u8]) {
+    let count = stats.dropped_stdout_lines.fetch_add(1, Ordering::Relaxed) + 1;
+    // Sample: the first few, then every hundredth, so a chatty banner cannot flood the log.
+    if count <= 5 || count % 100 == 0 {
+        let sample = String::from_utf8_lossy(&line[..line.len().min(200)]);
+        tracing::warn!(upstream, count, line = %sample, "dropped a non-JSON-RPC line on upstream stdout");
+    }
+}
+
+async fn stderr_loop(
+    upstream: Arc<str>,
+    stderr: ChildStderr,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    ring_lines: usize,
+) {
+    // Always drained: a child blocked on a full stderr pipe stops answering.
+    let mut frames = FramedRead::new(stderr, LineDecoder::new(16 * 1024));
+    while let Some(frame) = frames.next().await {
+        let text = match frame {
+            Ok(Frame::Line(line)) => String::from_utf8_lossy(&line).into_owned(),
+            Ok(Frame::TooLong { limit }) => format!("[a stderr line over {limit} bytes was cut]"),
+            Err(_) => break,
+        };
+        tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}");
+        let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+        if tail.len() == ring_lines {
+            tail.pop_front();
+        }
+        tail.push_back(text);
+    }
+}
+
+async fn child_loop(
+    upstream: Arc<str>,
+    mut child: Child,
+    stop: CancellationToken,
+    grace: Duration,
+    exit_tx: watch::Sender<Option<ExitReport>>,
+) {
+    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    let status = tokio::select! {
+        status = child.wait() => status,
+        _ = stop.cancelled() => {
+            // stdin is already closed by the writer; many servers exit on EOF.
+            match tokio::time::timeout(grace.min(Duration::from_secs(1)), child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    signal_group(group, Signal::SIGTERM);
+                    match tokio::time::timeout(grace, child.wait()).await {
+                        Ok(status) => status,
+                        Err(_) => {
+                            tracing::warn!(upstream = %upstream, "upstream ignored SIGTERM; killing its process group");
+                            signal_group(group, Signal::SIGKILL);
+                            child.wait().await
+                        }
+                    }
+                }
+            }
+        }
+    };
+    // The leader is gone, but its group (an npx tree) may live on.
+    terminate_group(group, grace).await;
+    let report = match status {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            ExitReport {
+                code: status.code(),
+                signal: status.signal(),
+            }
+        }
+        Err(_) => ExitReport {
+            code: None,
+            signal: None,
+        },
+    };
+    tracing::info!(upstream = %upstream, exit = %report, "upstream process ended");
+    stop.cancel();
+    let _ = exit_tx.send(Some(report));
+}
+
+fn signal_group(group: Option<Pid>, signal: Signal) {
+    if let Some(group) = group {
+        let _ = killpg(group, signal);
+    }
+}
+
+fn group_alive(group: Pid) -> bool {
+    killpg(group, None).is_ok()
+}
+
+async fn terminate_group(group: Option<Pid>, grace: Duration) {
+    let Some(group) = group else { return };
+    if !group_alive(group) {
+        return;
+    }
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if !group_alive(group) {
+            return;
+        }
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+}

@@ -1,0 +1,590 @@
+//! The configuration file: raw serde types (`deny_unknown_fields`), validated into
+//! [`Config`] with every error reported at once, each naming its key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use adapters::{parse_naked_uri, LaunchSpec, Launcher};
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7464";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7465";
+pub const DEFAULT_NAME_BUDGET: usize = 64;
+pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(90);
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub daemon: DaemonSettings,
+    /// Enabled and disabled upstreams, by name.
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DaemonSettings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub name_budget: usize,
+    pub state_dir: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub launch: LaunchSpec,
+    pub enabled: bool,
+    /// Prepended as `{prefix}__` to tool and prompt names; "" for none.
+    pub prefix: String,
+    pub allow_tools: Vec<String>,
+    pub deny_tools: Vec<String>,
+    pub init_timeout: Duration,
+    pub call_timeout: Duration,
+    pub max_message_bytes: usize,
+}
+
+/// One problem in a configuration file, located by its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigIssue {
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is invalid:\n{}", list(.issues))]
+    Invalid {
+        path: PathBuf,
+        issues: Vec<ConfigIssue>,
+    },
+}
+
+fn list(issues: &[ConfigIssue]) -> String {
+    issues
+        .iter()
+        .map(|issue| format!("  - {issue}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDaemon {
+    listen: Option<String>,
+    admin_listen: Option<String>,
+    name_budget: Option<usize>,
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    command: Option<String>,
+    uvx: Option<String>,
+    npx: Option<String>,
+    python: Option<String>,
+    node: Option<String>,
+    uri: Option<String>,
+    url: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    enabled: Option<bool>,
+    prefix: Option<String>,
+    #[serde(default)]
+    allow_tools: Vec<String>,
+    #[serde(default)]
+    deny_tools: Vec<String>,
+    init_timeout: Option<String>,
+    call_timeout: Option<String>,
+    max_message_bytes: Option<usize>,
+}
+
+/// Reads and validates a configuration file. `environment` answers variable
+/// look-ups (the process environment in production, a map in tests).
+pub fn load(
+    path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let base = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    parse(&text, &base, environment).map_err(|issues| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        issues,
+    })
+}
+
+/// Parses and validates configuration text; relative paths resolve against `base`.
+pub fn parse(
+    text: &str,
+    base: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, Vec<ConfigIssue>> {
+    let mut issues = Vec::new();
+    let issue = |key: &str, message: String| ConfigIssue {
+        key: key.to_string(),
+        message,
+    };
+    let mut document: toml::Table = toml::from_str(text).map_err(|error| {
+        vec![issue(
+            "(file)",
+            format!("not valid TOML: {}", error.message()),
+        )]
+    })?;
+
+    // Sections are deserialized one by one so that one bad upstream does not hide another's errors.
+    let raw_daemon = match document.remove("daemon") {
+        None => RawDaemon::default(),
+        Some(value) => value.try_into::<RawDaemon>().unwrap_or_else(|error| {
+            issues.push(issue("daemon", error.message().to_string()));
+            RawDaemon::default()
+        }),
+    };
+    let raw_upstreams = match document.remove("upstreams") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(table)) => table,
+        Some(_) => {
+            issues.push(issue("upstreams", "must be a table of upstreams".into()));
+            toml::Table::new()
+        }
+    };
+    for key in document.keys() {
+        issues.push(issue(
+            key,
+            "unknown section (expected `daemon` or `upstreams`)".into(),
+        ));
+    }
+
+    let daemon = validate_daemon(raw_daemon, base, environment, &mut issues);
+    let mut upstreams = BTreeMap::new();
+    for (name, value) in raw_upstreams {
+        let key = format!("upstreams.{name}");
+        if !valid_upstream_name(&name) {
+            issues.push(issue(
+                &key,
+                "upstream names use only lowercase letters, digits and `-`".into(),
+            ));
+        }
+        let raw = match value.try_into::<RawUpstream>() {
+            Ok(raw) => raw,
+            Err(error) => {
+                issues.push(issue(&key, error.message().to_string()));
+                continue;
+            }
+        };
+        if let Some(upstream) = validate_upstream(&name, raw, base, &mut issues) {
+            upstreams.insert(name, upstream);
+        }
+    }
+    if issues.is_empty() {
+        Ok(Config { daemon, upstreams })
+    } else {
+        Err(issues)
+    }
+}
+
+fn valid_upstream_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn validate_daemon(
+    raw: RawDaemon,
+    base: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+    issues: &mut Vec<ConfigIssue>,
+) -> DaemonSettings {
+    let mut address = |key: &str, value: Option<String>, default: &str| -> SocketAddr {
+        let text = value.unwrap_or_else(|| default.to_string());
+        text.parse().unwrap_or_else(|_| {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: format!("`{text}` is not an address like `127.0.0.1:7464`"),
+            });
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        })
+    };
+    let listen = address("listen", raw.listen, DEFAULT_LISTEN);
+    let admin_listen = address("admin_listen", raw.admin_listen, DEFAULT_ADMIN_LISTEN);
+    let name_budget = raw.name_budget.unwrap_or(DEFAULT_NAME_BUDGET);
+    if !(16..=1024).contains(&name_budget) {
+        issues.push(ConfigIssue {
+            key: "daemon.name_budget".into(),
+            message: format!("{name_budget} is out of range (16 to 1024)"),
+        });
+    }
+    let state_dir = match raw.state_dir {
+        Some(dir) => base.join(dir),
+        None => default_state_dir(environment),
+    };
+    DaemonSettings {
+        listen,
+        admin_listen,
+        name_budget,
+        state_dir,
+    }
+}
+
+/// `$STATE_DIRECTORY` under systemd, else `$XDG_STATE_HOME/plexus`, else `~/.local/state/plexus`.
+pub fn default_state_dir(environment: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(dir) = environment("STATE_DIRECTORY").filter(|d| !d.is_empty()) {
+        // systemd may pass several, separated by colons; the first is ours.
+        let first = dir.split(':').next().unwrap_or(&dir).to_string();
+        return PathBuf::from(first);
+    }
+    if let Some(dir) = environment("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("plexus");
+    }
+    let home = environment("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".local/state/plexus")
+}
+
+fn validate_upstream(
+    name: &str,
+    raw: RawUpstream,
+    base: &Path,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<UpstreamConfig> {
+    let key = |field: &str| format!("upstreams.{name}.{field}");
+    let forms: Vec<(&str, &String)> = [
+        ("command", &raw.command),
+        ("uvx", &raw.uvx),
+        ("npx", &raw.npx),
+        ("python", &raw.python),
+        ("node", &raw.node),
+        ("uri", &raw.uri),
+        ("url", &raw.url),
+    ]
+    .into_iter()
+    .filter_map(|(form, value)| value.as_ref().map(|value| (form, value)))
+    .collect();
+    let before = issues.len();
+    let launch = match forms.as_slice() {
+        [] => {
+            issues.push(ConfigIssue {
+                key: format!("upstreams.{name}"),
+                message: "give exactly one of command, uvx, npx, python, node, uri or url".into(),
+            });
+            None
+        }
+        [(form, value)] => launcher_of(form, value, &key, issues),
+        several => {
+            let names: Vec<_> = several.iter().map(|(form, _)| *form).collect();
+            issues.push(ConfigIssue {
+                key: format!("upstreams.{name}"),
+                message: format!("give exactly one launch form, not {}", names.join(" and ")),
+            });
+            None
+        }
+    };
+    let mut duration = |field: &str, value: Option<String>, default: Duration| {
+        value.map_or(Some(default), |text| match parse_duration(&text) {
+            Ok(duration) => Some(duration),
+            Err(message) => {
+                issues.push(ConfigIssue {
+                    key: key(field),
+                    message,
+                });
+                None
+            }
+        })
+    };
+    let init_timeout = duration("init_timeout", raw.init_timeout, DEFAULT_INIT_TIMEOUT);
+    let call_timeout = duration("call_timeout", raw.call_timeout, DEFAULT_CALL_TIMEOUT);
+    for (field, patterns) in [
+        ("allow_tools", &raw.allow_tools),
+        ("deny_tools", &raw.deny_tools),
+    ] {
+        if patterns.iter().any(String::is_empty) {
+            issues.push(ConfigIssue {
+                key: key(field),
+                message: "patterns must not be empty".into(),
+            });
+        }
+    }
+    let prefix = raw.prefix.unwrap_or_else(|| name.to_string());
+    if prefix.contains("__") {
+        issues.push(ConfigIssue {
+            key: key("prefix"),
+            message: "must not contain `__`, the separator plexus puts after it".into(),
+        });
+    }
+    if issues.len() > before {
+        return None;
+    }
+    let (launcher, mut args) = launch?;
+    args.extend(raw.args);
+    let cwd = Some(
+        raw.cwd
+            .map_or_else(|| base.to_path_buf(), |dir| base.join(dir)),
+    );
+    Some(UpstreamConfig {
+        name: name.to_string(),
+        launch: launcher.to_spec(&args, raw.env, cwd),
+        enabled: raw.enabled.unwrap_or(true),
+        prefix,
+        allow_tools: raw.allow_tools,
+        deny_tools: raw.deny_tools,
+        init_timeout: init_timeout?,
+        call_timeout: call_timeout?,
+        max_message_bytes: raw.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+    })
+}
+
+fn launcher_of(
+    form: &str,
+    value: &str,
+    key: &dyn Fn(&str) -> String,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<(Launcher, Vec<String>)> {
+    if value.trim().is_empty() {
+        issues.push(ConfigIssue {
+            key: key(form),
+            message: "must not be empty".into(),
+        });
+        return None;
+    }
+    let value = value.to_string();
+    let launcher = match form {
+        "command" => Launcher::Command { program: value },
+        "uvx" => Launcher::Uvx {
+            package: value,
+            command: None,
+        },
+        "npx" => Launcher::Npx { package: value },
+        "python" => Launcher::Python { script: value },
+        "node" => Launcher::Node { script: value },
+        "uri" => {
+            return parse_naked_uri(&value)
+                .map_err(|error| {
+                    issues.push(ConfigIssue {
+                        key: key(form),
+                        message: error.to_string(),
+                    })
+                })
+                .ok()
+        }
+        _ => {
+            issues.push(ConfigIssue {
+                key: key(form),
+                message: "remote (HTTP) upstreams are not yet supported; use a stdio launch form"
+                    .into(),
+            });
+            return None;
+        }
+    };
+    Some((launcher, Vec::new()))
+}
+
+/// Parses durations written with a unit: `500ms`, `90s`, `10m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{text}` needs a unit (ms, s, m or h)"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like `90s`"))?;
+    let millis = match unit {
+        "ms" => number,
+        "s" => number.saturating_mul(1_000),
+        "m" => number.saturating_mul(60_000),
+        "h" => number.saturating_mul(3_600_000),
+        _ => return Err(format!("`{text}` has an unknown unit (use ms, s, m or h)")),
+    };
+    Ok(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn no_environment(_: &str) -> Option<String> {
+        None
+    }
+
+    fn issues_of(text: &str) -> Vec<String> {
+        parse(text, Path::new("/etc/plexus"), &no_environment)
+            .unwrap_err()
+            .into_iter()
+            .map(|issue| issue.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn durations_need_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("90").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn launch_forms_become_argv() {
+        let config = parse(
+            r#"
+            [upstreams.time]
+            uvx = "mcp-server-time"
+            args = ["--local-timezone=UTC"]
+            [upstreams.everything]
+            npx = "@modelcontextprotocol/server-everything"
+            [upstreams.script]
+            python = "server.py"
+            cwd = "servers"
+            [upstreams.naked]
+            uri = "mcp+uvx://biomcp-python/biomcp?command=run"
+            prefix = ""
+            "#,
+            Path::new("/etc/plexus"),
+            &no_environment,
+        )
+        .unwrap();
+        let argv = |name: &str| {
+            let spec = &config.upstreams[name].launch;
+            (spec.program.clone(), spec.args.clone())
+        };
+        assert_eq!(
+            argv("time"),
+            (
+                "uvx".into(),
+                vec!["mcp-server-time".into(), "--local-timezone=UTC".into()]
+            )
+        );
+        assert_eq!(
+            argv("everything"),
+            (
+                "npx".into(),
+                vec![
+                    "-y".into(),
+                    "@modelcontextprotocol/server-everything".into()
+                ]
+            )
+        );
+        assert_eq!(argv("script"), ("python3".into(), vec!["server.py".into()]));
+        assert_eq!(
+            config.upstreams["script"].launch.cwd,
+            Some(PathBuf::from("/etc/plexus/servers"))
+        );
+        assert_eq!(
+            argv("naked"),
+            (
+                "uvx".into(),
+                vec![
+                    "--from".into(),
+                    "biomcp-python".into(),
+                    "biomcp".into(),
+                    "run".into()
+                ]
+            )
+        );
+        assert_eq!(config.upstreams["naked"].prefix, "");
+        assert_eq!(config.upstreams["time"].prefix, "time");
+        assert_eq!(config.daemon.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(config.daemon.name_budget, 64);
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_key() {
+        let issues = issues_of(
+            r#"
+            [daemon]
+            listen = "nowhere"
+            [upstreams.Bad_Name]
+            command = "x"
+            [upstreams.two]
+            uvx = "a"
+            npx = "b"
+            [upstreams.unknown-key]
+            command = "x"
+            colour = "blue"
+            [upstreams.none]
+            args = ["x"]
+            [upstreams.remote]
+            url = "https://example.invalid/mcp"
+            [upstreams.slow]
+            command = "x"
+            init_timeout = "90"
+            "#,
+        );
+        let expected = [
+            "daemon.listen: `nowhere` is not an address",
+            "upstreams.Bad_Name: upstream names use only lowercase letters",
+            "upstreams.two: give exactly one launch form, not uvx and npx",
+            "upstreams.unknown-key: unknown field `colour`",
+            "upstreams.none: give exactly one of command",
+            "upstreams.remote.url: remote (HTTP) upstreams are not yet supported",
+            "upstreams.slow.init_timeout: `90` needs a unit",
+        ];
+        for prefix in expected {
+            assert!(
+                issues.iter().any(|issue| issue.starts_with(prefix)),
+                "missing `{prefix}` in {issues:#?}"
+            );
+        }
+        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+    }
+
+    #[test]
+    fn unknown_daemon_keys_and_sections_are_errors() {
+        let issues = issues_of("[daemon]\nlisten_on = \"x\"\n[extra]\n");
+        assert!(
+            issues[0].starts_with("daemon: unknown field `listen_on`"),
+            "{issues:?}"
+        );
+        assert!(
+            issues[1].starts_with("extra: unknown section"),
+            "{issues:?}"
+        );
+    }
+
+    #[test]
+    fn state_dir_follows_systemd_then_xdg_then_home() {
+        let systemd =
+            |key: &str| (key == "STATE_DIRECTORY").then(|| "/var/lib/plexus:/other".to_string());
+        assert_eq!(
+            default_state_dir(&systemd),
+            PathBuf::from("/var/lib/plexus")
+        );
+        let xdg = |key: &str| (key == "XDG_STATE_HOME").then(|| "/home/u/.state".to_string());
+        assert_eq!(
+            default_state_dir(&xdg),
+            PathBuf::from("/home/u/.state/plexus")
+        );
+        let home = |key: &str| (key == "HOME").then(|| "/home/u".to_string());
+        assert_eq!(
+            default_state_dir(&home),
+            PathBuf::from("/home/u/.local/state/plexus")
+        );
+    }
+}

@@ -1,0 +1,424 @@
+//! The streamable HTTP front at `/mcp`: POST carries client messages (answered
+//! with a JSON body), GET opens the session's event stream, DELETE ends a session.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::Hub;
+use crate::jsonrpc::{self, RelayError};
+use crate::listener::Body;
+use crate::session::{Handled, Session, SUPPORTED_VERSIONS};
+
+pub const SESSION_HEADER: &str = "mcp-session-id";
+pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+struct HttpSession {
+    session: Arc<Session>,
+    /// Taken by the open GET stream and put back when it ends.
+    events: Mutex<Option<mpsc::Receiver<Value>>>,
+}
+
+/// State shared by every request to the front.
+pub struct HttpFront {
+    hub: Arc<Hub>,
+    sessions: DashMap<String, Arc<HttpSession>>,
+    /// Whether the listener is on a loopback address, which enables the Host check.
+    loopback: bool,
+    max_body_bytes: usize,
+    shutdown: CancellationToken,
+}
+
+impl HttpFront {
+    pub fn new(hub: Arc<Hub>, listen: SocketAddr, shutdown: CancellationToken) -> Arc<HttpFront> {
+        Arc::new(HttpFront {
+            hub,
+            sessions: DashMap::new(),
+            loopback: listen.ip().is_loopback(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            shutdown,
+        })
+    }
+
+    /// Closes every session (at shutdown).
+    pub fn close_all(&self) {
+        for entry in self.sessions.iter() {
+            entry.value().session.close();
+        }
+        self.sessions.clear();
+        self.hub
+            .metrics()
+            .sessions_active
+            .with_label_values(&["http"])
+            .set(0);
+    }
+
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+        if request.uri().path() != "/mcp" {
+            return plain(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp");
+        }
+        if let Err(response) = self.check_host_and_origin(request.headers()) {
+            return response;
+        }
+        if let Some(version) = request.headers().get(PROTOCOL_HEADER) {
+            let known = version
+                .to_str()
+                .is_ok_and(|v| SUPPORTED_VERSIONS.contains(&v));
+            if !known {
+                return plain(StatusCode::BAD_REQUEST, "unsupported MCP-Protocol-Version");
+            }
+        }
+        match *request.method() {
+            Method::POST => self.post(request).await,
+            Method::GET => self.get(request.headers()),
+            Method::DELETE => self.delete(request.headers()),
+            _ => {
+                let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                response
+            }
+        }
+    }
+
+    /// DNS rebinding defence: a browser page must not reach a loopback daemon.
+    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let allowed = origin.to_str().is_ok_and(|origin| {
+                ["http://", "https://"].iter().any(|scheme| {
+                    origin
+                        .strip_prefix(scheme)
+                        .is_some_and(|host| is_loopback_host(host))
+                })
+            });
+            if !allowed {
+                return Err(plain(StatusCode::FORBIDDEN, "origin not allowed"));
+            }
+        }
+        if self.loopback {
+            let allowed = headers
+                .get(header::HOST)
+                .and_then(|host| host.to_str().ok())
+                .is_some_and(is_loopback_host);
+            if !allowed {
+                return Err(plain(StatusCode::FORBIDDEN, "host not allowed"));
+            }
+        }
+        Ok(())
+    }
+
+    fn session_of(&self, headers: &HeaderMap) -> Result<Arc<HttpSession>, Response<Body>> {
+        let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
+            return Err(json_error(
+                StatusCode::BAD_REQUEST,
+                &RelayError::InvalidRequest("missing Mcp-Session-Id header".into()),
+            ));
+        };
+        self.sessions
+            .get(id)
+            .map(|entry| entry.value().clone())
+            .ok_or_else(|| {
+                json_error(
+                    StatusCode::NOT_FOUND,
+                    &RelayError::InvalidRequest("unknown or ended session".into()),
+                )
+            })
+    }
+
+    async fn post(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+        if self.shutdown.is_cancelled() {
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
+        }
+        let (parts, body) = request.into_parts();
+        let body = match Limited::new(body, self.max_body_bytes).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(_) => {
+                return json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &RelayError::RequestTooLarge {
+                        limit: self.max_body_bytes,
+                    },
+                )
+            }
+        };
+        let message: Value = match serde_json::from_slice(&body) {
+            Ok(message) => message,
+            Err(error) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    &RelayError::Parse(error.to_string()),
+                )
+            }
+        };
+        let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
+        let http_session = if is_initialize && !parts.headers.contains_key(SESSION_HEADER) {
+            self.open_session()
+        } else {
+            match self.session_of(&parts.headers) {
+                Ok(session) => session,
+                Err(response) => return response,
+            }
+        };
+        let session = &http_session.session;
+        let outcome = match message {
+            Value::Array(batch) => {
+                // Batches exist only before 2025-06-18.
+                let allows_batches = session
+                    .protocol_version()
+                    .is_some_and(|version| version.as_str() < "2025-06-18");
+                if !allows_batches || batch.is_empty() {
+                    Some(jsonrpc::error_response(
+                        Value::Null,
+                        &RelayError::InvalidRequest("batches are not accepted".into()),
+                    ))
+                } else {
+                    let answers =
+                        futures::future::join_all(batch.into_iter().map(|m| session.handle(m)))
+                            .await;
+                    let responses: Vec<Value> = answers
+                        .into_iter()
+                        .filter_map(|handled| match handled {
+                            Handled::Respond(response) => Some(response),
+                            Handled::Nothing => None,
+                        })
+                        .collect();
+                    (!responses.is_empty()).then_some(Value::Array(responses))
+                }
+            }
+            message => match session.handle(message).await {
+                Handled::Respond(response) => Some(response),
+                Handled::Nothing => None,
+            },
+        };
+        let mut response = match outcome {
+            Some(response) => json_response(StatusCode::OK, &response),
+            None => empty(StatusCode::ACCEPTED),
+        };
+        if is_initialize {
+            if let Some(id) = self.id_of(&http_session) {
+                if let Ok(value) = HeaderValue::from_str(&id) {
+                    response.headers_mut().insert(SESSION_HEADER, value);
+                }
+            }
+        }
+        response
+    }
+
+    fn open_session(&self) -> Arc<HttpSession> {
+        let (session, events) = Session::new(self.hub.clone());
+        let http_session = Arc::new(HttpSession {
+            session,
+            events: Mutex::new(Some(events)),
+        });
+        self.sessions.insert(new_session_id(), http_session.clone());
+        self.hub
+            .metrics()
+            .sessions_active
+            .with_label_values(&["http"])
+            .set(self.sessions.len() as i64);
+        http_session
+    }
+
+    fn id_of(&self, wanted: &Arc<HttpSession>) -> Option<String> {
+        self.sessions
+            .iter()
+            .find(|entry| Arc::ptr_eq(entry.value(), wanted))
+            .map(|entry| entry.key().clone())
+    }
+
+    fn get(&self, headers: &HeaderMap) -> Response<Body> {
+        let accepts_events = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|accept| accept.contains("text/event-stream"));
+        if !accepts_events {
+            return plain(
+                StatusCode::NOT_ACCEPTABLE,
+                "GET /mcp needs Accept: text/event-stream",
+            );
+        }
+        let http_session = match self.session_of(headers) {
+            Ok(session) => session,
+            Err(response) => return response,
+        };
+        let Some(events) = http_session
+            .events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return plain(
+                StatusCode::CONFLICT,
+                "this session already has an open event stream",
+            );
+        };
+        let stream = EventStream {
+            events: Some(events),
+            owner: http_session.clone(),
+        };
+        let shutdown = self.shutdown.clone();
+        let body =
+            futures::stream::unfold((stream, shutdown), |(mut stream, shutdown)| async move {
+                let receiver = stream.events.as_mut()?;
+                let chunk = tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    message = receiver.recv() => match message {
+                        Some(message) => format!("event: message\ndata: {message}\n\n"),
+                        None => return None,
+                    },
+                    _ = tokio::time::sleep(KEEP_ALIVE_INTERVAL) => ":\n\n".to_string(),
+                };
+                Some((
+                    Ok::<_, Infallible>(Frame::data(Bytes::from(chunk))),
+                    (stream, shutdown),
+                ))
+            });
+        let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(body)));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        response
+    }
+
+    fn delete(&self, headers: &HeaderMap) -> Response<Body> {
+        let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
+            return plain(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id header");
+        };
+        match self.sessions.remove(id) {
+            Some((_, http_session)) => {
+                http_session.session.close();
+                self.hub
+                    .metrics()
+                    .sessions_active
+                    .with_label_values(&["http"])
+                    .set(self.sessions.len() as i64);
+                empty(StatusCode::NO_CONTENT)
+            }
+            None => plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        }
+    }
+}
+
+/// An open GET stream; gives the receiver back to its session when the client goes.
+struct EventStream {
+    events: Option<mpsc::Receiver<Value>>,
+    owner: Arc<HttpSession>,
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if let Some(events) = self.events.take() {
+            *self
+                .owner
+                .events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(events);
+        }
+    }
+}
+
+/// 128 random bits, hex: unguessable, and never a credential.
+fn new_session_id() -> String {
+    let bits: u128 = rand::random();
+    format!("{bits:032x}")
+}
+
+/// `localhost`, `127.0.0.1` or `[::1]`, with an optional port.
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_end_matches('/');
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        })
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1")
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed_unsync());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
+    *response.status_mut() = status;
+    response
+}
+
+fn json_response(status: StatusCode, message: &Value) -> Response<Body> {
+    let bytes = serde_json::to_vec(message).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_error(status: StatusCode, error: &RelayError) -> Response<Body> {
+    json_response(status, &jsonrpc::error_response(Value::Null, error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_recognised() {
+        for host in [
+            "localhost",
+            "localhost:7464",
+            "127.0.0.1:1",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:7464",
+            "127.0.0.2",
+            "localhost.evil.example",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn session_ids_are_128_bit_hex_and_distinct() {
+        let first = new_session_id();
+        assert_eq!(first.len(), 32);
+        assert!(first.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(first, new_session_id());
+    }
+}

@@ -1,0 +1,180 @@
+//! JSON-RPC messages as plexus answers them, and the one place where plexus's own
+//! failures become JSON-RPC error objects (codes in DESIGN.md).
+
+use std::time::Duration;
+
+use adapters::Reply;
+use serde_json::{json, Map, Value};
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INVALID_PARAMS: i64 = -32602;
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
+pub const UPSTREAM_UNAVAILABLE: i64 = -33001;
+pub const UPSTREAM_TIMEOUT: i64 = -33002;
+pub const UPSTREAM_FAILED: i64 = -33003;
+pub const MESSAGE_TOO_LARGE: i64 = -33005;
+pub const SHUTTING_DOWN: i64 = -33007;
+
+/// Everything plexus itself can answer with instead of an upstream's reply.
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
+pub enum RelayError {
+    #[error("parse error: {0}")]
+    Parse(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("method not found: {0}")]
+    MethodNotFound(String),
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    #[error("unknown tool: {0}")]
+    UnknownTool(String),
+    #[error("unknown prompt: {0}")]
+    UnknownPrompt(String),
+    #[error("resource not found: {0}")]
+    UnknownResource(String),
+    #[error("upstream `{upstream}` is unavailable ({state})")]
+    Unavailable {
+        upstream: String,
+        state: String,
+        retry_after_ms: Option<u64>,
+    },
+    #[error("upstream `{upstream}` did not answer within {}ms", .after.as_millis())]
+    Timeout { upstream: String, after: Duration },
+    #[error("upstream `{upstream}` failed during the call: {reason}")]
+    FailedMidCall { upstream: String, reason: String },
+    #[error("a message from upstream `{upstream}` exceeded {limit} bytes")]
+    TooLarge { upstream: String, limit: usize },
+    #[error("a message exceeded {limit} bytes")]
+    RequestTooLarge { limit: usize },
+    #[error("plexus is shutting down")]
+    ShuttingDown,
+}
+
+impl RelayError {
+    fn code(&self) -> i64 {
+        match self {
+            RelayError::Parse(_) => PARSE_ERROR,
+            RelayError::InvalidRequest(_) => INVALID_REQUEST,
+            RelayError::MethodNotFound(_) => METHOD_NOT_FOUND,
+            RelayError::InvalidParams(_)
+            | RelayError::UnknownTool(_)
+            | RelayError::UnknownPrompt(_) => INVALID_PARAMS,
+            RelayError::UnknownResource(_) => RESOURCE_NOT_FOUND,
+            RelayError::Unavailable { .. } => UPSTREAM_UNAVAILABLE,
+            RelayError::Timeout { .. } => UPSTREAM_TIMEOUT,
+            RelayError::FailedMidCall { .. } => UPSTREAM_FAILED,
+            RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => MESSAGE_TOO_LARGE,
+            RelayError::ShuttingDown => SHUTTING_DOWN,
+        }
+    }
+
+    /// `error.data` for plexus's own codes: which upstream, in what state, and
+    /// whether trying again can help.
+    fn data(&self) -> Option<Value> {
+        let (kind, upstream, state, retryable, retry_after_ms) = match self {
+            RelayError::Unavailable {
+                upstream,
+                state,
+                retry_after_ms,
+            } => (
+                "upstream_unavailable",
+                Some(upstream),
+                Some(state.as_str()),
+                true,
+                *retry_after_ms,
+            ),
+            RelayError::Timeout { upstream, .. } => {
+                ("upstream_timeout", Some(upstream), None, true, None)
+            }
+            RelayError::FailedMidCall { upstream, .. } => {
+                ("upstream_failed", Some(upstream), None, true, None)
+            }
+            RelayError::TooLarge { upstream, .. } => {
+                ("message_too_large", Some(upstream), None, false, None)
+            }
+            RelayError::RequestTooLarge { .. } => ("message_too_large", None, None, false, None),
+            RelayError::ShuttingDown => ("shutting_down", None, None, true, None),
+            RelayError::UnknownResource(uri) => return Some(json!({ "uri": uri })),
+            _ => return None,
+        };
+        Some(json!({
+            "kind": kind,
+            "upstream": upstream,
+            "state": state,
+            "retryable": retryable,
+            "retry_after_ms": retry_after_ms,
+        }))
+    }
+
+    pub fn to_error_object(&self) -> Value {
+        let mut error = Map::with_capacity(3);
+        error.insert("code".into(), Value::from(self.code()));
+        error.insert("message".into(), Value::from(self.to_string()));
+        if let Some(data) = self.data() {
+            error.insert("data".into(), data);
+        }
+        Value::Object(error)
+    }
+}
+
+/// A success response under the downstream id.
+pub fn result_response(id: Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// An error response from an error object (an upstream's, relayed as it was).
+pub fn error_object_response(id: Value, error: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": error})
+}
+
+pub fn error_response(id: Value, error: &RelayError) -> Value {
+    error_object_response(id, error.to_error_object())
+}
+
+pub fn reply_response(id: Value, reply: Reply) -> Value {
+    match reply {
+        Reply::Result(result) => result_response(id, result),
+        Reply::Error(error) => error_object_response(id, error),
+    }
+}
+
+pub fn notification(method: &str, params: Option<Value>) -> Value {
+    match params {
+        Some(params) => json!({"jsonrpc": "2.0", "method": method, "params": params}),
+        None => json!({"jsonrpc": "2.0", "method": method}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plexus_errors_carry_codes_and_data() {
+        let error = RelayError::Unavailable {
+            upstream: "time".into(),
+            state: "starting".into(),
+            retry_after_ms: Some(1000),
+        }
+        .to_error_object();
+        assert_eq!(error["code"], -33001);
+        assert_eq!(error["data"]["upstream"], "time");
+        assert_eq!(error["data"]["state"], "starting");
+        assert_eq!(error["data"]["retry_after_ms"], 1000);
+        assert_eq!(error["data"]["kind"], "upstream_unavailable");
+        assert_eq!(
+            RelayError::UnknownTool("x".into()).to_error_object()["code"],
+            -32602
+        );
+        assert_eq!(
+            RelayError::MethodNotFound("x".into()).to_error_object()["code"],
+            -32601
+        );
+        assert!(RelayError::MethodNotFound("x".into())
+            .to_error_object()
+            .get("data")
+            .is_none());
+    }
+}

@@ -1,0 +1,72 @@
+//! Accepting HTTP/1.1 connections on a bound listener until shutdown, shared by
+//! the MCP front and the admin listener.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Serves `handler` on every accepted connection until `shutdown`, then waits up
+/// to `drain` for open connections to finish their current exchange.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    handler: H,
+    shutdown: CancellationToken,
+    drain: Duration,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: back off briefly instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Without it a keep-alive exchange on loopback waits ~40 ms for delayed ACKs.
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let handler = handler.clone();
+            async move { Ok::<_, Infallible>(handler(request).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, %error, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_ms = drain.as_millis() as u64,
+            "HTTP connections still open after the drain deadline"
+        );
+    }
+}

@@ -1,0 +1,388 @@
+//! A downstream session: one MCP client, whichever front it came through. It
+//! answers the lifecycle and list methods from the catalog snapshot and routes
+//! everything else to the owning upstream by table lookup.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use registry::{Catalog, Kind};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::Hub;
+use crate::jsonrpc::{self, RelayError};
+
+/// Protocol revisions plexus serves to clients, oldest first.
+pub const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+pub const LATEST_VERSION: &str = "2025-11-25";
+
+/// What a client told plexus in `initialize`.
+#[derive(Clone, Debug, Default)]
+pub struct ClientHello {
+    pub protocol_version: Option<String>,
+}
+
+pub struct Session {
+    hub: Arc<Hub>,
+    hello: Mutex<ClientHello>,
+    /// Requests being served, by the JSON text of the client's id, so a cancel can reach them.
+    in_flight: Mutex<HashMap<String, CancellationToken>>,
+    outbound: mpsc::Sender<Value>,
+    closed: CancellationToken,
+}
+
+/// The result of handling one incoming message.
+pub enum Handled {
+    /// Send this response.
+    Respond(Value),
+    /// Nothing to send (a notification, a response, or a cancelled request).
+    Nothing,
+}
+
+impl Session {
+    /// Creates a session; messages plexus sends on its own (list changes) arrive on the receiver.
+    pub fn new(hub: Arc<Hub>) -> (Arc<Session>, mpsc::Receiver<Value>) {
+        let (outbound, receiver) = mpsc::channel(64);
+        let session = Arc::new(Session {
+            hub,
+            hello: Mutex::new(ClientHello::default()),
+            in_flight: Mutex::new(HashMap::new()),
+            outbound,
+            closed: CancellationToken::new(),
+        });
+        tokio::spawn(announce_catalog_changes(session.clone()));
+        (session, receiver)
+    }
+
+    /// Ends the session: in-flight requests are cancelled, announcements stop.
+    pub fn close(&self) {
+        self.closed.cancel();
+        for (_, token) in self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+        {
+            token.cancel();
+        }
+    }
+
+    pub fn protocol_version(&self) -> Option<String> {
+        self.hello
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .protocol_version
+            .clone()
+    }
+
+    /// Handles one parsed JSON-RPC message from the client.
+    pub async fn handle(&self, message: Value) -> Handled {
+        let Value::Object(mut object) = message else {
+            return invalid(Value::Null, "a message must be a JSON object");
+        };
+        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            let id = object.remove("id").unwrap_or(Value::Null);
+            return invalid(id, "`jsonrpc` must be \"2.0\"");
+        }
+        let method = match object.remove("method") {
+            Some(Value::String(method)) => Some(method),
+            Some(_) => {
+                return invalid(
+                    object.remove("id").unwrap_or(Value::Null),
+                    "`method` must be a string",
+                )
+            }
+            None => None,
+        };
+        let params = object.remove("params");
+        match (method, object.remove("id")) {
+            (Some(method), Some(id)) => self.handle_request(id, method, params).await,
+            (Some(method), None) => {
+                self.handle_notification(&method, params);
+                Handled::Nothing
+            }
+            // A response to a server-to-client request; plexus sends none yet.
+            (None, Some(_)) if object.contains_key("result") || object.contains_key("error") => {
+                Handled::Nothing
+            }
+            (None, id) => invalid(
+                id.unwrap_or(Value::Null),
+                "not a request, notification or response",
+            ),
+        }
+    }
+
+    async fn handle_request(&self, id: Value, method: String, params: Option<Value>) -> Handled {
+        if !(id.is_string() || id.is_i64() || id.is_u64()) {
+            return invalid(Value::Null, "a request id must be a string or an integer");
+        }
+        let key = id.to_string();
+        let token = CancellationToken::new();
+        {
+            let mut in_flight = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if in_flight.contains_key(&key) {
+                return invalid(id, "a request with this id is already in flight");
+            }
+            in_flight.insert(key.clone(), token.clone());
+        }
+        let outcome = tokio::select! {
+            outcome = self.dispatch(&method, params) => Some(outcome),
+            _ = token.cancelled() => None,
+        };
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+        match outcome {
+            Some(Ok(result)) => Handled::Respond(jsonrpc::reply_response(id, result)),
+            Some(Err(error)) => Handled::Respond(jsonrpc::error_response(id, &error)),
+            // A cancelled request gets no response (the client said it no longer wants one).
+            None => Handled::Nothing,
+        }
+    }
+
+    fn handle_notification(&self, method: &str, params: Option<Value>) {
+        match method {
+            "notifications/initialized" => {}
+            "notifications/cancelled" => {
+                let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
+                    return;
+                };
+                let key = request_id.to_string();
+                if let Some(token) = self
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                {
+                    token.cancel();
+                }
+            }
+            other => tracing::debug!(method = other, "client notification ignored"),
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<adapters::Reply, RelayError> {
+        use adapters::Reply;
+        match method {
+            "initialize" => Ok(Reply::Result(self.initialize(params))),
+            "ping" => Ok(Reply::Result(json!({}))),
+            "tools/list" => self.list(Kind::Tools, params).map(Reply::Result),
+            "prompts/list" => self.list(Kind::Prompts, params).map(Reply::Result),
+            "resources/list" => self.list(Kind::Resources, params).map(Reply::Result),
+            "resources/templates/list" => self
+                .list(Kind::ResourceTemplates, params)
+                .map(Reply::Result),
+            "tools/call" => {
+                let catalog = self.hub.catalog();
+                let (params, name) = take_string(params, "name")?;
+                let route = catalog
+                    .route_tool(&name)
+                    .ok_or_else(|| RelayError::UnknownTool(name.clone()))?;
+                let params = with_string(params, "name", &route.original);
+                self.hub
+                    .forward(&route.upstream, method, Some(params))
+                    .await
+            }
+            "prompts/get" => {
+                let catalog = self.hub.catalog();
+                let (params, name) = take_string(params, "name")?;
+                let route = catalog
+                    .route_prompt(&name)
+                    .ok_or_else(|| RelayError::UnknownPrompt(name.clone()))?;
+                let params = with_string(params, "name", &route.original);
+                self.hub
+                    .forward(&route.upstream, method, Some(params))
+                    .await
+            }
+            "resources/read" => {
+                let catalog = self.hub.catalog();
+                let (params, uri) = take_string(params, "uri")?;
+                let route = catalog
+                    .route_resource(&uri)
+                    .ok_or_else(|| RelayError::UnknownResource(uri.clone()))?;
+                let params = with_string(params, "uri", &route.original);
+                let reply = self
+                    .hub
+                    .forward(&route.upstream, method, Some(params))
+                    .await?;
+                Ok(expose_content_uris(&catalog, &route.upstream, reply))
+            }
+            other => Err(RelayError::MethodNotFound(other.to_string())),
+        }
+    }
+
+    fn initialize(&self, params: Option<Value>) -> Value {
+        let params = params.unwrap_or(Value::Null);
+        let requested = params.get("protocolVersion").and_then(Value::as_str);
+        // Answer the client's version when plexus speaks it, else the newest plexus speaks.
+        let version = requested
+            .filter(|v| SUPPORTED_VERSIONS.contains(v))
+            .unwrap_or(LATEST_VERSION)
+            .to_string();
+        *self.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
+            protocol_version: Some(version.clone()),
+        };
+        json!({
+            "protocolVersion": version,
+            "capabilities": {
+                "tools": {"listChanged": true},
+                "prompts": {"listChanged": true},
+                "resources": {"listChanged": true},
+            },
+            "serverInfo": {"name": "plexus", "version": env!("CARGO_PKG_VERSION")},
+            "instructions": self.instructions(),
+        })
+    }
+
+    /// Tells the client which upstreams stand behind the names it sees.
+    fn instructions(&self) -> String {
+        let mut lines =
+            vec!["plexus aggregates these MCP servers; names carry their prefix:".to_string()];
+        for upstream in self.hub.upstreams() {
+            if !upstream.config.enabled {
+                continue;
+            }
+            let mut line = format!("- {}", upstream.name());
+            if let Some(text) = upstream.hello().and_then(|hello| hello.instructions) {
+                line.push_str(": ");
+                line.push_str(text.trim());
+            }
+            lines.push(line);
+        }
+        lines.join("\n")
+    }
+
+    fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
+        let catalog = self.hub.catalog();
+        let cursor = params
+            .as_ref()
+            .and_then(|p| p.get("cursor"))
+            .and_then(Value::as_str);
+        let page = catalog
+            .page(kind, cursor)
+            .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
+        let mut result = Map::with_capacity(2);
+        result.insert(kind.result_key().into(), Value::Array(page.items.to_vec()));
+        if let Some(next) = page.next_cursor {
+            result.insert("nextCursor".into(), Value::String(next));
+        }
+        Ok(Value::Object(result))
+    }
+}
+
+fn invalid(id: Value, reason: &str) -> Handled {
+    Handled::Respond(jsonrpc::error_response(
+        id,
+        &RelayError::InvalidRequest(reason.into()),
+    ))
+}
+
+/// Takes the params object and one required string member of it.
+fn take_string(
+    params: Option<Value>,
+    key: &str,
+) -> Result<(Map<String, Value>, String), RelayError> {
+    let Some(Value::Object(params)) = params else {
+        return Err(RelayError::InvalidParams("params must be an object".into()));
+    };
+    let value = params
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RelayError::InvalidParams(format!("`{key}` must be a string")))?
+        .to_string();
+    Ok((params, value))
+}
+
+/// Rewrites the routed name in place and strips what must not reach a shared upstream.
+fn with_string(mut params: Map<String, Value>, key: &str, value: &str) -> Value {
+    params.insert(key.into(), Value::String(value.to_string()));
+    // Progress tokens are the client's; forwarding them raw to a shared upstream
+    // could collide with another session's, so they stay here.
+    if let Some(Value::Object(meta)) = params.get_mut("_meta") {
+        meta.remove("progressToken");
+    }
+    Value::Object(params)
+}
+
+/// Gives `contents[].uri` of a read result the namespaced form the client used.
+fn expose_content_uris(
+    catalog: &Catalog,
+    upstream: &str,
+    reply: adapters::Reply,
+) -> adapters::Reply {
+    let adapters::Reply::Result(mut result) = reply else {
+        return reply;
+    };
+    if let Some(Value::Array(contents)) = result.get_mut("contents") {
+        for content in contents {
+            if let Some(Value::String(uri)) = content.get_mut("uri") {
+                *uri = catalog.expose_uri(upstream, uri);
+            }
+        }
+    }
+    adapters::Reply::Result(result)
+}
+
+/// Sends one `list_changed` per kind whose content changed, coalescing bursts.
+async fn announce_catalog_changes(session: Arc<Session>) {
+    let mut catalogs = session.hub.subscribe();
+    let mut last = catalogs.borrow_and_update().clone();
+    loop {
+        tokio::select! {
+            _ = session.closed.cancelled() => return,
+            changed = catalogs.changed() => if changed.is_err() { return },
+        }
+        let current = catalogs.borrow_and_update().clone();
+        if session.protocol_version().is_none() {
+            // Not initialized yet: it will list what is current when it asks.
+            last = current;
+            continue;
+        }
+        let mut methods: Vec<&str> = Kind::ALL
+            .into_iter()
+            .filter(|kind| last.digest(*kind) != current.digest(*kind))
+            .map(Kind::list_changed_method)
+            .collect();
+        methods.dedup();
+        for method in methods {
+            if session
+                .outbound
+                .try_send(jsonrpc::notification(method, None))
+                .is_err()
+            {
+                tracing::debug!(
+                    method,
+                    "session's outbound queue is full; list change not announced"
+                );
+            }
+        }
+        last = current;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_rewrite_keeps_other_members_and_drops_progress_tokens() {
+        let params = json!({"name": "fixture__echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": 7, "x": 1}});
+        let Value::Object(map) = params else {
+            unreachable!()
+        };
+        let rewritten = with_string(map, "name", "echo");
+        assert_eq!(
+            rewritten,
+            json!({"name": "echo", "arguments": {"text": "hi"}, "_meta": {"x": 1}})
+        );
+    }
+}

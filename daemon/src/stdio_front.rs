@@ -1,0 +1,108 @@
+//! The stdio front: one client on the daemon's stdin/stdout. stdout carries
+//! protocol messages only; every log line goes to stderr.
+
+use std::sync::Arc;
+
+use adapters::framing::{Frame, LineDecoder};
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::hub::Hub;
+use crate::jsonrpc::{self, RelayError};
+use crate::session::{Handled, Session};
+
+/// Longest line accepted from the client.
+pub const MAX_CLIENT_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Serves one client until its input ends or `shutdown`; returns once every
+/// answer has been written.
+pub async fn serve<R, W>(hub: Arc<Hub>, input: R, output: W, shutdown: CancellationToken)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (session, mut events) = Session::new(hub.clone());
+    let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
+    metrics_gauge.inc();
+    let (replies, mut outgoing) = mpsc::channel::<Value>(256);
+    let writer = tokio::spawn(async move {
+        let mut output = output;
+        loop {
+            let message = tokio::select! {
+                biased;
+                reply = outgoing.recv() => match reply {
+                    Some(reply) => reply,
+                    None => break,
+                },
+                Some(event) = events.recv() => event,
+            };
+            let mut line = serde_json::to_vec(&message).unwrap_or_default();
+            line.push(b'\n');
+            if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let requests = TaskTracker::new();
+    let mut lines = FramedRead::new(input, LineDecoder::new(MAX_CLIENT_LINE_BYTES));
+    loop {
+        let frame = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            frame = lines.next() => frame,
+        };
+        let line = match frame {
+            Some(Ok(Frame::Line(line))) => line,
+            Some(Ok(Frame::TooLong { limit })) => {
+                let error = RelayError::RequestTooLarge { limit };
+                let _ = replies
+                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .await;
+                continue;
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "reading stdin failed");
+                break;
+            }
+            None => break,
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let message: Value = match serde_json::from_slice(&line) {
+            Ok(message) => message,
+            Err(error) => {
+                let error = RelayError::Parse(error.to_string());
+                let _ = replies
+                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .await;
+                continue;
+            }
+        };
+        let is_request = message.get("id").is_some() && message.get("method").is_some();
+        if is_request {
+            // Requests run concurrently: a slow tool must not hold up a quick one.
+            let session = session.clone();
+            let replies = replies.clone();
+            requests.spawn(async move {
+                if let Handled::Respond(response) = session.handle(message).await {
+                    let _ = replies.send(response).await;
+                }
+            });
+        } else if let Handled::Respond(response) = session.handle(message).await {
+            // Notifications (a cancel above all) are handled in order, at once.
+            let _ = replies.send(response).await;
+        }
+    }
+    requests.close();
+    requests.wait().await;
+    session.close();
+    drop(replies);
+    let _ = writer.await;
+    metrics_gauge.dec();
+}

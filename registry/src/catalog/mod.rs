@@ -1,0 +1,253 @@
+//! Immutable catalog snapshots: the exposed entries of each kind, their route tables,
+//! content digests and pages.
+
+mod build;
+mod entry;
+mod kind;
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;
+mod warning;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::cursor::{self, CursorError};
+use crate::filter::ToolFilter;
+use crate::uris;
+
+pub use kind::Kind;
+pub use warning::CatalogWarning;
+
+/// What one upstream listed, with how it is to be exposed.
+#[derive(Clone, Debug)]
+pub struct UpstreamListing {
+    /// The configured upstream name, `[a-z0-9-]+`.
+    pub upstream: Arc<str>,
+    /// Prepended to tool and prompt names and turned into the URI namespace; `""` for none.
+    pub prefix: String,
+    pub tool_filter: ToolFilter,
+    pub tools: Vec<Value>,
+    pub prompts: Vec<Value>,
+    pub resources: Vec<Value>,
+    pub resource_templates: Vec<Value>,
+}
+
+impl UpstreamListing {
+    fn listed(&self, kind: Kind) -> &[Value] {
+        match kind {
+            Kind::Tools => &self.tools,
+            Kind::Prompts => &self.prompts,
+            Kind::Resources => &self.resources,
+            Kind::ResourceTemplates => &self.resource_templates,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CatalogOptions {
+    /// The longest exposed tool or prompt name, in characters (at least 16 is used).
+    pub name_budget: usize,
+    /// Entries per list page (at least 1 is used).
+    pub page_size: usize,
+}
+
+impl Default for CatalogOptions {
+    fn default() -> CatalogOptions {
+        CatalogOptions {
+            name_budget: 64,
+            page_size: 100,
+        }
+    }
+}
+
+/// Where an exposed entry lives: its upstream and the upstream's own name, URI or template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub upstream: Arc<str>,
+    pub original: String,
+}
+
+/// One page of a list result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page<'a> {
+    pub items: &'a [Value],
+    pub next_cursor: Option<String>,
+}
+
+/// The template of an upstream with prefix `""`, for routing reads of its expansions.
+#[derive(Clone, Debug)]
+struct UnprefixedTemplate {
+    literal_head: String,
+    upstream: Arc<str>,
+}
+
+/// An immutable snapshot of everything plexus exposes; share it behind an `Arc`.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    /// Exposed entries per kind, indexed by [`Kind::index`].
+    entries: [Vec<Value>; 4],
+    digests: [[u8; 32]; 4],
+    /// Exposed name, URI or template -> route, per kind.
+    routes: [HashMap<String, Route>; 4],
+    upstreams_by_namespace: HashMap<String, Arc<str>>,
+    namespaces_by_upstream: HashMap<Arc<str>, String>,
+    unprefixed_templates: Vec<UnprefixedTemplate>,
+    /// Original resource URI -> its route, or `None` when several upstreams list it.
+    echoed_originals: HashMap<String, Option<Route>>,
+    page_size: usize,
+}
+
+impl Default for Catalog {
+    fn default() -> Catalog {
+        Catalog::empty()
+    }
+}
+
+impl Catalog {
+    pub fn empty() -> Catalog {
+        Catalog::with_page_size(CatalogOptions::default().page_size)
+    }
+
+    fn with_page_size(page_size: usize) -> Catalog {
+        let empty_digest = digest_entries(&[]);
+        Catalog {
+            entries: Default::default(),
+            digests: [empty_digest; 4],
+            routes: Default::default(),
+            upstreams_by_namespace: HashMap::new(),
+            namespaces_by_upstream: HashMap::new(),
+            unprefixed_templates: Vec::new(),
+            echoed_originals: HashMap::new(),
+            page_size: page_size.max(1),
+        }
+    }
+
+    /// Builds a snapshot from listings in the order given (the daemon sorts them by
+    /// upstream name); see the crate's rules on names, URIs, schemas and collisions.
+    pub fn build(
+        listings: &[UpstreamListing],
+        options: &CatalogOptions,
+    ) -> (Catalog, Vec<CatalogWarning>) {
+        build::build(listings, options)
+    }
+
+    /// The exposed entries: listings in the order given, each in its upstream's order.
+    pub fn entries(&self, kind: Kind) -> &[Value] {
+        &self.entries[kind.index()]
+    }
+
+    pub fn len(&self, kind: Kind) -> usize {
+        self.entries(kind).len()
+    }
+
+    /// SHA-256 over the exposed entries' compact JSON, each followed by a newline (which
+    /// compact JSON never contains), so equal snapshots have equal digests.
+    pub fn digest(&self, kind: Kind) -> [u8; 32] {
+        self.digests[kind.index()]
+    }
+
+    pub fn route_tool(&self, exposed_name: &str) -> Option<&Route> {
+        self.routes[Kind::Tools.index()].get(exposed_name)
+    }
+
+    pub fn route_prompt(&self, exposed_name: &str) -> Option<&Route> {
+        self.routes[Kind::Prompts.index()].get(exposed_name)
+    }
+
+    pub fn route_template(&self, exposed_uri_template: &str) -> Option<&Route> {
+        self.routes[Kind::ResourceTemplates.index()].get(exposed_uri_template)
+    }
+
+    /// Routes a resource read by the four steps documented in [`crate::uris`].
+    pub fn route_resource(&self, exposed_uri: &str) -> Option<Route> {
+        if let Some(route) = self.routes[Kind::Resources.index()].get(exposed_uri) {
+            return Some(route.clone());
+        }
+        if let Some((namespace, original)) = uris::split_namespace(exposed_uri) {
+            if let Some(upstream) = self.upstreams_by_namespace.get(namespace) {
+                if !original.is_empty() {
+                    return Some(Route {
+                        upstream: upstream.clone(),
+                        original: original.to_string(),
+                    });
+                }
+            }
+        }
+        if let Some(upstream) = self.unprefixed_template_upstream(exposed_uri) {
+            return Some(Route {
+                upstream,
+                original: exposed_uri.to_string(),
+            });
+        }
+        self.echoed_originals.get(exposed_uri).cloned().flatten()
+    }
+
+    /// The upstream of the unprefixed template with the longest literal head that starts
+    /// `uri`, unless equally long heads of different upstreams make it ambiguous.
+    fn unprefixed_template_upstream(&self, uri: &str) -> Option<Arc<str>> {
+        let mut best: Option<(usize, &Arc<str>)> = None;
+        let mut ambiguous = false;
+        for template in &self.unprefixed_templates {
+            if !uri.starts_with(&template.literal_head) {
+                continue;
+            }
+            let head_length = template.literal_head.len();
+            match best {
+                Some((best_length, _)) if head_length < best_length => {}
+                Some((best_length, best_upstream)) if head_length == best_length => {
+                    ambiguous |= *best_upstream != template.upstream;
+                }
+                _ => {
+                    best = Some((head_length, &template.upstream));
+                    ambiguous = false;
+                }
+            }
+        }
+        match best {
+            Some((_, upstream)) if !ambiguous => Some(upstream.clone()),
+            _ => None,
+        }
+    }
+
+    /// The URI a client sees for `original_uri` of `upstream` (for URIs in content and
+    /// notifications); unchanged for unprefixed or unknown upstreams.
+    pub fn expose_uri(&self, upstream: &str, original_uri: &str) -> String {
+        uris::expose(
+            self.namespaces_by_upstream
+                .get(upstream)
+                .map(String::as_str),
+            original_uri,
+        )
+    }
+
+    /// The page starting at `cursor` (the first page for `None`); see [`crate::cursor`]
+    /// for which cursors are valid.
+    pub fn page(&self, kind: Kind, cursor: Option<&str>) -> Result<Page<'_>, CursorError> {
+        let entries = self.entries(kind);
+        let start = match cursor {
+            None => 0,
+            Some(cursor) => cursor::decode(cursor, entries.len())?,
+        };
+        let end = start.saturating_add(self.page_size).min(entries.len());
+        Ok(Page {
+            items: &entries[start..end],
+            next_cursor: (end < entries.len()).then(|| cursor::encode(end)),
+        })
+    }
+}
+
+fn digest_entries(entries: &[Value]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for entry in entries {
+        // `Value`'s Display is its compact JSON serialisation.
+        hasher.update(entry.to_string().as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.finalize().into()
+}

@@ -1,0 +1,251 @@
+//! Unit tests of snapshot reads: resource routing, URI exposure, pages and digests.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::test_support::{build_default, listing, tool};
+use super::{Catalog, CatalogOptions, Kind, Route};
+use crate::cursor::{self, CursorError};
+
+fn route(upstream: &str, original: &str) -> Route {
+    Route {
+        upstream: Arc::from(upstream),
+        original: original.to_string(),
+    }
+}
+
+/// `fixture` (prefix `fixture`), `files` (prefix ""), `docs` (prefix "") and `2b` (prefix `2b`).
+fn resource_catalog() -> Catalog {
+    let mut fixture = listing("fixture", "fixture");
+    fixture.resources = vec![json!({"uri": "fixture://text", "name": "text"})];
+    fixture.resource_templates =
+        vec![json!({"uriTemplate": "fixture://items/{id}", "name": "item"})];
+    let mut files = listing("files", "");
+    files.resources = vec![json!({"uri": "file:///etc/motd", "name": "motd"})];
+    files.resource_templates = vec![
+        json!({"uriTemplate": "file:///{+path}", "name": "any file"}),
+        json!({"uriTemplate": "{+anything}", "name": "catch-all"}),
+    ];
+    let mut docs = listing("docs", "");
+    docs.resource_templates = vec![json!({"uriTemplate": "file:///docs/{page}", "name": "doc"})];
+    let mut digit = listing("2b", "2b");
+    digit.resources = vec![json!({"uri": "note://one", "name": "one"})];
+    let (catalog, warnings) = build_default(&[fixture, files, docs, digit]);
+    assert_eq!(warnings, Vec::new());
+    catalog
+}
+
+#[test]
+fn resources_and_templates_are_exposed_under_their_namespace() {
+    let catalog = resource_catalog();
+    let uris: Vec<&str> = catalog
+        .entries(Kind::Resources)
+        .iter()
+        .filter_map(|entry| entry["uri"].as_str())
+        .collect();
+    assert_eq!(
+        uris,
+        [
+            "fixture+fixture://text",
+            "file:///etc/motd",
+            "u2b+note://one"
+        ]
+    );
+    let templates: Vec<&str> = catalog
+        .entries(Kind::ResourceTemplates)
+        .iter()
+        .filter_map(|entry| entry["uriTemplate"].as_str())
+        .collect();
+    assert_eq!(
+        templates,
+        [
+            "fixture+fixture://items/{id}",
+            "file:///{+path}",
+            "{+anything}",
+            "file:///docs/{page}"
+        ]
+    );
+    assert_eq!(
+        catalog.route_template("fixture+fixture://items/{id}"),
+        Some(&route("fixture", "fixture://items/{id}"))
+    );
+}
+
+#[test]
+fn every_resource_routing_step() {
+    let catalog = resource_catalog();
+    let cases = [
+        // 1. listed resources, prefixed and unprefixed
+        (
+            "fixture+fixture://text",
+            Some(route("fixture", "fixture://text")),
+        ),
+        ("file:///etc/motd", Some(route("files", "file:///etc/motd"))),
+        ("u2b+note://one", Some(route("2b", "note://one"))),
+        // 2. expansion of a namespaced template
+        (
+            "fixture+fixture://items/42",
+            Some(route("fixture", "fixture://items/42")),
+        ),
+        ("u2b+note://unlisted", Some(route("2b", "note://unlisted"))),
+        // 3. unprefixed templates: the longest literal head wins
+        (
+            "file:///docs/intro",
+            Some(route("docs", "file:///docs/intro")),
+        ),
+        (
+            "file:///var/log/syslog",
+            Some(route("files", "file:///var/log/syslog")),
+        ),
+        // 4. an un-namespaced original listed by exactly one upstream
+        ("fixture://text", Some(route("fixture", "fixture://text"))),
+        ("note://one", Some(route("2b", "note://one"))),
+        // unknown: no listed URI, no known namespace, no template head, no original
+        ("other://thing", None),
+        ("nope+fixture://text-ish", None),
+        ("fixture+", None),
+    ];
+    for (uri, expected) in cases {
+        assert_eq!(catalog.route_resource(uri), expected, "uri {uri:?}");
+    }
+}
+
+#[test]
+fn equally_long_template_heads_of_different_upstreams_do_not_decide() {
+    let mut first = listing("first", "");
+    first.resource_templates = vec![json!({"uriTemplate": "mem://{key}"})];
+    let mut second = listing("second", "");
+    second.resource_templates = vec![json!({"uriTemplate": "mem://{id}/raw"})];
+    let (catalog, _) = build_default(&[first, second]);
+    assert_eq!(catalog.route_resource("mem://a"), None);
+}
+
+#[test]
+fn an_original_listed_by_two_upstreams_is_not_guessed() {
+    let mut first = listing("first", "one");
+    first.resources = vec![json!({"uri": "shared://x"})];
+    let mut second = listing("second", "two");
+    second.resources = vec![json!({"uri": "shared://x"})];
+    let (catalog, warnings) = build_default(&[first, second]);
+    assert_eq!(warnings, Vec::new());
+    assert_eq!(catalog.route_resource("shared://x"), None);
+    assert_eq!(
+        catalog.route_resource("two+shared://x"),
+        Some(route("second", "shared://x"))
+    );
+}
+
+#[test]
+fn expose_uri_applies_the_upstreams_namespace() {
+    let catalog = resource_catalog();
+    let cases = [
+        ("fixture", "fixture://items/7", "fixture+fixture://items/7"),
+        ("2b", "note://two", "u2b+note://two"),
+        ("files", "file:///x", "file:///x"),
+        ("unknown", "x://y", "x://y"),
+    ];
+    for (upstream, original, expected) in cases {
+        assert_eq!(catalog.expose_uri(upstream, original), expected);
+    }
+}
+
+#[test]
+fn pagination_over_250_tools() {
+    let mut big = listing("big", "big");
+    big.tools = (0..250)
+        .map(|number| tool(&format!("tool{number:03}")))
+        .collect();
+    let options = CatalogOptions {
+        page_size: 100,
+        ..CatalogOptions::default()
+    };
+    let (catalog, _) = Catalog::build(&[big], &options);
+    let mut cursor: Option<String> = None;
+    let mut page_lengths = Vec::new();
+    let mut seen = Vec::new();
+    loop {
+        let page = catalog.page(Kind::Tools, cursor.as_deref()).unwrap();
+        page_lengths.push(page.items.len());
+        seen.extend(
+            page.items
+                .iter()
+                .map(|entry| entry["name"].as_str().unwrap().to_string()),
+        );
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(page_lengths, [100, 100, 50]);
+    let expected: Vec<String> = (0..250)
+        .map(|number| format!("big__tool{number:03}"))
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(
+        catalog
+            .page(Kind::Tools, Some(&cursor::encode(200)))
+            .unwrap()
+            .items
+            .len(),
+        50
+    );
+    assert_eq!(
+        catalog.page(Kind::Tools, Some("not-a-cursor")),
+        Err(CursorError::Malformed)
+    );
+    assert_eq!(
+        catalog.page(Kind::Tools, Some(&cursor::encode(250))),
+        Err(CursorError::OutOfRange {
+            offset: 250,
+            len: 250
+        })
+    );
+}
+
+#[test]
+fn empty_and_exactly_full_lists_have_no_next_page() {
+    let catalog = Catalog::empty();
+    let page = catalog.page(Kind::Prompts, None).unwrap();
+    assert!(page.items.is_empty());
+    assert_eq!(page.next_cursor, None);
+    let mut exact = listing("exact", "");
+    exact.tools = (0..3).map(|number| tool(&format!("t{number}"))).collect();
+    let options = CatalogOptions {
+        page_size: 3,
+        ..CatalogOptions::default()
+    };
+    let (catalog, _) = Catalog::build(&[exact], &options);
+    assert_eq!(catalog.page(Kind::Tools, None).unwrap().next_cursor, None);
+}
+
+#[test]
+fn digests_follow_content() {
+    let build_with = |tools: Vec<serde_json::Value>| {
+        let mut upstream = listing("srv", "srv");
+        upstream.tools = tools;
+        build_default(&[upstream]).0
+    };
+    let first = build_with(vec![tool("a"), tool("b")]);
+    let same = build_with(vec![tool("a"), tool("b")]);
+    let changed = build_with(vec![
+        tool("a"),
+        json!({"name": "b", "inputSchema": {"type": "object"}, "description": "new"}),
+    ]);
+    let reordered = build_with(vec![tool("b"), tool("a")]);
+    assert_eq!(first.digest(Kind::Tools), same.digest(Kind::Tools));
+    assert_ne!(first.digest(Kind::Tools), changed.digest(Kind::Tools));
+    assert_ne!(first.digest(Kind::Tools), reordered.digest(Kind::Tools));
+    assert_eq!(
+        first.digest(Kind::Prompts),
+        Catalog::empty().digest(Kind::Prompts)
+    );
+    assert_ne!(
+        first.digest(Kind::Tools),
+        Catalog::empty().digest(Kind::Tools)
+    );
+    assert_eq!(
+        Catalog::default().digest(Kind::Tools),
+        Catalog::empty().digest(Kind::Tools)
+    );
+}
