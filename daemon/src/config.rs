@@ -128,10 +128,12 @@ pub fn load(
         path: path.to_path_buf(),
         source,
     })?;
-    let base = path
+    // Relative paths in the file are relative to the file, wherever plexus runs from.
+    let parent = path
         .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let base = std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf());
     parse(&text, &base, environment).map_err(|issues| ConfigError::Invalid {
         path: path.to_path_buf(),
         issues,
