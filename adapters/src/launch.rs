@@ -181,18 +181,52 @@ fn percent_decode(text: &str) -> Result<String, String> {
 }
 
 /// Variables every child inherits from the daemon; everything else must be declared.
-pub const INHERITED_VARIABLES: &[&str] =
-    &["PATH", "HOME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "USER"];
+/// Besides the basics, these are the ones launchers (`uvx`, `npx`) need to reach a
+/// package registry through a proxy or a private certificate authority.
+pub const INHERITED_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LANGUAGE",
+    "TMPDIR",
+    "TZ",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+];
 
-/// Builds a child's environment: the inherited basics (and `LC_*`) from `parent`, then
-/// the upstream's own declared variables, which win.
+/// Prefixes of inherited variables: locale, and package-manager settings (index
+/// URLs, caches, certificates) that launchers read.
+pub const INHERITED_PREFIXES: &[&str] =
+    &["LC_", "UV_", "PIP_", "NPM_CONFIG_", "npm_config_", "XDG_"];
+
+fn inherited(key: &str) -> bool {
+    INHERITED_VARIABLES.contains(&key)
+        || INHERITED_PREFIXES
+            .iter()
+            .any(|prefix| key.starts_with(prefix))
+}
+
+/// Builds a child's environment: the inherited variables from `parent`, then the
+/// upstream's own declared variables, which win.
 pub fn clean_environment(
     parent: impl IntoIterator<Item = (String, String)>,
     declared: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = parent
         .into_iter()
-        .filter(|(key, _)| INHERITED_VARIABLES.contains(&key.as_str()) || key.starts_with("LC_"))
+        .filter(|(key, _)| inherited(key))
         .collect();
     env.extend(declared.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
@@ -328,6 +362,11 @@ mod tests {
             ("LC_ALL".to_string(), "C".to_string()),
             ("AWS_SECRET_ACCESS_KEY".to_string(), "hunter2".to_string()),
             ("HOME".to_string(), "/root".to_string()),
+            ("HTTPS_PROXY".to_string(), "http://proxy:3128".to_string()),
+            (
+                "UV_INDEX_URL".to_string(),
+                "https://mirror/simple".to_string(),
+            ),
         ];
         let declared = BTreeMap::from([("HOME".to_string(), "/srv".to_string())]);
         let env = clean_environment(parent, &declared);
@@ -335,8 +374,13 @@ mod tests {
             env.into_iter().collect::<Vec<_>>(),
             vec![
                 ("HOME".to_string(), "/srv".to_string()),
+                ("HTTPS_PROXY".to_string(), "http://proxy:3128".to_string()),
                 ("LC_ALL".to_string(), "C".to_string()),
                 ("PATH".to_string(), "/bin".to_string()),
+                (
+                    "UV_INDEX_URL".to_string(),
+                    "https://mirror/simple".to_string()
+                ),
             ]
         );
     }

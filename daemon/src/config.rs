@@ -13,6 +13,7 @@ use serde::Deserialize;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7464";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7465";
 pub const DEFAULT_NAME_BUDGET: usize = 64;
+pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(90);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -30,6 +31,8 @@ pub struct DaemonSettings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub name_budget: usize,
+    /// Entries per page of `tools/list` and the other lists.
+    pub page_size: usize,
     pub state_dir: PathBuf,
 }
 
@@ -89,6 +92,7 @@ struct RawDaemon {
     listen: Option<String>,
     admin_listen: Option<String>,
     name_budget: Option<usize>,
+    page_size: Option<usize>,
     state_dir: Option<PathBuf>,
 }
 
@@ -241,6 +245,13 @@ fn validate_daemon(
             message: format!("{name_budget} is out of range (16 to 1024)"),
         });
     }
+    let page_size = raw.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+    if !(1..=10_000).contains(&page_size) {
+        issues.push(ConfigIssue {
+            key: "daemon.page_size".into(),
+            message: format!("{page_size} is out of range (1 to 10000)"),
+        });
+    }
     let state_dir = match raw.state_dir {
         Some(dir) => base.join(dir),
         None => default_state_dir(environment),
@@ -249,6 +260,7 @@ fn validate_daemon(
         listen,
         admin_listen,
         name_budget,
+        page_size,
         state_dir,
     }
 }

@@ -48,7 +48,7 @@ impl Hub {
             catalog,
             catalog_options: CatalogOptions {
                 name_budget: config.daemon.name_budget,
-                ..CatalogOptions::default()
+                page_size: config.daemon.page_size,
             },
             metrics,
             shutdown: CancellationToken::new(),

@@ -1,1 +1,350 @@
-//! plexus integration harness.
+//! plexus integration harness: locate the built binaries, write a config, start a
+//! real daemon on `127.0.0.1:0`, and talk to it with real MCP clients.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rmcp::model::{ClientConfig, ProtocolVersion};
+use rmcp::service::RunningService;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+
+/// The directory holding the workspace's built binaries (`target/debug`).
+pub fn binary_dir() -> PathBuf {
+    // Test executables live in target/<profile>/deps; the binaries one level up.
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// The `plexus` binary; the test command builds it before the tests run.
+pub fn plexus_binary() -> PathBuf {
+    std::env::var_os("PLEXUS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| binary_dir().join("plexus"))
+}
+
+/// The fixture MCP server binary.
+pub fn fixture_binary() -> PathBuf {
+    binary_dir().join("plexus-fixture")
+}
+
+/// A TOML upstream section running the fixture under `name`.
+pub fn fixture_upstream(upstream: &str, extra: &str, fixture_args: &[&str]) -> String {
+    let args: Vec<String> = fixture_args.iter().map(|a| format!("{a:?}")).collect();
+    format!(
+        "[upstreams.{upstream}]\ncommand = {:?}\nargs = [{}]\n{extra}\n",
+        fixture_binary().display().to_string(),
+        args.join(", ")
+    )
+}
+
+/// A running `plexus serve` with its own temporary directory.
+pub struct Daemon {
+    child: Option<Child>,
+    pub url: String,
+    pub admin: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// Starts a daemon whose config is `[daemon]` on port 0 plus `sections`.
+    pub async fn start(daemon_extra: &str, sections: &str) -> anyhow::Result<Daemon> {
+        let dir = tempfile::tempdir()?;
+        let state = dir.path().join("state");
+        let config = format!(
+            "[daemon]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{daemon_extra}\n\n{sections}",
+            state.display().to_string()
+        );
+        let config_path = dir.path().join("config.toml");
+        std::fs::write(&config_path, config)?;
+        let log = std::fs::File::create(dir.path().join("plexus.log"))?;
+        let child = Command::new(plexus_binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .env("PLEXUS_LOG", "info,plexus=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", plexus_binary().display()))?;
+        let runtime_file = state.join("daemon.json");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let runtime: Value = loop {
+            if let Ok(text) = std::fs::read_to_string(&runtime_file) {
+                break serde_json::from_str(&text)?;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "plexus did not start: {}",
+                    std::fs::read_to_string(dir.path().join("plexus.log"))?
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let field = |key: &str| {
+            runtime[key]
+                .as_str()
+                .map(str::to_string)
+                .context("daemon.json field")
+        };
+        Ok(Daemon {
+            child: Some(child),
+            url: field("url")?,
+            admin: format!("http://{}", field("admin_listen")?),
+            dir,
+        })
+    }
+
+    /// Polls `/readyz` until every upstream is ready.
+    pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<Value> {
+        let deadline = Instant::now() + within;
+        let client = reqwest::Client::new();
+        loop {
+            let response = client.get(format!("{}/readyz", self.admin)).send().await?;
+            let ready = response.status().is_success();
+            let body: Value = response.json().await?;
+            if ready {
+                return Ok(body);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "upstreams not ready after {within:?}: {body}\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let response = reqwest::get(format!("{}{path}", self.admin)).await?;
+        Ok((response.status().as_u16(), response.text().await?))
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("plexus.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// SIGTERM, then wait for the exit status.
+    pub async fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("already stopped")?;
+        if let Some(pid) = child.id() {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
+        }
+        Ok(tokio::time::timeout(Duration::from_secs(30), child.wait()).await??)
+    }
+}
+
+/// A test client that counts the list changes it is told about.
+#[derive(Clone, Default)]
+pub struct TestClient {
+    pub tools_changed: Arc<Notify>,
+}
+
+impl ClientHandler for TestClient {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::default().with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        self.tools_changed.notify_one();
+    }
+}
+
+pub type Client = RunningService<RoleClient, TestClient>;
+
+/// An rmcp client over streamable HTTP.
+pub async fn http_client(url: &str, handler: TestClient) -> anyhow::Result<Client> {
+    let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+    Ok(handler.serve(transport).await?)
+}
+
+/// An rmcp client that launches `plexus serve --stdio --config <path>` itself.
+pub async fn stdio_client(config: &Path, handler: TestClient) -> anyhow::Result<Client> {
+    let mut command = Command::new(plexus_binary());
+    command
+        .arg("serve")
+        .arg("--stdio")
+        .arg("--config")
+        .arg(config);
+    command.env("PLEXUS_LOG", "warn");
+    let transport = TokioChildProcess::new(command)?;
+    Ok(handler.serve(transport).await?)
+}
+
+/// Raw JSON-RPC over HTTP, for comparing exactly what arrives.
+pub struct RawHttpSession {
+    client: reqwest::Client,
+    url: String,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl RawHttpSession {
+    pub async fn connect(url: &str) -> anyhow::Result<RawHttpSession> {
+        let mut session = RawHttpSession {
+            client: reqwest::Client::new(),
+            url: url.to_string(),
+            session: None,
+            next_id: 0,
+        };
+        let hello = session
+            .request(
+                "initialize",
+                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}),
+            )
+            .await?;
+        if hello.get("result").is_none() {
+            bail!("initialize failed: {hello}");
+        }
+        session.notify("notifications/initialized").await?;
+        Ok(session)
+    }
+
+    /// Sends a request and returns the whole response message.
+    pub async fn request(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let message = serde_json::json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        self.post(&message).await
+    }
+
+    pub async fn post(&mut self, message: &Value) -> anyhow::Result<Value> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(serde_json::to_vec(message)?);
+        if let Some(session) = &self.session {
+            request = request.header("mcp-session-id", session);
+        }
+        let response = request.send().await?;
+        if let Some(session) = response.headers().get("mcp-session-id") {
+            self.session = Some(session.to_str()?.to_string());
+        }
+        let text = response.text().await?;
+        Ok(serde_json::from_str(&text).with_context(|| format!("response body: {text}"))?)
+    }
+
+    pub async fn notify(&mut self, method: &str) -> anyhow::Result<u16> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(
+                &serde_json::json!({"jsonrpc": "2.0", "method": method}),
+            )?);
+        if let Some(session) = &self.session {
+            request = request.header("mcp-session-id", session);
+        }
+        Ok(request.send().await?.status().as_u16())
+    }
+}
+
+/// Raw JSON-RPC over a child's stdin/stdout: what an upstream sends, unmodified.
+pub struct RawStdioSession {
+    child: Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    next_id: u64,
+}
+
+impl RawStdioSession {
+    /// Starts `program` and runs the `initialize` handshake.
+    pub async fn spawn(program: &Path, args: &[&str]) -> anyhow::Result<RawStdioSession> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let mut session = RawStdioSession {
+            child,
+            stdin,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+            next_id: 0,
+        };
+        session
+            .request(
+                "initialize",
+                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}),
+            )
+            .await?;
+        session
+            .send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await?;
+        Ok(session)
+    }
+
+    async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(message)?;
+        line.push(b'\n');
+        self.stdin.write_all(&line).await?;
+        self.stdin.flush().await?;
+        Ok(())
+    }
+
+    /// Sends a request and returns the response message, skipping anything else.
+    pub async fn request(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .await?;
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+                .await??
+                .context("the server closed stdout")?;
+            let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if message.get("id") == Some(&Value::from(id)) && message.get("method").is_none() {
+                return Ok(message);
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        drop(self.stdin);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+    }
+}
+
+/// Any typed rmcp value as JSON, so tests assert on wire shapes.
+pub fn json_of<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// A JSON object literal as rmcp's argument map.
+pub fn arguments(value: Value) -> serde_json::Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
+}
