@@ -30,8 +30,11 @@ pub enum UpstreamEvent {
 /// Why a request got no reply from the upstream.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConnectionError {
-    #[error("the connection to the upstream is closed")]
+    #[error("the connection to the upstream closed before it answered")]
     Closed,
+    /// The connection was already closed: the request never left plexus.
+    #[error("the connection to the upstream is closed")]
+    NotSent,
     #[error("the upstream sent a message over the {limit}-byte limit")]
     TooLarge { limit: usize },
 }

@@ -235,7 +235,7 @@ impl UpstreamConnection {
         {
             guard.armed = false;
             inner.pending.forget(id);
-            return Err(ConnectionError::Closed);
+            return Err(ConnectionError::NotSent);
         }
         let outcome = tokio::select! {
             biased;
@@ -261,13 +261,13 @@ impl UpstreamConnection {
 
     async fn send_line(&self, line: Vec<u8>) -> Result<(), ConnectionError> {
         if self.inner.closed.is_cancelled() {
-            return Err(ConnectionError::Closed);
+            return Err(ConnectionError::NotSent);
         }
         self.inner
             .writer
             .send(line)
             .await
-            .map_err(|_| ConnectionError::Closed)
+            .map_err(|_| ConnectionError::NotSent)
     }
 
     pub fn upstream(&self) -> &Arc<str> {
@@ -434,8 +434,9 @@ async fn read_loop(state: ReadLoop) {
             Incoming::Invalid => note_dropped_line(&upstream, &stats, &line),
         }
     }
-    pending.fail_all(ConnectionError::Closed);
+    // Closed first, so no new request can register after the sweep.
     closed.cancel();
+    pending.fail_all(ConnectionError::Closed);
 }
 
 fn note_dropped_line(upstream: &str, stats: &ConnectionStats, line: &[u8]) {

@@ -67,6 +67,7 @@ impl HttpFront {
     }
 
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+        tracing::debug!(method = %request.method(), path = request.uri().path(), "http request");
         if request.uri().path() != "/mcp" {
             return plain(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp");
         }
@@ -144,6 +145,20 @@ impl HttpFront {
             return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
         }
         let (parts, body) = request.into_parts();
+        let declared_length = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared_length.is_some_and(|length| length > self.max_body_bytes) {
+            // Refuse before reading: the client learns at once, without uploading it all.
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &RelayError::RequestTooLarge {
+                    limit: self.max_body_bytes,
+                },
+            );
+        }
         let body = match Limited::new(body, self.max_body_bytes).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(_) => {

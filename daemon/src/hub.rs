@@ -179,6 +179,11 @@ impl Hub {
                 upstream: upstream_name.to_string(),
                 reason: "the upstream's connection closed".into(),
             }),
+            Ok(Err(ConnectionError::NotSent)) => Err(RelayError::Unavailable {
+                upstream: upstream_name.to_string(),
+                state: upstream.state().label().to_string(),
+                retry_after_ms: Some(1000),
+            }),
             Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
                 upstream: upstream_name.to_string(),
                 limit,

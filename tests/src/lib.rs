@@ -246,6 +246,24 @@ impl RawHttpSession {
         Ok(serde_json::from_str(&text).with_context(|| format!("response body: {text}"))?)
     }
 
+    /// Posts bytes that need not be JSON.
+    pub async fn post_raw(&mut self, body: &[u8]) -> anyhow::Result<Value> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        if let Some(session) = &self.session {
+            request = request.header("mcp-session-id", session);
+        }
+        let text = request.send().await?.text().await?;
+        Ok(serde_json::from_str(&text).with_context(|| format!("response body: {text}"))?)
+    }
+
+    pub fn session_id(&self) -> Option<String> {
+        self.session.clone()
+    }
+
     pub async fn notify(&mut self, method: &str) -> anyhow::Result<u16> {
         let mut request = self
             .client

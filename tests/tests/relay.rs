@@ -1,0 +1,486 @@
+//! The relay path: what an upstream sends reaches the client field by field
+//! (names aside), and plexus's own failures are precise JSON-RPC errors.
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use plexus_tests::{
+    fixture_binary, fixture_upstream, http_client, Daemon, RawHttpSession, RawStdioSession,
+    TestClient,
+};
+use serde_json::{json, Value};
+
+/// The same requests sent to the fixture directly and through plexus.
+fn round_trip_requests() -> Vec<(&'static str, Value)> {
+    vec![
+        ("tools/list", json!({})),
+        (
+            "tools/call",
+            json!({"name": "echo", "arguments": {"text": "faithful"}}),
+        ),
+        (
+            "tools/call",
+            json!({"name": "add", "arguments": {"a": 2, "b": 3}}),
+        ),
+        (
+            "tools/call",
+            json!({"name": "fail", "arguments": {"message": "expected failure"}}),
+        ),
+        // An upstream JSON-RPC error passes through unchanged.
+        (
+            "tools/call",
+            json!({"name": "add", "arguments": {"a": "not a number"}}),
+        ),
+        ("resources/list", json!({})),
+        ("resources/templates/list", json!({})),
+        ("resources/read", json!({"uri": "fixture://text"})),
+        ("resources/read", json!({"uri": "fixture://blob"})),
+        ("resources/read", json!({"uri": "fixture://items/42"})),
+        ("prompts/list", json!({})),
+        (
+            "prompts/get",
+            json!({"name": "greet", "arguments": {"name": "Ada", "style": "casual"}}),
+        ),
+    ]
+}
+
+/// Undoes plexus's namespacing of one upstream, so a prefixed relay can be compared too.
+fn strip_namespace(value: &mut Value, prefix: &str) {
+    match value {
+        Value::Object(map) => {
+            for (key, member) in map.iter_mut() {
+                if let Value::String(text) = member {
+                    match key.as_str() {
+                        "name" => {
+                            if let Some(rest) = text.strip_prefix(&format!("{prefix}__")) {
+                                *text = rest.to_string();
+                            }
+                        }
+                        "uri" | "uriTemplate" => {
+                            if let Some(rest) = text.strip_prefix(&format!("{prefix}+")) {
+                                *text = rest.to_string();
+                            }
+                        }
+                        _ => {}
+                    }
+                } else {
+                    strip_namespace(member, prefix);
+                }
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| strip_namespace(item, prefix)),
+        _ => {}
+    }
+}
+
+fn namespaced(method: &str, params: &Value, prefix: &str) -> Value {
+    let mut params = params.clone();
+    if let Some(name) = params.get("name").and_then(Value::as_str) {
+        params["name"] = json!(format!("{prefix}__{name}"));
+    }
+    if let Some(uri) = params.get("uri").and_then(Value::as_str) {
+        params["uri"] = json!(format!("{prefix}+{uri}"));
+    }
+    let _ = method;
+    params
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_is_faithful_field_by_field() -> anyhow::Result<()> {
+    // `plain` is exposed unprefixed, `fx` under its name; both run the same fixture.
+    let sections = format!(
+        "{}{}",
+        fixture_upstream("plain", "prefix = \"\"", &[]),
+        fixture_upstream("fx", "", &[])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let mut direct = RawStdioSession::spawn(&fixture_binary(), &[]).await?;
+    let mut relayed = RawHttpSession::connect(&daemon.url).await?;
+
+    for (method, params) in round_trip_requests() {
+        let from_upstream = direct.request(method, params.clone()).await?;
+        ensure!(from_upstream.get("result").is_some() || from_upstream.get("error").is_some());
+
+        // Unprefixed: byte for byte the same member, in the same key order.
+        let through_plain = relayed.request(method, params.clone()).await?;
+        let (expected, got) = match (from_upstream.get("result"), through_plain.get("result")) {
+            (Some(a), Some(b)) => (a.clone(), b.clone()),
+            _ => (
+                from_upstream["error"].clone(),
+                through_plain["error"].clone(),
+            ),
+        };
+        // Lists merge both upstreams; compare the entries of the unprefixed one.
+        let (expected, got) = if method.ends_with("/list") {
+            let key = expected
+                .as_object()
+                .and_then(|o| o.keys().next().cloned())
+                .unwrap_or_default();
+            let mine: Vec<Value> = got[&key]
+                .as_array()
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .filter(|e| {
+                            !e["name"].as_str().is_some_and(|n| n.starts_with("fx__"))
+                                && !e["uri"].as_str().is_some_and(|u| u.starts_with("fx+"))
+                                && !e["uriTemplate"]
+                                    .as_str()
+                                    .is_some_and(|u| u.starts_with("fx+"))
+                        })
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            (expected[&key].clone(), Value::Array(mine))
+        } else {
+            (expected, got)
+        };
+        ensure!(
+            serde_json::to_string(&expected)? == serde_json::to_string(&got)?,
+            "{method} {params}: upstream sent\n{expected}\nclient got\n{got}"
+        );
+
+        // Prefixed: equal once the names plexus rewrote are put back.
+        let through_fx = relayed
+            .request(method, namespaced(method, &params, "fx"))
+            .await?;
+        let mut got = through_fx
+            .get("result")
+            .cloned()
+            .unwrap_or_else(|| through_fx["error"].clone());
+        let expected = from_upstream
+            .get("result")
+            .cloned()
+            .unwrap_or_else(|| from_upstream["error"].clone());
+        if method.ends_with("/list") {
+            let key = expected
+                .as_object()
+                .and_then(|o| o.keys().next().cloned())
+                .unwrap_or_default();
+            let mine: Vec<Value> = got[&key]
+                .as_array()
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .filter(|e| {
+                            e["name"].as_str().is_some_and(|n| n.starts_with("fx__"))
+                                || e["uri"].as_str().is_some_and(|u| u.starts_with("fx+"))
+                                || e["uriTemplate"]
+                                    .as_str()
+                                    .is_some_and(|u| u.starts_with("fx+"))
+                        })
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            got = json!({ key.clone(): mine });
+            let mut expected_entries = expected.clone();
+            expected_entries
+                .as_object_mut()
+                .map(|o| o.retain(|k, _| *k == key));
+            strip_namespace(&mut got, "fx");
+            ensure!(
+                serde_json::to_string(&expected_entries)? == serde_json::to_string(&got)?,
+                "{method} via fx: upstream sent\n{expected_entries}\nclient got\n{got}"
+            );
+        } else {
+            strip_namespace(&mut got, "fx");
+            ensure!(
+                serde_json::to_string(&expected)? == serde_json::to_string(&got)?,
+                "{method} {params} via fx: upstream sent\n{expected}\nclient got\n{got}"
+            );
+        }
+    }
+
+    // The fields typed SDK models lose are exactly what must survive.
+    let tools = relayed.request("tools/list", json!({})).await?;
+    let text = serde_json::to_string(&tools)?;
+    ensure!(
+        text.contains(r#""execution":{"taskSupport":"optional"}"#),
+        "{text}"
+    );
+    ensure!(
+        text.contains(r#""x-fixture-vendor":{"stable":true,"n":1}"#),
+        "{text}"
+    );
+    ensure!(
+        text.contains(r#""_meta":{"fixture/tool":"echo"}"#),
+        "{text}"
+    );
+    ensure!(
+        text.contains(r#""default":5}"#) && !text.contains("5.0"),
+        "{text}"
+    );
+
+    direct.close().await;
+    daemon.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        fixture_upstream("healthy", "", &["--banner"]),
+        fixture_upstream("fragile", "", &["--exit-after-calls", "1"]),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+
+    // Probes newer clients send first are answered at once.
+    let started = Instant::now();
+    let discover = session.request("server/discover", json!({})).await?;
+    ensure!(discover["error"]["code"] == -32601, "{discover}");
+    ensure!(started.elapsed() < Duration::from_secs(1));
+
+    let unknown = session
+        .request("tools/call", json!({"name": "nope__echo", "arguments": {}}))
+        .await?;
+    ensure!(unknown["error"]["code"] == -32602, "{unknown}");
+    let unknown_resource = session
+        .request("resources/read", json!({"uri": "nowhere://x"}))
+        .await?;
+    ensure!(
+        unknown_resource["error"]["code"] == -32002,
+        "{unknown_resource}"
+    );
+    let missing = session
+        .request("tools/call", json!({"arguments": {}}))
+        .await?;
+    ensure!(missing["error"]["code"] == -32602, "{missing}");
+    let not_json = session.post_raw(b"{not json").await?;
+    ensure!(not_json["error"]["code"] == -32700, "{not_json}");
+    let no_method = session.post(&json!({"jsonrpc": "2.0", "id": 99})).await?;
+    ensure!(no_method["error"]["code"] == -32600, "{no_method}");
+
+    // The upstream dies during the call: the caller learns which and what.
+    let died = session
+        .request(
+            "tools/call",
+            json!({"name": "fragile__echo", "arguments": {"text": "x"}}),
+        )
+        .await?;
+    ensure!(died["error"]["code"] == -33003, "{died}");
+    ensure!(died["error"]["data"]["upstream"] == "fragile", "{died}");
+    // While it is down its tools stay listed, and calls fail fast with its state.
+    let down = session
+        .request(
+            "tools/call",
+            json!({"name": "fragile__echo", "arguments": {"text": "x"}}),
+        )
+        .await?;
+    ensure!(down["error"]["code"] == -33001, "{down}");
+    ensure!(down["error"]["data"]["upstream"] == "fragile", "{down}");
+    ensure!(down["error"]["data"]["state"].is_string(), "{down}");
+
+    // The healthy upstream (which prints banners on stdout) is untouched, as is the session.
+    let fine = session
+        .request(
+            "tools/call",
+            json!({"name": "healthy__echo", "arguments": {"text": "still here"}}),
+        )
+        .await?;
+    ensure!(
+        fine["result"]["content"][0]["text"] == "still here",
+        "{fine}"
+    );
+    ensure!(
+        daemon.log().contains("dropped a non-JSON-RPC line"),
+        "banner lines were not reported"
+    );
+
+    // It comes back by itself.
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    ensure!(
+        metrics.contains(r#"plexus_upstream_restarts_total{upstream="fragile"} 1"#),
+        "{metrics}"
+    );
+    daemon.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sessions_and_hosts_are_checked() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let client = reqwest::Client::new();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let post = |session: Option<&str>, host: Option<&str>, origin: Option<&str>| {
+        let mut request = client
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        if let Some(host) = host {
+            request = request.header("host", host);
+        }
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    ensure!(
+        post(None, None, None).await?.status() == 400,
+        "no session id"
+    );
+    ensure!(
+        post(Some("00000000000000000000000000000000"), None, None)
+            .await?
+            .status()
+            == 404
+    );
+    ensure!(
+        post(None, Some("evil.example"), None).await?.status() == 403,
+        "DNS rebinding host"
+    );
+    ensure!(
+        post(None, None, Some("https://evil.example"))
+            .await?
+            .status()
+            == 403,
+        "foreign origin"
+    );
+    // An oversized body is refused from its headers, before it is uploaded.
+    let address = daemon
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address).await?;
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        5 * 1024 * 1024
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut socket, head.as_bytes()).await?;
+    let mut answer = vec![0u8; 1024];
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut socket, &mut answer),
+    )
+    .await??;
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    ensure!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    ensure!(answer.contains("-33005"), "{answer}");
+
+    // A session ends with DELETE and is then unknown.
+    let session = RawHttpSession::connect(&daemon.url).await?;
+    let id = session.session_id().unwrap_or_default();
+    ensure!(id.len() == 32, "session id {id}");
+    let deleted = client
+        .delete(&daemon.url)
+        .header("mcp-session-id", &id)
+        .send()
+        .await?;
+    ensure!(deleted.status() == 204);
+    ensure!(post(Some(&id), None, None).await?.status() == 404);
+    daemon.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_changes_are_announced_and_lists_paginate() -> anyhow::Result<()> {
+    // The upstream starts a second late, so the client is connected before it joins.
+    let late = format!(
+        "[upstreams.late]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1; exec {}\"]\n",
+        fixture_binary().display()
+    );
+    let daemon = Daemon::start("page_size = 2", &late).await?;
+    let handler = TestClient::default();
+    let started = Instant::now();
+    let client = http_client(&daemon.url, handler.clone()).await?;
+    ensure!(
+        started.elapsed() < Duration::from_secs(1),
+        "initialize took {:?}",
+        started.elapsed()
+    );
+    ensure!(
+        client.list_all_tools().await?.is_empty(),
+        "the upstream should not have joined yet"
+    );
+
+    tokio::time::timeout(Duration::from_secs(30), handler.tools_changed.notified())
+        .await
+        .map_err(|_| anyhow::anyhow!("no tools/list_changed arrived\n{}", daemon.log()))?;
+    // Five tools at two per page: the client follows plexus's cursors.
+    let names: Vec<String> = client
+        .list_all_tools()
+        .await?
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    ensure!(
+        names
+            == [
+                "late__echo",
+                "late__add",
+                "late__sleep",
+                "late__fail",
+                "late__whoami"
+            ],
+        "{names:?}"
+    );
+    let mut raw = RawHttpSession::connect(&daemon.url).await?;
+    let first = raw.request("tools/list", json!({})).await?;
+    ensure!(
+        first["result"]["tools"].as_array().map(Vec::len) == Some(2),
+        "{first}"
+    );
+    let cursor = first["result"]["nextCursor"].clone();
+    ensure!(cursor.is_string(), "{first}");
+    let bad = raw
+        .request("tools/list", json!({"cursor": "bogus"}))
+        .await?;
+    ensure!(bad["error"]["code"] == -32602, "{bad}");
+    client.cancel().await?;
+    daemon.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}[upstreams.ghost]\ncommand = \"plexus-no-such-program\"\n",
+        fixture_upstream("fx", "", &[])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = daemon.admin_get("/readyz").await?;
+        let readiness: Value = serde_json::from_str(&body)?;
+        if readiness["upstreams"]["fx"] == "ready" {
+            ensure!(readiness["ready"] == false, "{readiness}");
+            ensure!(readiness["upstreams"]["ghost"] != "ready", "{readiness}");
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "fx never became ready: {readiness}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        daemon
+            .log()
+            .contains("`plexus-no-such-program` was not found on PATH"),
+        "{}",
+        daemon.log()
+    );
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let echo = session
+        .request(
+            "tools/call",
+            json!({"name": "fx__echo", "arguments": {"text": "ok"}}),
+        )
+        .await?;
+    ensure!(echo["result"]["content"][0]["text"] == "ok", "{echo}");
+    let status = daemon.stop().await?;
+    ensure!(status.success());
+    Ok(())
+}
