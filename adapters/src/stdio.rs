@@ -442,7 +442,7 @@ async fn read_loop(state: ReadLoop) {
 fn note_dropped_line(upstream: &str, stats: &ConnectionStats, line: &[u8]) {
     let count = stats.dropped_stdout_lines.fetch_add(1, Ordering::Relaxed) + 1;
     // Sample: the first few, then every hundredth, so a chatty banner cannot flood the log.
-    if count <= 5 || count % 100 == 0 {
+    if count <= 5 || count.is_multiple_of(100) {
         let sample = String::from_utf8_lossy(&line[..line.len().min(200)]);
         tracing::warn!(upstream, count, line = %sample, "dropped a non-JSON-RPC line on upstream stdout");
     }

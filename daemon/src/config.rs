@@ -454,6 +454,26 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_config_is_valid() {
+        let config = parse(
+            include_str!("../../config.toml"),
+            Path::new("/srv/plexus"),
+            &no_environment,
+        )
+        .unwrap();
+        assert_eq!(config.daemon.listen, DEFAULT_LISTEN.parse().unwrap());
+        let launchers: Vec<&str> = config
+            .upstreams
+            .values()
+            .map(|u| u.launch.program.as_str())
+            .collect();
+        assert!(
+            launchers.contains(&"uvx") && launchers.contains(&"npx"),
+            "{launchers:?}"
+        );
+    }
+
+    #[test]
     fn durations_need_units() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));

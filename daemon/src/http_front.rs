@@ -71,8 +71,8 @@ impl HttpFront {
         if request.uri().path() != "/mcp" {
             return plain(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp");
         }
-        if let Err(response) = self.check_host_and_origin(request.headers()) {
-            return response;
+        if let Err(rejection) = self.check_host_and_origin(request.headers()) {
+            return rejection.into_response();
         }
         if let Some(version) = request.headers().get(PROTOCOL_HEADER) {
             let known = version
@@ -97,17 +97,18 @@ impl HttpFront {
     }
 
     /// DNS rebinding defence: a browser page must not reach a loopback daemon.
-    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Rejection> {
         if let Some(origin) = headers.get(header::ORIGIN) {
             let allowed = origin.to_str().is_ok_and(|origin| {
-                ["http://", "https://"].iter().any(|scheme| {
-                    origin
-                        .strip_prefix(scheme)
-                        .is_some_and(|host| is_loopback_host(host))
-                })
+                ["http://", "https://"]
+                    .iter()
+                    .any(|scheme| origin.strip_prefix(scheme).is_some_and(is_loopback_host))
             });
             if !allowed {
-                return Err(plain(StatusCode::FORBIDDEN, "origin not allowed"));
+                return Err(Rejection::Plain(
+                    StatusCode::FORBIDDEN,
+                    "origin not allowed",
+                ));
             }
         }
         if self.loopback {
@@ -116,26 +117,26 @@ impl HttpFront {
                 .and_then(|host| host.to_str().ok())
                 .is_some_and(is_loopback_host);
             if !allowed {
-                return Err(plain(StatusCode::FORBIDDEN, "host not allowed"));
+                return Err(Rejection::Plain(StatusCode::FORBIDDEN, "host not allowed"));
             }
         }
         Ok(())
     }
 
-    fn session_of(&self, headers: &HeaderMap) -> Result<Arc<HttpSession>, Response<Body>> {
+    fn session_of(&self, headers: &HeaderMap) -> Result<Arc<HttpSession>, Rejection> {
         let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
-            return Err(json_error(
+            return Err(Rejection::Json(
                 StatusCode::BAD_REQUEST,
-                &RelayError::InvalidRequest("missing Mcp-Session-Id header".into()),
+                RelayError::InvalidRequest("missing Mcp-Session-Id header".into()),
             ));
         };
         self.sessions
             .get(id)
             .map(|entry| entry.value().clone())
             .ok_or_else(|| {
-                json_error(
+                Rejection::Json(
                     StatusCode::NOT_FOUND,
-                    &RelayError::InvalidRequest("unknown or ended session".into()),
+                    RelayError::InvalidRequest("unknown or ended session".into()),
                 )
             })
     }
@@ -185,7 +186,7 @@ impl HttpFront {
         } else {
             match self.session_of(&parts.headers) {
                 Ok(session) => session,
-                Err(response) => return response,
+                Err(rejection) => return rejection.into_response(),
             }
         };
         let session = &http_session.session;
@@ -268,7 +269,7 @@ impl HttpFront {
         }
         let http_session = match self.session_of(headers) {
             Ok(session) => session,
-            Err(response) => return response,
+            Err(rejection) => return rejection.into_response(),
         };
         let Some(events) = http_session
             .events
@@ -346,6 +347,21 @@ impl Drop for EventStream {
                 .events
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(events);
+        }
+    }
+}
+
+/// Why a request is refused before it reaches a session.
+enum Rejection {
+    Plain(StatusCode, &'static str),
+    Json(StatusCode, RelayError),
+}
+
+impl Rejection {
+    fn into_response(self) -> Response<Body> {
+        match self {
+            Rejection::Plain(status, text) => plain(status, text),
+            Rejection::Json(status, error) => json_error(status, &error),
         }
     }
 }

@@ -243,7 +243,7 @@ impl RawHttpSession {
             self.session = Some(session.to_str()?.to_string());
         }
         let text = response.text().await?;
-        Ok(serde_json::from_str(&text).with_context(|| format!("response body: {text}"))?)
+        serde_json::from_str(&text).with_context(|| format!("response body: {text}"))
     }
 
     /// Posts bytes that need not be JSON.
@@ -257,7 +257,7 @@ impl RawHttpSession {
             request = request.header("mcp-session-id", session);
         }
         let text = request.send().await?.text().await?;
-        Ok(serde_json::from_str(&text).with_context(|| format!("response body: {text}"))?)
+        serde_json::from_str(&text).with_context(|| format!("response body: {text}"))
     }
 
     pub fn session_id(&self) -> Option<String> {

@@ -21,11 +21,11 @@ fn sections() -> String {
         fixture_upstream("beta", "prefix = \"b\"", &["--name", "beta"]),
         r#"
 [upstreams.everything]
-npx = "@modelcontextprotocol/server-everything"
+npx = "@modelcontextprotocol/server-everything@2026.8.31"
 init_timeout = "180s"
 
 [upstreams.time]
-uvx = "mcp-server-time"
+uvx = "mcp-server-time@2026.10.19"
 args = ["--local-timezone=UTC"]
 init_timeout = "180s"
 "#

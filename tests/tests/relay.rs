@@ -75,7 +75,40 @@ fn strip_namespace(value: &mut Value, prefix: &str) {
     }
 }
 
-fn namespaced(method: &str, params: &Value, prefix: &str) -> Value {
+/// The `result` of a response, or its `error`.
+fn member_of(response: &Value) -> Value {
+    response
+        .get("result")
+        .or_else(|| response.get("error"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// For a list result (which merges both upstreams), keeps the entries of the `fx`
+/// upstream (`prefixed`) or of the unprefixed one; other results pass unchanged.
+fn only_upstream(method: &str, mut result: Value, prefixed: bool) -> Value {
+    if !method.ends_with("/list") {
+        return result;
+    }
+    let is_fx = |entry: &Value| {
+        ["name", "uri", "uriTemplate"].iter().any(|key| {
+            entry[*key]
+                .as_str()
+                .is_some_and(|text| text.starts_with("fx__") || text.starts_with("fx+"))
+        })
+    };
+    if let Some(object) = result.as_object_mut() {
+        object.remove("nextCursor");
+        for entries in object.values_mut() {
+            if let Value::Array(items) = entries {
+                items.retain(|entry| is_fx(entry) == prefixed);
+            }
+        }
+    }
+    result
+}
+
+fn namespaced(params: &Value, prefix: &str) -> Value {
     let mut params = params.clone();
     if let Some(name) = params.get("name").and_then(Value::as_str) {
         params["name"] = json!(format!("{prefix}__{name}"));
@@ -83,7 +116,6 @@ fn namespaced(method: &str, params: &Value, prefix: &str) -> Value {
     if let Some(uri) = params.get("uri").and_then(Value::as_str) {
         params["uri"] = json!(format!("{prefix}+{uri}"));
     }
-    let _ = method;
     params
 }
 
@@ -102,98 +134,26 @@ async fn relay_is_faithful_field_by_field() -> anyhow::Result<()> {
 
     for (method, params) in round_trip_requests() {
         let from_upstream = direct.request(method, params.clone()).await?;
-        ensure!(from_upstream.get("result").is_some() || from_upstream.get("error").is_some());
+        let expected = member_of(&from_upstream);
+        ensure!(!expected.is_null(), "{from_upstream}");
 
-        // Unprefixed: byte for byte the same member, in the same key order.
+        // Unprefixed: the same member byte for byte, in the same key order.
         let through_plain = relayed.request(method, params.clone()).await?;
-        let (expected, got) = match (from_upstream.get("result"), through_plain.get("result")) {
-            (Some(a), Some(b)) => (a.clone(), b.clone()),
-            _ => (
-                from_upstream["error"].clone(),
-                through_plain["error"].clone(),
-            ),
-        };
-        // Lists merge both upstreams; compare the entries of the unprefixed one.
-        let (expected, got) = if method.ends_with("/list") {
-            let key = expected
-                .as_object()
-                .and_then(|o| o.keys().next().cloned())
-                .unwrap_or_default();
-            let mine: Vec<Value> = got[&key]
-                .as_array()
-                .map(|entries| {
-                    entries
-                        .iter()
-                        .filter(|e| {
-                            !e["name"].as_str().is_some_and(|n| n.starts_with("fx__"))
-                                && !e["uri"].as_str().is_some_and(|u| u.starts_with("fx+"))
-                                && !e["uriTemplate"]
-                                    .as_str()
-                                    .is_some_and(|u| u.starts_with("fx+"))
-                        })
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default();
-            (expected[&key].clone(), Value::Array(mine))
-        } else {
-            (expected, got)
-        };
+        let got = only_upstream(method, member_of(&through_plain), false);
         ensure!(
-            serde_json::to_string(&expected)? == serde_json::to_string(&got)?,
+            serde_json::to_string(&only_upstream(method, expected.clone(), false))?
+                == serde_json::to_string(&got)?,
             "{method} {params}: upstream sent\n{expected}\nclient got\n{got}"
         );
 
         // Prefixed: equal once the names plexus rewrote are put back.
-        let through_fx = relayed
-            .request(method, namespaced(method, &params, "fx"))
-            .await?;
-        let mut got = through_fx
-            .get("result")
-            .cloned()
-            .unwrap_or_else(|| through_fx["error"].clone());
-        let expected = from_upstream
-            .get("result")
-            .cloned()
-            .unwrap_or_else(|| from_upstream["error"].clone());
-        if method.ends_with("/list") {
-            let key = expected
-                .as_object()
-                .and_then(|o| o.keys().next().cloned())
-                .unwrap_or_default();
-            let mine: Vec<Value> = got[&key]
-                .as_array()
-                .map(|entries| {
-                    entries
-                        .iter()
-                        .filter(|e| {
-                            e["name"].as_str().is_some_and(|n| n.starts_with("fx__"))
-                                || e["uri"].as_str().is_some_and(|u| u.starts_with("fx+"))
-                                || e["uriTemplate"]
-                                    .as_str()
-                                    .is_some_and(|u| u.starts_with("fx+"))
-                        })
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default();
-            got = json!({ key.clone(): mine });
-            let mut expected_entries = expected.clone();
-            expected_entries
-                .as_object_mut()
-                .map(|o| o.retain(|k, _| *k == key));
-            strip_namespace(&mut got, "fx");
-            ensure!(
-                serde_json::to_string(&expected_entries)? == serde_json::to_string(&got)?,
-                "{method} via fx: upstream sent\n{expected_entries}\nclient got\n{got}"
-            );
-        } else {
-            strip_namespace(&mut got, "fx");
-            ensure!(
-                serde_json::to_string(&expected)? == serde_json::to_string(&got)?,
-                "{method} {params} via fx: upstream sent\n{expected}\nclient got\n{got}"
-            );
-        }
+        let through_fx = relayed.request(method, namespaced(&params, "fx")).await?;
+        let mut got = only_upstream(method, member_of(&through_fx), true);
+        strip_namespace(&mut got, "fx");
+        ensure!(
+            serde_json::to_string(&expected)? == serde_json::to_string(&got)?,
+            "{method} {params} via fx: upstream sent\n{expected}\nclient got\n{got}"
+        );
     }
 
     // The fields typed SDK models lose are exactly what must survive.
