@@ -4,7 +4,10 @@
 //! or may not be UTF-8. The decoder never fails the stream for any of these; it
 //! reports them so the connection can count, log and carry on.
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+
+/// How much of an oversized line is kept to identify it.
+pub const HEAD_BYTES: usize = 256;
 use tokio_util::codec::Decoder;
 
 /// One unit read off a newline-delimited stream.
@@ -12,8 +15,9 @@ use tokio_util::codec::Decoder;
 pub enum Frame {
     /// A complete line, without its terminating newline (and without a trailing `\r`).
     Line(BytesMut),
-    /// A line longer than the cap; its bytes were discarded. Carries the cap.
-    TooLong { limit: usize },
+    /// A line longer than the cap; its bytes were discarded. Carries the cap and
+    /// the line's first bytes, so the message it belonged to can be identified.
+    TooLong { limit: usize, head: Bytes },
 }
 
 /// Splits a byte stream into lines of at most `max_line_bytes`.
@@ -64,6 +68,7 @@ impl Decoder for LineDecoder {
                     if line.len() > self.max_line_bytes {
                         return Ok(Some(Frame::TooLong {
                             limit: self.max_line_bytes,
+                            head: Bytes::copy_from_slice(&line[..HEAD_BYTES.min(line.len())]),
                         }));
                     }
                     return Ok(Some(Frame::Line(line)));
@@ -74,11 +79,13 @@ impl Decoder for LineDecoder {
                     return Ok(None);
                 }
                 None if buf.len() > self.max_line_bytes => {
+                    let head = Bytes::copy_from_slice(&buf[..HEAD_BYTES.min(buf.len())]);
                     buf.clear();
                     self.scanned = 0;
                     self.discarding = true;
                     return Ok(Some(Frame::TooLong {
                         limit: self.max_line_bytes,
+                        head,
                     }));
                 }
                 None => {
@@ -144,7 +151,13 @@ mod tests {
         input.extend_from_slice(b"\nok\n");
         assert_eq!(
             decode_all(&input, 10),
-            vec![Frame::TooLong { limit: 10 }, line("ok")]
+            vec![
+                Frame::TooLong {
+                    limit: 10,
+                    head: Bytes::from(vec![b'x'; 11]),
+                },
+                line("ok")
+            ]
         );
     }
 

@@ -178,6 +178,21 @@ pub(crate) fn our_id(id: &Value) -> Option<u64> {
     }
 }
 
+/// Finds the id of one of our requests at the start of a message that was too
+/// large to parse (`{"jsonrpc":"2.0","id":12,...`); serializers put `id` first.
+pub(crate) fn id_in_head(head: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(head).ok().or_else(|| {
+        // The cut may fall inside a multi-byte character.
+        let valid = std::str::from_utf8(head).err()?.valid_up_to();
+        std::str::from_utf8(&head[..valid]).ok()
+    })?;
+    let after_key = &text[text.find("\"id\"")? + 4..];
+    let value = after_key.trim_start().strip_prefix(':')?.trim_start();
+    let value = value.strip_prefix('"').unwrap_or(value);
+    let digits: String = value.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 pub(crate) type SharedPending = Arc<PendingRequests>;
 
 #[cfg(test)]
@@ -238,6 +253,12 @@ mod tests {
             "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n"
         );
         assert_eq!(our_id(&json!("12")), Some(12));
+        assert_eq!(
+            id_in_head(br#"{"jsonrpc":"2.0","id":42,"result":{"text":"xxxx"#),
+            Some(42)
+        );
+        assert_eq!(id_in_head(br#"{"id" : "7","result""#), Some(7));
+        assert_eq!(id_in_head(br#"{"jsonrpc":"2.0","result":{"#), None);
         assert_eq!(our_id(&json!(null)), None);
     }
 }

@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use crate::framing::{Frame, LineDecoder};
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
 use crate::rpc::{
-    classify, encode_notification, encode_request, encode_response, our_id, ConnectionError,
-    Incoming, PendingRequests, Reply, SharedPending, UpstreamEvent,
+    classify, encode_notification, encode_request, encode_response, id_in_head, our_id,
+    ConnectionError, Incoming, PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 
 /// Limits and timings of one stdio connection.
@@ -33,6 +33,8 @@ pub struct StdioOptions {
     pub stop_grace: Duration,
     /// Lines of stderr kept for status and error reports.
     pub stderr_ring_lines: usize,
+    /// Counters, shared so they can outlive one connection (an upstream's restarts).
+    pub stats: Arc<ConnectionStats>,
 }
 
 impl Default for StdioOptions {
@@ -41,6 +43,7 @@ impl Default for StdioOptions {
             max_message_bytes: 16 * 1024 * 1024,
             stop_grace: Duration::from_secs(5),
             stderr_ring_lines: 50,
+            stats: Arc::new(ConnectionStats::default()),
         }
     }
 }
@@ -81,6 +84,8 @@ pub struct ConnectionStats {
     pub dropped_stdout_lines: AtomicU64,
     /// Replies that arrived after their caller gave up.
     pub late_replies: AtomicU64,
+    /// Processes started with these counters.
+    pub spawns: AtomicU64,
 }
 
 /// A handle to a running stdio upstream. Cheap to clone; the child is stopped by
@@ -167,8 +172,9 @@ impl UpstreamConnection {
         let pending: SharedPending = Arc::new(PendingRequests::default());
         let closed = CancellationToken::new();
         let stop = CancellationToken::new();
-        let stats = Arc::new(ConnectionStats::default());
+        let stats = options.stats.clone();
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        stats.spawns.fetch_add(1, Ordering::Relaxed);
         let (writer, writer_rx) = mpsc::channel(256);
         let (exit_tx, exit) = watch::channel(None);
 
@@ -397,9 +403,13 @@ async fn read_loop(state: ReadLoop) {
     while let Some(frame) = frames.next().await {
         let line = match frame {
             Ok(Frame::Line(line)) => line,
-            Ok(Frame::TooLong { limit }) => {
-                tracing::error!(upstream = %upstream, limit, "upstream sent an oversized message; restarting it");
-                pending.fail_all(ConnectionError::TooLarge { limit });
+            Ok(Frame::TooLong { limit, head }) => {
+                // The call it answered learns why; the others learn that the upstream went away.
+                let id = id_in_head(&head);
+                tracing::error!(upstream = %upstream, limit, ?id, "upstream sent an oversized message; restarting it");
+                if let Some(id) = id {
+                    pending.complete(id, Err(ConnectionError::TooLarge { limit }));
+                }
                 stop.cancel();
                 break;
             }
@@ -459,7 +469,10 @@ async fn stderr_loop(
     while let Some(frame) = frames.next().await {
         let text = match frame {
             Ok(Frame::Line(line)) => String::from_utf8_lossy(&line).into_owned(),
-            Ok(Frame::TooLong { limit }) => format!("[a stderr line over {limit} bytes was cut]"),
+            Ok(Frame::TooLong { limit, head }) => format!(
+                "{}… [a stderr line over {limit} bytes was cut]",
+                String::from_utf8_lossy(&head)
+            ),
             Err(_) => break,
         };
         tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}");

@@ -24,6 +24,7 @@ fn options(grace_ms: u64) -> StdioOptions {
         max_message_bytes: 1024,
         stop_grace: Duration::from_millis(grace_ms),
         stderr_ring_lines: 10,
+        ..StdioOptions::default()
     }
 }
 

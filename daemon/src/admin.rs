@@ -14,31 +14,58 @@ use crate::listener::Body;
 use crate::upstream::UpstreamState;
 
 pub async fn handle(hub: Arc<Hub>, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path();
+    if request.method() == Method::POST {
+        // POST /upstreams/<name>/restart: start again now, even from `failed`.
+        let name = path
+            .strip_prefix("/upstreams/")
+            .and_then(|rest| rest.strip_suffix("/restart"));
+        return match name {
+            Some(name) if hub.retry(name) => text(
+                StatusCode::ACCEPTED,
+                "application/json",
+                json!({"upstream": name, "restart": "requested"}).to_string(),
+            ),
+            Some(_) => text(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "no such enabled upstream\n".into(),
+            ),
+            None => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+        };
+    }
     if request.method() != Method::GET {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "use GET".into(),
+            "use GET, or POST /upstreams/<name>/restart\n".into(),
         );
     }
-    match request.uri().path() {
-        "/metrics" => text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            hub.metrics().render(),
-        ),
+    match path {
+        "/metrics" => {
+            hub.refresh_metrics();
+            text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                hub.metrics().render(),
+            )
+        }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" => readiness(&hub),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
 
-/// Ready when every enabled upstream is connected; the body says where each one is.
+/// Ready when every enabled upstream is serving or startable on demand; the body
+/// says where each one is.
 fn readiness(hub: &Hub) -> Response<Body> {
     let mut upstreams = Map::new();
     let mut ready = true;
     for (name, state) in hub.states() {
-        if !matches!(state, UpstreamState::Ready | UpstreamState::Disabled) {
+        if !matches!(
+            state,
+            UpstreamState::Ready | UpstreamState::Disabled | UpstreamState::Idle
+        ) {
             ready = false;
         }
         upstreams.insert(name, Value::from(state.label()));

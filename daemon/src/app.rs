@@ -15,9 +15,6 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::{admin, listener, stdio_front};
 
-/// How long open HTTP exchanges may run on after a shutdown signal.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
-
 /// The file in the state directory that tells tools where a running daemon listens.
 pub const RUNTIME_FILE: &str = "daemon.json";
 
@@ -60,7 +57,7 @@ pub async fn serve_http(config: Config, shutdown: CancellationToken) -> Result<(
             mcp_listener,
             move |request| front.clone().handle(request),
             shutdown.clone(),
-            DRAIN_DEADLINE,
+            config.daemon.drain_timeout,
         ))
     };
     let admin_front = {
@@ -98,6 +95,7 @@ pub async fn serve_stdio(config: Config, shutdown: CancellationToken) -> Result<
         tokio::io::stdin(),
         tokio::io::stdout(),
         shutdown,
+        config.daemon.drain_timeout,
     )
     .await;
     tracing::info!("stdio client gone; stopping upstreams");

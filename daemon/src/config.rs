@@ -17,6 +17,18 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(90);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_CALL_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+pub const DEFAULT_MAX_PENDING: usize = 256;
+pub const DEFAULT_MAX_RESTARTS: usize = 5;
+pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(120);
+pub const DEFAULT_RESTART_BACKOFF: Duration = Duration::from_secs(1);
+pub const DEFAULT_RESTART_BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A validated configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +46,8 @@ pub struct DaemonSettings {
     /// Entries per page of `tools/list` and the other lists.
     pub page_size: usize,
     pub state_dir: PathBuf,
+    /// How long in-flight calls may finish after a shutdown signal.
+    pub drain_timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -47,7 +61,51 @@ pub struct UpstreamConfig {
     pub deny_tools: Vec<String>,
     pub init_timeout: Duration,
     pub call_timeout: Duration,
+    /// Per-tool deadlines, by the upstream's own tool name.
+    pub tool_timeouts: BTreeMap<String, Duration>,
+    /// How far progress notifications may extend a call's deadline.
+    pub max_call_timeout: Duration,
     pub max_message_bytes: usize,
+    pub max_in_flight: usize,
+    pub max_pending: usize,
+    pub share: Share,
+    pub start: Start,
+    pub idle_timeout: Duration,
+    pub restart: RestartSettings,
+    /// Interval of health pings; zero disables them.
+    pub health_interval: Duration,
+    pub health_timeout: Duration,
+    pub stop_grace: Duration,
+}
+
+/// Who uses one running instance of an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Share {
+    /// One instance for every session.
+    Shared,
+    /// One instance per downstream session, started on first use.
+    Session,
+}
+
+/// When an upstream is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// At daemon start.
+    Eager,
+    /// On the first call; stopped again after `idle_timeout`.
+    Lazy,
+}
+
+/// How restarts are paced and when an upstream is given up on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartSettings {
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+    /// More exits than this within `window` put the upstream in the failed state.
+    pub max_restarts: usize,
+    pub window: Duration,
 }
 
 /// One problem in a configuration file, located by its key.
@@ -94,6 +152,7 @@ struct RawDaemon {
     name_budget: Option<usize>,
     page_size: Option<usize>,
     state_dir: Option<PathBuf>,
+    drain_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,7 +178,22 @@ struct RawUpstream {
     deny_tools: Vec<String>,
     init_timeout: Option<String>,
     call_timeout: Option<String>,
+    #[serde(default)]
+    tool_timeouts: BTreeMap<String, String>,
+    max_call_timeout: Option<String>,
     max_message_bytes: Option<usize>,
+    max_in_flight: Option<usize>,
+    max_pending: Option<usize>,
+    share: Option<Share>,
+    start: Option<Start>,
+    idle_timeout: Option<String>,
+    max_restarts: Option<usize>,
+    restart_window: Option<String>,
+    restart_backoff: Option<String>,
+    restart_backoff_max: Option<String>,
+    health_interval: Option<String>,
+    health_timeout: Option<String>,
+    stop_grace: Option<String>,
 }
 
 /// Reads and validates a configuration file. `environment` answers variable
@@ -252,6 +326,15 @@ fn validate_daemon(
             message: format!("{page_size} is out of range (1 to 10000)"),
         });
     }
+    let drain_timeout = raw.drain_timeout.map_or(DEFAULT_DRAIN_TIMEOUT, |text| {
+        parse_duration(&text).unwrap_or_else(|message| {
+            issues.push(ConfigIssue {
+                key: "daemon.drain_timeout".into(),
+                message,
+            });
+            DEFAULT_DRAIN_TIMEOUT
+        })
+    });
     let state_dir = match raw.state_dir {
         Some(dir) => base.join(dir),
         None => default_state_dir(environment),
@@ -262,6 +345,7 @@ fn validate_daemon(
         name_budget,
         page_size,
         state_dir,
+        drain_timeout,
     }
 }
 
@@ -331,6 +415,63 @@ fn validate_upstream(
     };
     let init_timeout = duration("init_timeout", raw.init_timeout, DEFAULT_INIT_TIMEOUT);
     let call_timeout = duration("call_timeout", raw.call_timeout, DEFAULT_CALL_TIMEOUT);
+    let max_call_timeout = duration(
+        "max_call_timeout",
+        raw.max_call_timeout,
+        DEFAULT_MAX_CALL_TIMEOUT,
+    );
+    let idle_timeout = duration("idle_timeout", raw.idle_timeout, DEFAULT_IDLE_TIMEOUT);
+    let restart_window = duration("restart_window", raw.restart_window, DEFAULT_RESTART_WINDOW);
+    let restart_backoff = duration(
+        "restart_backoff",
+        raw.restart_backoff,
+        DEFAULT_RESTART_BACKOFF,
+    );
+    let restart_backoff_max = duration(
+        "restart_backoff_max",
+        raw.restart_backoff_max,
+        DEFAULT_RESTART_BACKOFF_MAX,
+    );
+    let health_interval = duration(
+        "health_interval",
+        raw.health_interval,
+        DEFAULT_HEALTH_INTERVAL,
+    );
+    let health_timeout = duration("health_timeout", raw.health_timeout, DEFAULT_HEALTH_TIMEOUT);
+    let stop_grace = duration("stop_grace", raw.stop_grace, DEFAULT_STOP_GRACE);
+    let mut tool_timeouts = BTreeMap::new();
+    for (tool, text) in raw.tool_timeouts {
+        if let Some(timeout) =
+            duration(&format!("tool_timeouts.{tool}"), Some(text), Duration::ZERO)
+        {
+            tool_timeouts.insert(tool, timeout);
+        }
+    }
+    if let (Some(call), Some(max)) = (call_timeout, max_call_timeout) {
+        if max < call {
+            issues.push(ConfigIssue {
+                key: key("max_call_timeout"),
+                message: "must not be shorter than call_timeout".into(),
+            });
+        }
+    }
+    let mut count = |field: &str, value: Option<usize>, default: usize| {
+        let value = value.unwrap_or(default);
+        if value == 0 {
+            issues.push(ConfigIssue {
+                key: key(field),
+                message: "must be at least 1".into(),
+            });
+        }
+        value
+    };
+    let max_in_flight = count("max_in_flight", raw.max_in_flight, DEFAULT_MAX_IN_FLIGHT);
+    let max_restarts = count("max_restarts", raw.max_restarts, DEFAULT_MAX_RESTARTS);
+    let max_message_bytes = count(
+        "max_message_bytes",
+        raw.max_message_bytes,
+        DEFAULT_MAX_MESSAGE_BYTES,
+    );
     for (field, patterns) in [
         ("allow_tools", &raw.allow_tools),
         ("deny_tools", &raw.deny_tools),
@@ -367,7 +508,23 @@ fn validate_upstream(
         deny_tools: raw.deny_tools,
         init_timeout: init_timeout?,
         call_timeout: call_timeout?,
-        max_message_bytes: raw.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+        tool_timeouts,
+        max_call_timeout: max_call_timeout?,
+        max_message_bytes,
+        max_in_flight,
+        max_pending: raw.max_pending.unwrap_or(DEFAULT_MAX_PENDING),
+        share: raw.share.unwrap_or(Share::Shared),
+        start: raw.start.unwrap_or(Start::Eager),
+        idle_timeout: idle_timeout?,
+        restart: RestartSettings {
+            backoff: restart_backoff?,
+            backoff_max: restart_backoff_max?,
+            max_restarts,
+            window: restart_window?,
+        },
+        health_interval: health_interval?,
+        health_timeout: health_timeout?,
+        stop_grace: stop_grace?,
     })
 }
 

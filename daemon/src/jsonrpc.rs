@@ -14,6 +14,7 @@ pub const RESOURCE_NOT_FOUND: i64 = -32002;
 pub const UPSTREAM_UNAVAILABLE: i64 = -33001;
 pub const UPSTREAM_TIMEOUT: i64 = -33002;
 pub const UPSTREAM_FAILED: i64 = -33003;
+pub const OVERLOADED: i64 = -33004;
 pub const MESSAGE_TOO_LARGE: i64 = -33005;
 pub const SHUTTING_DOWN: i64 = -33007;
 
@@ -44,6 +45,14 @@ pub enum RelayError {
     Timeout { upstream: String, after: Duration },
     #[error("upstream `{upstream}` failed during the call: {reason}")]
     FailedMidCall { upstream: String, reason: String },
+    #[error(
+        "upstream `{upstream}` is overloaded ({in_flight} calls in flight and {pending} waiting)"
+    )]
+    Overloaded {
+        upstream: String,
+        in_flight: usize,
+        pending: usize,
+    },
     #[error("a message from upstream `{upstream}` exceeded {limit} bytes")]
     TooLarge { upstream: String, limit: usize },
     #[error("a message exceeded {limit} bytes")]
@@ -65,8 +74,27 @@ impl RelayError {
             RelayError::Unavailable { .. } => UPSTREAM_UNAVAILABLE,
             RelayError::Timeout { .. } => UPSTREAM_TIMEOUT,
             RelayError::FailedMidCall { .. } => UPSTREAM_FAILED,
+            RelayError::Overloaded { .. } => OVERLOADED,
             RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => MESSAGE_TOO_LARGE,
             RelayError::ShuttingDown => SHUTTING_DOWN,
+        }
+    }
+
+    /// A short word for logs and the `outcome` metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RelayError::Parse(_) => "parse_error",
+            RelayError::InvalidRequest(_) => "invalid_request",
+            RelayError::MethodNotFound(_) => "method_not_found",
+            RelayError::InvalidParams(_) => "invalid_params",
+            RelayError::UnknownTool(_) | RelayError::UnknownPrompt(_) => "unknown_name",
+            RelayError::UnknownResource(_) => "unknown_resource",
+            RelayError::Unavailable { .. } => "upstream_unavailable",
+            RelayError::Timeout { .. } => "upstream_timeout",
+            RelayError::FailedMidCall { .. } => "upstream_failed",
+            RelayError::Overloaded { .. } => "overloaded",
+            RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => "message_too_large",
+            RelayError::ShuttingDown => "shutting_down",
         }
     }
 

@@ -15,6 +15,15 @@ pub struct Metrics {
     pub upstream_up: IntGaugeVec,
     /// Upstream process starts after the first.
     pub upstream_restarts: IntCounterVec,
+    /// 1 for the state each upstream is in, 0 for the others.
+    pub upstream_state: IntGaugeVec,
+    /// Calls being served by, and waiting for, each upstream.
+    pub upstream_in_flight: IntGaugeVec,
+    pub upstream_pending: IntGaugeVec,
+    /// Running per-session instances of each `share = "session"` upstream.
+    pub upstream_session_instances: IntGaugeVec,
+    /// Lines on an upstream's stdout that were not JSON-RPC and were dropped.
+    pub upstream_dropped_lines: IntCounterVec,
     /// Entries in the current catalog by kind.
     pub catalog_entries: IntGaugeVec,
     /// Entries changed or left out while building the catalog, by reason.
@@ -58,6 +67,41 @@ impl Metrics {
             ),
             &["upstream"],
         )?;
+        let upstream_state = IntGaugeVec::new(
+            Opts::new(
+                "plexus_upstream_state",
+                "1 for the state the upstream is in, 0 for the others.",
+            ),
+            &["upstream", "state"],
+        )?;
+        let upstream_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "plexus_upstream_in_flight",
+                "Calls being served by the upstream.",
+            ),
+            &["upstream"],
+        )?;
+        let upstream_pending = IntGaugeVec::new(
+            Opts::new(
+                "plexus_upstream_pending",
+                "Calls waiting for a free slot of the upstream.",
+            ),
+            &["upstream"],
+        )?;
+        let upstream_session_instances = IntGaugeVec::new(
+            Opts::new(
+                "plexus_upstream_session_instances",
+                "Running per-session instances of the upstream.",
+            ),
+            &["upstream"],
+        )?;
+        let upstream_dropped_lines = IntCounterVec::new(
+            Opts::new(
+                "plexus_upstream_dropped_lines_total",
+                "Non-JSON-RPC lines dropped from the upstream's stdout.",
+            ),
+            &["upstream"],
+        )?;
         let catalog_entries = IntGaugeVec::new(
             Opts::new("plexus_catalog_entries", "Entries in the current catalog."),
             &["kind"],
@@ -77,6 +121,11 @@ impl Metrics {
         registry.register(Box::new(relay_duration.clone()))?;
         registry.register(Box::new(upstream_up.clone()))?;
         registry.register(Box::new(upstream_restarts.clone()))?;
+        registry.register(Box::new(upstream_state.clone()))?;
+        registry.register(Box::new(upstream_in_flight.clone()))?;
+        registry.register(Box::new(upstream_pending.clone()))?;
+        registry.register(Box::new(upstream_session_instances.clone()))?;
+        registry.register(Box::new(upstream_dropped_lines.clone()))?;
         registry.register(Box::new(catalog_entries.clone()))?;
         registry.register(Box::new(catalog_warnings.clone()))?;
         registry.register(Box::new(sessions_active.clone()))?;
@@ -86,6 +135,11 @@ impl Metrics {
             relay_duration,
             upstream_up,
             upstream_restarts,
+            upstream_state,
+            upstream_in_flight,
+            upstream_pending,
+            upstream_session_instances,
+            upstream_dropped_lines,
             catalog_entries,
             catalog_warnings,
             sessions_active,

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::hub::Hub;
+use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, RelayError};
 
 /// Protocol revisions plexus serves to clients, oldest first.
@@ -24,6 +24,7 @@ pub struct ClientHello {
 }
 
 pub struct Session {
+    id: u64,
     hub: Arc<Hub>,
     hello: Mutex<ClientHello>,
     /// Requests being served, by the JSON text of the client's id, so a cancel can reach them.
@@ -45,6 +46,7 @@ impl Session {
     pub fn new(hub: Arc<Hub>) -> (Arc<Session>, mpsc::Receiver<Value>) {
         let (outbound, receiver) = mpsc::channel(64);
         let session = Arc::new(Session {
+            id: hub.open_session(),
             hub,
             hello: Mutex::new(ClientHello::default()),
             in_flight: Mutex::new(HashMap::new()),
@@ -58,6 +60,7 @@ impl Session {
     /// Ends the session: in-flight requests are cancelled, announcements stop.
     pub fn close(&self) {
         self.closed.cancel();
+        self.hub.end_session(self.id);
         for (_, token) in self
             .in_flight
             .lock()
@@ -188,8 +191,9 @@ impl Session {
                     .route_tool(&name)
                     .ok_or_else(|| RelayError::UnknownTool(name.clone()))?;
                 let params = with_string(params, "name", &route.original);
+                let call = self.call_context(Some(&route.original));
                 self.hub
-                    .forward(&route.upstream, method, Some(params))
+                    .forward(&route.upstream, method, Some(params), call)
                     .await
             }
             "prompts/get" => {
@@ -199,8 +203,9 @@ impl Session {
                     .route_prompt(&name)
                     .ok_or_else(|| RelayError::UnknownPrompt(name.clone()))?;
                 let params = with_string(params, "name", &route.original);
+                let call = self.call_context(None);
                 self.hub
-                    .forward(&route.upstream, method, Some(params))
+                    .forward(&route.upstream, method, Some(params), call)
                     .await
             }
             "resources/read" => {
@@ -210,13 +215,22 @@ impl Session {
                     .route_resource(&uri)
                     .ok_or_else(|| RelayError::UnknownResource(uri.clone()))?;
                 let params = with_string(params, "uri", &route.original);
+                let call = self.call_context(None);
                 let reply = self
                     .hub
-                    .forward(&route.upstream, method, Some(params))
+                    .forward(&route.upstream, method, Some(params), call)
                     .await?;
                 Ok(expose_content_uris(&catalog, &route.upstream, reply))
             }
             other => Err(RelayError::MethodNotFound(other.to_string())),
+        }
+    }
+
+    fn call_context<'a>(&'a self, tool: Option<&'a str>) -> CallContext<'a> {
+        CallContext {
+            session: self.id,
+            tool,
+            progress_sink: Some(&self.outbound),
         }
     }
 
@@ -252,7 +266,7 @@ impl Session {
                 continue;
             }
             let mut line = format!("- {}", upstream.name());
-            if let Some(text) = upstream.hello().and_then(|hello| hello.instructions) {
+            if let Some(text) = upstream.shared.hello().and_then(|hello| hello.instructions) {
                 line.push_str(": ");
                 line.push_str(text.trim());
             }
@@ -302,14 +316,9 @@ fn take_string(
     Ok((params, value))
 }
 
-/// Rewrites the routed name in place and strips what must not reach a shared upstream.
+/// Rewrites the routed name in place; everything else is relayed as sent.
 fn with_string(mut params: Map<String, Value>, key: &str, value: &str) -> Value {
     params.insert(key.into(), Value::String(value.to_string()));
-    // Progress tokens are the client's; forwarding them raw to a shared upstream
-    // could collide with another session's, so they stay here.
-    if let Some(Value::Object(meta)) = params.get_mut("_meta") {
-        meta.remove("progressToken");
-    }
     Value::Object(params)
 }
 

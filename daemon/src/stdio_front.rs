@@ -19,10 +19,16 @@ use crate::session::{Handled, Session};
 /// Longest line accepted from the client.
 pub const MAX_CLIENT_LINE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Serves one client until its input ends or `shutdown`; returns once every
+/// Serves one client until its input ends or `shutdown`; in-flight requests then
+/// get up to `drain` to finish before they are cancelled. Returns once every
 /// answer has been written.
-pub async fn serve<R, W>(hub: Arc<Hub>, input: R, output: W, shutdown: CancellationToken)
-where
+pub async fn serve<R, W>(
+    hub: Arc<Hub>,
+    input: R,
+    output: W,
+    shutdown: CancellationToken,
+    drain: std::time::Duration,
+) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -58,7 +64,7 @@ where
         };
         let line = match frame {
             Some(Ok(Frame::Line(line))) => line,
-            Some(Ok(Frame::TooLong { limit })) => {
+            Some(Ok(Frame::TooLong { limit, .. })) => {
                 let error = RelayError::RequestTooLarge { limit };
                 let _ = replies
                     .send(jsonrpc::error_response(Value::Null, &error))
@@ -100,8 +106,11 @@ where
         }
     }
     requests.close();
-    requests.wait().await;
+    if tokio::time::timeout(drain, requests.wait()).await.is_err() {
+        tracing::warn!("requests still running after the drain deadline; cancelling them");
+    }
     session.close();
+    requests.wait().await;
     drop(replies);
     let _ = writer.await;
     metrics_gauge.dec();

@@ -1,111 +1,211 @@
-//! One configured upstream: its state, its current connection, and the task that
-//! starts it, initializes it, lists its catalog and restarts it when it exits.
+//! Configured upstreams and their running instances. An instance is one process
+//! with its supervising task: start, initialize, list, serve events, ping, and on
+//! exit restart with backoff until the restart budget is spent (then `failed`).
 
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use adapters::handshake::{self, ClientIdentity, ServerHello};
+use adapters::stdio::ConnectionStats;
 use adapters::{StdioOptions, UpstreamConnection, UpstreamEvent};
+use dashmap::DashMap;
 use registry::{Kind, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::UpstreamConfig;
+use crate::config::{RestartSettings, Share, Start, UpstreamConfig};
 use crate::hub::Hub;
 use crate::jsonrpc::RelayError;
 
-/// Where an upstream is in its life.
+/// Where an instance is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpstreamState {
+    /// Not running, and started on demand (lazy and per-session upstreams).
+    Idle,
     Starting,
     Ready,
-    BackingOff { until: Instant },
+    BackingOff {
+        until: Instant,
+    },
+    /// Restarted too often; no more starts until an explicit retry.
+    Failed,
+    Stopping,
     Stopped,
     Disabled,
 }
 
 impl UpstreamState {
+    pub const LABELS: [&'static str; 8] = [
+        "idle",
+        "starting",
+        "ready",
+        "backing_off",
+        "failed",
+        "stopping",
+        "stopped",
+        "disabled",
+    ];
+
     pub fn label(&self) -> &'static str {
         match self {
+            UpstreamState::Idle => "idle",
             UpstreamState::Starting => "starting",
             UpstreamState::Ready => "ready",
             UpstreamState::BackingOff { .. } => "backing_off",
+            UpstreamState::Failed => "failed",
+            UpstreamState::Stopping => "stopping",
             UpstreamState::Stopped => "stopped",
             UpstreamState::Disabled => "disabled",
         }
     }
 }
 
-/// Restart delays: 1 s doubling to 60 s, with jitter so a fleet does not restart in step.
-#[derive(Debug)]
-pub struct Backoff {
-    next: Duration,
+/// What to do after an instance exited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartDecision {
+    After(Duration),
+    GiveUp,
 }
 
-impl Backoff {
-    const FIRST: Duration = Duration::from_secs(1);
-    const CAP: Duration = Duration::from_secs(60);
+/// Exponential backoff with jitter and a cap, and a budget of exits per window.
+#[derive(Debug)]
+pub struct RestartPolicy {
+    settings: RestartSettings,
+    next_delay: Duration,
+    recent_exits: VecDeque<Instant>,
+}
+
+impl RestartPolicy {
     /// A run that lasted this long resets the delay.
     pub const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
-    pub fn new() -> Backoff {
-        Backoff { next: Self::FIRST }
-    }
-
-    /// The delay before the next start, and the one after it.
-    pub fn next_delay(&mut self, jitter_fraction: f64) -> Duration {
-        let base = self.next;
-        self.next = (self.next * 2).min(Self::CAP);
-        base.mul_f64(1.0 + jitter_fraction.clamp(0.0, 0.25))
-    }
-
-    pub fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-}
-
-/// A configured upstream, shared by the hub, the sessions and its supervising task.
-pub struct Upstream {
-    pub config: UpstreamConfig,
-    state: Mutex<UpstreamState>,
-    connection: RwLock<Option<UpstreamConnection>>,
-    hello: RwLock<Option<ServerHello>>,
-}
-
-impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Upstream {
-        let state = if config.enabled {
-            UpstreamState::Starting
-        } else {
-            UpstreamState::Disabled
-        };
-        Upstream {
-            config,
-            state: Mutex::new(state),
-            connection: RwLock::new(None),
-            hello: RwLock::new(None),
+    pub fn new(settings: RestartSettings) -> RestartPolicy {
+        RestartPolicy {
+            settings,
+            next_delay: settings.backoff,
+            recent_exits: VecDeque::new(),
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.config.name
+    /// Records an exit at `now` after a run of `ran_for`; `jitter` in 0..=0.25.
+    pub fn on_exit(&mut self, now: Instant, ran_for: Duration, jitter: f64) -> RestartDecision {
+        if ran_for >= Self::HEALTHY_RUN {
+            self.next_delay = self.settings.backoff;
+        }
+        self.recent_exits.push_back(now);
+        while self
+            .recent_exits
+            .front()
+            .is_some_and(|exit| now.duration_since(*exit) > self.settings.window)
+        {
+            self.recent_exits.pop_front();
+        }
+        if self.recent_exits.len() > self.settings.max_restarts {
+            return RestartDecision::GiveUp;
+        }
+        let delay = self.next_delay;
+        self.next_delay = (self.next_delay * 2).min(self.settings.backoff_max);
+        RestartDecision::After(delay.mul_f64(1.0 + jitter.clamp(0.0, 0.25)))
+    }
+
+    /// A fresh start (an operator's retry, or a clean idle stop).
+    pub fn reset(&mut self) {
+        self.next_delay = self.settings.backoff;
+        self.recent_exits.clear();
+    }
+}
+
+/// Bounds the calls one upstream has in flight and waiting.
+pub struct Limiter {
+    permits: Arc<Semaphore>,
+    /// The semaphore's size, to tell how many permits are out.
+    max_in_flight: usize,
+    waiting: AtomicUsize,
+    max_pending: usize,
+}
+
+impl Limiter {
+    fn new(max_in_flight: usize, max_pending: usize) -> Limiter {
+        Limiter {
+            permits: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            waiting: AtomicUsize::new(0),
+            max_pending,
+        }
+    }
+
+    /// A slot for one call, waiting in line when all are taken; `None` when the line is full.
+    pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_pending {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        // The counter is decremented even if this future is dropped while waiting.
+        let _waiting = DecrementOnDrop(&self.waiting);
+        self.permits.clone().acquire_owned().await.ok()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight - self.permits.available_permits()
+    }
+
+    pub fn pending(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+}
+
+struct DecrementOnDrop<'a>(&'a AtomicUsize);
+
+impl Drop for DecrementOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One running (or startable) process of an upstream.
+pub struct Instance {
+    /// The upstream's name, for logs and errors.
+    name: Arc<str>,
+    /// Whether this instance's listings feed the catalog (per-session ones do not).
+    publishes_listing: bool,
+    /// Stop as soon as the listing is published (the discovery run of per-session upstreams).
+    stop_after_listing: bool,
+    state: watch::Sender<UpstreamState>,
+    connection: RwLock<Option<UpstreamConnection>>,
+    hello: RwLock<Option<ServerHello>>,
+    retry: Notify,
+    demand: Notify,
+    last_used: std::sync::Mutex<Instant>,
+    stop: CancellationToken,
+}
+
+impl Instance {
+    fn new(name: Arc<str>, initial: UpstreamState, stop: CancellationToken) -> Instance {
+        Instance {
+            name,
+            publishes_listing: true,
+            stop_after_listing: false,
+            state: watch::channel(initial).0,
+            connection: RwLock::new(None),
+            hello: RwLock::new(None),
+            retry: Notify::new(),
+            demand: Notify::new(),
+            last_used: std::sync::Mutex::new(Instant::now()),
+            stop,
+        }
     }
 
     pub fn state(&self) -> UpstreamState {
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        *self.state.borrow()
     }
 
-    fn set_state(&self, state: UpstreamState) {
-        let mut current = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.label() != state.label() {
-            tracing::info!(upstream = %self.config.name, from = current.label(), to = state.label(), "upstream state");
-        }
-        *current = state;
-    }
-
-    /// What the upstream said about itself when it was last initialized.
     pub fn hello(&self) -> Option<ServerHello> {
         self.hello
             .read()
@@ -113,34 +213,12 @@ impl Upstream {
             .clone()
     }
 
-    /// The live connection, or the error a caller gets while there is none.
-    pub fn connection(&self) -> Result<UpstreamConnection, RelayError> {
+    fn live_connection(&self) -> Option<UpstreamConnection> {
         let connection = self
             .connection
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        match connection.as_ref() {
-            Some(connection) if !connection.is_closed() => Ok(connection.clone()),
-            _ => {
-                let state = self.state();
-                let retry_after_ms = match state {
-                    UpstreamState::BackingOff { until } => Some(
-                        until
-                            .saturating_duration_since(Instant::now())
-                            .as_millis()
-                            .try_into()
-                            .unwrap_or(u64::MAX),
-                    ),
-                    UpstreamState::Starting => Some(1000),
-                    _ => None,
-                };
-                Err(RelayError::Unavailable {
-                    upstream: self.config.name.clone(),
-                    state: state.label().to_string(),
-                    retry_after_ms,
-                })
-            }
-        }
+        connection.as_ref().filter(|c| !c.is_closed()).cloned()
     }
 
     fn set_connection(&self, connection: Option<UpstreamConnection>) {
@@ -148,6 +226,156 @@ impl Upstream {
             .connection
             .write()
             .unwrap_or_else(PoisonError::into_inner) = connection;
+    }
+
+    fn touch(&self) {
+        *self
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    }
+
+    fn idle_since(&self) -> Instant {
+        *self
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks the supervisor to start now: after a failure, during a backoff, or to
+    /// restart a running instance.
+    pub fn retry(&self) {
+        self.retry.notify_one();
+    }
+
+    fn unavailable(&self) -> RelayError {
+        let state = self.state();
+        let retry_after_ms = match state {
+            UpstreamState::BackingOff { until } => Some(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .try_into()
+                    .unwrap_or(u64::MAX),
+            ),
+            UpstreamState::Starting => Some(1000),
+            _ => None,
+        };
+        RelayError::Unavailable {
+            upstream: self.name.to_string(),
+            state: state.label().to_string(),
+            retry_after_ms,
+        }
+    }
+
+    /// The connection for a call. An eager instance that is not ready fails fast; an
+    /// on-demand instance is started and waited for, within `init_timeout`.
+    pub async fn connection_for_call(
+        &self,
+        on_demand: bool,
+        init_timeout: Duration,
+    ) -> Result<UpstreamConnection, RelayError> {
+        self.touch();
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        let startable = matches!(self.state(), UpstreamState::Idle | UpstreamState::Starting);
+        if !on_demand || !startable {
+            return Err(self.unavailable());
+        }
+        self.demand.notify_one();
+        let mut states = self.state.subscribe();
+        let waited = tokio::time::timeout(init_timeout, async {
+            loop {
+                match *states.borrow_and_update() {
+                    UpstreamState::Ready => {
+                        if let Some(connection) = self.live_connection() {
+                            return Ok(connection);
+                        }
+                    }
+                    UpstreamState::Idle | UpstreamState::Starting => {}
+                    _ => return Err(self.unavailable()),
+                }
+                if states.changed().await.is_err() {
+                    return Err(self.unavailable());
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| Err(self.unavailable()))
+    }
+}
+
+/// A configured upstream: its settings, its shared instance, per-session instances,
+/// and the limits and counters that outlive any one process.
+pub struct Upstream {
+    pub config: Arc<UpstreamConfig>,
+    pub shared: Arc<Instance>,
+    sessions: DashMap<u64, Arc<Instance>>,
+    pub limiter: Limiter,
+    pub stats: Arc<ConnectionStats>,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig, shutdown: &CancellationToken) -> Upstream {
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let initial = if !config.enabled {
+            UpstreamState::Disabled
+        } else if config.start == Start::Lazy || config.share == Share::Session {
+            UpstreamState::Idle
+        } else {
+            UpstreamState::Starting
+        };
+        let mut shared = Instance::new(name, initial, shutdown.child_token());
+        shared.stop_after_listing = config.share == Share::Session;
+        Upstream {
+            limiter: Limiter::new(config.max_in_flight, config.max_pending),
+            config: Arc::new(config),
+            shared: Arc::new(shared),
+            sessions: DashMap::new(),
+            stats: Arc::new(ConnectionStats::default()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Whether calls start the instance they need (instead of failing while it is down).
+    pub fn on_demand(&self) -> bool {
+        self.config.start == Start::Lazy || self.config.share == Share::Session
+    }
+
+    /// The instance serving `session`: the shared one, or that session's own.
+    pub fn instance_for(self: &Arc<Self>, session: u64, hub: &Arc<Hub>) -> Arc<Instance> {
+        if self.config.share == Share::Shared {
+            return self.shared.clone();
+        }
+        self.sessions
+            .entry(session)
+            .or_insert_with(|| {
+                let mut instance = Instance::new(
+                    Arc::from(self.config.name.as_str()),
+                    UpstreamState::Idle,
+                    self.shared.stop.child_token(),
+                );
+                instance.publishes_listing = false;
+                let instance = Arc::new(instance);
+                hub.spawn(supervise(instance.clone(), self.clone(), hub.clone()));
+                instance
+            })
+            .clone()
+    }
+
+    /// Stops the instance a session had of this upstream, if any.
+    pub fn end_session(&self, session: u64) {
+        if let Some((_, instance)) = self.sessions.remove(&session) {
+            instance.stop.cancel();
+        }
+    }
+
+    pub fn session_instances(&self) -> usize {
+        self.sessions.len()
     }
 }
 
@@ -161,49 +389,113 @@ pub fn client_identity() -> ClientIdentity {
     }
 }
 
-/// Keeps one upstream running until `shutdown`: start, initialize, list, serve its
-/// events, and on exit restart it after a backoff delay.
-pub async fn supervise(upstream: Arc<Upstream>, hub: Arc<Hub>, shutdown: CancellationToken) {
-    let name = upstream.config.name.clone();
-    let mut backoff = Backoff::new();
-    let mut first_start = true;
-    while !shutdown.is_cancelled() {
-        if !first_start {
-            hub.metrics()
-                .upstream_restarts
-                .with_label_values(&[&name])
-                .inc();
-        }
-        first_start = false;
-        upstream.set_state(UpstreamState::Starting);
-        let started = Instant::now();
-        run_once(&upstream, &hub, &shutdown).await;
-        hub.metrics().upstream_up.with_label_values(&[&name]).set(0);
-        if shutdown.is_cancelled() {
-            break;
-        }
-        if started.elapsed() >= Backoff::HEALTHY_RUN {
-            backoff.reset();
-        }
-        let delay = backoff.next_delay(rand::random::<f64>() * 0.25);
-        upstream.set_state(UpstreamState::BackingOff {
-            until: Instant::now() + delay,
-        });
-        tracing::warn!(upstream = %name, delay_ms = delay.as_millis() as u64, "restarting upstream after a delay");
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => break,
-        }
-    }
-    upstream.set_state(UpstreamState::Stopped);
+/// How one run of an instance ended.
+#[derive(Debug, PartialEq, Eq)]
+enum RunEnd {
+    /// Stopped on request (shutdown, session end): no restart.
+    Stopped,
+    /// Idle for `idle_timeout` (or done discovering): stopped cleanly, restarts on demand.
+    Idle,
+    /// An operator asked for a restart.
+    Restart,
+    /// The process exited, failed to start, or stopped answering.
+    Failed,
 }
 
-/// One life of the upstream process. Returns when it has exited and been reaped.
-async fn run_once(upstream: &Arc<Upstream>, hub: &Arc<Hub>, shutdown: &CancellationToken) {
+/// Keeps one instance running until it is stopped.
+pub async fn supervise(instance: Arc<Instance>, upstream: Arc<Upstream>, hub: Arc<Hub>) {
+    let config = upstream.config.clone();
+    let mut policy = RestartPolicy::new(config.restart);
+    let mut wait_for_demand = instance.state() == UpstreamState::Idle;
+    loop {
+        if wait_for_demand {
+            set_state(&instance, &hub, UpstreamState::Idle);
+            tokio::select! {
+                _ = instance.demand.notified() => {}
+                _ = instance.retry.notified() => {}
+                _ = instance.stop.cancelled() => break,
+            }
+        }
+        wait_for_demand = false;
+        set_state(&instance, &hub, UpstreamState::Starting);
+        let started = Instant::now();
+        match run_once(&instance, &upstream, &hub).await {
+            RunEnd::Stopped => break,
+            RunEnd::Idle => {
+                policy.reset();
+                wait_for_demand = true;
+                continue;
+            }
+            RunEnd::Restart => {
+                policy.reset();
+                continue;
+            }
+            RunEnd::Failed => {}
+        }
+        if instance.stop.is_cancelled() {
+            break;
+        }
+        match policy.on_exit(
+            Instant::now(),
+            started.elapsed(),
+            rand::random::<f64>() * 0.25,
+        ) {
+            RestartDecision::After(delay) => {
+                set_state(
+                    &instance,
+                    &hub,
+                    UpstreamState::BackingOff {
+                        until: Instant::now() + delay,
+                    },
+                );
+                tracing::warn!(upstream = %config.name, delay_ms = delay.as_millis() as u64, "restarting upstream after a delay");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = instance.retry.notified() => policy.reset(),
+                    _ = instance.stop.cancelled() => break,
+                }
+            }
+            RestartDecision::GiveUp => {
+                set_state(&instance, &hub, UpstreamState::Failed);
+                tracing::error!(
+                    upstream = %config.name,
+                    max_restarts = config.restart.max_restarts,
+                    window_s = config.restart.window.as_secs(),
+                    "upstream restarted too often; it stays failed until a reload or POST /upstreams/{}/restart",
+                    config.name
+                );
+                tokio::select! {
+                    _ = instance.retry.notified() => policy.reset(),
+                    _ = instance.stop.cancelled() => break,
+                }
+            }
+        }
+        hub.metrics()
+            .upstream_restarts
+            .with_label_values(&[&config.name])
+            .inc();
+    }
+    set_state(&instance, &hub, UpstreamState::Stopped);
+}
+
+fn set_state(instance: &Instance, hub: &Hub, state: UpstreamState) {
+    let previous = instance.state.send_replace(state);
+    if previous.label() != state.label() {
+        tracing::info!(upstream = %instance.name, from = previous.label(), to = state.label(), "upstream state");
+        if instance.publishes_listing {
+            hub.on_state_change(&instance.name, state);
+        }
+    }
+}
+
+/// One life of the upstream process. Returns once it has exited and been reaped.
+async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<Hub>) -> RunEnd {
     let config = &upstream.config;
-    let name: Arc<str> = Arc::from(config.name.as_str());
+    let name = instance.name.clone();
     let options = StdioOptions {
         max_message_bytes: config.max_message_bytes,
+        stop_grace: config.stop_grace,
+        stats: upstream.stats.clone(),
         ..StdioOptions::default()
     };
     let (events_tx, events) = mpsc::channel(256);
@@ -212,15 +504,16 @@ async fn run_once(upstream: &Arc<Upstream>, hub: &Arc<Hub>, shutdown: &Cancellat
             Ok(connection) => connection,
             Err(error) => {
                 tracing::error!(upstream = %name, %error, "upstream could not be started");
-                return;
+                return RunEnd::Failed;
             }
         };
     let identity = client_identity();
     let hello = tokio::select! {
         outcome = tokio::time::timeout(config.init_timeout, handshake::initialize(&connection, &identity)) => outcome,
-        _ = shutdown.cancelled() => {
+        _ = instance.stop.cancelled() => {
+            set_state(instance, hub, UpstreamState::Stopping);
             connection.shutdown().await;
-            return;
+            return RunEnd::Stopped;
         }
     };
     let hello = match hello {
@@ -228,66 +521,107 @@ async fn run_once(upstream: &Arc<Upstream>, hub: &Arc<Hub>, shutdown: &Cancellat
         Ok(Err(error)) => {
             tracing::error!(upstream = %name, %error, stderr = ?connection.stderr_tail(), "upstream initialize failed");
             connection.shutdown().await;
-            return;
+            return RunEnd::Failed;
         }
         Err(_) => {
-            tracing::error!(upstream = %name, timeout_ms = config.init_timeout.as_millis() as u64, "upstream did not answer initialize in time");
+            tracing::error!(upstream = %name, timeout_ms = config.init_timeout.as_millis() as u64, "upstream did not answer initialize in time; stopping it");
             connection.shutdown().await;
-            return;
+            return RunEnd::Failed;
         }
     };
-    tracing::info!(
-        upstream = %name,
-        protocol = %hello.protocol_version,
-        server = %hello.server_info,
-        "upstream initialized"
-    );
-    *upstream
+    tracing::info!(upstream = %name, protocol = %hello.protocol_version, server = %hello.server_info, "upstream initialized");
+    *instance
         .hello
         .write()
         .unwrap_or_else(PoisonError::into_inner) = Some(hello.clone());
 
-    match fetch_listing(&connection, config, &hello).await {
-        Ok(listing) => hub.publish_listing(listing),
-        Err(error) => {
-            tracing::warn!(upstream = %name, %error, "listing the upstream's catalog failed")
+    if instance.publishes_listing {
+        match fetch_listing(&connection, config, &hello).await {
+            Ok(listing) => hub.publish_listing(listing),
+            Err(error) => {
+                tracing::warn!(upstream = %name, %error, "listing the upstream's catalog failed")
+            }
         }
     }
-    upstream.set_connection(Some(connection.clone()));
-    upstream.set_state(UpstreamState::Ready);
-    hub.metrics()
-        .upstream_up
-        .with_label_values(&[&config.name])
-        .set(1);
+    if instance.stop_after_listing {
+        set_state(instance, hub, UpstreamState::Stopping);
+        connection.shutdown().await;
+        return RunEnd::Idle;
+    }
+    instance.touch();
+    instance.set_connection(Some(connection.clone()));
+    set_state(instance, hub, UpstreamState::Ready);
 
+    let unhealthy = CancellationToken::new();
     let refresh = Arc::new(Notify::new());
-    let refresher = tokio::spawn(refresh_on_demand(
-        connection.clone(),
-        config.clone(),
-        hello,
-        hub.clone(),
-        refresh.clone(),
-    ));
-    serve_events(&connection, events, &refresh, shutdown).await;
-    refresher.abort();
-    upstream.set_connection(None);
+    let mut helpers = Vec::new();
+    if instance.publishes_listing {
+        helpers.push(tokio::spawn(refresh_on_demand(
+            connection.clone(),
+            config.clone(),
+            hello,
+            hub.clone(),
+            refresh.clone(),
+        )));
+    }
+    if !config.health_interval.is_zero() {
+        helpers.push(tokio::spawn(health_checks(
+            connection.clone(),
+            config.health_interval,
+            config.health_timeout,
+            unhealthy.clone(),
+        )));
+    }
+    let idle_after = upstream.on_demand().then_some(config.idle_timeout);
+    let end = serve_events(
+        instance,
+        &connection,
+        events,
+        &refresh,
+        &unhealthy,
+        idle_after,
+        hub,
+    )
+    .await;
+    for helper in helpers {
+        helper.abort();
+    }
+    instance.set_connection(None);
+    set_state(instance, hub, UpstreamState::Stopping);
     connection.shutdown().await;
+    end
 }
 
-/// Answers what an upstream sends on its own until the connection closes.
+/// Serves what the upstream sends on its own until the run ends.
 async fn serve_events(
+    instance: &Instance,
     connection: &UpstreamConnection,
     mut events: mpsc::Receiver<UpstreamEvent>,
     refresh: &Notify,
-    shutdown: &CancellationToken,
-) {
+    unhealthy: &CancellationToken,
+    idle_after: Option<Duration>,
+    hub: &Hub,
+) -> RunEnd {
     loop {
+        let idle_deadline = idle_after.map(|idle| instance.idle_since() + idle);
         let event = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = connection.closed() => return,
+            _ = instance.stop.cancelled() => return RunEnd::Stopped,
+            _ = instance.retry.notified() => {
+                tracing::info!(upstream = %instance.name, "restart requested");
+                return RunEnd::Restart;
+            }
+            _ = unhealthy.cancelled() => return RunEnd::Failed,
+            _ = connection.closed() => return RunEnd::Failed,
+            _ = sleep_until_or_forever(idle_deadline) => {
+                if connection.in_flight() == 0 && idle_deadline == idle_after.map(|idle| instance.idle_since() + idle) {
+                    tracing::info!(upstream = %instance.name, "stopping idle upstream");
+                    return RunEnd::Idle;
+                }
+                continue;
+            }
             event = events.recv() => match event {
                 Some(event) => event,
-                None => return,
+                None => return RunEnd::Failed,
             },
         };
         match event {
@@ -296,11 +630,42 @@ async fn serve_events(
                 if method.ends_with("/list_changed") {
                     // Coalesced: many notifications while a listing runs cause one more listing.
                     refresh.notify_one();
+                } else if method == "notifications/progress" {
+                    hub.route_progress(&message);
                 } else {
-                    tracing::debug!(upstream = %connection.upstream(), method, "upstream notification not relayed");
+                    tracing::debug!(upstream = %instance.name, method, "upstream notification not relayed");
                 }
             }
             UpstreamEvent::Request(message) => answer_upstream_request(connection, message).await,
+        }
+    }
+}
+
+async fn sleep_until_or_forever(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Pings on a timer; an upstream that stops answering is restarted.
+async fn health_checks(
+    connection: UpstreamConnection,
+    interval: Duration,
+    timeout: Duration,
+    unhealthy: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval_at(Instant::now() + interval, interval);
+    loop {
+        ticks.tick().await;
+        match tokio::time::timeout(timeout, connection.request("ping", None)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::error!(upstream = %connection.upstream(), timeout_ms = timeout.as_millis() as u64, "upstream did not answer a health ping; restarting it");
+                unhealthy.cancel();
+                return;
+            }
         }
     }
 }
@@ -327,7 +692,7 @@ async fn answer_upstream_request(connection: &UpstreamConnection, message: Value
 
 async fn refresh_on_demand(
     connection: UpstreamConnection,
-    config: UpstreamConfig,
+    config: Arc<UpstreamConfig>,
     hello: ServerHello,
     hub: Arc<Hub>,
     refresh: Arc<Notify>,
@@ -346,13 +711,9 @@ async fn refresh_on_demand(
 /// Most pages plexus reads from one upstream list.
 const MAX_LIST_PAGES: usize = 1000;
 
-/// Lists every kind the upstream advertised.
-async fn fetch_listing(
-    connection: &UpstreamConnection,
-    config: &UpstreamConfig,
-    hello: &ServerHello,
-) -> Result<UpstreamListing, handshake::HandshakeError> {
-    let mut listing = UpstreamListing {
+/// An empty listing of `config`'s upstream, ready to be filled.
+pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {
+    UpstreamListing {
         upstream: Arc::from(config.name.as_str()),
         prefix: config.prefix.clone(),
         tool_filter: ToolFilter::new(config.allow_tools.clone(), config.deny_tools.clone()),
@@ -360,7 +721,16 @@ async fn fetch_listing(
         prompts: Vec::new(),
         resources: Vec::new(),
         resource_templates: Vec::new(),
-    };
+    }
+}
+
+/// Lists every kind the upstream advertised.
+async fn fetch_listing(
+    connection: &UpstreamConnection,
+    config: &UpstreamConfig,
+    hello: &ServerHello,
+) -> Result<UpstreamListing, handshake::HandshakeError> {
+    let mut listing = empty_listing(config);
     for kind in Kind::ALL {
         let capability = match kind {
             Kind::Tools => "tools",
@@ -399,14 +769,82 @@ async fn fetch_listing(
 mod tests {
     use super::*;
 
-    #[test]
-    fn backoff_doubles_to_a_cap_and_resets() {
-        let mut backoff = Backoff::new();
-        let delays: Vec<u64> = (0..8).map(|_| backoff.next_delay(0.0).as_secs()).collect();
-        assert_eq!(delays, vec![1, 2, 4, 8, 16, 32, 60, 60]);
-        backoff.reset();
-        assert_eq!(backoff.next_delay(0.0), Duration::from_secs(1));
-        let jittered = backoff.next_delay(0.25);
-        assert_eq!(jittered, Duration::from_millis(2500));
+    fn settings() -> RestartSettings {
+        RestartSettings {
+            backoff: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            max_restarts: 5,
+            window: Duration::from_secs(120),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_loop_backs_off_then_gives_up() {
+        let mut policy = RestartPolicy::new(settings());
+        let mut delays = Vec::new();
+        // Each run dies at once; the clock moves by each delay, as the supervisor sleeps it.
+        let decision = loop {
+            match policy.on_exit(Instant::now(), Duration::from_millis(10), 0.0) {
+                RestartDecision::After(delay) => {
+                    delays.push(delay.as_secs());
+                    tokio::time::advance(delay).await;
+                }
+                give_up => break give_up,
+            }
+        };
+        assert_eq!(delays, vec![1, 2, 4, 8, 16]);
+        assert_eq!(decision, RestartDecision::GiveUp);
+        policy.reset();
+        assert_eq!(
+            policy.on_exit(Instant::now(), Duration::ZERO, 0.0),
+            RestartDecision::After(Duration::from_secs(1))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exits_spread_beyond_the_window_never_give_up_and_long_runs_reset_the_delay() {
+        let mut policy = RestartPolicy::new(settings());
+        for _ in 0..20 {
+            let decision = policy.on_exit(Instant::now(), Duration::from_secs(61), 0.0);
+            assert_eq!(decision, RestartDecision::After(Duration::from_secs(1)));
+            tokio::time::advance(Duration::from_secs(61)).await;
+        }
+        let mut capped = RestartPolicy::new(RestartSettings {
+            max_restarts: 100,
+            ..settings()
+        });
+        let delays: Vec<u64> = (0..9)
+            .map(
+                |_| match capped.on_exit(Instant::now(), Duration::ZERO, 0.0) {
+                    RestartDecision::After(delay) => delay.as_secs(),
+                    RestartDecision::GiveUp => 0,
+                },
+            )
+            .collect();
+        assert_eq!(delays, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(
+            capped.on_exit(Instant::now(), Duration::ZERO, 0.25),
+            RestartDecision::After(Duration::from_secs(75))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_limiter_queues_up_to_max_pending_then_refuses() {
+        let limiter = Arc::new(Limiter::new(2, 1));
+        let first = limiter.acquire().await;
+        let second = limiter.acquire().await;
+        assert!(first.is_some() && second.is_some());
+        assert_eq!(limiter.in_flight(), 2);
+        let waiting = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.acquire().await.is_some() })
+        };
+        while limiter.pending() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(limiter.acquire().await.is_none(), "the line is full");
+        drop(first);
+        assert!(waiting.await.unwrap_or(false));
+        assert_eq!(limiter.pending(), 0);
     }
 }
