@@ -415,10 +415,12 @@ fn validate_upstream(
     };
     let init_timeout = duration("init_timeout", raw.init_timeout, DEFAULT_INIT_TIMEOUT);
     let call_timeout = duration("call_timeout", raw.call_timeout, DEFAULT_CALL_TIMEOUT);
+    // Unset, the cap is never below the call's own deadline.
+    let explicit_max_call_timeout = raw.max_call_timeout.is_some();
     let max_call_timeout = duration(
         "max_call_timeout",
         raw.max_call_timeout,
-        DEFAULT_MAX_CALL_TIMEOUT,
+        DEFAULT_MAX_CALL_TIMEOUT.max(call_timeout.unwrap_or_default()),
     );
     let idle_timeout = duration("idle_timeout", raw.idle_timeout, DEFAULT_IDLE_TIMEOUT);
     let restart_window = duration("restart_window", raw.restart_window, DEFAULT_RESTART_WINDOW);
@@ -447,7 +449,9 @@ fn validate_upstream(
             tool_timeouts.insert(tool, timeout);
         }
     }
-    if let (Some(call), Some(max)) = (call_timeout, max_call_timeout) {
+    if let (Some(call), Some(max), true) =
+        (call_timeout, max_call_timeout, explicit_max_call_timeout)
+    {
         if max < call {
             issues.push(ConfigIssue {
                 key: key("max_call_timeout"),

@@ -119,6 +119,9 @@ impl RelayError {
             RelayError::FailedMidCall { upstream, .. } => {
                 ("upstream_failed", Some(upstream), None, true, None)
             }
+            RelayError::Overloaded { upstream, .. } => {
+                ("overloaded", Some(upstream), None, true, Some(100))
+            }
             RelayError::TooLarge { upstream, .. } => {
                 ("message_too_large", Some(upstream), None, false, None)
             }

@@ -366,3 +366,137 @@ pub fn arguments(value: Value) -> serde_json::Map<String, Value> {
         _ => serde_json::Map::new(),
     }
 }
+
+/// Pids of live processes whose command line contains `needle` (arguments joined by spaces).
+pub fn processes_matching(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let command = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if command.contains(needle) && !is_zombie(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Pids of live processes in process group `group`.
+pub fn process_group_members(group: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Some((state, pgrp)) = stat_fields(pid) {
+            if pgrp == group && state != 'Z' {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+fn is_zombie(pid: i32) -> bool {
+    stat_fields(pid).is_none_or(|(state, _)| state == 'Z')
+}
+
+/// The state letter and process group of a pid, from /proc/<pid>/stat.
+fn stat_fields(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields resume after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    let _parent = fields.next()?;
+    let group = fields.next()?.parse().ok()?;
+    Some((state, group))
+}
+
+/// Polls `condition` every 50 ms until it holds or `within` passes.
+pub async fn eventually<F: FnMut() -> bool>(within: Duration, mut condition: F) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A session that keeps calling a healthy upstream's `echo` while a test injects
+/// faults elsewhere, and reports every error it saw.
+pub struct ControlSession {
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<anyhow::Result<(usize, Vec<String>)>>,
+}
+
+impl ControlSession {
+    pub async fn start(url: &str, tool: &str) -> anyhow::Result<ControlSession> {
+        let mut session = RawHttpSession::connect(url).await?;
+        let stop = Arc::new(Notify::new());
+        let stopped = stop.clone();
+        let tool = tool.to_string();
+        let task = tokio::spawn(async move {
+            let mut calls = 0;
+            let mut errors = Vec::new();
+            loop {
+                let text = format!("control {calls}");
+                let call = session.request(
+                    "tools/call",
+                    serde_json::json!({"name": tool, "arguments": {"text": text}}),
+                );
+                let response = tokio::select! {
+                    response = call => response,
+                    _ = stopped.notified() => break,
+                };
+                calls += 1;
+                match response {
+                    Ok(response) if response["result"]["content"][0]["text"] == text.as_str() => {}
+                    Ok(response) => errors.push(response.to_string()),
+                    Err(error) => errors.push(error.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok((calls, errors))
+        });
+        Ok(ControlSession { stop, task })
+    }
+
+    /// Stops calling; fails if any call went wrong or none was made.
+    pub async fn finish(self) -> anyhow::Result<usize> {
+        self.stop.notify_one();
+        let (calls, errors) = self.task.await??;
+        if !errors.is_empty() {
+            bail!(
+                "the control session saw {} errors in {calls} calls: {errors:?}",
+                errors.len()
+            );
+        }
+        if calls == 0 {
+            bail!("the control session made no call");
+        }
+        Ok(calls)
+    }
+}

@@ -1,0 +1,675 @@
+//! Faults injected for real (killed, hung, crashing, flooding, oversized and
+//! overloaded upstreams; deadlines; SIGTERM), each while a control session calls a
+//! healthy upstream and must see no error.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{
+    eventually, fixture_binary, fixture_upstream, process_group_members, processes_matching,
+    ControlSession, Daemon, RawHttpSession,
+};
+use serde_json::{json, Value};
+
+fn control_section() -> String {
+    fixture_upstream("control", "", &["--name", "control"])
+}
+
+async fn readiness(daemon: &Daemon) -> anyhow::Result<Value> {
+    let (_, body) = daemon.admin_get("/readyz").await?;
+    Ok(serde_json::from_str(&body)?)
+}
+
+async fn wait_for_state(
+    daemon: &Daemon,
+    upstream: &str,
+    state: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let readiness = readiness(daemon).await?;
+        if readiness["upstreams"][upstream] == state {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{upstream} never reached {state}: {readiness}\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Posts a request on an existing HTTP session from a fresh task.
+fn spawn_call(
+    url: &str,
+    session: &str,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> tokio::task::JoinHandle<anyhow::Result<Value>> {
+    let url = url.to_string();
+    let session = session.to_string();
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("mcp-session-id", session)
+            .json(&body)
+            .send()
+            .await?;
+        Ok(response.json::<Value>().await?)
+    })
+}
+
+async fn session_id(url: &str) -> anyhow::Result<(RawHttpSession, String)> {
+    let session = RawHttpSession::connect(url).await?;
+    let id = session.session_id().context("no session id")?;
+    Ok((session, id))
+}
+
+async fn metric(daemon: &Daemon, line_prefix: &str) -> anyhow::Result<Option<f64>> {
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    Ok(metrics
+        .lines()
+        .find(|line| line.starts_with(line_prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream("victim", "", &["--name", "victim"])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+
+    let (_a, first) = session_id(&daemon.url).await?;
+    let (_b, second) = session_id(&daemon.url).await?;
+    let sleep = json!({"name": "victim__sleep", "arguments": {"ms": 20000}});
+    let one = spawn_call(&daemon.url, &first, 100, "tools/call", sleep.clone());
+    let two = spawn_call(&daemon.url, &second, 100, "tools/call", sleep);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&daemon, r#"plexus_upstream_in_flight{upstream="victim"}"#).await? != Some(2.0) {
+        ensure!(
+            Instant::now() < deadline,
+            "the two calls never got in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let victims = processes_matching("--name victim");
+    ensure!(victims.len() == 1, "victim processes: {victims:?}");
+    let killed_at = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victims[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+
+    // Both sessions learn at once which upstream failed; no waiting for the deadline.
+    for answer in [one.await??, two.await??] {
+        ensure!(answer["error"]["code"] == -33003, "{answer}");
+        ensure!(answer["error"]["data"]["upstream"] == "victim", "{answer}");
+        ensure!(answer["id"] == 100, "{answer}");
+    }
+    ensure!(
+        killed_at.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        killed_at.elapsed()
+    );
+
+    // The victim is restarted and serves again.
+    wait_for_state(&daemon, "victim", "ready", Duration::from_secs(30)).await?;
+    let (mut again, _) = session_id(&daemon.url).await?;
+    let back = again
+        .request(
+            "tools/call",
+            json!({"name": "victim__whoami", "arguments": {}}),
+        )
+        .await?;
+    ensure!(back["result"]["content"][0]["text"] == "victim", "{back}");
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_backs_off_with_growing_delays_then_fails_until_retried() -> anyhow::Result<()>
+{
+    let crashy = r#"
+[upstreams.crashy]
+command = "sh"
+args = ["-c", "echo crashing >&2; exit 3"]
+restart_backoff = "100ms"
+restart_backoff_max = "5s"
+max_restarts = 3
+restart_window = "60s"
+"#;
+    let daemon = Daemon::start("", &format!("{}{crashy}", control_section())).await?;
+    wait_for_state(&daemon, "control", "ready", Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    wait_for_state(&daemon, "crashy", "failed", Duration::from_secs(20)).await?;
+
+    // Three restarts, each after a longer delay than the one before (jitter is at most 25 %).
+    let log = daemon.log();
+    let delays: Vec<u64> = log
+        .lines()
+        .filter(|line| {
+            line.contains("restarting upstream after a delay") && line.contains("upstream=crashy")
+        })
+        .filter_map(|line| {
+            line.split("delay_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ensure!(delays.len() == 3, "{delays:?}\n{log}");
+    ensure!(
+        delays.windows(2).all(|pair| pair[1] > pair[0]),
+        "{delays:?}"
+    );
+    ensure!(
+        metric(
+            &daemon,
+            r#"plexus_upstream_restarts_total{upstream="crashy"}"#
+        )
+        .await?
+            == Some(3.0),
+        "restart count"
+    );
+    ensure!(
+        metric(
+            &daemon,
+            r#"plexus_upstream_state{state="failed",upstream="crashy"}"#
+        )
+        .await?
+            == Some(1.0),
+        "state gauge"
+    );
+    // Failed stays failed: no more spawns.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(readiness(&daemon).await?["upstreams"]["crashy"] == "failed");
+
+    // An operator's retry starts it again.
+    let response = reqwest::Client::new()
+        .post(format!("{}/upstreams/crashy/restart", daemon.admin))
+        .send()
+        .await?;
+    ensure!(response.status() == 202);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while readiness(&daemon).await?["upstreams"]["crashy"] == "failed" {
+        ensure!(Instant::now() < deadline, "retry did not restart crashy");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let unknown = reqwest::Client::new()
+        .post(format!("{}/upstreams/nope/restart", daemon.admin))
+        .send()
+        .await?;
+    ensure!(unknown.status() == 404);
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()> {
+    // It lists (so its tools are routable), then dies on its first call, every time.
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "brittle",
+            "restart_backoff = \"50ms\"\nmax_restarts = 1\nrestart_window = \"60s\"",
+            &["--name", "brittle", "--exit-after-calls", "1"]
+        )
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let call = json!({"name": "brittle__echo", "arguments": {"text": "x"}});
+    let first = session.request("tools/call", call.clone()).await?;
+    ensure!(first["error"]["code"] == -33003, "{first}");
+    wait_for_state(&daemon, "brittle", "ready", Duration::from_secs(10)).await?;
+    let second = session.request("tools/call", call.clone()).await?;
+    ensure!(second["error"]["code"] == -33003, "{second}");
+    wait_for_state(&daemon, "brittle", "failed", Duration::from_secs(10)).await?;
+    let started = Instant::now();
+    let failed = session.request("tools/call", call).await?;
+    ensure!(started.elapsed() < Duration::from_millis(500));
+    ensure!(failed["error"]["code"] == -33001, "{failed}");
+    ensure!(failed["error"]["data"]["state"] == "failed", "{failed}");
+    ensure!(failed["error"]["data"]["upstream"] == "brittle", "{failed}");
+    ensure!(
+        failed["error"]["data"]["retry_after_ms"].is_null(),
+        "{failed}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_never_answers_initialize_is_stopped_after_init_timeout() -> anyhow::Result<()>
+{
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "mute",
+            "init_timeout = \"500ms\"\nrestart_backoff = \"30s\"",
+            &["--name", "mute", "--hang-initialize"]
+        )
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    wait_for_state(&daemon, "control", "ready", Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    wait_for_state(&daemon, "mute", "backing_off", Duration::from_secs(10)).await?;
+    ensure!(
+        daemon.log().contains("did not answer initialize in time"),
+        "{}",
+        daemon.log()
+    );
+    ensure!(
+        eventually(Duration::from_secs(5), || processes_matching("--name mute")
+            .is_empty())
+        .await,
+        "the hung child is still running"
+    );
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = session.request("tools/list", json!({})).await?;
+    ensure!(!tools.to_string().contains("mute__"), "{tools}");
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_ignoring_sigterm_is_killed_and_the_daemon_still_exits_cleanly(
+) -> anyhow::Result<()> {
+    // The shell ignores TERM and outlives the fixture (which leaves on stdin EOF).
+    let stubborn = format!(
+        "[upstreams.stubborn]\ncommand = \"sh\"\nargs = [\"-c\", \"trap '' TERM; {} --name stubborn-child; sleep 300\"]\nstop_grace = \"500ms\"\n",
+        fixture_binary().display()
+    );
+    let daemon = Daemon::start("", &format!("{}{stubborn}", control_section())).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let shells = processes_matching("--name stubborn-child; sleep 300");
+    ensure!(shells.len() == 1, "{shells:?}");
+    let started = Instant::now();
+    ensure!(daemon.stop().await?.success());
+    ensure!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    ensure!(
+        eventually(Duration::from_secs(3), || processes_matching(
+            "stubborn-child"
+        )
+        .is_empty())
+        .await,
+        "left behind: {:?}",
+        processes_matching("stubborn-child")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_npx_tree_leaves_nothing_behind_on_restart_and_on_exit() -> anyhow::Result<()> {
+    let everything = "[upstreams.everything]\nnpx = \"@modelcontextprotocol/server-everything@2026.8.31\"\ninit_timeout = \"180s\"\n";
+    let daemon = Daemon::start("", everything).await?;
+    daemon.wait_ready(Duration::from_secs(240)).await?;
+    let group_of = |log: &str, nth: usize| -> Option<i32> {
+        log.lines()
+            .filter(|line| {
+                line.contains("spawned upstream") && line.contains("upstream=everything")
+            })
+            .nth(nth)?
+            .split("pid=")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let first = group_of(&daemon.log(), 0).context("no spawn logged")?;
+    let members = process_group_members(first);
+    ensure!(
+        members.len() >= 2,
+        "expected an npm exec → node tree, got {members:?}"
+    );
+
+    // A restart stops the whole old tree.
+    reqwest::Client::new()
+        .post(format!("{}/upstreams/everything/restart", daemon.admin))
+        .send()
+        .await?;
+    ensure!(
+        eventually(Duration::from_secs(15), || process_group_members(first)
+            .is_empty())
+        .await,
+        "old tree left: {:?}",
+        process_group_members(first)
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let second = loop {
+        if let Some(pid) = group_of(&daemon.log(), 1) {
+            break pid;
+        }
+        ensure!(Instant::now() < deadline, "no second spawn");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    daemon.wait_ready(Duration::from_secs(120)).await?;
+    ensure!(process_group_members(second).len() >= 2);
+
+    // Daemon exit stops the new tree too.
+    ensure!(daemon.stop().await?.success());
+    ensure!(
+        eventually(Duration::from_secs(5), || process_group_members(second)
+            .is_empty())
+        .await,
+        "tree left after exit: {:?}",
+        process_group_members(second)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_floods_and_oversized_lines_are_survived() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}{}",
+        control_section(),
+        fixture_upstream(
+            "flood",
+            "",
+            &["--name", "flood", "--stderr-flood", "4000000"]
+        ),
+        fixture_upstream("small", "max_message_bytes = 4096", &["--name", "small"]),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    // 4 MB on stderr without a newline did not block the child.
+    let flood = session
+        .request(
+            "tools/call",
+            json!({"name": "flood__whoami", "arguments": {}}),
+        )
+        .await?;
+    ensure!(flood["result"]["content"][0]["text"] == "flood", "{flood}");
+
+    // A reply over the upstream's 4 KiB line limit: that call gets -33005, the upstream restarts.
+    let big = "y".repeat(8192);
+    let oversized = session
+        .request(
+            "tools/call",
+            json!({"name": "small__echo", "arguments": {"text": big}}),
+        )
+        .await?;
+    ensure!(oversized["error"]["code"] == -33005, "{oversized}");
+    ensure!(
+        oversized["error"]["data"]["upstream"] == "small",
+        "{oversized}"
+    );
+    wait_for_state(&daemon, "small", "ready", Duration::from_secs(30)).await?;
+    let fine = session
+        .request(
+            "tools/call",
+            json!({"name": "small__echo", "arguments": {"text": "short"}}),
+        )
+        .await?;
+    ensure!(fine["result"]["content"][0]["text"] == "short", "{fine}");
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_calls_meet_the_in_flight_and_pending_limits() -> anyhow::Result<()>
+{
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "narrow",
+            "max_in_flight = 4\nmax_pending = 16",
+            &["--name", "narrow"]
+        ),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let (_session, id) = session_id(&daemon.url).await?;
+    let calls: Vec<_> = (0..200)
+        .map(|n| {
+            spawn_call(
+                &daemon.url,
+                &id,
+                1000 + n,
+                "tools/call",
+                json!({"name": "narrow__sleep", "arguments": {"ms": 300}}),
+            )
+        })
+        .collect();
+    let (mut ok, mut overloaded) = (0, 0);
+    for call in calls {
+        let answer = call.await??;
+        if answer["result"]["content"][0]["text"] == "slept 300 ms" {
+            ok += 1;
+        } else if answer["error"]["code"] == -33004 {
+            ensure!(answer["error"]["data"]["upstream"] == "narrow", "{answer}");
+            ensure!(answer["error"]["data"]["retryable"] == true, "{answer}");
+            overloaded += 1;
+        } else {
+            anyhow::bail!("unexpected answer {answer}");
+        }
+    }
+    ensure!(ok + overloaded == 200);
+    ensure!(
+        ok >= 20,
+        "at least max_in_flight + max_pending calls succeed: {ok}"
+    );
+    ensure!(overloaded >= 100, "most are refused at once: {overloaded}");
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_deadline_cancels_upstream_and_progress_extends_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cancel_log = dir.path().join("cancels");
+    let slow = format!(
+        "{}\nenv = {{ FIXTURE_CANCEL_LOG = {:?} }}\n",
+        "tool_timeouts = { sleep = \"400ms\" }\ncall_timeout = \"5s\"\nmax_call_timeout = \"5s\"",
+        cancel_log.display().to_string()
+    );
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream("slow", &slow, &["--name", "slow"])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+
+    let started = Instant::now();
+    let expired = session
+        .request(
+            "tools/call",
+            json!({"name": "slow__sleep", "arguments": {"ms": 5000}}),
+        )
+        .await?;
+    ensure!(expired["error"]["code"] == -33002, "{expired}");
+    ensure!(expired["error"]["data"]["upstream"] == "slow", "{expired}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    ensure!(
+        eventually(Duration::from_secs(5), || std::fs::read_to_string(
+            &cancel_log
+        )
+        .is_ok_and(|text| text.contains("cancelled sleep")))
+        .await,
+        "the fixture never saw the cancel"
+    );
+    // Other tools keep the upstream's default deadline.
+    let echo = session
+        .request(
+            "tools/call",
+            json!({"name": "slow__echo", "arguments": {"text": "e"}}),
+        )
+        .await?;
+    ensure!(echo["result"]["content"][0]["text"] == "e", "{echo}");
+
+    // With progress every 100 ms, a 1.5 s sleep outlives its 400 ms deadline.
+    let progressing = session
+        .request(
+            "tools/call",
+            json!({"name": "slow__sleep", "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
+        )
+        .await?;
+    ensure!(
+        progressing["result"]["content"][0]["text"] == "slept 1500 ms",
+        "{progressing}"
+    );
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_flight_id_is_refused_and_the_first_call_is_unaffected() -> anyhow::Result<()>
+{
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let (_session, id) = session_id(&daemon.url).await?;
+    let first = spawn_call(
+        &daemon.url,
+        &id,
+        7,
+        "tools/call",
+        json!({"name": "fx__sleep", "arguments": {"ms": 500}}),
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let duplicate = spawn_call(&daemon.url, &id, 7, "ping", json!({})).await??;
+    ensure!(duplicate["error"]["code"] == -32600, "{duplicate}");
+    let first = first.await??;
+    ensure!(
+        first["result"]["content"][0]["text"] == "slept 500 ms",
+        "{first}"
+    );
+    ensure!(first["id"] == 7);
+    let again = spawn_call(&daemon.url, &id, 7, "ping", json!({})).await??;
+    ensure!(again["result"] == json!({}), "{again}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_stops_answering_pings_is_restarted() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "frozen",
+            "health_interval = \"200ms\"\nhealth_timeout = \"300ms\"\nrestart_backoff = \"100ms\"\nstop_grace = \"300ms\"",
+            &["--name", "frozen"]
+        )
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let frozen = processes_matching("--name frozen");
+    ensure!(frozen.len() == 1, "{frozen:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(frozen[0]),
+        nix::sys::signal::Signal::SIGSTOP,
+    )?;
+    ensure!(
+        eventually(Duration::from_secs(10), || daemon
+            .log()
+            .contains("did not answer a health ping"))
+        .await,
+        "no health failure logged"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = processes_matching("--name frozen");
+        if now.len() == 1
+            && now[0] != frozen[0]
+            && readiness(&daemon).await?["upstreams"]["frozen"] == "ready"
+        {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "not restarted: {now:?}\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_calls_in_flight_finish_then_exits_cleanly() -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "drain_timeout = \"10s\"",
+        &fixture_upstream("fx", "", &["--name", "draining"]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let (_session, id) = session_id(&daemon.url).await?;
+    let calls: Vec<_> = (0..3)
+        .map(|n| {
+            spawn_call(
+                &daemon.url,
+                &id,
+                50 + n,
+                "tools/call",
+                json!({"name": "fx__sleep", "arguments": {"ms": 1500}}),
+            )
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&daemon, r#"plexus_upstream_in_flight{upstream="fx"}"#).await? != Some(3.0) {
+        ensure!(Instant::now() < deadline, "calls never got in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = daemon.url.clone();
+    let status = daemon.stop().await?;
+    for call in calls {
+        let answer = call.await??;
+        ensure!(
+            answer["result"]["content"][0]["text"] == "slept 1500 ms",
+            "{answer}"
+        );
+    }
+    ensure!(status.success(), "{status}");
+    ensure!(
+        processes_matching("--name draining").is_empty(),
+        "a child was left behind"
+    );
+    // Nothing listens any more.
+    ensure!(reqwest::Client::new()
+        .post(&url)
+        .body("{}")
+        .send()
+        .await
+        .is_err());
+    Ok(())
+}
