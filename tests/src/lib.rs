@@ -59,7 +59,16 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a daemon whose config is `[daemon]` on port 0 plus `sections`.
     pub async fn start(daemon_extra: &str, sections: &str) -> anyhow::Result<Daemon> {
-        let dir = tempfile::tempdir()?;
+        Daemon::start_in(tempfile::tempdir()?, daemon_extra, sections).await
+    }
+
+    /// Like [`Daemon::start`], in a directory kept from an earlier daemon (its state survives).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        daemon_extra: &str,
+        sections: &str,
+    ) -> anyhow::Result<Daemon> {
+        let _ = std::fs::remove_file(dir.path().join("state").join("daemon.json"));
         let state = dir.path().join("state");
         let config = format!(
             "[daemon]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{daemon_extra}\n\n{sections}",
@@ -142,8 +151,21 @@ impl Daemon {
         self.child.as_ref().and_then(Child::id)
     }
 
+    /// Stops the daemon and hands back its directory, for a restart on the same state.
+    pub async fn stop_keeping_state(
+        mut self,
+    ) -> anyhow::Result<(std::process::ExitStatus, tempfile::TempDir)> {
+        let status = self.terminate().await?;
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir()?);
+        Ok((status, dir))
+    }
+
     /// SIGTERM, then wait for the exit status.
     pub async fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        self.terminate().await
+    }
+
+    async fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         let mut child = self.child.take().context("already stopped")?;
         if let Some(pid) = child.id() {
             nix::sys::signal::kill(

@@ -1,0 +1,156 @@
+//! Lazy upstreams (started on the first call, stopped when idle, listed from
+//! their last-known catalog meanwhile) and per-session upstreams (one instance per
+//! downstream session, stopped when the session ends).
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use plexus_tests::{eventually, fixture_upstream, processes_matching, Daemon, RawHttpSession};
+use serde_json::{json, Value};
+
+async fn state_of(daemon: &Daemon, upstream: &str) -> anyhow::Result<Value> {
+    let (_, body) = daemon.admin_get("/readyz").await?;
+    let readiness: Value = serde_json::from_str(&body)?;
+    Ok(readiness["upstreams"][upstream].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow::Result<()> {
+    let lazy = fixture_upstream(
+        "lazy",
+        "start = \"lazy\"\nidle_timeout = \"1s\"",
+        &["--name", "lazy-one"],
+    );
+    let daemon = Daemon::start("", &lazy).await?;
+    let running = || processes_matching("--name lazy-one").len();
+
+    // With nothing known about it, it starts once to be listed, then idles out.
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let mut listed = false;
+    for _ in 0..200 {
+        let tools = session.request("tools/list", json!({})).await?;
+        if tools.to_string().contains("lazy__whoami") {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(
+        listed,
+        "the lazy upstream was never listed\n{}",
+        daemon.log()
+    );
+    ensure!(
+        eventually(Duration::from_secs(10), || running() == 0).await,
+        "it did not idle out"
+    );
+    ensure!(state_of(&daemon, "lazy").await? == "idle");
+
+    // The first call starts it and is answered.
+    let who = session
+        .request(
+            "tools/call",
+            json!({"name": "lazy__whoami", "arguments": {}}),
+        )
+        .await?;
+    ensure!(who["result"]["content"][0]["text"] == "lazy-one", "{who}");
+    ensure!(running() == 1);
+    ensure!(
+        eventually(Duration::from_secs(10), || running() == 0).await,
+        "it did not idle out again"
+    );
+
+    // Restarted on the same state, the daemon lists it from disk without starting it.
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success());
+    ensure!(dir.path().join("state/catalog/lazy.json").exists());
+    let daemon = Daemon::start_in(dir, "", &lazy).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = session.request("tools/list", json!({})).await?;
+    ensure!(tools.to_string().contains("lazy__whoami"), "{tools}");
+    ensure!(state_of(&daemon, "lazy").await? == "idle");
+    ensure!(running() == 0, "it was started without a call");
+    let echo = session
+        .request(
+            "tools/call",
+            json!({"name": "lazy__echo", "arguments": {"text": "woke"}}),
+        )
+        .await?;
+    ensure!(echo["result"]["content"][0]["text"] == "woke", "{echo}");
+    ensure!(daemon.stop().await?.success());
+    ensure!(running() == 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_session_upstream_runs_one_instance_per_session() -> anyhow::Result<()> {
+    let section = fixture_upstream("mine", "share = \"session\"", &["--name", "per-session"]);
+    let daemon = Daemon::start("", &section).await?;
+    let running = || processes_matching("--name per-session").len();
+    let mut first = RawHttpSession::connect(&daemon.url).await?;
+    let mut second = RawHttpSession::connect(&daemon.url).await?;
+    // The discovery run lists it and stops.
+    let mut listed = false;
+    for _ in 0..200 {
+        if first
+            .request("tools/list", json!({}))
+            .await?
+            .to_string()
+            .contains("mine__whoami")
+        {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(listed, "never listed\n{}", daemon.log());
+    ensure!(
+        eventually(Duration::from_secs(10), || running() == 0).await,
+        "discovery instance left running"
+    );
+
+    for session in [&mut first, &mut second] {
+        let who = session
+            .request(
+                "tools/call",
+                json!({"name": "mine__whoami", "arguments": {}}),
+            )
+            .await?;
+        ensure!(
+            who["result"]["content"][0]["text"] == "per-session",
+            "{who}"
+        );
+    }
+    ensure!(
+        running() == 2,
+        "expected one instance per session, found {}",
+        running()
+    );
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    ensure!(
+        metrics.contains(r#"plexus_upstream_session_instances{upstream="mine"} 2"#),
+        "{metrics}"
+    );
+
+    // Ending a session stops its instance, and only its instance.
+    let ended = reqwest::Client::new()
+        .delete(&daemon.url)
+        .header("mcp-session-id", first.session_id().unwrap_or_default())
+        .send()
+        .await?;
+    ensure!(ended.status() == 204);
+    ensure!(
+        eventually(Duration::from_secs(10), || running() == 1).await,
+        "instance of the ended session left running"
+    );
+    let still = second
+        .request(
+            "tools/call",
+            json!({"name": "mine__echo", "arguments": {"text": "mine"}}),
+        )
+        .await?;
+    ensure!(still["result"]["content"][0]["text"] == "mine", "{still}");
+    ensure!(daemon.stop().await?.success());
+    ensure!(running() == 0);
+    Ok(())
+}
