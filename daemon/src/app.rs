@@ -48,7 +48,12 @@ pub async fn serve_http(config: Config, shutdown: CancellationToken) -> Result<(
 
     let hub = Hub::new(&config, metrics);
     hub.start();
-    let front = HttpFront::new(hub.clone(), mcp_address, shutdown.clone());
+    let front = HttpFront::new(
+        hub.clone(),
+        mcp_address,
+        config.daemon.session_idle_timeout,
+        shutdown.clone(),
+    );
     tracing::info!(%mcp_address, %admin_address, upstreams = config.upstreams.len(), "plexus serving on http://{mcp_address}/mcp");
 
     let mcp_front = {

@@ -29,6 +29,7 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A validated configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +49,8 @@ pub struct DaemonSettings {
     pub state_dir: PathBuf,
     /// How long in-flight calls may finish after a shutdown signal.
     pub drain_timeout: Duration,
+    /// HTTP sessions silent this long (and with no event stream open) are ended.
+    pub session_idle_timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -153,6 +156,7 @@ struct RawDaemon {
     page_size: Option<usize>,
     state_dir: Option<PathBuf>,
     drain_timeout: Option<String>,
+    session_idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -326,15 +330,23 @@ fn validate_daemon(
             message: format!("{page_size} is out of range (1 to 10000)"),
         });
     }
-    let drain_timeout = raw.drain_timeout.map_or(DEFAULT_DRAIN_TIMEOUT, |text| {
-        parse_duration(&text).unwrap_or_else(|message| {
-            issues.push(ConfigIssue {
-                key: "daemon.drain_timeout".into(),
-                message,
-            });
-            DEFAULT_DRAIN_TIMEOUT
+    let mut duration = |key: &str, value: Option<String>, default: Duration| {
+        value.map_or(default, |text| {
+            parse_duration(&text).unwrap_or_else(|message| {
+                issues.push(ConfigIssue {
+                    key: format!("daemon.{key}"),
+                    message,
+                });
+                default
+            })
         })
-    });
+    };
+    let drain_timeout = duration("drain_timeout", raw.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+    let session_idle_timeout = duration(
+        "session_idle_timeout",
+        raw.session_idle_timeout,
+        DEFAULT_SESSION_IDLE_TIMEOUT,
+    );
     let state_dir = match raw.state_dir {
         Some(dir) => base.join(dir),
         None => default_state_dir(environment),
@@ -346,6 +358,7 @@ fn validate_daemon(
         page_size,
         state_dir,
         drain_timeout,
+        session_idle_timeout,
     }
 }
 

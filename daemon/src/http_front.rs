@@ -30,6 +30,31 @@ struct HttpSession {
     session: Arc<Session>,
     /// Taken by the open GET stream and put back when it ends.
     events: Mutex<Option<mpsc::Receiver<Value>>>,
+    /// When the client last sent anything; idle sessions are ended.
+    last_seen: Mutex<std::time::Instant>,
+}
+
+impl HttpSession {
+    fn touch(&self) {
+        *self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
+    }
+
+    /// Idle: nothing sent for `timeout`, and no event stream open.
+    fn idle_for(&self, timeout: Duration) -> bool {
+        let streaming = self
+            .events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        let last_seen = *self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        !streaming && last_seen.elapsed() >= timeout
+    }
 }
 
 /// State shared by every request to the front.
@@ -43,14 +68,37 @@ pub struct HttpFront {
 }
 
 impl HttpFront {
-    pub fn new(hub: Arc<Hub>, listen: SocketAddr, shutdown: CancellationToken) -> Arc<HttpFront> {
-        Arc::new(HttpFront {
+    pub fn new(
+        hub: Arc<Hub>,
+        listen: SocketAddr,
+        session_idle_timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> Arc<HttpFront> {
+        let front = Arc::new(HttpFront {
             hub,
             sessions: DashMap::new(),
             loopback: listen.ip().is_loopback(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown,
-        })
+        });
+        tokio::spawn(expire_idle_sessions(
+            Arc::downgrade(&front),
+            session_idle_timeout,
+        ));
+        front
+    }
+
+    fn remove_session(&self, id: &str) -> bool {
+        let Some((_, http_session)) = self.sessions.remove(id) else {
+            return false;
+        };
+        http_session.session.close();
+        self.hub
+            .metrics()
+            .sessions_active
+            .with_label_values(&["http"])
+            .set(self.sessions.len() as i64);
+        true
     }
 
     /// Closes every session (at shutdown).
@@ -132,7 +180,10 @@ impl HttpFront {
         };
         self.sessions
             .get(id)
-            .map(|entry| entry.value().clone())
+            .map(|entry| {
+                entry.value().touch();
+                entry.value().clone()
+            })
             .ok_or_else(|| {
                 Rejection::Json(
                     StatusCode::NOT_FOUND,
@@ -239,6 +290,7 @@ impl HttpFront {
         let http_session = Arc::new(HttpSession {
             session,
             events: Mutex::new(Some(events)),
+            last_seen: Mutex::new(std::time::Instant::now()),
         });
         self.sessions.insert(new_session_id(), http_session.clone());
         self.hub
@@ -318,17 +370,36 @@ impl HttpFront {
         let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
             return plain(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id header");
         };
-        match self.sessions.remove(id) {
-            Some((_, http_session)) => {
-                http_session.session.close();
-                self.hub
-                    .metrics()
-                    .sessions_active
-                    .with_label_values(&["http"])
-                    .set(self.sessions.len() as i64);
-                empty(StatusCode::NO_CONTENT)
-            }
-            None => plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        if self.remove_session(id) {
+            empty(StatusCode::NO_CONTENT)
+        } else {
+            plain(StatusCode::NOT_FOUND, "unknown or ended session")
+        }
+    }
+}
+
+/// Ends sessions whose clients went away without a DELETE, so their per-session
+/// upstreams do not run forever.
+async fn expire_idle_sessions(front: std::sync::Weak<HttpFront>, timeout: Duration) {
+    let period = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(front) = front.upgrade() else { return };
+        if front.shutdown.is_cancelled() {
+            return;
+        }
+        let idle: Vec<String> = front
+            .sessions
+            .iter()
+            .filter(|entry| entry.value().idle_for(timeout))
+            .map(|entry| entry.key().clone())
+            .collect();
+        for id in idle {
+            tracing::info!(
+                idle_ms = timeout.as_millis() as u64,
+                "ending an idle HTTP session"
+            );
+            front.remove_session(&id);
         }
     }
 }

@@ -154,3 +154,46 @@ async fn a_per_session_upstream_runs_one_instance_per_session() -> anyhow::Resul
     ensure!(running() == 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_http_session_is_ended_with_its_instance() -> anyhow::Result<()> {
+    let section = fixture_upstream(
+        "mine",
+        "share = \"session\"",
+        &["--name", "abandoned-session"],
+    );
+    let daemon = Daemon::start("session_idle_timeout = \"600ms\"", &section).await?;
+    let running = || processes_matching("--name abandoned-session").len();
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let mut answered = false;
+    for _ in 0..200 {
+        let who = session
+            .request(
+                "tools/call",
+                json!({"name": "mine__whoami", "arguments": {}}),
+            )
+            .await?;
+        if who["result"]["content"][0]["text"] == "abandoned-session" {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(answered, "never answered\n{}", daemon.log());
+    ensure!(running() == 1);
+    // The client goes quiet without a DELETE.
+    ensure!(
+        eventually(Duration::from_secs(10), || running() == 0).await,
+        "instance left running"
+    );
+    let gone = reqwest::Client::new()
+        .post(&daemon.url)
+        .header("content-type", "application/json")
+        .header("mcp-session-id", session.session_id().unwrap_or_default())
+        .body(r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#)
+        .send()
+        .await?;
+    ensure!(gone.status() == 404);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
