@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::systemd::{self, Notifier};
 use crate::{admin, listener, stdio_front};
 
 /// The file in the state directory that tells tools where a running daemon listens.
@@ -37,7 +38,11 @@ pub enum ServeError {
 }
 
 /// Runs the daemon with the HTTP and admin listeners until `shutdown`.
-pub async fn serve_http(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
+pub async fn serve_http(
+    config: Config,
+    shutdown: CancellationToken,
+    notifier: Option<Arc<Notifier>>,
+) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     // Bind before starting anything, so a taken port fails fast and leaves nothing behind.
     let mcp_listener = bind(config.daemon.listen).await?;
@@ -55,6 +60,15 @@ pub async fn serve_http(config: Config, shutdown: CancellationToken) -> Result<(
         shutdown.clone(),
     );
     tracing::info!(%mcp_address, %admin_address, upstreams = config.upstreams.len(), "plexus serving on http://{mcp_address}/mcp");
+    if let Some(notifier) = &notifier {
+        // The listeners are bound and daemon.json is written: clients can connect.
+        notifier.ready();
+        tokio::spawn(systemd::watchdog_loop(notifier.clone(), shutdown.clone()));
+        let notifier = notifier.clone();
+        hub.on_status(Box::new(move |configured, ready| {
+            notifier.status(&systemd::upstream_status(configured, ready));
+        }));
+    }
 
     let mcp_front = {
         let front = front.clone();
@@ -75,6 +89,9 @@ pub async fn serve_http(config: Config, shutdown: CancellationToken) -> Result<(
         ))
     };
     shutdown.cancelled().await;
+    if let Some(notifier) = &notifier {
+        notifier.stopping();
+    }
     tracing::info!("shutting down: draining HTTP exchanges");
     let _ = mcp_front.await;
     front.close_all();

@@ -35,7 +35,7 @@ pub struct Hub {
     next_token: AtomicU64,
     next_session: AtomicU64,
     /// Called with (configured, ready) whenever an upstream's state changes.
-    status_listener: Mutex<Option<Box<dyn Fn(usize, usize) + Send + Sync>>>,
+    status_listener: Mutex<Option<StatusListener>>,
 }
 
 #[derive(Default)]
@@ -159,7 +159,7 @@ impl Hub {
     }
 
     /// Registers who hears about state changes (systemd's STATUS line).
-    pub fn on_status(&self, listener: Box<dyn Fn(usize, usize) + Send + Sync>) {
+    pub fn on_status(&self, listener: StatusListener) {
         *self
             .status_listener
             .lock()
@@ -473,6 +473,9 @@ impl Hub {
         }
     }
 }
+
+/// Hears (upstreams configured, upstreams ready) at every state change.
+pub type StatusListener = Box<dyn Fn(usize, usize) + Send + Sync>;
 
 struct RegisteredProgress {
     token: String,

@@ -11,10 +11,12 @@ mod listener;
 mod metrics;
 mod session;
 mod stdio_front;
+mod systemd;
 mod upstream;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
@@ -91,13 +93,15 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            // Read before the runtime starts; None unless systemd started us (Type=notify).
+            let notifier = systemd::Notifier::from_environment(&environment).map(Arc::new);
             let outcome = runtime.block_on(async move {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(shutdown_on_signal(shutdown.clone()));
                 if stdio {
                     app::serve_stdio(loaded, shutdown).await
                 } else {
-                    app::serve_http(loaded, shutdown).await
+                    app::serve_http(loaded, shutdown, notifier).await
                 }
             });
             match outcome {
@@ -123,16 +127,25 @@ fn init_tracing() {
 }
 
 async fn shutdown_on_signal(shutdown: CancellationToken) {
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
+    let (Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM received"),
-        _ = interrupt.recv() => tracing::info!("SIGINT received"),
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+            _ = hangup.recv() => {
+                // Without a handler SIGHUP would kill the daemon; reloading is not built yet.
+                tracing::warn!("SIGHUP received: configuration reload is not supported yet; keeping the running config");
+                continue;
+            }
+        }
+        break;
     }
     shutdown.cancel();
 }
