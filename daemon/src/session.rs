@@ -383,7 +383,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_rewrite_keeps_other_members_and_drops_progress_tokens() {
+    fn params_rewrite_keeps_every_other_member() {
         let params = json!({"name": "fixture__echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": 7, "x": 1}});
         let Value::Object(map) = params else {
             unreachable!()
@@ -391,7 +391,7 @@ mod tests {
         let rewritten = with_string(map, "name", "echo");
         assert_eq!(
             rewritten,
-            json!({"name": "echo", "arguments": {"text": "hi"}, "_meta": {"x": 1}})
+            json!({"name": "echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": 7, "x": 1}})
         );
     }
 }
