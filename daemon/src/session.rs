@@ -190,11 +190,7 @@ impl Session {
                 let route = catalog
                     .route_tool(&name)
                     .ok_or_else(|| RelayError::UnknownTool(name.clone()))?;
-                let params = with_string(params, "name", &route.original);
-                let call = self.call_context(Some(&route.original));
-                self.hub
-                    .forward(&route.upstream, method, Some(params), call)
-                    .await
+                self.forward_named(method, params, route, true).await
             }
             "prompts/get" => {
                 let catalog = self.hub.catalog();
@@ -202,11 +198,7 @@ impl Session {
                 let route = catalog
                     .route_prompt(&name)
                     .ok_or_else(|| RelayError::UnknownPrompt(name.clone()))?;
-                let params = with_string(params, "name", &route.original);
-                let call = self.call_context(None);
-                self.hub
-                    .forward(&route.upstream, method, Some(params), call)
-                    .await
+                self.forward_named(method, params, route, false).await
             }
             "resources/read" => {
                 let catalog = self.hub.catalog();
@@ -224,6 +216,21 @@ impl Session {
             }
             other => Err(RelayError::MethodNotFound(other.to_string())),
         }
+    }
+
+    /// Relays a request naming a tool or prompt, under the upstream's own name.
+    async fn forward_named(
+        &self,
+        method: &str,
+        params: Map<String, Value>,
+        route: &registry::Route,
+        is_tool: bool,
+    ) -> Result<adapters::Reply, RelayError> {
+        let params = with_string(params, "name", &route.original);
+        let call = self.call_context(is_tool.then_some(route.original.as_str()));
+        self.hub
+            .forward(&route.upstream, method, Some(params), call)
+            .await
     }
 
     fn call_context<'a>(&'a self, tool: Option<&'a str>) -> CallContext<'a> {

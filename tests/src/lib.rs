@@ -389,52 +389,38 @@ pub fn arguments(value: Value) -> serde_json::Map<String, Value> {
     }
 }
 
+/// Every pid under /proc.
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Pids of live processes whose command line contains `needle` (arguments joined by spaces).
 pub fn processes_matching(needle: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let command = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if command.contains(needle) && !is_zombie(pid) {
-            found.push(pid);
-        }
-    }
-    found
+    all_pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
+                String::from_utf8_lossy(&raw)
+                    .replace('\0', " ")
+                    .contains(needle)
+            }) && !is_zombie(*pid)
+        })
+        .collect()
 }
 
 /// Pids of live processes in process group `group`.
 pub fn process_group_members(group: i32) -> Vec<i32> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if let Some((state, pgrp)) = stat_fields(pid) {
-            if pgrp == group && state != 'Z' {
-                found.push(pid);
-            }
-        }
-    }
-    found
+    all_pids()
+        .into_iter()
+        .filter(|pid| stat_fields(*pid).is_some_and(|(state, pgrp)| pgrp == group && state != 'Z'))
+        .collect()
 }
 
 fn is_zombie(pid: i32) -> bool {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use plexus_tests::{fixture_binary, fixture_upstream, http_client, Client, Daemon, TestClient};
+use plexus_tests::{
+    fixture_binary, fixture_upstream, http_client, stdio_client, Client, Daemon, TestClient,
+};
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::Peer;
 use rmcp::transport::TokioChildProcess;
@@ -44,7 +46,10 @@ struct Cli {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Direct,
+    /// The client reaches plexus over streamable HTTP.
     Plexus,
+    /// The client runs `plexus serve --stdio`: plexus's own cost without HTTP's.
+    PlexusStdio,
 }
 
 impl Mode {
@@ -52,6 +57,7 @@ impl Mode {
         match self {
             Mode::Direct => "direct",
             Mode::Plexus => "plexus",
+            Mode::PlexusStdio => "plexus-stdio",
         }
     }
 }
@@ -91,6 +97,19 @@ async fn main() -> anyhow::Result<()> {
     let proxied = http_client(&daemon.url, TestClient::default())
         .await
         .with_context(|| format!("connecting to plexus at {}", daemon.url))?;
+    let stdio_config = daemon.dir.path().join("stdio.toml");
+    std::fs::write(
+        &stdio_config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{}",
+            daemon.dir.path().join("stdio-state").display().to_string(),
+            fixture_upstream("bench", "", &["--name", "bench"])
+        ),
+    )?;
+    let proxied_stdio = stdio_client(&stdio_config, TestClient::default())
+        .await
+        .context("starting plexus serve --stdio")?;
+    wait_for_tool(&proxied_stdio, "bench__echo").await?;
 
     // Modes alternate within each concurrency level so that load from other
     // work on the machine drifts over both sides of a comparison alike.
@@ -99,6 +118,7 @@ async fn main() -> anyhow::Result<()> {
         for (mode, client, tool) in [
             (Mode::Direct, &direct, "echo"),
             (Mode::Plexus, &proxied, "bench__echo"),
+            (Mode::PlexusStdio, &proxied_stdio, "bench__echo"),
         ] {
             let peer = client.peer().clone();
             run(&peer, tool, concurrency, WARM_UP_CALLS)
@@ -117,11 +137,32 @@ async fn main() -> anyhow::Result<()> {
         .cancel()
         .await
         .context("closing the plexus client")?;
+    proxied_stdio
+        .cancel()
+        .await
+        .context("closing the plexus stdio client")?;
     let status = daemon.stop().await.context("stopping plexus")?;
     if !status.success() {
         bail!("plexus exited with {status}");
     }
     direct.cancel().await.context("closing the direct client")?;
+    Ok(())
+}
+
+/// Waits until plexus lists `tool` (its upstream starts after plexus answers `initialize`).
+async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !client
+        .list_all_tools()
+        .await?
+        .iter()
+        .any(|t| t.name == tool)
+    {
+        if std::time::Instant::now() > deadline {
+            bail!("{tool} was never listed");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 
@@ -234,12 +275,12 @@ fn micros(d: Duration) -> f64 {
 
 fn print_report(results: &[Stats]) {
     println!(
-        "{:<8} {:>11} {:>7} {:>10} {:>10} {:>10}",
+        "{:<13} {:>11} {:>7} {:>10} {:>10} {:>10}",
         "mode", "concurrency", "calls", "p50 µs", "p99 µs", "calls/s"
     );
     for s in results {
         println!(
-            "{:<8} {:>11} {:>7} {:>10.1} {:>10.1} {:>10.0}",
+            "{:<13} {:>11} {:>7} {:>10.1} {:>10.1} {:>10.0}",
             s.mode.label(),
             s.concurrency,
             s.calls,
@@ -250,34 +291,39 @@ fn print_report(results: &[Stats]) {
     }
 
     let mut ratios = Vec::new();
-    for concurrency in [1, HIGH_CONCURRENCY] {
-        let find = |mode| {
-            results
-                .iter()
-                .find(|s| s.mode == mode && s.concurrency == concurrency)
-        };
-        if let (Some(direct), Some(plexus)) = (find(Mode::Direct), find(Mode::Plexus)) {
-            ratios.push((
-                concurrency,
-                micros(plexus.p50) / micros(direct.p50),
-                micros(plexus.p99) / micros(direct.p99),
-                plexus.throughput / direct.throughput,
-            ));
+    for mode in [Mode::Plexus, Mode::PlexusStdio] {
+        for concurrency in [1, HIGH_CONCURRENCY] {
+            let find = |mode| {
+                results
+                    .iter()
+                    .find(|s| s.mode == mode && s.concurrency == concurrency)
+            };
+            if let (Some(direct), Some(proxied)) = (find(Mode::Direct), find(mode)) {
+                ratios.push((
+                    mode.label(),
+                    concurrency,
+                    micros(proxied.p50) / micros(direct.p50),
+                    micros(proxied.p99) / micros(direct.p99),
+                    proxied.throughput / direct.throughput,
+                ));
+            }
         }
     }
 
     println!();
-    println!("plexus/direct (latency: higher is slower; throughput: lower is slower)");
+    println!("through plexus / direct (latency: higher is slower; throughput: lower is slower)");
     println!(
-        "{:>11} {:>10} {:>10} {:>11}",
-        "concurrency", "p50", "p99", "throughput"
+        "{:<13} {:>11} {:>10} {:>10} {:>11}",
+        "mode", "concurrency", "p50", "p99", "throughput"
     );
-    for (concurrency, p50, p99, throughput) in &ratios {
-        println!("{concurrency:>11} {p50:>10.2} {p99:>10.2} {throughput:>11.2}");
+    for (mode, concurrency, p50, p99, throughput) in &ratios {
+        println!("{mode:<13} {concurrency:>11} {p50:>10.2} {p99:>10.2} {throughput:>11.2}");
     }
 
     println!();
-    for (concurrency, p50, p99, throughput) in &ratios {
-        println!("ratio c={concurrency} p50={p50:.2} p99={p99:.2} throughput={throughput:.2}");
+    for (mode, concurrency, p50, p99, throughput) in &ratios {
+        println!(
+            "ratio {mode} c={concurrency} p50={p50:.2} p99={p99:.2} throughput={throughput:.2}"
+        );
     }
 }
