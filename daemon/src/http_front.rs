@@ -115,7 +115,6 @@ impl HttpFront {
     }
 
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
-        tracing::debug!(method = %request.method(), path = request.uri().path(), "http request");
         if request.uri().path() != "/mcp" {
             return plain(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp");
         }

@@ -81,7 +81,7 @@ impl Daemon {
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
-            .env("PLEXUS_LOG", "info,plexus=debug")
+            .env("PLEXUS_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
