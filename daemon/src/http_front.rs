@@ -252,9 +252,10 @@ impl HttpFront {
                         &RelayError::InvalidRequest("batches are not accepted".into()),
                     ))
                 } else {
-                    let answers =
-                        futures::future::join_all(batch.into_iter().map(|m| session.handle(m)))
-                            .await;
+                    let answers = futures::future::join_all(
+                        batch.into_iter().map(|m| session.handle(m, None)),
+                    )
+                    .await;
                     let responses: Vec<Value> = answers
                         .into_iter()
                         .filter_map(|handled| match handled {
@@ -265,10 +266,21 @@ impl HttpFront {
                     (!responses.is_empty()).then_some(Value::Array(responses))
                 }
             }
-            message => match session.handle(message).await {
-                Handled::Respond(response) => Some(response),
-                Handled::Nothing => None,
-            },
+            message => {
+                let is_request = message.get("method").is_some() && message.get("id").is_some();
+                let accepts_events = parts
+                    .headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|accept| accept.contains("text/event-stream"));
+                if is_request && accepts_events && !is_initialize {
+                    return answer_on_stream(session.clone(), message).await;
+                }
+                match session.handle(message, None).await {
+                    Handled::Respond(response) => Some(response),
+                    Handled::Nothing => None,
+                }
+            }
         };
         let mut response = match outcome {
             Some(response) => json_response(StatusCode::OK, &response),
@@ -375,6 +387,78 @@ impl HttpFront {
             plain(StatusCode::NOT_FOUND, "unknown or ended session")
         }
     }
+}
+
+/// Answers one request. A quick answer is a plain JSON body; if a related message
+/// (progress, a request from the upstream) comes first, the answer becomes an
+/// event stream carrying those messages and then the response.
+async fn answer_on_stream(session: Arc<Session>, message: Value) -> Response<Body> {
+    let (related, mut related_messages) = mpsc::channel::<Value>(64);
+    let mut handling = Box::pin(async move { session.handle(message, Some(&related)).await });
+    let first = tokio::select! {
+        biased;
+        handled = &mut handling => {
+            return match handled {
+                Handled::Respond(response) => json_response(StatusCode::OK, &response),
+                Handled::Nothing => empty(StatusCode::ACCEPTED),
+            };
+        }
+        first = related_messages.recv() => first,
+    };
+    let (frames, frame_stream) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        if let Some(first) = first {
+            if frames.send(sse_event(&first)).await.is_err() {
+                return;
+            }
+        }
+        let mut related_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                message = related_messages.recv(), if related_open => match message {
+                    Some(message) => {
+                        // The client went away: dropping `handling` cancels the request.
+                        if frames.send(sse_event(&message)).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => related_open = false,
+                },
+                handled = &mut handling => {
+                    while let Ok(message) = related_messages.try_recv() {
+                        let _ = frames.send(sse_event(&message)).await;
+                    }
+                    if let Handled::Respond(response) = handled {
+                        let _ = frames.send(sse_event(&response)).await;
+                    }
+                    return;
+                }
+            }
+        }
+    });
+    let body = futures::stream::unfold(frame_stream, |mut frames| async move {
+        let chunk = frames.recv().await?;
+        Some((Ok::<_, Infallible>(Frame::data(chunk)), frames))
+    });
+    event_stream_response(BodyExt::boxed_unsync(StreamBody::new(body)))
+}
+
+fn event_stream_response(body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// One server-sent event carrying a JSON-RPC message.
+fn sse_event(message: &Value) -> Bytes {
+    Bytes::from(format!("event: message\ndata: {message}\n\n"))
 }
 
 /// Ends sessions whose clients went away without a DELETE, so their per-session

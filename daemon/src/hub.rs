@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::fanout::Fanout;
 use crate::jsonrpc::{self, RelayError};
 use crate::metrics::Metrics;
 use crate::upstream::{self, empty_listing, Upstream, UpstreamState};
@@ -36,6 +37,8 @@ pub struct Hub {
     next_session: AtomicU64,
     /// Called with (configured, ready) whenever an upstream's state changes.
     status_listener: Mutex<Option<StatusListener>>,
+    /// Routing of upstream messages to sessions.
+    pub(crate) fanout: Fanout,
 }
 
 #[derive(Default)]
@@ -57,8 +60,9 @@ pub struct CallContext<'a> {
     pub session: u64,
     /// The upstream's own tool name, for per-tool deadlines.
     pub tool: Option<&'a str>,
-    /// Where progress notifications for this call go.
-    pub progress_sink: Option<&'a mpsc::Sender<Value>>,
+    /// Where messages related to this call go (its progress, requests the upstream
+    /// sends while serving it): the request's own stream, or the session's.
+    pub related: &'a mpsc::Sender<Value>,
 }
 
 impl Hub {
@@ -91,6 +95,7 @@ impl Hub {
             next_token: AtomicU64::new(0),
             next_session: AtomicU64::new(0),
             status_listener: Mutex::new(None),
+            fanout: Fanout::default(),
         })
     }
 
@@ -151,11 +156,15 @@ impl Hub {
         self.next_session.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Stops the per-session instances a session had started.
-    pub fn end_session(&self, session: u64) {
-        for upstream in self.upstreams.values() {
-            upstream.end_session(session);
-        }
+    /// The upstream of that name, or the error a call to it gets.
+    pub fn upstream_named(&self, name: &str) -> Result<&Arc<Upstream>, RelayError> {
+        self.upstreams
+            .get(name)
+            .ok_or_else(|| RelayError::Unavailable {
+                upstream: name.to_string(),
+                state: "removed".into(),
+                retry_after_ms: None,
+            })
     }
 
     /// Registers who hears about state changes (systemd's STATUS line).
@@ -248,7 +257,13 @@ impl Hub {
     }
 
     fn save_listing(&self, listing: &UpstreamListing) {
+        let capabilities = self
+            .upstreams
+            .get(&*listing.upstream)
+            .map(|upstream| upstream.known_capabilities())
+            .unwrap_or(Value::Null);
         let body = json!({
+            "capabilities": capabilities,
             "tools": listing.tools,
             "prompts": listing.prompts,
             "resources": listing.resources,
@@ -268,6 +283,9 @@ impl Hub {
             tracing::warn!(upstream = %upstream.name(), "ignoring an unreadable cached listing");
             return false;
         };
+        if let Some(capabilities) = body.remove("capabilities") {
+            upstream.remember_capabilities(capabilities);
+        }
         let mut take = |key: &str| match body.remove(key) {
             Some(Value::Array(entries)) => entries,
             _ => Vec::new(),
@@ -320,14 +338,7 @@ impl Hub {
         mut params: Option<Value>,
         call: CallContext<'_>,
     ) -> Result<Reply, RelayError> {
-        let upstream =
-            self.upstreams
-                .get(upstream_name)
-                .ok_or_else(|| RelayError::Unavailable {
-                    upstream: upstream_name.to_string(),
-                    state: "removed".into(),
-                    retry_after_ms: None,
-                })?;
+        let upstream = self.upstream_named(upstream_name)?;
         if self.shutdown.is_cancelled() {
             return Err(RelayError::ShuttingDown);
         }
@@ -347,7 +358,9 @@ impl Hub {
             .await?;
 
         // The client's progress token never reaches a shared upstream: plexus's own does.
-        let progress = self.rewrite_progress_token(&mut params, call.progress_sink);
+        let progress = self.rewrite_progress_token(&mut params, call.related);
+        // Requests the upstream sends while this call runs are attributed to this session.
+        let _caller = instance.track_call(call.session, call.related.clone());
         let activity = progress.as_ref().map(|route| route.activity.clone());
 
         let base = call
@@ -395,11 +408,10 @@ impl Hub {
     fn rewrite_progress_token(
         &self,
         params: &mut Option<Value>,
-        sink: Option<&mpsc::Sender<Value>>,
+        sink: &mpsc::Sender<Value>,
     ) -> Option<RegisteredProgress> {
         let meta = params.as_mut()?.get_mut("_meta")?.as_object_mut()?;
         let client_token = meta.remove("progressToken")?;
-        let sink = sink?;
         let token = format!(
             "plexus-{}",
             self.next_token.fetch_add(1, Ordering::Relaxed) + 1

@@ -10,6 +10,7 @@ pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
 pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
 pub const UPSTREAM_UNAVAILABLE: i64 = -33001;
 pub const UPSTREAM_TIMEOUT: i64 = -33002;

@@ -4,10 +4,12 @@
 mod admin;
 mod app;
 mod config;
+mod fanout;
 mod http_front;
 mod hub;
 mod jsonrpc;
 mod listener;
+mod logging;
 mod metrics;
 mod session;
 mod stdio_front;

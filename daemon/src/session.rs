@@ -2,9 +2,11 @@
 //! answers the lifecycle and list methods from the catalog snapshot and routes
 //! everything else to the owning upstream by table lookup.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use adapters::{Reply, UpstreamConnection};
 use registry::{Catalog, Kind};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -12,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, RelayError};
+use crate::logging::LogLevel;
 
 /// Protocol revisions plexus serves to clients, oldest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -21,6 +24,13 @@ pub const LATEST_VERSION: &str = "2025-11-25";
 #[derive(Clone, Debug, Default)]
 pub struct ClientHello {
     pub protocol_version: Option<String>,
+    pub capabilities: Value,
+}
+
+/// A request an upstream sent that plexus passed to this client, awaiting its answer.
+struct ClientBoundRequest {
+    connection: UpstreamConnection,
+    upstream_id: Value,
 }
 
 pub struct Session {
@@ -29,8 +39,16 @@ pub struct Session {
     hello: Mutex<ClientHello>,
     /// Requests being served, by the JSON text of the client's id, so a cancel can reach them.
     in_flight: Mutex<HashMap<String, CancellationToken>>,
+    /// Messages plexus sends on its own, outside any request's stream.
     outbound: mpsc::Sender<Value>,
     closed: CancellationToken,
+    /// The level set by `logging/setLevel`; no log messages until then.
+    log_level: Mutex<Option<LogLevel>>,
+    /// Exposed URIs this client subscribed to.
+    subscriptions: Mutex<HashSet<String>>,
+    /// Server-to-client requests awaiting this client's answer, by the id plexus gave them.
+    client_bound: Mutex<HashMap<String, ClientBoundRequest>>,
+    next_client_bound: AtomicU64,
 }
 
 /// The result of handling one incoming message.
@@ -52,15 +70,41 @@ impl Session {
             in_flight: Mutex::new(HashMap::new()),
             outbound,
             closed: CancellationToken::new(),
+            log_level: Mutex::new(None),
+            subscriptions: Mutex::new(HashSet::new()),
+            client_bound: Mutex::new(HashMap::new()),
+            next_client_bound: AtomicU64::new(0),
         });
+        session.hub.register_session(&session);
         tokio::spawn(announce_catalog_changes(session.clone()));
         (session, receiver)
     }
 
     /// Ends the session: in-flight requests are cancelled, announcements stop.
     pub fn close(&self) {
+        if self.closed.is_cancelled() {
+            return;
+        }
         self.closed.cancel();
-        self.hub.end_session(self.id);
+        let subscriptions: Vec<String> = self.lock_subscriptions().drain().collect();
+        self.hub.end_session(self.id, subscriptions);
+        // Upstreams waiting on this client learn it is gone instead of waiting out their deadline.
+        let pending: Vec<_> = self
+            .client_bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for (_, request) in pending {
+            let error =
+                json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client session ended"});
+            tokio::spawn(async move {
+                let _ = request
+                    .connection
+                    .respond(request.upstream_id, Reply::Error(error))
+                    .await;
+            });
+        }
         for (_, token) in self
             .in_flight
             .lock()
@@ -79,8 +123,15 @@ impl Session {
             .clone()
     }
 
-    /// Handles one parsed JSON-RPC message from the client.
-    pub async fn handle(&self, message: Value) -> Handled {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Handles one parsed JSON-RPC message from the client. Messages related to a
+    /// request (its progress, requests an upstream sends while serving it) go to
+    /// `related` when given (the request's own HTTP stream), else to the session's
+    /// outbound queue.
+    pub async fn handle(&self, message: Value, related: Option<&mpsc::Sender<Value>>) -> Handled {
         let Value::Object(mut object) = message else {
             return invalid(Value::Null, "a message must be a JSON object");
         };
@@ -100,13 +151,20 @@ impl Session {
         };
         let params = object.remove("params");
         match (method, object.remove("id")) {
-            (Some(method), Some(id)) => self.handle_request(id, method, params).await,
+            (Some(method), Some(id)) => {
+                let related = related.unwrap_or(&self.outbound);
+                self.handle_request(id, method, params, related).await
+            }
             (Some(method), None) => {
                 self.handle_notification(&method, params);
                 Handled::Nothing
             }
-            // A response to a server-to-client request; plexus sends none yet.
-            (None, Some(_)) if object.contains_key("result") || object.contains_key("error") => {
+            (None, Some(id)) if object.contains_key("result") || object.contains_key("error") => {
+                let reply = match (object.remove("result"), object.remove("error")) {
+                    (Some(result), _) => Reply::Result(result),
+                    (None, error) => Reply::Error(error.unwrap_or(Value::Null)),
+                };
+                self.answer_client_bound(&id, reply).await;
                 Handled::Nothing
             }
             (None, id) => invalid(
@@ -116,7 +174,13 @@ impl Session {
         }
     }
 
-    async fn handle_request(&self, id: Value, method: String, params: Option<Value>) -> Handled {
+    async fn handle_request(
+        &self,
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Handled {
         if !(id.is_string() || id.is_i64() || id.is_u64()) {
             return invalid(Value::Null, "a request id must be a string or an integer");
         }
@@ -132,14 +196,15 @@ impl Session {
             }
             in_flight.insert(key.clone(), token.clone());
         }
+        // Removes the entry however this ends, a dropped future (a client gone) included.
+        let _registered = InFlightEntry {
+            session: self,
+            key: &key,
+        };
         let outcome = tokio::select! {
-            outcome = self.dispatch(&method, params) => Some(outcome),
+            outcome = self.dispatch(&method, params, related) => Some(outcome),
             _ = token.cancelled() => None,
         };
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
         match outcome {
             Some(Ok(result)) => Handled::Respond(jsonrpc::reply_response(id, result)),
             Some(Err(error)) => Handled::Respond(jsonrpc::error_response(id, &error)),
@@ -165,16 +230,145 @@ impl Session {
                     token.cancel();
                 }
             }
+            "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
             other => tracing::debug!(method = other, "client notification ignored"),
         }
+    }
+
+    /// Passes a client's answer to the upstream that asked, under the upstream's id.
+    async fn answer_client_bound(&self, id: &Value, reply: Reply) {
+        let key = id
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| id.to_string());
+        let request = self
+            .client_bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+        match request {
+            Some(request) => {
+                if request
+                    .connection
+                    .respond(request.upstream_id, reply)
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!("the upstream went away before the client answered it");
+                }
+            }
+            None => tracing::debug!(%id, "a response to no request plexus sent"),
+        }
+    }
+
+    /// Whether the client declared a capability in `initialize` (`sampling`, `elicitation`, `roots`).
+    pub fn has_capability(&self, path: &[&str]) -> bool {
+        let hello = self.hello.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut value = &hello.capabilities;
+        for key in path {
+            match value.get(key) {
+                Some(inner) if !inner.is_null() => value = inner,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Sends an upstream's request to this client under a fresh id; the client's
+    /// answer goes back to the upstream under the upstream's own id.
+    pub fn forward_to_client(
+        &self,
+        sink: &mpsc::Sender<Value>,
+        connection: UpstreamConnection,
+        upstream_id: Value,
+        method: &str,
+        params: Option<Value>,
+    ) -> bool {
+        let id = format!(
+            "plexus-{}-{}",
+            self.id,
+            self.next_client_bound.fetch_add(1, Ordering::Relaxed) + 1
+        );
+        let mut message = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if let Some(params) = params {
+            message["params"] = params;
+        }
+        self.client_bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id.clone(),
+                ClientBoundRequest {
+                    connection,
+                    upstream_id,
+                },
+            );
+        if sink.try_send(message).is_err() {
+            self.client_bound
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+            return false;
+        }
+        true
+    }
+
+    /// An upstream cancelled a request it had sent this client: pass the cancel on.
+    pub fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value) {
+        let mut pending = self
+            .client_bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let found = pending
+            .iter()
+            .find(|(_, request)| {
+                &**request.connection.upstream() == upstream && &request.upstream_id == upstream_id
+            })
+            .map(|(id, _)| id.clone());
+        if let Some(id) = found {
+            pending.remove(&id);
+            drop(pending);
+            self.notify(jsonrpc::notification(
+                "notifications/cancelled",
+                Some(json!({"requestId": id, "reason": "the upstream withdrew its request"})),
+            ));
+        }
+    }
+
+    /// Sends a message outside any request's stream (logging, resource updates).
+    pub fn notify(&self, message: Value) {
+        if self.outbound.try_send(message).is_err() {
+            tracing::debug!(session = self.id, "outbound queue full; message dropped");
+        }
+    }
+
+    pub fn outbound(&self) -> &mpsc::Sender<Value> {
+        &self.outbound
+    }
+
+    pub fn log_level(&self) -> Option<LogLevel> {
+        *self
+            .log_level
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn is_subscribed(&self, uri: &str) -> bool {
+        self.lock_subscriptions().contains(uri)
+    }
+
+    fn lock_subscriptions(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     async fn dispatch(
         &self,
         method: &str,
         params: Option<Value>,
-    ) -> Result<adapters::Reply, RelayError> {
-        use adapters::Reply;
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
         match method {
             "initialize" => Ok(Reply::Result(self.initialize(params))),
             "ping" => Ok(Reply::Result(json!({}))),
@@ -190,7 +384,8 @@ impl Session {
                 let route = catalog
                     .route_tool(&name)
                     .ok_or_else(|| RelayError::UnknownTool(name.clone()))?;
-                self.forward_named(method, params, route, true).await
+                self.forward_named(method, params, route, true, related)
+                    .await
             }
             "prompts/get" => {
                 let catalog = self.hub.catalog();
@@ -198,7 +393,8 @@ impl Session {
                 let route = catalog
                     .route_prompt(&name)
                     .ok_or_else(|| RelayError::UnknownPrompt(name.clone()))?;
-                self.forward_named(method, params, route, false).await
+                self.forward_named(method, params, route, false, related)
+                    .await
             }
             "resources/read" => {
                 let catalog = self.hub.catalog();
@@ -207,15 +403,110 @@ impl Session {
                     .route_resource(&uri)
                     .ok_or_else(|| RelayError::UnknownResource(uri.clone()))?;
                 let params = with_string(params, "uri", &route.original);
-                let call = self.call_context(None);
+                let call = self.call_context(None, related);
                 let reply = self
                     .hub
                     .forward(&route.upstream, method, Some(params), call)
                     .await?;
                 Ok(expose_content_uris(&catalog, &route.upstream, reply))
             }
+            "completion/complete" => self.complete(params, related).await,
+            "logging/setLevel" => {
+                let level = params
+                    .as_ref()
+                    .and_then(|p| p.get("level"))
+                    .and_then(Value::as_str)
+                    .and_then(LogLevel::parse)
+                    .ok_or_else(|| {
+                        RelayError::InvalidParams("`level` must be a syslog level name".into())
+                    })?;
+                *self
+                    .log_level
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(level);
+                self.hub.log_levels_changed().await;
+                Ok(Reply::Result(json!({})))
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let catalog = self.hub.catalog();
+                let (_, uri) = take_string(params, "uri")?;
+                let route = catalog
+                    .route_resource(&uri)
+                    .ok_or_else(|| RelayError::UnknownResource(uri.clone()))?;
+                let subscribe = method == "resources/subscribe";
+                let changed = if subscribe {
+                    self.lock_subscriptions().insert(uri.clone())
+                } else {
+                    self.lock_subscriptions().remove(&uri)
+                };
+                if changed {
+                    self.hub.subscription(&route, subscribe).await?;
+                }
+                Ok(Reply::Result(json!({})))
+            }
             other => Err(RelayError::MethodNotFound(other.to_string())),
         }
+    }
+
+    /// `completion/complete`, routed by the prompt name or resource template in `ref`.
+    async fn complete(
+        &self,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let Some(Value::Object(mut params)) = params else {
+            return Err(RelayError::InvalidParams("params must be an object".into()));
+        };
+        let catalog = self.hub.catalog();
+        let reference = params
+            .get_mut("ref")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| RelayError::InvalidParams("`ref` must be an object".into()))?;
+        let kind = reference
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let (key, route) = match kind.as_str() {
+            "ref/prompt" => {
+                let name = reference
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let route = catalog
+                    .route_prompt(name)
+                    .cloned()
+                    .ok_or_else(|| RelayError::UnknownPrompt(name.to_string()))?;
+                ("name", route)
+            }
+            "ref/resource" => {
+                let uri = reference
+                    .get("uri")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let route = catalog
+                    .route_template(uri)
+                    .cloned()
+                    .or_else(|| catalog.route_resource(uri))
+                    .ok_or_else(|| RelayError::UnknownResource(uri.to_string()))?;
+                ("uri", route)
+            }
+            other => {
+                return Err(RelayError::InvalidParams(format!(
+                    "unknown ref type `{other}`"
+                )))
+            }
+        };
+        reference.insert(key.into(), Value::String(route.original.clone()));
+        let call = self.call_context(None, related);
+        self.hub
+            .forward(
+                &route.upstream,
+                "completion/complete",
+                Some(Value::Object(params)),
+                call,
+            )
+            .await
     }
 
     /// Relays a request naming a tool or prompt, under the upstream's own name.
@@ -225,19 +516,24 @@ impl Session {
         params: Map<String, Value>,
         route: &registry::Route,
         is_tool: bool,
-    ) -> Result<adapters::Reply, RelayError> {
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
         let params = with_string(params, "name", &route.original);
-        let call = self.call_context(is_tool.then_some(route.original.as_str()));
+        let call = self.call_context(is_tool.then_some(route.original.as_str()), related);
         self.hub
             .forward(&route.upstream, method, Some(params), call)
             .await
     }
 
-    fn call_context<'a>(&'a self, tool: Option<&'a str>) -> CallContext<'a> {
+    fn call_context<'a>(
+        &'a self,
+        tool: Option<&'a str>,
+        related: &'a mpsc::Sender<Value>,
+    ) -> CallContext<'a> {
         CallContext {
             session: self.id,
             tool,
-            progress_sink: Some(&self.outbound),
+            related,
         }
     }
 
@@ -251,14 +547,11 @@ impl Session {
             .to_string();
         *self.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(version.clone()),
+            capabilities: params.get("capabilities").cloned().unwrap_or(Value::Null),
         };
         json!({
             "protocolVersion": version,
-            "capabilities": {
-                "tools": {"listChanged": true},
-                "prompts": {"listChanged": true},
-                "resources": {"listChanged": true},
-            },
+            "capabilities": self.hub.capabilities(),
             "serverInfo": {"name": "plexus", "version": env!("CARGO_PKG_VERSION")},
             "instructions": self.instructions(),
         })
@@ -297,6 +590,22 @@ impl Session {
             result.insert("nextCursor".into(), Value::String(next));
         }
         Ok(Value::Object(result))
+    }
+}
+
+/// Removes a request from the session's in-flight table when it ends, however it ends.
+struct InFlightEntry<'a> {
+    session: &'a Session,
+    key: &'a str,
+}
+
+impl Drop for InFlightEntry<'_> {
+    fn drop(&mut self) {
+        self.session
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(self.key);
     }
 }
 
@@ -345,7 +654,7 @@ fn expose_content_uris(
             }
         }
     }
-    adapters::Reply::Result(result)
+    Reply::Result(result)
 }
 
 /// Sends one `list_changed` per kind whose content changed, coalescing bursts.

@@ -96,11 +96,11 @@ pub async fn serve<R, W>(
             let session = session.clone();
             let replies = replies.clone();
             requests.spawn(async move {
-                if let Handled::Respond(response) = session.handle(message).await {
+                if let Handled::Respond(response) = session.handle(message, None).await {
                     let _ = replies.send(response).await;
                 }
             });
-        } else if let Handled::Respond(response) = session.handle(message).await {
+        } else if let Handled::Respond(response) = session.handle(message, None).await {
             // Notifications (a cancel above all) are handled in order, at once.
             let _ = replies.send(response).await;
         }

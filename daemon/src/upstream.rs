@@ -184,6 +184,35 @@ pub struct Instance {
     demand: Notify,
     last_used: std::sync::Mutex<Instant>,
     stop: CancellationToken,
+    /// Calls in flight, with the session each came from, to attribute the
+    /// requests this upstream sends back.
+    callers: std::sync::Mutex<Vec<Caller>>,
+    next_caller: std::sync::atomic::AtomicU64,
+}
+
+/// A call in flight on an instance.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    id: u64,
+    pub session: u64,
+    /// The call's own stream, where requests caused by it are sent.
+    pub related: Option<mpsc::Sender<Value>>,
+}
+
+/// Removes a call from its instance's callers when it ends.
+pub struct CallerGuard<'a> {
+    instance: &'a Instance,
+    id: u64,
+}
+
+impl Drop for CallerGuard<'_> {
+    fn drop(&mut self) {
+        self.instance
+            .callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|caller| caller.id != self.id);
+    }
 }
 
 impl Instance {
@@ -199,7 +228,31 @@ impl Instance {
             demand: Notify::new(),
             last_used: std::sync::Mutex::new(Instant::now()),
             stop,
+            callers: std::sync::Mutex::new(Vec::new()),
+            next_caller: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Records a call in flight until the guard is dropped.
+    pub fn track_call(&self, session: u64, related: mpsc::Sender<Value>) -> CallerGuard<'_> {
+        let id = self.next_caller.fetch_add(1, Ordering::Relaxed);
+        self.callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Caller {
+                id,
+                session,
+                related: Some(related),
+            });
+        CallerGuard { instance: self, id }
+    }
+
+    /// The calls in flight now.
+    pub fn callers(&self) -> Vec<Caller> {
+        self.callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn state(&self) -> UpstreamState {
@@ -314,6 +367,8 @@ pub struct Upstream {
     sessions: DashMap<u64, Arc<Instance>>,
     pub limiter: Limiter,
     pub stats: Arc<ConnectionStats>,
+    /// What the upstream last advertised in `initialize` (kept across restarts and on disk).
+    known_capabilities: RwLock<Value>,
 }
 
 impl Upstream {
@@ -334,7 +389,22 @@ impl Upstream {
             shared: Arc::new(shared),
             sessions: DashMap::new(),
             stats: Arc::new(ConnectionStats::default()),
+            known_capabilities: RwLock::new(Value::Null),
         }
+    }
+
+    pub fn known_capabilities(&self) -> Value {
+        self.known_capabilities
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn remember_capabilities(&self, capabilities: Value) {
+        *self
+            .known_capabilities
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = capabilities;
     }
 
     pub fn name(&self) -> &str {
@@ -384,8 +454,13 @@ pub fn client_identity() -> ClientIdentity {
     ClientIdentity {
         name: "plexus".into(),
         version: env!("CARGO_PKG_VERSION").into(),
-        // Roots are answered by plexus itself (an empty list) until clients' roots are relayed.
-        capabilities: json!({"roots": {"listChanged": false}}),
+        // What plexus can relay to clients that declare it in turn; requests for a
+        // capability the calling client lacks are refused with a clear error.
+        capabilities: json!({
+            "roots": {"listChanged": true},
+            "sampling": {"tools": {}},
+            "elicitation": {"form": {}, "url": {}},
+        }),
     }
 }
 
@@ -536,6 +611,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
         .unwrap_or_else(PoisonError::into_inner) = Some(hello.clone());
 
     if instance.publishes_listing {
+        upstream.remember_capabilities(hello.capabilities.clone());
         match fetch_listing(&connection, config, &hello).await {
             Ok(listing) => hub.publish_listing(listing),
             Err(error) => {
@@ -551,6 +627,9 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
     instance.touch();
     instance.set_connection(Some(connection.clone()));
     set_state(instance, hub, UpstreamState::Ready);
+    if let Some(level) = hub.current_log_level() {
+        hub.apply_log_level(instance, level).await;
+    }
 
     let unhealthy = CancellationToken::new();
     let refresh = Arc::new(Notify::new());
@@ -574,7 +653,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
     }
     let idle_after = upstream.on_demand().then_some(config.idle_timeout);
     let end = serve_events(
-        instance,
+        (instance, upstream),
         &connection,
         events,
         &refresh,
@@ -594,7 +673,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
 
 /// Serves what the upstream sends on its own until the run ends.
 async fn serve_events(
-    instance: &Instance,
+    (instance, upstream): (&Instance, &Upstream),
     connection: &UpstreamConnection,
     mut events: mpsc::Receiver<UpstreamEvent>,
     refresh: &Notify,
@@ -630,13 +709,14 @@ async fn serve_events(
                 if method.ends_with("/list_changed") {
                     // Coalesced: many notifications while a listing runs cause one more listing.
                     refresh.notify_one();
-                } else if method == "notifications/progress" {
-                    hub.route_progress(&message);
                 } else {
-                    tracing::debug!(upstream = %instance.name, method, "upstream notification not relayed");
+                    hub.route_notification(&instance.name, &message);
                 }
             }
-            UpstreamEvent::Request(message) => answer_upstream_request(connection, message).await,
+            UpstreamEvent::Request(message) => {
+                hub.route_upstream_request(upstream, instance, connection, message)
+                    .await
+            }
         }
     }
 }
@@ -667,26 +747,6 @@ async fn health_checks(
                 return;
             }
         }
-    }
-}
-
-/// Requests an upstream sends to its client are answered by plexus itself for now.
-async fn answer_upstream_request(connection: &UpstreamConnection, message: Value) {
-    let id = message.get("id").cloned().unwrap_or(Value::Null);
-    let method = message.get("method").and_then(Value::as_str).unwrap_or("");
-    let reply = match method {
-        "ping" => adapters::Reply::Result(json!({})),
-        "roots/list" => adapters::Reply::Result(json!({"roots": []})),
-        other => {
-            tracing::warn!(upstream = %connection.upstream(), method = other, "upstream request plexus cannot relay");
-            adapters::Reply::Error(json!({
-                "code": crate::jsonrpc::METHOD_NOT_FOUND,
-                "message": format!("plexus does not relay `{other}` to clients"),
-            }))
-        }
-    };
-    if connection.respond(id, reply).await.is_err() {
-        tracing::debug!(upstream = %connection.upstream(), "upstream closed before plexus answered it");
     }
 }
 

@@ -220,6 +220,8 @@ pub struct RawHttpSession {
     url: String,
     session: Option<String>,
     next_id: u64,
+    /// Messages that arrived on a request's event stream before its response.
+    pub streamed: Vec<Value>,
 }
 
 impl RawHttpSession {
@@ -229,6 +231,7 @@ impl RawHttpSession {
             url: url.to_string(),
             session: None,
             next_id: 0,
+            streamed: Vec::new(),
         };
         let hello = session
             .request(
@@ -264,8 +267,27 @@ impl RawHttpSession {
         if let Some(session) = response.headers().get("mcp-session-id") {
             self.session = Some(session.to_str()?.to_string());
         }
+        let is_stream = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
         let text = response.text().await?;
-        serde_json::from_str(&text).with_context(|| format!("response body: {text}"))
+        if !is_stream {
+            return serde_json::from_str(&text).with_context(|| format!("response body: {text}"));
+        }
+        // An event stream: related messages, then the response, which comes last.
+        let mut messages: Vec<Value> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("event stream: {text}"))?;
+        let last = messages
+            .pop()
+            .with_context(|| format!("empty event stream: {text}"))?;
+        self.streamed.extend(messages);
+        Ok(last)
     }
 
     /// Posts bytes that need not be JSON.

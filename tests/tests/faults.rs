@@ -544,6 +544,24 @@ async fn an_expired_deadline_cancels_upstream_and_progress_extends_it() -> anyho
         progressing["result"]["content"][0]["text"] == "slept 1500 ms",
         "{progressing}"
     );
+    // The progress came on the request's own stream, under the client's own token.
+    let progress: Vec<&Value> = session
+        .streamed
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    ensure!(progress.len() >= 5, "{:?}", session.streamed);
+    ensure!(progress
+        .iter()
+        .all(|m| m["params"]["progressToken"] == "mine"));
+    let values: Vec<f64> = progress
+        .iter()
+        .filter_map(|m| m["params"]["progress"].as_f64())
+        .collect();
+    ensure!(
+        values.windows(2).all(|pair| pair[1] > pair[0]),
+        "{values:?}"
+    );
     control.finish().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())

@@ -1,0 +1,505 @@
+//! What flows from upstreams to sessions: server-to-client requests (to the one
+//! session whose call caused them), log messages (to sessions that set a level),
+//! resource updates (to subscribed sessions), and the reference counts and levels
+//! plexus keeps upstream on the sessions' behalf.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use adapters::{Reply, UpstreamConnection};
+use dashmap::DashMap;
+use registry::Route;
+use serde_json::{json, Map, Value};
+
+use crate::hub::Hub;
+use crate::jsonrpc::{self, RelayError};
+use crate::logging::LogLevel;
+use crate::session::Session;
+use crate::upstream::{Instance, Upstream, UpstreamState};
+
+/// Shared state for routing upstream messages to sessions.
+#[derive(Default)]
+pub struct Fanout {
+    sessions: DashMap<u64, Weak<Session>>,
+    /// Subscribers per (upstream, original URI): subscribe upstream on the first, unsubscribe after the last.
+    subscriptions: Mutex<HashMap<(String, String), usize>>,
+    /// The level plexus set on upstreams: the most verbose any session asked for.
+    upstream_log_level: Mutex<Option<LogLevel>>,
+    /// Upstream connections that asked a session for its roots, told when they change.
+    roots_askers: Mutex<HashMap<u64, Vec<(String, UpstreamConnection)>>>,
+    /// URL-mode elicitations, by elicitation id, to the session they were sent to.
+    elicitations: DashMap<String, u64>,
+}
+
+/// Which client capability a server-to-client request needs, if any.
+fn required_capability(method: &str, params: Option<&Value>) -> Option<Vec<&'static str>> {
+    match method {
+        "sampling/createMessage" => Some(if params.is_some_and(|p| p.get("tools").is_some()) {
+            vec!["sampling", "tools"]
+        } else {
+            vec!["sampling"]
+        }),
+        "elicitation/create" => Some(
+            if params.and_then(|p| p.get("mode")).and_then(Value::as_str) == Some("url") {
+                vec!["elicitation", "url"]
+            } else {
+                vec!["elicitation"]
+            },
+        ),
+        "roots/list" => Some(vec!["roots"]),
+        _ => None,
+    }
+}
+
+fn error(code: i64, message: String) -> Reply {
+    Reply::Error(json!({"code": code, "message": message}))
+}
+
+impl Hub {
+    pub fn register_session(&self, session: &Arc<Session>) {
+        self.fanout
+            .sessions
+            .insert(session.id(), Arc::downgrade(session));
+    }
+
+    fn session(&self, id: u64) -> Option<Arc<Session>> {
+        self.fanout
+            .sessions
+            .get(&id)
+            .and_then(|weak| weak.upgrade())
+    }
+
+    fn live_sessions(&self) -> Vec<Arc<Session>> {
+        self.fanout
+            .sessions
+            .iter()
+            .filter_map(|entry| entry.value().upgrade())
+            .collect()
+    }
+
+    /// Forgets a session: its subscriptions are released and its own instances stopped.
+    pub fn end_session(self: &Arc<Self>, session: u64, subscriptions: Vec<String>) {
+        self.fanout.sessions.remove(&session);
+        self.fanout
+            .roots_askers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&session);
+        self.fanout
+            .elicitations
+            .retain(|_, owner| *owner != session);
+        for upstream in self.upstreams() {
+            upstream.end_session(session);
+        }
+        let catalog = self.catalog();
+        let hub = self.clone();
+        let routes: Vec<Route> = subscriptions
+            .iter()
+            .filter_map(|uri| catalog.route_resource(uri))
+            .collect();
+        if !routes.is_empty() {
+            tokio::spawn(async move {
+                for route in routes {
+                    let _ = hub.subscription(&route, false).await;
+                }
+            });
+        }
+    }
+
+    /// Counts a session's subscription to a resource; the first subscribes upstream
+    /// and the last unsubscribes.
+    pub async fn subscription(&self, route: &Route, subscribe: bool) -> Result<(), RelayError> {
+        let key = (route.upstream.to_string(), route.original.clone());
+        let send = {
+            let mut counts = self
+                .fanout
+                .subscriptions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let count = counts.entry(key.clone()).or_insert(0);
+            if subscribe {
+                *count += 1;
+                *count == 1
+            } else {
+                *count = count.saturating_sub(1);
+                let last = *count == 0;
+                if last {
+                    counts.remove(&key);
+                }
+                last
+            }
+        };
+        if !send {
+            return Ok(());
+        }
+        let method = if subscribe {
+            "resources/subscribe"
+        } else {
+            "resources/unsubscribe"
+        };
+        let params = json!({"uri": route.original});
+        match self.request_shared(&route.upstream, method, params).await? {
+            Reply::Result(_) => Ok(()),
+            Reply::Error(error) => {
+                if subscribe {
+                    // Not subscribed after all: the next subscriber tries again.
+                    let mut counts = self
+                        .fanout
+                        .subscriptions
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    counts.remove(&key);
+                }
+                Err(RelayError::InvalidParams(format!(
+                    "upstream `{}` refused {method}: {}",
+                    route.upstream,
+                    error
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("an error")
+                )))
+            }
+        }
+    }
+
+    /// A request of plexus's own to an upstream's shared instance.
+    async fn request_shared(
+        &self,
+        upstream: &str,
+        method: &str,
+        params: Value,
+    ) -> Result<Reply, RelayError> {
+        let upstream = self.upstream_named(upstream)?;
+        let connection = upstream
+            .shared
+            .connection_for_call(upstream.on_demand(), upstream.config.init_timeout)
+            .await?;
+        tokio::time::timeout(
+            upstream.config.call_timeout,
+            connection.request(method, Some(params)),
+        )
+        .await
+        .map_err(|_| RelayError::Timeout {
+            upstream: upstream.name().to_string(),
+            after: upstream.config.call_timeout,
+        })?
+        .map_err(|_| RelayError::FailedMidCall {
+            upstream: upstream.name().to_string(),
+            reason: "the upstream's connection closed".into(),
+        })
+    }
+
+    /// After a session set its level: sets the most verbose level any session wants on
+    /// every upstream that logs.
+    pub async fn log_levels_changed(&self) {
+        let wanted = self
+            .live_sessions()
+            .iter()
+            .filter_map(|s| s.log_level())
+            .min();
+        let changed = {
+            let mut current = self
+                .fanout
+                .upstream_log_level
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let changed = *current != wanted;
+            *current = wanted;
+            changed
+        };
+        if let (true, Some(level)) = (changed, wanted) {
+            for upstream in self.upstreams() {
+                self.apply_log_level(&upstream.shared, level).await;
+            }
+        }
+    }
+
+    /// Sets the current level on a (newly ready) instance that supports logging.
+    pub async fn apply_log_level(&self, instance: &Instance, level: LogLevel) {
+        let logs = instance
+            .hello()
+            .is_some_and(|hello| hello.has_capability("logging"));
+        if !logs || instance.state() != UpstreamState::Ready {
+            return;
+        }
+        if let Ok(connection) = instance
+            .connection_for_call(false, std::time::Duration::ZERO)
+            .await
+        {
+            let params = json!({"level": level.as_str()});
+            if let Err(error) = connection.request("logging/setLevel", Some(params)).await {
+                tracing::debug!(%error, "setting an upstream's log level failed");
+            }
+        }
+    }
+
+    pub fn current_log_level(&self) -> Option<LogLevel> {
+        *self
+            .fanout
+            .upstream_log_level
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Relays a notification an upstream sent on its own.
+    pub fn route_notification(&self, upstream: &str, message: &Value) {
+        let method = message.get("method").and_then(Value::as_str).unwrap_or("");
+        let params = message.get("params").cloned().unwrap_or(Value::Null);
+        match method {
+            "notifications/progress" => self.route_progress(message),
+            "notifications/message" => {
+                let Some(level) = params
+                    .get("level")
+                    .and_then(Value::as_str)
+                    .and_then(LogLevel::parse)
+                else {
+                    return;
+                };
+                let mut params = params.as_object().cloned().unwrap_or_default();
+                // The client sees which upstream spoke.
+                let logger = match params.get("logger").and_then(Value::as_str) {
+                    Some(logger) => format!("{upstream}/{logger}"),
+                    None => upstream.to_string(),
+                };
+                params.insert("logger".into(), Value::String(logger));
+                let message = jsonrpc::notification(method, Some(Value::Object(params)));
+                for session in self.live_sessions() {
+                    if session.log_level().is_some_and(|wanted| level >= wanted) {
+                        session.notify(message.clone());
+                    }
+                }
+            }
+            "notifications/resources/updated" => {
+                let Some(original) = params.get("uri").and_then(Value::as_str) else {
+                    return;
+                };
+                let exposed = self.catalog().expose_uri(upstream, original);
+                let mut params: Map<String, Value> =
+                    params.as_object().cloned().unwrap_or_default();
+                params.insert("uri".into(), Value::String(exposed.clone()));
+                let message = jsonrpc::notification(method, Some(Value::Object(params)));
+                for session in self.live_sessions() {
+                    if session.is_subscribed(&exposed) {
+                        session.notify(message.clone());
+                    }
+                }
+            }
+            "notifications/elicitation/complete" => {
+                let Some(id) = params.get("elicitationId").and_then(Value::as_str) else {
+                    return;
+                };
+                if let Some((_, session)) = self.fanout.elicitations.remove(id) {
+                    if let Some(session) = self.session(session) {
+                        session.notify(message.clone());
+                    }
+                }
+            }
+            "notifications/cancelled" => {
+                // An upstream withdrew one of its requests: tell the client that holds it.
+                if let Some(request_id) = params.get("requestId") {
+                    for session in self.live_sessions() {
+                        session.withdraw_client_bound(upstream, request_id);
+                    }
+                }
+            }
+            _ => tracing::debug!(upstream, method, "upstream notification not relayed"),
+        }
+    }
+
+    /// Answers, or passes to the right client, a request an upstream sent.
+    pub async fn route_upstream_request(
+        &self,
+        upstream: &Upstream,
+        instance: &Instance,
+        connection: &UpstreamConnection,
+        message: Value,
+    ) {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let method = message
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let params = message.get("params").cloned();
+        let reply = if method == "ping" {
+            Some(Reply::Result(json!({})))
+        } else {
+            self.pass_to_client(upstream, instance, connection, id.clone(), &method, params)
+        };
+        if let Some(reply) = reply {
+            if connection.respond(id, reply).await.is_err() {
+                tracing::debug!(upstream = %upstream.name(), "upstream closed before plexus answered it");
+            }
+        }
+    }
+
+    /// Returns the answer plexus gives itself, or None when a client will answer.
+    fn pass_to_client(
+        &self,
+        upstream: &Upstream,
+        instance: &Instance,
+        connection: &UpstreamConnection,
+        id: Value,
+        method: &str,
+        params: Option<Value>,
+    ) -> Option<Reply> {
+        let name = upstream.name();
+        let Some(capability) = required_capability(method, params.as_ref()) else {
+            return Some(error(
+                jsonrpc::METHOD_NOT_FOUND,
+                format!("plexus does not relay `{method}` to clients"),
+            ));
+        };
+        let callers = instance.callers();
+        let target = match callers.as_slice() {
+            [] if method == "roots/list" => {
+                // Asked before any client called (many servers ask right after connecting).
+                return Some(Reply::Result(json!({"roots": []})));
+            }
+            [] => {
+                return Some(error(
+                    jsonrpc::INTERNAL_ERROR,
+                    format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}`"),
+                ))
+            }
+            [only] => only.clone(),
+            several => {
+                let mut sessions: Vec<u64> = several.iter().map(|call| call.session).collect();
+                sessions.dedup();
+                if sessions.len() > 1 {
+                    tracing::warn!(upstream = name, method, sessions = sessions.len(), "cannot tell which session an upstream request belongs to");
+                    return Some(error(
+                        jsonrpc::INTERNAL_ERROR,
+                        format!(
+                            "plexus cannot tell which of {} client sessions `{method}` is for; configure upstream `{name}` with share = \"session\"",
+                            sessions.len()
+                        ),
+                    ));
+                }
+                // One session with several calls: its session stream, not one call's.
+                let mut call = several[0].clone();
+                call.related = None;
+                call
+            }
+        };
+        let Some(session) = self.session(target.session) else {
+            return Some(error(
+                jsonrpc::INTERNAL_ERROR,
+                "the client session has ended".into(),
+            ));
+        };
+        if !session.has_capability(&capability) {
+            return Some(error(
+                jsonrpc::METHOD_NOT_FOUND,
+                format!(
+                    "the client did not declare the `{}` capability",
+                    capability.join(".")
+                ),
+            ));
+        }
+        if method == "roots/list" {
+            let mut askers = self
+                .fanout
+                .roots_askers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let asked = askers.entry(session.id()).or_default();
+            if !asked.iter().any(|(upstream, _)| upstream == name) {
+                asked.push((name.to_string(), connection.clone()));
+            }
+        }
+        if method == "elicitation/create" {
+            if let Some(elicitation) = params
+                .as_ref()
+                .and_then(|p| p.get("elicitationId"))
+                .and_then(Value::as_str)
+            {
+                self.fanout
+                    .elicitations
+                    .insert(elicitation.to_string(), session.id());
+            }
+        }
+        let sink = target.related.as_ref().unwrap_or(session.outbound());
+        if session.forward_to_client(sink, connection.clone(), id, method, params) {
+            None
+        } else {
+            Some(error(
+                jsonrpc::INTERNAL_ERROR,
+                "the client's queue is full or closed".into(),
+            ))
+        }
+    }
+
+    /// A client's roots changed: tell the upstreams that asked it.
+    pub fn roots_changed(&self, session: u64) {
+        let askers = self
+            .fanout
+            .roots_askers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&session)
+            .cloned()
+            .unwrap_or_default();
+        for (_, connection) in askers {
+            tokio::spawn(async move {
+                let _ = connection
+                    .notify("notifications/roots/list_changed", None)
+                    .await;
+            });
+        }
+    }
+
+    /// The capabilities plexus can relay from its upstreams, for `initialize`.
+    pub fn capabilities(&self) -> Value {
+        let mut logging = false;
+        let mut completions = false;
+        let mut subscribe = false;
+        for upstream in self.upstreams() {
+            let known = upstream.known_capabilities();
+            logging |= known.get("logging").is_some_and(|v| !v.is_null());
+            completions |= known.get("completions").is_some_and(|v| !v.is_null());
+            subscribe |= known
+                .get("resources")
+                .and_then(|r| r.get("subscribe"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+        }
+        let mut capabilities = json!({
+            "tools": {"listChanged": true},
+            "prompts": {"listChanged": true},
+            "resources": {"listChanged": true, "subscribe": subscribe},
+        });
+        if logging {
+            capabilities["logging"] = json!({});
+        }
+        if completions {
+            capabilities["completions"] = json!({});
+        }
+        capabilities
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_requests_need_the_matching_client_capability() {
+        assert_eq!(
+            required_capability("sampling/createMessage", None),
+            Some(vec!["sampling"])
+        );
+        let with_tools = json!({"messages": [], "tools": []});
+        assert_eq!(
+            required_capability("sampling/createMessage", Some(&with_tools)),
+            Some(vec!["sampling", "tools"])
+        );
+        let url = json!({"mode": "url", "url": "https://example.invalid"});
+        assert_eq!(
+            required_capability("elicitation/create", Some(&url)),
+            Some(vec!["elicitation", "url"])
+        );
+        assert_eq!(required_capability("roots/list", None), Some(vec!["roots"]));
+        assert_eq!(required_capability("tasks/get", None), None);
+    }
+}
