@@ -1,0 +1,395 @@
+//! The rest of the protocol through plexus with a real rmcp client that declares
+//! sampling, elicitation and roots: server-to-client requests reach the calling
+//! session and come back, log messages and resource updates reach the sessions
+//! that asked, completions route by prompt, and two sessions sharing an upstream
+//! never receive each other's traffic.
+
+// The SDK marks the handshake-era sampling, roots and logging types deprecated in
+// favour of 2026-07-28 forms; these tests exercise exactly those handshake-era paths.
+#![allow(deprecated)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{arguments, json_of, plexus_binary, Daemon};
+use rmcp::model::{
+    CallToolRequestParams, ClientConfig, CompleteRequestParams, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ResourceUpdatedNotificationParam,
+    Root, SamplingMessage, SetLevelRequestParams, SubscribeRequestParams,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
+
+/// A client that answers everything an upstream may ask, and records what it is told.
+#[derive(Clone, Default)]
+struct FullClient {
+    name: String,
+    sampled: Arc<Mutex<Vec<Value>>>,
+    logs: Arc<Mutex<Vec<Value>>>,
+    updates: Arc<Mutex<Vec<String>>>,
+    progress: Arc<Mutex<Vec<Value>>>,
+}
+
+impl FullClient {
+    fn named(name: &str) -> FullClient {
+        FullClient {
+            name: name.to_string(),
+            ..FullClient::default()
+        }
+    }
+}
+
+impl ClientHandler for FullClient {
+    fn get_info(&self) -> ClientConfig {
+        serde_json::from_value(json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {
+                "sampling": {"tools": {}},
+                "elicitation": {"form": {}, "url": {}},
+                "roots": {"listChanged": true},
+            },
+            "clientInfo": {"name": self.name, "version": "1"},
+        }))
+        .unwrap_or_default()
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.sampled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(format!("sampled by {}", self.name)),
+            "test-model".into(),
+        ))
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        // Fill every requested field with a value of its type.
+        let request = json_of(&request);
+        let mut content = serde_json::Map::new();
+        if let Some(properties) = request["requestedSchema"]["properties"].as_object() {
+            for (key, schema) in properties {
+                let value = match (schema["enum"].get(0), schema["type"].as_str()) {
+                    (Some(first), _) => first.clone(),
+                    (None, Some("number" | "integer")) => json!(1),
+                    (None, Some("boolean")) => json!(true),
+                    _ => json!(format!("{} answered", self.name)),
+                };
+                content.insert(key.clone(), value);
+            }
+        }
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content)))
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        Ok(ListRootsResult::new(vec![Root::new(format!(
+            "file:///roots/{}",
+            self.name
+        ))]))
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.updates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(params.uri);
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
+    }
+}
+
+type Client = RunningService<RoleClient, FullClient>;
+
+async fn call(client: &Client, name: &str, args: Value) -> anyhow::Result<Value> {
+    let params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments(args));
+    Ok(json_of(&client.call_tool(params).await?))
+}
+
+async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !client
+        .list_all_tools()
+        .await?
+        .iter()
+        .any(|t| t.name == tool)
+    {
+        ensure!(Instant::now() < deadline, "{tool} never listed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+async fn eventually_len<T>(items: &Arc<Mutex<Vec<T>>>, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let len = items.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if len > 0 || Instant::now() > deadline {
+            return len;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn everything_section(extra: &str) -> String {
+    format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\ninit_timeout = \"180s\"\n{extra}\n")
+}
+
+/// Every server-to-client request and notification kind, through one client.
+async fn exercise(client: &Client, handler: &FullClient) -> anyhow::Result<()> {
+    wait_for_tool(client, "everything__trigger-sampling-request").await?;
+
+    let sampled = call(
+        client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "hello", "maxTokens": 20}),
+    )
+    .await?;
+    ensure!(
+        sampled
+            .to_string()
+            .contains(&format!("sampled by {}", handler.name)),
+        "{sampled}"
+    );
+    ensure!(eventually_len(&handler.sampled, Duration::from_secs(1)).await == 1);
+
+    let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
+    ensure!(elicited.to_string().contains("accept"), "{elicited}");
+
+    let roots = call(client, "everything__get-roots-list", json!({})).await?;
+    ensure!(
+        roots
+            .to_string()
+            .contains(&format!("file:///roots/{}", handler.name)),
+        "{roots}"
+    );
+
+    // Completion routes by the namespaced prompt name.
+    let completion = client
+        .peer()
+        .complete(serde_json::from_value::<CompleteRequestParams>(json!({
+            "ref": {"type": "ref/prompt", "name": "everything__completable-prompt"},
+            "argument": {"name": "department", "value": "Eng"},
+        }))?)
+        .await?;
+    ensure!(
+        json_of(&completion).to_string().contains("Engineering"),
+        "{}",
+        json_of(&completion)
+    );
+
+    // Progress reaches this client under its own token.
+    let long = call(
+        client,
+        "everything__trigger-long-running-operation",
+        json!({"duration": 1, "steps": 3}),
+    )
+    .await?;
+    ensure!(long["isError"] != true, "{long}");
+
+    // Log messages after setting a level, tagged with the upstream.
+    client
+        .peer()
+        .set_level(serde_json::from_value::<SetLevelRequestParams>(
+            json!({"level": "debug"}),
+        )?)
+        .await?;
+    call(client, "everything__toggle-simulated-logging", json!({})).await?;
+    ensure!(
+        eventually_len(&handler.logs, Duration::from_secs(15)).await > 0,
+        "no log message arrived"
+    );
+    let first_log = handler.logs.lock().unwrap_or_else(|e| e.into_inner())[0].clone();
+    ensure!(
+        first_log["logger"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("everything")),
+        "{first_log}"
+    );
+    call(client, "everything__toggle-simulated-logging", json!({})).await?;
+
+    // Resource updates reach a subscriber, under the namespaced URI.
+    let resources = client.list_all_resources().await?;
+    let uri = resources
+        .iter()
+        .map(|r| r.uri.clone())
+        .find(|uri| uri.starts_with("everything+"))
+        .context("no everything resource")?;
+    client
+        .peer()
+        .subscribe(SubscribeRequestParams::new(uri.clone()))
+        .await?;
+    call(client, "everything__toggle-subscriber-updates", json!({})).await?;
+    ensure!(
+        eventually_len(&handler.updates, Duration::from_secs(15)).await > 0,
+        "no resource update arrived"
+    );
+    let updates = handler
+        .updates
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    ensure!(updates.iter().all(|u| u == &uri), "{updates:?} for {uri}");
+    call(client, "everything__toggle-subscriber-updates", json!({})).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &everything_section("")).await?;
+    daemon.wait_ready(Duration::from_secs(240)).await?;
+
+    let over_http = FullClient::named("http-client");
+    let http = over_http
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+        .await?;
+    exercise(&http, &over_http)
+        .await
+        .with_context(|| format!("over HTTP\n{}", daemon.log()))?;
+    http.cancel().await?;
+
+    let config = daemon.dir.path().join("stdio.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{}",
+            daemon.dir.path().join("stdio-state").display().to_string(),
+            everything_section("")
+        ),
+    )?;
+    let mut command = tokio::process::Command::new(plexus_binary());
+    command
+        .args(["serve", "--stdio", "--config"])
+        .arg(&config)
+        .env("PLEXUS_LOG", "warn");
+    let over_stdio = FullClient::named("stdio-client");
+    let stdio = over_stdio
+        .clone()
+        .serve(TokioChildProcess::new(command)?)
+        .await?;
+    exercise(&stdio, &over_stdio).await.context("over stdio")?;
+    stdio.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// Session A has a long call in flight while session B's call makes the shared
+/// upstream sample: plexus cannot know whom to ask, so it refuses clearly; with
+/// `share = "session"` each session has its own instance and B is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_on_one_shared_upstream_never_cross() -> anyhow::Result<()> {
+    for (share, expect_sampled) in [("shared", false), ("session", true)] {
+        let daemon =
+            Daemon::start("", &everything_section(&format!("share = \"{share}\""))).await?;
+        let alice_handler = FullClient::named("alice");
+        let bob_handler = FullClient::named("bob");
+        let alice = alice_handler
+            .clone()
+            .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+            .await?;
+        let bob = bob_handler
+            .clone()
+            .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+            .await?;
+        wait_for_tool(&alice, "everything__trigger-long-running-operation").await?;
+
+        let long = {
+            let peer = alice.peer().clone();
+            tokio::spawn(async move {
+                let params =
+                    CallToolRequestParams::new("everything__trigger-long-running-operation")
+                        .with_arguments(arguments(json!({"duration": 4, "steps": 4})));
+                peer.call_tool(params).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let sampled = call(
+            &bob,
+            "everything__trigger-sampling-request",
+            json!({"prompt": "who?", "maxTokens": 5}),
+        )
+        .await;
+        let long = long.await??;
+        ensure!(json_of(&long)["isError"] != true, "{}", json_of(&long));
+
+        let alice_sampled = alice_handler
+            .sampled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        let bob_sampled = bob_handler
+            .sampled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        ensure!(
+            alice_sampled == 0,
+            "alice was asked to sample for bob's call ({share})"
+        );
+        if expect_sampled {
+            let sampled = sampled?;
+            ensure!(sampled.to_string().contains("sampled by bob"), "{sampled}");
+            ensure!(bob_sampled == 1);
+        } else {
+            // The upstream's sampling request was refused; bob learns why.
+            let text = match sampled {
+                Ok(result) => result.to_string(),
+                Err(error) => error.to_string(),
+            };
+            ensure!(
+                bob_sampled == 0,
+                "bob was asked although plexus could not know ({share})"
+            );
+            ensure!(
+                text.contains("client sessions") && text.contains("share"),
+                "{text}"
+            );
+        }
+        alice.cancel().await?;
+        bob.cancel().await?;
+        ensure!(daemon.stop().await?.success());
+    }
+    Ok(())
+}
