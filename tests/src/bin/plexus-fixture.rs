@@ -1,12 +1,17 @@
 //! plexus-fixture: a stdio MCP server for plexus tests, with vendor-key output patches and fault-injection flags.
 
+#[path = "../fixture/conformance.rs"]
+mod conformance;
 #[path = "../fixture/filter.rs"]
 mod filter;
+#[path = "../fixture/http.rs"]
+mod http;
 #[path = "../fixture/server.rs"]
 mod server;
 
 use std::{
     io::Write as _,
+    net::SocketAddr,
     path::PathBuf,
     pin::Pin,
     sync::{
@@ -23,7 +28,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, ReadBuf};
 
 use server::{AddSchema, Fixture};
 
-/// Test MCP server speaking newline-delimited JSON-RPC on stdin/stdout.
+/// Test MCP server speaking newline-delimited JSON-RPC on stdin/stdout (or
+/// streamable HTTP with `--http`).
 #[derive(Parser, Debug)]
 #[command(name = "plexus-fixture")]
 struct Cli {
@@ -48,6 +54,15 @@ struct Cli {
     /// Exit with status 3, without answering, while handling the N-th tools/call.
     #[arg(long, value_name = "N")]
     exit_after_calls: Option<u64>,
+    /// Also serve the tools, resources, template and prompts the MCP
+    /// conformance suite's server scenarios call by name, plus logging,
+    /// completion and subscriptions.
+    #[arg(long)]
+    conformance: bool,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio; the bound
+    /// address is reported on stderr and nothing is written to stdout.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["banner", "hang_initialize"])]
+    http: Option<SocketAddr>,
 }
 
 const DEFAULT_NAME: &str = "fixture";
@@ -123,7 +138,26 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         if cli.ignore_sigterm {
             ignore_sigterm()?;
         }
-        tracing::info!(%name, ?add_schema, pid = std::process::id(), "plexus-fixture starting");
+        tracing::info!(%name, ?add_schema, conformance = cli.conformance, pid = std::process::id(), "plexus-fixture starting");
+
+        if let Some(addr) = cli.http {
+            // One handler per HTTP session, as each stdio process has one.
+            let exit_after_calls = cli.exit_after_calls;
+            let conformance = cli.conformance;
+            http::serve(addr, move || {
+                Fixture::new(
+                    name.clone(),
+                    add_schema,
+                    exit_after_calls,
+                    cancel_log.clone(),
+                    // An HTTP session has no stdin whose EOF could end it.
+                    Arc::new(AtomicBool::new(false)),
+                    conformance,
+                )
+            })
+            .await?;
+            return Ok(0);
+        }
 
         // rmcp writes into `to_filter`; the filter owns the real stdout.
         let (to_filter, from_rmcp) = tokio::io::duplex(64 * 1024);
@@ -150,6 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 cli.exit_after_calls,
                 cancel_log,
                 stdin_eof,
+                cli.conformance,
             );
             match fixture.serve((stdin, to_filter)).await {
                 Ok(running) => {
