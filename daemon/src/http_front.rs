@@ -356,25 +356,15 @@ impl HttpFront {
                 let chunk = tokio::select! {
                     _ = shutdown.cancelled() => return None,
                     message = receiver.recv() => match message {
-                        Some(message) => format!("event: message\ndata: {message}\n\n"),
+                        Some(message) => sse_event(&message),
                         None => return None,
                     },
-                    _ = tokio::time::sleep(KEEP_ALIVE_INTERVAL) => ":\n\n".to_string(),
+                    // A comment line keeps idle proxies from closing the stream.
+                    _ = tokio::time::sleep(KEEP_ALIVE_INTERVAL) => Bytes::from_static(b":\n\n"),
                 };
-                Some((
-                    Ok::<_, Infallible>(Frame::data(Bytes::from(chunk))),
-                    (stream, shutdown),
-                ))
+                Some((Ok::<_, Infallible>(Frame::data(chunk)), (stream, shutdown)))
             });
-        let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(body)));
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        response
-            .headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response
+        event_stream_response(BodyExt::boxed_unsync(StreamBody::new(body)))
     }
 
     fn delete(&self, headers: &HeaderMap) -> Response<Body> {
