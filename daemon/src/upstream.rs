@@ -692,7 +692,10 @@ async fn serve_events(
             _ = unhealthy.cancelled() => return RunEnd::Failed,
             _ = connection.closed() => return RunEnd::Failed,
             _ = sleep_until_or_forever(idle_deadline) => {
-                if connection.in_flight() == 0 && idle_deadline == idle_after.map(|idle| instance.idle_since() + idle) {
+                if connection.in_flight() > 0 {
+                    // A call longer than the idle timeout is use, not idleness.
+                    instance.touch();
+                } else if idle_deadline == idle_after.map(|idle| instance.idle_since() + idle) {
                     tracing::info!(upstream = %instance.name, "stopping idle upstream");
                     return RunEnd::Idle;
                 }
