@@ -294,6 +294,19 @@ impl Hub {
                     }
                 }
             }
+            "notifications/tasks/status" => {
+                let mut params = params;
+                let mut owner = None;
+                crate::tasks::rewrite_task_ids(&mut params, &|id| {
+                    Some(crate::tasks::expose_task_id(upstream, id))
+                });
+                if let Some(id) = params.get("taskId").and_then(Value::as_str) {
+                    owner = self.task_owner(id);
+                }
+                if let Some(session) = owner.and_then(|id| self.session(id)) {
+                    session.notify(jsonrpc::notification(method, Some(params)));
+                }
+            }
             "notifications/cancelled" => {
                 // An upstream withdrew one of its requests: tell the client that holds it.
                 if let Some(request_id) = params.get("requestId") {
@@ -454,8 +467,14 @@ impl Hub {
         let mut logging = false;
         let mut completions = false;
         let mut subscribe = false;
+        let mut tasks: Option<Value> = None;
         for upstream in self.upstreams() {
             let known = upstream.known_capabilities();
+            if let Some(upstream_tasks) = known.get("tasks").filter(|t| t.is_object()) {
+                // The union of what upstreams support; calls route to the one that has it.
+                let merged = tasks.get_or_insert_with(|| json!({}));
+                merge_objects(merged, upstream_tasks);
+            }
             logging |= known.get("logging").is_some_and(|v| !v.is_null());
             completions |= known.get("completions").is_some_and(|v| !v.is_null());
             subscribe |= known
@@ -475,7 +494,25 @@ impl Hub {
         if completions {
             capabilities["completions"] = json!({});
         }
+        if let Some(tasks) = tasks {
+            capabilities["tasks"] = tasks;
+        }
         capabilities
+    }
+}
+
+/// Adds every member of `from` that `into` lacks, recursively.
+fn merge_objects(into: &mut Value, from: &Value) {
+    let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) else {
+        return;
+    };
+    for (key, value) in from {
+        match into.get_mut(key) {
+            Some(existing) => merge_objects(existing, value),
+            None => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
     }
 }
 

@@ -39,6 +39,8 @@ pub struct Hub {
     status_listener: Mutex<Option<StatusListener>>,
     /// Routing of upstream messages to sessions.
     pub(crate) fanout: Fanout,
+    /// Task ids handed to clients, to their upstream and creating session.
+    pub(crate) task_routes: DashMap<String, crate::tasks::TaskRoute>,
 }
 
 #[derive(Default)]
@@ -96,6 +98,7 @@ impl Hub {
             next_session: AtomicU64::new(0),
             status_listener: Mutex::new(None),
             fanout: Fanout::default(),
+            task_routes: DashMap::new(),
         })
     }
 

@@ -14,6 +14,7 @@ mod metrics;
 mod session;
 mod stdio_front;
 mod systemd;
+mod tasks;
 mod upstream;
 
 use std::path::PathBuf;

@@ -411,6 +411,11 @@ impl Session {
                 Ok(expose_content_uris(&catalog, &route.upstream, reply))
             }
             "completion/complete" => self.complete(params, related).await,
+            "tasks/get" | "tasks/result" | "tasks/cancel" => {
+                let call = self.call_context(None, related);
+                self.hub.forward_task_request(method, params, call).await
+            }
+            "tasks/list" => self.hub.list_tasks(self.call_context(None, related)).await,
             "logging/setLevel" => {
                 let level = params
                     .as_ref()
@@ -520,9 +525,16 @@ impl Session {
     ) -> Result<Reply, RelayError> {
         let params = with_string(params, "name", &route.original);
         let call = self.call_context(is_tool.then_some(route.original.as_str()), related);
-        self.hub
+        let reply = self
+            .hub
             .forward(&route.upstream, method, Some(params), call)
-            .await
+            .await?;
+        // A task-augmented call answers with a task whose id must name its upstream.
+        Ok(if is_tool {
+            self.hub.expose_tasks(&route.upstream, Some(self.id), reply)
+        } else {
+            reply
+        })
     }
 
     fn call_context<'a>(

@@ -393,3 +393,78 @@ async fn two_sessions_on_one_shared_upstream_never_cross() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// Task-augmented calls (2025-11-25): task ids come back namespaced by upstream, and
+/// `tasks/get`, `tasks/list`, `tasks/result` and `tasks/cancel` route by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_namespaced_and_routed_by_id() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &everything_section("")).await?;
+    daemon.wait_ready(Duration::from_secs(240)).await?;
+    let mut session = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
+    let hello = session
+        .request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tasks", "version": "1"}}),
+        )
+        .await?;
+    ensure!(
+        hello["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "{hello}"
+    );
+
+    let start = |topic: &str| json!({"name": "everything__simulate-research-query", "arguments": {"topic": topic}, "task": {"ttl": 60000}});
+    let created = session.request("tools/call", start("plexus")).await?;
+    let task_id = created["result"]["task"]["taskId"]
+        .as_str()
+        .with_context(|| format!("no task in {created}"))?
+        .to_string();
+    ensure!(task_id.starts_with("everything:"), "{created}");
+
+    let listed = session.request("tasks/list", json!({})).await?;
+    ensure!(listed.to_string().contains(&task_id), "{listed}");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = session
+            .request("tasks/get", json!({"taskId": task_id}))
+            .await?;
+        ensure!(status["result"]["taskId"] == task_id.as_str(), "{status}");
+        match status["result"]["status"].as_str() {
+            Some("completed") => break,
+            Some("working") => {}
+            other => anyhow::bail!("unexpected status {other:?}: {status}"),
+        }
+        ensure!(Instant::now() < deadline, "the task never completed");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let result = session
+        .request("tasks/result", json!({"taskId": task_id}))
+        .await?;
+    ensure!(
+        result["result"]["content"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty()),
+        "{result}"
+    );
+
+    let second = session.request("tools/call", start("cancel me")).await?;
+    let second_id = second["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let cancelled = session
+        .request("tasks/cancel", json!({"taskId": second_id}))
+        .await?;
+    ensure!(
+        cancelled["result"]["taskId"] == second_id.as_str(),
+        "{cancelled}"
+    );
+    ensure!(cancelled["result"]["status"] == "cancelled", "{cancelled}");
+
+    let unknown = session
+        .request("tasks/get", json!({"taskId": "nowhere:1"}))
+        .await?;
+    ensure!(unknown["error"]["code"] == -32602, "{unknown}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
