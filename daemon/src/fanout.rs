@@ -15,7 +15,7 @@ use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
 use crate::session::Session;
-use crate::upstream::{Instance, Upstream, UpstreamState};
+use crate::upstream::{Caller, Instance, Upstream, UpstreamState};
 
 /// Shared state for routing upstream messages to sessions.
 #[derive(Default)]
@@ -29,6 +29,8 @@ pub struct Fanout {
     roots_askers: Mutex<HashMap<u64, Vec<(String, UpstreamConnection)>>>,
     /// URL-mode elicitations, by elicitation id, to the session they were sent to.
     elicitations: DashMap<String, u64>,
+    /// Upstreams whose `roots/list` plexus answered when no client could.
+    roots_for_nobody: Mutex<Vec<(String, UpstreamConnection)>>,
 }
 
 /// Which client capability a server-to-client request needs, if any.
@@ -365,22 +367,46 @@ impl Hub {
         };
         let callers = instance.callers();
         let target = match callers.as_slice() {
-            [] if method == "roots/list" => {
-                // Asked before any client called (many servers ask right after connecting).
-                return Some(Reply::Result(json!({"roots": []})));
-            }
             [] => {
-                return Some(error(
-                    jsonrpc::INTERNAL_ERROR,
-                    format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}`"),
-                ))
+                // No call in flight: the request can only be for the one connected
+                // client able to answer it, if there is exactly one.
+                let able: Vec<Arc<Session>> = self
+                    .live_sessions()
+                    .into_iter()
+                    .filter(|session| session.has_capability(&capability))
+                    .collect();
+                match able.as_slice() {
+                    [only] => Caller::for_session(only.id()),
+                    _ if method == "roots/list" => {
+                        // Asked before any client could answer (many servers ask right after
+                        // connecting): answer for now, and tell the upstream when a client
+                        // with roots arrives, so it asks again.
+                        self.fanout
+                            .roots_for_nobody
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push((name.to_string(), connection.clone()));
+                        return Some(Reply::Result(json!({"roots": []})));
+                    }
+                    _ => {
+                        return Some(error(
+                            jsonrpc::INTERNAL_ERROR,
+                            format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}`"),
+                        ))
+                    }
+                }
             }
             [only] => only.clone(),
             several => {
                 let mut sessions: Vec<u64> = several.iter().map(|call| call.session).collect();
                 sessions.dedup();
                 if sessions.len() > 1 {
-                    tracing::warn!(upstream = name, method, sessions = sessions.len(), "cannot tell which session an upstream request belongs to");
+                    tracing::warn!(
+                        upstream = name,
+                        method,
+                        sessions = sessions.len(),
+                        "cannot tell which session an upstream request belongs to"
+                    );
                     return Some(error(
                         jsonrpc::INTERNAL_ERROR,
                         format!(
@@ -440,6 +466,28 @@ impl Hub {
                 jsonrpc::INTERNAL_ERROR,
                 "the client's queue is full or closed".into(),
             ))
+        }
+    }
+
+    /// A client finished initializing: upstreams that were told "no roots" before any
+    /// client could answer are told the roots changed, so they ask this one.
+    pub fn client_initialized(&self, session: &Session) {
+        if !session.has_capability(&["roots"]) {
+            return;
+        }
+        let waiting: Vec<_> = self
+            .fanout
+            .roots_for_nobody
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for (_, connection) in waiting {
+            tokio::spawn(async move {
+                let _ = connection
+                    .notify("notifications/roots/list_changed", None)
+                    .await;
+            });
         }
     }
 

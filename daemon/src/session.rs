@@ -215,7 +215,7 @@ impl Session {
 
     fn handle_notification(&self, method: &str, params: Option<Value>) {
         match method {
-            "notifications/initialized" => {}
+            "notifications/initialized" => self.hub.client_initialized(self),
             "notifications/cancelled" => {
                 let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
                     return;
