@@ -102,7 +102,7 @@ impl Hub {
         if !routes.is_empty() {
             tokio::spawn(async move {
                 for route in routes {
-                    let _ = hub.subscription(&route, false).await;
+                    let _ = hub.subscription(session, &route, false).await;
                 }
             });
         }
@@ -110,8 +110,19 @@ impl Hub {
 
     /// Counts a session's subscription to a resource; the first subscribes upstream
     /// and the last unsubscribes.
-    pub async fn subscription(&self, route: &Route, subscribe: bool) -> Result<(), RelayError> {
+    pub async fn subscription(
+        self: &Arc<Self>,
+        session: u64,
+        route: &Route,
+        subscribe: bool,
+    ) -> Result<(), RelayError> {
         let key = (route.upstream.to_string(), route.original.clone());
+        // A per-session upstream's subscriptions belong to that session's own instance.
+        let per_session =
+            self.upstream_named(&route.upstream)?.config.share == crate::config::Share::Session;
+        if per_session {
+            return self.subscribe_instance(session, route, subscribe).await;
+        }
         let send = {
             let mut counts = self
                 .fanout
@@ -161,6 +172,51 @@ impl Hub {
                         .unwrap_or("an error")
                 )))
             }
+        }
+    }
+
+    async fn subscribe_instance(
+        &self,
+        session: u64,
+        route: &Route,
+        subscribe: bool,
+    ) -> Result<(), RelayError> {
+        let method = if subscribe {
+            "resources/subscribe"
+        } else {
+            "resources/unsubscribe"
+        };
+        let upstream = self.upstream_named(&route.upstream)?;
+        let Some(instance) = upstream.existing_instance(session) else {
+            // Nothing to unsubscribe from an instance that no longer runs.
+            return if subscribe {
+                Err(RelayError::Unavailable {
+                    upstream: route.upstream.to_string(),
+                    state: "idle".into(),
+                    retry_after_ms: None,
+                })
+            } else {
+                Ok(())
+            };
+        };
+        let connection = instance
+            .connection_for_call(true, upstream.config.init_timeout)
+            .await?;
+        let params = json!({"uri": route.original});
+        match connection.request(method, Some(params)).await {
+            Ok(Reply::Result(_)) => Ok(()),
+            Ok(Reply::Error(error)) => Err(RelayError::InvalidParams(format!(
+                "upstream `{}` refused {method}: {}",
+                route.upstream,
+                error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("an error")
+            ))),
+            Err(_) => Err(RelayError::FailedMidCall {
+                upstream: route.upstream.to_string(),
+                reason: "the upstream's connection closed".into(),
+            }),
         }
     }
 

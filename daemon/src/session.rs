@@ -445,7 +445,7 @@ impl Session {
                     self.lock_subscriptions().remove(&uri)
                 };
                 if changed {
-                    self.hub.subscription(&route, subscribe).await?;
+                    self.hub.subscription(self.id, &route, subscribe).await?;
                 }
                 Ok(Reply::Result(json!({})))
             }

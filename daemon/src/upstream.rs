@@ -448,6 +448,13 @@ impl Upstream {
             .clone()
     }
 
+    /// The instance a session already has of this per-session upstream.
+    pub fn existing_instance(&self, session: u64) -> Option<Arc<Instance>> {
+        self.sessions
+            .get(&session)
+            .map(|entry| entry.value().clone())
+    }
+
     /// Stops the instance a session had of this upstream, if any.
     pub fn end_session(&self, session: u64) {
         if let Some((_, instance)) = self.sessions.remove(&session) {

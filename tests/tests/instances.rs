@@ -197,3 +197,47 @@ async fn an_abandoned_http_session_is_ended_with_its_instance() -> anyhow::Resul
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_session_upstream_takes_subscriptions_on_the_session_instance() -> anyhow::Result<()>
+{
+    let section = fixture_upstream(
+        "mine",
+        "share = \"session\"",
+        &["--name", "subscribed-session", "--conformance"],
+    );
+    let daemon = Daemon::start("", &section).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let mut answered = false;
+    for _ in 0..200 {
+        let who = session
+            .request(
+                "tools/call",
+                json!({"name": "mine__whoami", "arguments": {}}),
+            )
+            .await?;
+        if who["result"]["content"][0]["text"] == "subscribed-session" {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(answered, "never answered\n{}", daemon.log());
+    let subscribed = session
+        .request(
+            "resources/subscribe",
+            json!({"uri": "mine+test://watched-resource"}),
+        )
+        .await?;
+    ensure!(subscribed["result"] == json!({}), "{subscribed}");
+    let unsubscribed = session
+        .request(
+            "resources/unsubscribe",
+            json!({"uri": "mine+test://watched-resource"}),
+        )
+        .await?;
+    ensure!(unsubscribed["result"] == json!({}), "{unsubscribed}");
+    ensure!(processes_matching("--name subscribed-session").len() == 1);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
