@@ -116,6 +116,21 @@ impl Daemon {
         })
     }
 
+    /// Writes a config for `plexus serve --stdio` with these upstream sections and a
+    /// state directory of its own, beside this daemon's, and returns its path.
+    pub fn stdio_config(&self, sections: &str) -> anyhow::Result<PathBuf> {
+        let config = self.dir.path().join("stdio.toml");
+        let state = self.dir.path().join("stdio-state");
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\nstate_dir = {:?}\n\n{sections}",
+                state.display().to_string()
+            ),
+        )?;
+        Ok(config)
+    }
+
     /// Polls `/readyz` until every upstream is ready.
     pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<Value> {
         let deadline = Instant::now() + within;

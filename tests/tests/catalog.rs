@@ -240,15 +240,7 @@ async fn four_upstreams_over_http_and_stdio() -> anyhow::Result<()> {
     );
 
     // The stdio front runs its own daemon on the same upstream sections.
-    let config = daemon.dir.path().join("stdio.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[daemon]\nstate_dir = {:?}\n\n{}",
-            daemon.dir.path().join("stdio-state").display().to_string(),
-            sections()
-        ),
-    )?;
+    let config = daemon.stdio_config(&sections())?;
     let stdio = stdio_client(&config, TestClient::default()).await?;
 
     let (over_http, over_stdio) = tokio::join!(exercise(&http), exercise(&stdio));

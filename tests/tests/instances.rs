@@ -8,6 +8,24 @@ use anyhow::ensure;
 use plexus_tests::{eventually, fixture_upstream, processes_matching, Daemon, RawHttpSession};
 use serde_json::{json, Value};
 
+/// Calls `mine__whoami` until the upstream (discovered, then started for this
+/// session) answers with `name`; false if it never does.
+async fn whoami_answers(session: &mut RawHttpSession, name: &str) -> anyhow::Result<bool> {
+    for _ in 0..200 {
+        let who = session
+            .request(
+                "tools/call",
+                json!({"name": "mine__whoami", "arguments": {}}),
+            )
+            .await?;
+        if who["result"]["content"][0]["text"] == name {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(false)
+}
+
 async fn state_of(daemon: &Daemon, upstream: &str) -> anyhow::Result<Value> {
     let (_, body) = daemon.admin_get("/readyz").await?;
     let readiness: Value = serde_json::from_str(&body)?;
@@ -165,21 +183,11 @@ async fn an_abandoned_http_session_is_ended_with_its_instance() -> anyhow::Resul
     let daemon = Daemon::start("session_idle_timeout = \"600ms\"", &section).await?;
     let running = || processes_matching("--name abandoned-session").len();
     let mut session = RawHttpSession::connect(&daemon.url).await?;
-    let mut answered = false;
-    for _ in 0..200 {
-        let who = session
-            .request(
-                "tools/call",
-                json!({"name": "mine__whoami", "arguments": {}}),
-            )
-            .await?;
-        if who["result"]["content"][0]["text"] == "abandoned-session" {
-            answered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ensure!(answered, "never answered\n{}", daemon.log());
+    ensure!(
+        whoami_answers(&mut session, "abandoned-session").await?,
+        "never answered\n{}",
+        daemon.log()
+    );
     ensure!(running() == 1);
     // The client goes quiet without a DELETE.
     ensure!(
@@ -208,21 +216,11 @@ async fn a_per_session_upstream_takes_subscriptions_on_the_session_instance() ->
     );
     let daemon = Daemon::start("", &section).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
-    let mut answered = false;
-    for _ in 0..200 {
-        let who = session
-            .request(
-                "tools/call",
-                json!({"name": "mine__whoami", "arguments": {}}),
-            )
-            .await?;
-        if who["result"]["content"][0]["text"] == "subscribed-session" {
-            answered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ensure!(answered, "never answered\n{}", daemon.log());
+    ensure!(
+        whoami_answers(&mut session, "subscribed-session").await?,
+        "never answered\n{}",
+        daemon.log()
+    );
     let subscribed = session
         .request(
             "resources/subscribe",

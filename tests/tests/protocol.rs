@@ -290,15 +290,7 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
         .with_context(|| format!("over HTTP\n{}", daemon.log()))?;
     http.cancel().await?;
 
-    let config = daemon.dir.path().join("stdio.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[daemon]\nstate_dir = {:?}\n\n{}",
-            daemon.dir.path().join("stdio-state").display().to_string(),
-            everything_section("")
-        ),
-    )?;
+    let config = daemon.stdio_config(&everything_section(""))?;
     let mut command = tokio::process::Command::new(plexus_binary());
     command
         .args(["serve", "--stdio", "--config"])

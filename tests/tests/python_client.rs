@@ -90,15 +90,7 @@ async fn the_python_sdk_client_passes_every_check_over_http_and_stdio() -> anyho
 
     // stdio: the script launches plexus itself, on a state directory of its own so
     // nothing is shared with the HTTP daemon but the warm npx cache.
-    let config = daemon.dir.path().join("stdio.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[daemon]\nstate_dir = {:?}\n\n{}",
-            daemon.dir.path().join("stdio-state").display().to_string(),
-            sections()
-        ),
-    )?;
+    let config = daemon.stdio_config(&sections())?;
     let plexus = plexus_binary();
     let (passed, report) = run_script(&[
         "--stdio".as_ref(),
