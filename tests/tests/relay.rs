@@ -41,6 +41,50 @@ fn round_trip_requests() -> Vec<(&'static str, Value)> {
             "prompts/get",
             json!({"name": "greet", "arguments": {"name": "Ada", "style": "casual"}}),
         ),
+        // Every content type and the other result shapes (the `--conformance` surface).
+        (
+            "tools/call",
+            json!({"name": "test_image_content", "arguments": {}}),
+        ),
+        (
+            "tools/call",
+            json!({"name": "test_audio_content", "arguments": {}}),
+        ),
+        (
+            "tools/call",
+            json!({"name": "test_embedded_resource", "arguments": {}}),
+        ),
+        (
+            "tools/call",
+            json!({"name": "test_multiple_content_types", "arguments": {}}),
+        ),
+        (
+            "tools/call",
+            json!({"name": "test_error_handling", "arguments": {}}),
+        ),
+        (
+            "prompts/get",
+            json!({"name": "test_prompt_with_image", "arguments": {}}),
+        ),
+        (
+            "prompts/get",
+            json!({"name": "test_prompt_with_embedded_resource", "arguments": {"resourceUri": "test://static-text"}}),
+        ),
+        ("resources/read", json!({"uri": "test://static-binary"})),
+        (
+            "completion/complete",
+            json!({"ref": {"type": "ref/prompt", "name": "test_prompt_with_arguments"}, "argument": {"name": "arg1", "value": "a"}}),
+        ),
+        ("logging/setLevel", json!({"level": "warning"})),
+        (
+            "resources/subscribe",
+            json!({"uri": "test://watched-resource"}),
+        ),
+        (
+            "resources/unsubscribe",
+            json!({"uri": "test://watched-resource"}),
+        ),
+        ("ping", json!({})),
     ]
 }
 
@@ -110,6 +154,10 @@ fn only_upstream(method: &str, mut result: Value, prefixed: bool) -> Value {
 
 fn namespaced(params: &Value, prefix: &str) -> Value {
     let mut params = params.clone();
+    if let Some(reference) = params.get_mut("ref") {
+        let namespaced_ref = namespaced(reference, prefix);
+        *reference = namespaced_ref;
+    }
     if let Some(name) = params.get("name").and_then(Value::as_str) {
         params["name"] = json!(format!("{prefix}__{name}"));
     }
@@ -124,12 +172,12 @@ async fn relay_is_faithful_field_by_field() -> anyhow::Result<()> {
     // `plain` is exposed unprefixed, `fx` under its name; both run the same fixture.
     let sections = format!(
         "{}{}",
-        fixture_upstream("plain", "prefix = \"\"", &[]),
-        fixture_upstream("fx", "", &[])
+        fixture_upstream("plain", "prefix = \"\"", &["--conformance"]),
+        fixture_upstream("fx", "", &["--conformance"])
     );
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
-    let mut direct = RawStdioSession::spawn(&fixture_binary(), &[]).await?;
+    let mut direct = RawStdioSession::spawn(&fixture_binary(), &["--conformance"]).await?;
     let mut relayed = RawHttpSession::connect(&daemon.url).await?;
 
     for (method, params) in round_trip_requests() {
