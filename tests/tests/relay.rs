@@ -301,6 +301,12 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
         daemon.log().contains("dropped a non-JSON-RPC line"),
         "banner lines were not reported"
     );
+    // Both banner lines are counted.
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    ensure!(
+        metrics.contains(r#"plexus_upstream_dropped_lines_total{upstream="healthy"} 2"#),
+        "{metrics}"
+    );
 
     // It comes back by itself.
     daemon.wait_ready(Duration::from_secs(30)).await?;
