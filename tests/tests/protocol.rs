@@ -34,6 +34,8 @@ struct FullClient {
     logs: Arc<Mutex<Vec<Value>>>,
     updates: Arc<Mutex<Vec<String>>>,
     progress: Arc<Mutex<Vec<Value>>>,
+    /// How often an upstream asked this client for its roots.
+    roots_asked: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FullClient {
@@ -100,6 +102,8 @@ impl ClientHandler for FullClient {
         &self,
         _context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, ErrorData> {
+        self.roots_asked
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(ListRootsResult::new(vec![Root::new(format!(
             "file:///roots/{}",
             self.name
@@ -204,6 +208,24 @@ async fn exercise(client: &Client, handler: &FullClient) -> anyhow::Result<()> {
             .contains(&format!("file:///roots/{}", handler.name)),
         "{roots}"
     );
+    // The client's roots change: the upstream that asked hears of it and asks again.
+    let asked = handler
+        .roots_asked
+        .load(std::sync::atomic::Ordering::SeqCst);
+    ensure!(asked >= 1);
+    client.peer().notify_roots_list_changed().await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handler
+        .roots_asked
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == asked
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the upstream never asked again after roots/list_changed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Completion routes by the namespaced prompt name.
     let completion = client
