@@ -6,6 +6,7 @@ pub mod framing;
 pub mod handshake;
 pub mod launch;
 pub mod rpc;
+mod stdin_writer;
 pub mod stdio;
 
 pub use launch::{parse_naked_uri, LaunchError, LaunchSpec, Launcher};

@@ -11,8 +11,7 @@ use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +22,7 @@ use crate::rpc::{
     classify, encode_notification, encode_request, encode_response, id_in_head, our_id,
     ConnectionError, Incoming, PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
+use crate::stdin_writer::StdinWriter;
 
 /// Limits and timings of one stdio connection.
 #[derive(Clone, Debug)]
@@ -98,7 +98,7 @@ pub struct UpstreamConnection {
 struct Inner {
     upstream: Arc<str>,
     pending: SharedPending,
-    writer: mpsc::Sender<Vec<u8>>,
+    writer: Arc<StdinWriter>,
     /// Set when stdout ends: no reply can come any more.
     closed: CancellationToken,
     /// Set to stop the child.
@@ -175,10 +175,17 @@ impl UpstreamConnection {
         let stats = options.stats.clone();
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         stats.spawns.fetch_add(1, Ordering::Relaxed);
-        let (writer, writer_rx) = mpsc::channel(256);
+        let stdin = stdin
+            .into_owned_fd()
+            .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
+            .map_err(|source| SpawnError::Io {
+                program: spec.program.clone(),
+                source,
+            })?;
+        let writer = StdinWriter::new(stdin);
         let (exit_tx, exit) = watch::channel(None);
 
-        tokio::spawn(write_loop(stdin, writer_rx, stop.clone()));
+        tokio::spawn(writer.clone().flush_loop(stop.clone()));
         tokio::spawn(read_loop(ReadLoop {
             upstream: upstream.clone(),
             stdout,
@@ -236,7 +243,6 @@ impl UpstreamConnection {
             || inner
                 .writer
                 .send(encode_request(id, method, params))
-                .await
                 .is_err()
         {
             guard.armed = false;
@@ -272,7 +278,6 @@ impl UpstreamConnection {
         self.inner
             .writer
             .send(line)
-            .await
             .map_err(|_| ConnectionError::NotSent)
     }
 
@@ -351,30 +356,10 @@ impl Drop for CancelOnDrop<'_> {
                 "notifications/cancelled",
                 Some(json!({"requestId": self.id, "reason": "the caller stopped waiting"})),
             );
-            // Best effort: a full queue means the upstream is not reading anyway.
-            let _ = self.inner.writer.try_send(cancel);
+            // Best effort: a closed stdin means the upstream is gone anyway.
+            let _ = self.inner.writer.send(cancel);
         }
     }
-}
-
-async fn write_loop(
-    mut stdin: ChildStdin,
-    mut lines: mpsc::Receiver<Vec<u8>>,
-    stop: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            line = lines.recv() => {
-                let Some(line) = line else { break };
-                if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    // Dropping stdin here is the first, polite stop signal.
 }
 
 struct ReadLoop {
