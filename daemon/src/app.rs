@@ -142,19 +142,13 @@ fn write_runtime_file(
     listen: SocketAddr,
     admin: SocketAddr,
 ) -> Result<(), ServeError> {
-    let error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ServeError::StateDir { path, source }
-    };
-    std::fs::create_dir_all(state_dir).map_err(error(state_dir))?;
     let path = state_dir.join(RUNTIME_FILE);
-    let temporary = state_dir.join(format!(".{RUNTIME_FILE}.{}", std::process::id()));
     let body = serde_json::json!({
         "pid": std::process::id(),
         "listen": listen.to_string(),
         "admin_listen": admin.to_string(),
         "url": format!("http://{listen}/mcp"),
     });
-    std::fs::write(&temporary, body.to_string()).map_err(error(&temporary))?;
-    std::fs::rename(&temporary, &path).map_err(error(&path))
+    crate::hub::write_atomically(&path, &body)
+        .map_err(|source| ServeError::StateDir { path, source })
 }

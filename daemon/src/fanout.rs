@@ -53,6 +53,18 @@ fn required_capability(method: &str, params: Option<&Value>) -> Option<Vec<&'sta
     }
 }
 
+/// An upstream refused a request plexus made on a session's behalf.
+fn refused(route: &Route, method: &str, error: &Value) -> RelayError {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("an error");
+    RelayError::InvalidParams(format!(
+        "upstream `{}` refused {method}: {message}",
+        route.upstream
+    ))
+}
+
 fn error(code: i64, message: String) -> Reply {
     Reply::Error(json!({"code": code, "message": message}))
 }
@@ -163,14 +175,7 @@ impl Hub {
                         .unwrap_or_else(PoisonError::into_inner);
                     counts.remove(&key);
                 }
-                Err(RelayError::InvalidParams(format!(
-                    "upstream `{}` refused {method}: {}",
-                    route.upstream,
-                    error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or("an error")
-                )))
+                Err(refused(route, method, &error))
             }
         }
     }
@@ -205,14 +210,7 @@ impl Hub {
         let params = json!({"uri": route.original});
         match connection.request(method, Some(params)).await {
             Ok(Reply::Result(_)) => Ok(()),
-            Ok(Reply::Error(error)) => Err(RelayError::InvalidParams(format!(
-                "upstream `{}` refused {method}: {}",
-                route.upstream,
-                error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("an error")
-            ))),
+            Ok(Reply::Error(error)) => Err(refused(route, method, &error)),
             Err(_) => Err(RelayError::FailedMidCall {
                 upstream: route.upstream.to_string(),
                 reason: "the upstream's connection closed".into(),

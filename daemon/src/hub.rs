@@ -395,7 +395,7 @@ impl Hub {
                 upstream: upstream_name.to_string(),
                 reason: "the upstream exited or its connection closed".into(),
             }),
-            Ok(Err(ConnectionError::NotSent)) => Err(instance_unavailable(upstream)),
+            Ok(Err(ConnectionError::NotSent)) => Err(instance.unavailable()),
             Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
                 upstream: upstream_name.to_string(),
                 limit,
@@ -501,14 +501,6 @@ async fn wait_for(activity: Option<&Notify>) {
     match activity {
         Some(activity) => activity.notified().await,
         None => std::future::pending().await,
-    }
-}
-
-fn instance_unavailable(upstream: &Upstream) -> RelayError {
-    RelayError::Unavailable {
-        upstream: upstream.name().to_string(),
-        state: upstream.shared.state().label().to_string(),
-        retry_after_ms: Some(1000),
     }
 }
 

@@ -312,7 +312,8 @@ impl Instance {
         self.retry.notify_one();
     }
 
-    fn unavailable(&self) -> RelayError {
+    /// The error a call gets while this instance has no live connection.
+    pub fn unavailable(&self) -> RelayError {
         let state = self.state();
         let retry_after_ms = match state {
             UpstreamState::BackingOff { until } => Some(

@@ -79,6 +79,20 @@ async fn metric(daemon: &Daemon, line_prefix: &str) -> anyhow::Result<Option<f64
         .and_then(|value| value.parse().ok()))
 }
 
+/// Waits until an upstream has `calls` calls in flight (by its gauge).
+async fn wait_for_in_flight(daemon: &Daemon, upstream: &str, calls: usize) -> anyhow::Result<()> {
+    let gauge = format!(r#"plexus_upstream_in_flight{{upstream="{upstream}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(daemon, &gauge).await? != Some(calls as f64) {
+        ensure!(
+            Instant::now() < deadline,
+            "{calls} calls never got in flight on {upstream}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> {
     let sections = format!(
@@ -95,14 +109,7 @@ async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> 
     let sleep = json!({"name": "victim__sleep", "arguments": {"ms": 20000}});
     let one = spawn_call(&daemon.url, &first, 100, "tools/call", sleep.clone());
     let two = spawn_call(&daemon.url, &second, 100, "tools/call", sleep);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&daemon, r#"plexus_upstream_in_flight{upstream="victim"}"#).await? != Some(2.0) {
-        ensure!(
-            Instant::now() < deadline,
-            "the two calls never got in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_in_flight(&daemon, "victim", 2).await?;
     let victims = processes_matching("--name victim");
     ensure!(victims.len() == 1, "victim processes: {victims:?}");
     let killed_at = Instant::now();
@@ -663,11 +670,7 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_cleanly() -> anyhow::Res
             )
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&daemon, r#"plexus_upstream_in_flight{upstream="fx"}"#).await? != Some(3.0) {
-        ensure!(Instant::now() < deadline, "calls never got in flight");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_in_flight(&daemon, "fx", 3).await?;
     let url = daemon.url.clone();
     let status = daemon.stop().await?;
     for call in calls {
