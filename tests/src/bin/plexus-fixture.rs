@@ -59,6 +59,10 @@ struct Cli {
     /// completion and subscriptions.
     #[arg(long)]
     conformance: bool,
+    /// Also serve protocol 2026-07-28 (`server/discover`, per-request `_meta`),
+    /// where `ask` answers through input-required results.
+    #[arg(long)]
+    modern: bool,
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio; the bound
     /// address is reported on stderr and nothing is written to stdout.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["banner", "hang_initialize"])]
@@ -138,12 +142,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         if cli.ignore_sigterm {
             ignore_sigterm()?;
         }
-        tracing::info!(%name, ?add_schema, conformance = cli.conformance, pid = std::process::id(), "plexus-fixture starting");
+        tracing::info!(%name, ?add_schema, conformance = cli.conformance, modern = cli.modern, pid = std::process::id(), "plexus-fixture starting");
 
         if let Some(addr) = cli.http {
             // One handler per HTTP session, as each stdio process has one.
             let exit_after_calls = cli.exit_after_calls;
             let conformance = cli.conformance;
+            let modern = cli.modern;
             http::serve(addr, move || {
                 Fixture::new(
                     name.clone(),
@@ -153,6 +158,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     // An HTTP session has no stdin whose EOF could end it.
                     Arc::new(AtomicBool::new(false)),
                     conformance,
+                    modern,
                 )
             })
             .await?;
@@ -185,6 +191,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 cancel_log,
                 stdin_eof,
                 cli.conformance,
+                cli.modern,
             );
             match fixture.serve((stdin, to_filter)).await {
                 Ok(running) => {
