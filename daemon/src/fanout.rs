@@ -427,7 +427,8 @@ impl Hub {
                 let able: Vec<Arc<Session>> = self
                     .live_sessions()
                     .into_iter()
-                    .filter(|session| session.has_capability(&capability))
+                    // A 2026-07-28 request's scope can only be asked through its own request.
+                    .filter(|session| !session.is_scope() && session.has_capability(&capability))
                     .collect();
                 match able.as_slice() {
                     [only] => Caller::for_session(only.id()),

@@ -16,13 +16,16 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
 use crate::listener::Body;
-use crate::session::{Handled, Session, SUPPORTED_VERSIONS};
+use crate::session::{CloseOnDrop, Handled, Session};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
+pub const METHOD_HEADER: &str = "mcp-method";
+pub const NAME_HEADER: &str = "mcp-name";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
@@ -122,11 +125,15 @@ impl HttpFront {
             return rejection.into_response();
         }
         if let Some(version) = request.headers().get(PROTOCOL_HEADER) {
-            let known = version
-                .to_str()
-                .is_ok_and(|v| SUPPORTED_VERSIONS.contains(&v));
-            if !known {
-                return plain(StatusCode::BAD_REQUEST, "unsupported MCP-Protocol-Version");
+            let version = version.to_str().unwrap_or_default();
+            if !era::ALL_VERSIONS.contains(&version) {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    &RelayError::UnsupportedVersion {
+                        requested: version.to_string(),
+                        supported: era::ALL_VERSIONS.to_vec(),
+                    },
+                );
             }
         }
         match *request.method() {
@@ -231,6 +238,15 @@ impl HttpFront {
             }
         };
         let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
+        let modern_header = parts
+            .headers
+            .get(PROTOCOL_HEADER)
+            .is_some_and(|v| v.as_bytes() == era::MODERN_VERSION.as_bytes());
+        if !is_initialize
+            && (modern_header || era::declared_version(message.get("params")).is_some())
+        {
+            return self.post_modern(&parts.headers, message).await;
+        }
         let http_session = if is_initialize && !parts.headers.contains_key(SESSION_HEADER) {
             self.open_session()
         } else {
@@ -274,7 +290,7 @@ impl HttpFront {
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|accept| accept.contains("text/event-stream"));
                 if is_request && accepts_events && !is_initialize {
-                    return answer_on_stream(session.clone(), message).await;
+                    return answer_on_stream(session.clone(), message, false).await;
                 }
                 match session.handle(message, None).await {
                     Handled::Respond(response) => Some(response),
@@ -294,6 +310,37 @@ impl HttpFront {
             }
         }
         response
+    }
+
+    /// A 2026-07-28 message: no session; the headers must mirror the body.
+    async fn post_modern(&self, headers: &HeaderMap, message: Value) -> Response<Body> {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let Some(method) = message.get("method").and_then(Value::as_str) else {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &RelayError::InvalidRequest("only requests and notifications are accepted".into()),
+            );
+        };
+        if message.get("id").is_none() {
+            // This revision defines no notification a client sends over HTTP.
+            return empty(StatusCode::ACCEPTED);
+        }
+        let params = message.get("params");
+        let checked = check_mirrored_headers(headers, method, params)
+            .and_then(|()| era::parse_meta(params).map(drop));
+        if let Err(error) = checked {
+            let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
+            return json_response(StatusCode::BAD_REQUEST, &response);
+        }
+        let session = Session::stateless(self.hub.clone());
+        if accepts_event_stream(headers) {
+            return answer_on_stream(session, message, true).await;
+        }
+        let _closing = CloseOnDrop(session.clone());
+        match session.handle(message, None).await {
+            Handled::Respond(response) => json_response(modern_status(&response), &response),
+            Handled::Nothing => empty(StatusCode::ACCEPTED),
+        }
     }
 
     fn open_session(&self) -> Arc<HttpSession> {
@@ -382,14 +429,21 @@ impl HttpFront {
 /// Answers one request. A quick answer is a plain JSON body; if a related message
 /// (progress, a request from the upstream) comes first, the answer becomes an
 /// event stream carrying those messages and then the response.
-async fn answer_on_stream(session: Arc<Session>, message: Value) -> Response<Body> {
+async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -> Response<Body> {
     let (related, mut related_messages) = mpsc::channel::<Value>(64);
-    let mut handling = Box::pin(async move { session.handle(message, Some(&related)).await });
+    let mut handling = Box::pin(async move {
+        // A session made for this one request ends with it.
+        let _closing = modern.then(|| CloseOnDrop(session.clone()));
+        session.handle(message, Some(&related)).await
+    });
     let first = tokio::select! {
         biased;
         handled = &mut handling => {
             return match handled {
-                Handled::Respond(response) => json_response(StatusCode::OK, &response),
+                Handled::Respond(response) => {
+                    let status = if modern { modern_status(&response) } else { StatusCode::OK };
+                    json_response(status, &response)
+                }
                 Handled::Nothing => empty(StatusCode::ACCEPTED),
             };
         }
@@ -403,6 +457,9 @@ async fn answer_on_stream(session: Arc<Session>, message: Value) -> Response<Bod
             }
         }
         let mut related_open = true;
+        // A comment line now and then keeps a long stream (a listen) open through idle proxies.
+        let mut keep_alive = tokio::time::interval(KEEP_ALIVE_INTERVAL);
+        keep_alive.reset();
         loop {
             tokio::select! {
                 biased;
@@ -424,6 +481,11 @@ async fn answer_on_stream(session: Arc<Session>, message: Value) -> Response<Bod
                     }
                     return;
                 }
+                _ = keep_alive.tick() => {
+                    if frames.send(Bytes::from_static(b":\n\n")).await.is_err() {
+                        return;
+                    }
+                }
             }
         }
     });
@@ -432,6 +494,74 @@ async fn answer_on_stream(session: Arc<Session>, message: Value) -> Response<Bod
         Some((Ok::<_, Infallible>(Frame::data(chunk)), frames))
     });
     event_stream_response(BodyExt::boxed_unsync(StreamBody::new(body)))
+}
+
+fn accepts_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"))
+}
+
+/// 2026-07-28 over HTTP: an unknown method is 404, a malformed request 400.
+fn modern_status(response: &Value) -> StatusCode {
+    match response
+        .get("error")
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_i64)
+    {
+        Some(jsonrpc::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
+        Some(
+            jsonrpc::HEADER_MISMATCH
+            | jsonrpc::UNSUPPORTED_PROTOCOL_VERSION
+            | jsonrpc::INVALID_REQUEST
+            | jsonrpc::PARSE_ERROR,
+        ) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    }
+}
+
+/// The headers a 2026-07-28 request must carry, mirroring its body, so that
+/// anything routing on headers sees what plexus executes.
+fn check_mirrored_headers(
+    headers: &HeaderMap,
+    method: &str,
+    params: Option<&Value>,
+) -> Result<(), RelayError> {
+    let header = |name: &str| -> Result<String, RelayError> {
+        let value = headers
+            .get(name)
+            .ok_or_else(|| RelayError::HeaderMismatch(format!("the {name} header is required")))?;
+        value
+            .to_str()
+            .ok()
+            .and_then(era::decode_header_value)
+            .ok_or_else(|| RelayError::HeaderMismatch(format!("the {name} header is malformed")))
+    };
+    let version = header(PROTOCOL_HEADER)?;
+    if let Some(declared) = era::declared_version(params).and_then(Value::as_str) {
+        if declared != version {
+            return Err(RelayError::HeaderMismatch(format!(
+                "MCP-Protocol-Version `{version}` does not match `_meta` `{declared}`"
+            )));
+        }
+    }
+    let sent = header(METHOD_HEADER)?;
+    if sent != method {
+        return Err(RelayError::HeaderMismatch(format!(
+            "Mcp-Method `{sent}` does not match the body's `{method}`"
+        )));
+    }
+    if let Some(name) = era::mirrored_name(method, params) {
+        let sent = header(NAME_HEADER)?;
+        if Some(sent.as_str()) != name {
+            return Err(RelayError::HeaderMismatch(format!(
+                "Mcp-Name `{sent}` does not match the body's `{}`",
+                name.unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn event_stream_response(body: Body) -> Response<Body> {

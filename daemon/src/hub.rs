@@ -41,6 +41,8 @@ pub struct Hub {
     pub(crate) fanout: Fanout,
     /// Task ids handed to clients, to their upstream and creating session.
     pub(crate) task_routes: DashMap<String, crate::tasks::TaskRoute>,
+    /// 2026-07-28 requests paused on input from their client, by `requestState`.
+    pub(crate) continuations: DashMap<String, crate::bridge::Continuation>,
 }
 
 #[derive(Default)]
@@ -58,8 +60,12 @@ struct ProgressRoute {
 
 /// What a relayed request carries besides its method and params.
 pub struct CallContext<'a> {
-    /// The downstream session (selects per-session instances).
+    /// The downstream session the call belongs to (requests the upstream sends
+    /// while serving it are attributed to it).
     pub session: u64,
+    /// The session that owns per-session instances: the session itself, or for a
+    /// 2026-07-28 request served inside a stdio connection, that connection's.
+    pub owner: u64,
     /// The upstream's own tool name, for per-tool deadlines.
     pub tool: Option<&'a str>,
     /// Where messages related to this call go (its progress, requests the upstream
@@ -99,6 +105,7 @@ impl Hub {
             status_listener: Mutex::new(None),
             fanout: Fanout::default(),
             task_routes: DashMap::new(),
+            continuations: DashMap::new(),
         })
     }
 
@@ -134,8 +141,15 @@ impl Hub {
     /// Stops every upstream and waits until each process group is reaped.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
+        // Paused calls will not be retried now: release them and their upstream requests.
+        self.continuations.clear();
         self.tasks.close();
         self.tasks.wait().await;
+    }
+
+    /// Completes when plexus starts shutting down.
+    pub async fn stopping(&self) {
+        self.shutdown.cancelled().await
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -355,11 +369,13 @@ impl Hub {
                 in_flight: config.max_in_flight,
                 pending: config.max_pending,
             })?;
-        let instance = upstream.instance_for(call.session, self);
+        let instance = upstream.instance_for(call.owner, self);
         let connection = instance
             .connection_for_call(upstream.on_demand(), config.init_timeout)
             .await?;
 
+        // Upstreams negotiated their revision once; the per-request fields are the client's.
+        crate::era::strip_request_meta(&mut params);
         // The client's progress token never reaches a shared upstream: plexus's own does.
         let progress = self.rewrite_progress_token(&mut params, call.related);
         // Requests the upstream sends while this call runs are attributed to this session.

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use adapters::Reply;
 use serde_json::{json, Map, Value};
 
 pub const PARSE_ERROR: i64 = -32700;
@@ -18,6 +17,10 @@ pub const UPSTREAM_FAILED: i64 = -33003;
 pub const OVERLOADED: i64 = -33004;
 pub const MESSAGE_TOO_LARGE: i64 = -33005;
 pub const SHUTTING_DOWN: i64 = -33007;
+/// 2026-07-28: the HTTP headers do not match the body, or required ones are missing.
+pub const HEADER_MISMATCH: i64 = -32020;
+/// 2026-07-28: the request's protocol version is not one plexus serves.
+pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
 /// Everything plexus itself can answer with instead of an upstream's reply.
 #[derive(Clone, Debug, thiserror::Error, PartialEq)]
@@ -60,6 +63,13 @@ pub enum RelayError {
     RequestTooLarge { limit: usize },
     #[error("plexus is shutting down")]
     ShuttingDown,
+    #[error("unsupported protocol version `{requested}`")]
+    UnsupportedVersion {
+        requested: String,
+        supported: Vec<&'static str>,
+    },
+    #[error("header mismatch: {0}")]
+    HeaderMismatch(String),
 }
 
 impl RelayError {
@@ -78,6 +88,8 @@ impl RelayError {
             RelayError::Overloaded { .. } => OVERLOADED,
             RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => MESSAGE_TOO_LARGE,
             RelayError::ShuttingDown => SHUTTING_DOWN,
+            RelayError::UnsupportedVersion { .. } => UNSUPPORTED_PROTOCOL_VERSION,
+            RelayError::HeaderMismatch(_) => HEADER_MISMATCH,
         }
     }
 
@@ -96,6 +108,8 @@ impl RelayError {
             RelayError::Overloaded { .. } => "overloaded",
             RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => "message_too_large",
             RelayError::ShuttingDown => "shutting_down",
+            RelayError::UnsupportedVersion { .. } => "unsupported_version",
+            RelayError::HeaderMismatch(_) => "header_mismatch",
         }
     }
 
@@ -129,6 +143,10 @@ impl RelayError {
             RelayError::RequestTooLarge { .. } => ("message_too_large", None, None, false, None),
             RelayError::ShuttingDown => ("shutting_down", None, None, true, None),
             RelayError::UnknownResource(uri) => return Some(json!({ "uri": uri })),
+            RelayError::UnsupportedVersion {
+                requested,
+                supported,
+            } => return Some(json!({ "supported": supported, "requested": requested })),
             _ => return None,
         };
         Some(json!({
@@ -141,8 +159,21 @@ impl RelayError {
     }
 
     pub fn to_error_object(&self) -> Value {
+        self.error_object(self.code())
+    }
+
+    /// The error object a 2026-07-28 client gets: that revision retired -32002
+    /// (resource not found) in favour of -32602.
+    pub fn to_modern_error_object(&self) -> Value {
+        match self.code() {
+            RESOURCE_NOT_FOUND => self.error_object(INVALID_PARAMS),
+            code => self.error_object(code),
+        }
+    }
+
+    fn error_object(&self, code: i64) -> Value {
         let mut error = Map::with_capacity(3);
-        error.insert("code".into(), Value::from(self.code()));
+        error.insert("code".into(), Value::from(code));
         error.insert("message".into(), Value::from(self.to_string()));
         if let Some(data) = self.data() {
             error.insert("data".into(), data);
@@ -163,13 +194,6 @@ pub fn error_object_response(id: Value, error: Value) -> Value {
 
 pub fn error_response(id: Value, error: &RelayError) -> Value {
     error_object_response(id, error.to_error_object())
-}
-
-pub fn reply_response(id: Value, reply: Reply) -> Value {
-    match reply {
-        Reply::Result(result) => result_response(id, result),
-        Reply::Error(error) => error_object_response(id, error),
-    }
 }
 
 pub fn notification(method: &str, params: Option<Value>) -> Value {

@@ -3,7 +3,9 @@
 
 mod admin;
 mod app;
+mod bridge;
 mod config;
+mod era;
 mod fanout;
 mod http_front;
 mod hub;

@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::era::{self, RequestMeta};
 use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
@@ -33,8 +34,20 @@ struct ClientBoundRequest {
     upstream_id: Value,
 }
 
+/// A request an upstream sent while serving a 2026-07-28 client's request: it
+/// becomes an input request in that request's result.
+pub struct InputNeeded {
+    pub connection: UpstreamConnection,
+    pub upstream_id: Value,
+    pub method: String,
+    pub params: Option<Value>,
+}
+
 pub struct Session {
     id: u64,
+    /// Whose per-session upstream instances this session's calls use: its own, or
+    /// for the scope of a 2026-07-28 request, the connection's it arrived on.
+    owner: u64,
     hub: Arc<Hub>,
     hello: Mutex<ClientHello>,
     /// Requests being served, by the JSON text of the client's id, so a cancel can reach them.
@@ -49,6 +62,17 @@ pub struct Session {
     /// Server-to-client requests awaiting this client's answer, by the id plexus gave them.
     client_bound: Mutex<HashMap<String, ClientBoundRequest>>,
     next_client_bound: AtomicU64,
+    /// Set on the scope of one 2026-07-28 request: where upstream requests go
+    /// instead of to the client.
+    inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
+    /// A session the HTTP front makes for one request that came without one.
+    stateless: bool,
+}
+
+/// What a request scope delivers: messages for the client, and upstream requests.
+pub struct ScopeChannels {
+    pub events: mpsc::Receiver<Value>,
+    pub inputs: mpsc::UnboundedReceiver<InputNeeded>,
 }
 
 /// The result of handling one incoming message.
@@ -62,9 +86,54 @@ pub enum Handled {
 impl Session {
     /// Creates a session; messages plexus sends on its own (list changes) arrive on the receiver.
     pub fn new(hub: Arc<Hub>) -> (Arc<Session>, mpsc::Receiver<Value>) {
+        let (session, receiver) = Session::build(hub, None, None, false);
+        session.hub.register_session(&session);
+        tokio::spawn(announce_catalog_changes(session.clone()));
+        (session, receiver)
+    }
+
+    /// A session for one HTTP request that came without a session: a 2026-07-28
+    /// client's. It announces nothing; each request in it gets its own scope.
+    pub fn stateless(hub: Arc<Hub>) -> Arc<Session> {
+        Session::build(hub, None, None, true).0
+    }
+
+    /// The scope of one 2026-07-28 request: it carries that request's declared
+    /// capabilities and log level, and upstream requests caused by the request
+    /// arrive on `inputs` instead of going to the client.
+    pub fn scope(&self, meta: RequestMeta) -> (Arc<Session>, ScopeChannels) {
+        let (inputs, input_receiver) = mpsc::unbounded_channel();
+        let owner = (!self.stateless).then_some(self.owner);
+        let (scope, events) = Session::build(self.hub.clone(), owner, Some(inputs), false);
+        *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
+            protocol_version: Some(era::MODERN_VERSION.to_string()),
+            capabilities: meta.capabilities,
+        };
+        *scope
+            .log_level
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = meta.log_level;
+        scope.hub.register_session(&scope);
+        (
+            scope,
+            ScopeChannels {
+                events,
+                inputs: input_receiver,
+            },
+        )
+    }
+
+    fn build(
+        hub: Arc<Hub>,
+        owner: Option<u64>,
+        inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
+        stateless: bool,
+    ) -> (Arc<Session>, mpsc::Receiver<Value>) {
         let (outbound, receiver) = mpsc::channel(64);
+        let id = hub.open_session();
         let session = Arc::new(Session {
-            id: hub.open_session(),
+            id,
+            owner: owner.unwrap_or(id),
             hub,
             hello: Mutex::new(ClientHello::default()),
             in_flight: Mutex::new(HashMap::new()),
@@ -74,10 +143,19 @@ impl Session {
             subscriptions: Mutex::new(HashSet::new()),
             client_bound: Mutex::new(HashMap::new()),
             next_client_bound: AtomicU64::new(0),
+            inputs,
+            stateless,
         });
-        session.hub.register_session(&session);
-        tokio::spawn(announce_catalog_changes(session.clone()));
         (session, receiver)
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// A request scope of a 2026-07-28 client: it cannot be sent requests.
+    pub fn is_scope(&self) -> bool {
+        self.inputs.is_some()
     }
 
     /// Ends the session: in-flight requests are cancelled, announcements stop.
@@ -201,13 +279,38 @@ impl Session {
             session: self,
             key: &key,
         };
+        // A client that never initialized and declares a version per request speaks 2026-07-28.
+        let modern = method != "initialize"
+            && self.protocol_version().is_none()
+            && (method == "server/discover" || era::declared_version(params.as_ref()).is_some());
         let outcome = tokio::select! {
-            outcome = self.dispatch(&method, params, related) => Some(outcome),
+            outcome = async {
+                if modern {
+                    self.serve_modern(&id, &method, params, related).await
+                } else {
+                    self.dispatch(&method, params, related).await
+                }
+            } => Some(outcome),
             _ = token.cancelled() => None,
         };
         match outcome {
-            Some(Ok(result)) => Handled::Respond(jsonrpc::reply_response(id, result)),
-            Some(Err(error)) => Handled::Respond(jsonrpc::error_response(id, &error)),
+            Some(Ok(Reply::Result(mut result))) => {
+                if modern {
+                    era::mark_complete(&mut result);
+                }
+                Handled::Respond(jsonrpc::result_response(id, result))
+            }
+            Some(Ok(Reply::Error(error))) => {
+                Handled::Respond(jsonrpc::error_object_response(id, error))
+            }
+            Some(Err(error)) => Handled::Respond(jsonrpc::error_object_response(
+                id,
+                if modern {
+                    error.to_modern_error_object()
+                } else {
+                    error.to_error_object()
+                },
+            )),
             // A cancelled request gets no response (the client said it no longer wants one).
             None => Handled::Nothing,
         }
@@ -284,6 +387,16 @@ impl Session {
         method: &str,
         params: Option<Value>,
     ) -> bool {
+        if let Some(inputs) = &self.inputs {
+            return inputs
+                .send(InputNeeded {
+                    connection,
+                    upstream_id,
+                    method: method.to_string(),
+                    params,
+                })
+                .is_ok();
+        }
         let id = format!(
             "plexus-{}-{}",
             self.id,
@@ -357,13 +470,36 @@ impl Session {
         self.lock_subscriptions().contains(uri)
     }
 
-    fn lock_subscriptions(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    pub(crate) fn lock_subscriptions(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.subscriptions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn dispatch(
+    /// A 2026-07-28 request: its `_meta` is checked, and it runs in a scope of its own.
+    async fn serve_modern(
+        &self,
+        id: &Value,
+        method: &str,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let meta = era::parse_meta(params.as_ref())?;
+        match method {
+            "server/discover" => Ok(Reply::Result(era::discover_result(
+                self.hub.capabilities(),
+                self.instructions(),
+            ))),
+            "subscriptions/listen" => crate::bridge::listen(self, id, params, meta, related).await,
+            // Replaced in this revision by `_meta` log levels and `subscriptions/listen`.
+            "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
+                Err(RelayError::MethodNotFound(method.to_string()))
+            }
+            _ => crate::bridge::serve(self, method, params, meta, related).await,
+        }
+    }
+
+    pub(crate) async fn dispatch(
         &self,
         method: &str,
         params: Option<Value>,
@@ -544,6 +680,7 @@ impl Session {
     ) -> CallContext<'a> {
         CallContext {
             session: self.id,
+            owner: self.owner,
             tool,
             related,
         }
@@ -602,6 +739,15 @@ impl Session {
             result.insert("nextCursor".into(), Value::String(next));
         }
         Ok(Value::Object(result))
+    }
+}
+
+/// Ends a session however the task holding it ends.
+pub struct CloseOnDrop(pub Arc<Session>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 

@@ -128,6 +128,7 @@ impl Hub {
         for upstream in listing {
             let context = CallContext {
                 session: call.session,
+                owner: call.owner,
                 tool: None,
                 related: call.related,
             };

@@ -422,7 +422,7 @@ async fn catalog_changes_are_announced_and_lists_paginate() -> anyhow::Result<()
     tokio::time::timeout(Duration::from_secs(30), handler.tools_changed.notified())
         .await
         .map_err(|_| anyhow::anyhow!("no tools/list_changed arrived\n{}", daemon.log()))?;
-    // Five tools at two per page: the client follows plexus's cursors.
+    // Six tools at two per page: the client follows plexus's cursors.
     let names: Vec<String> = client
         .list_all_tools()
         .await?
@@ -436,7 +436,8 @@ async fn catalog_changes_are_announced_and_lists_paginate() -> anyhow::Result<()
                 "late__add",
                 "late__sleep",
                 "late__fail",
-                "late__whoami"
+                "late__whoami",
+                "late__ask"
             ],
         "{names:?}"
     );

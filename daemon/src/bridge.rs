@@ -1,0 +1,339 @@
+//! The bridge between eras for 2026-07-28 clients. Such a client cannot be sent
+//! requests: when a handshake-era upstream asks for sampling, elicitation or
+//! roots while serving the client's request, plexus answers the client with an
+//! input-required result and keeps the upstream call waiting. The client's retry
+//! names the paused call by `requestState`; its `inputResponses` go to the
+//! upstream as the answers, and the retry receives what follows (the final
+//! result, or the next input-required result).
+//!
+//! Also `subscriptions/listen`, the revision's one long-lived request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapters::Reply;
+use registry::Kind;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::era::{self, RequestMeta};
+use crate::hub::Hub;
+use crate::jsonrpc::{self, RelayError};
+use crate::session::{CloseOnDrop, InputNeeded, ScopeChannels, Session};
+
+/// Marks a `requestState` plexus issued, as opposed to one an upstream issued.
+const STATE_PREFIX: &str = "plexus.";
+/// How long a paused call waits for the client's retry before it is cancelled.
+pub const CONTINUATION_TTL: Duration = Duration::from_secs(600);
+
+/// A request paused on input from a 2026-07-28 client.
+pub struct Continuation {
+    scope: Arc<Session>,
+    task: JoinHandle<Result<Reply, RelayError>>,
+    channels: ScopeChannels,
+    /// Upstream requests the client has been asked to answer, by input key.
+    pending: Vec<(String, InputNeeded)>,
+    next_key: u64,
+    method: String,
+    target: Option<String>,
+}
+
+impl Drop for Continuation {
+    fn drop(&mut self) {
+        // Abandoned (expired, cancelled, or shut down): stop the upstream call and
+        // release the upstream's pending requests instead of leaving them to time out.
+        self.task.abort();
+        self.scope.close();
+        for (_, input) in self.pending.drain(..) {
+            let error =
+                json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
+            tokio::spawn(async move {
+                let _ = input
+                    .connection
+                    .respond(input.upstream_id, Reply::Error(error))
+                    .await;
+            });
+        }
+    }
+}
+
+/// Serves one 2026-07-28 request other than discovery and listening: a first
+/// attempt starts it in a scope of its own; a retry resumes the paused call.
+pub async fn serve(
+    parent: &Session,
+    method: &str,
+    params: Option<Value>,
+    meta: RequestMeta,
+    related: &mpsc::Sender<Value>,
+) -> Result<Reply, RelayError> {
+    let hub = parent.hub().clone();
+    let state = params
+        .as_ref()
+        .and_then(|p| p.get("requestState"))
+        .and_then(Value::as_str)
+        .filter(|state| state.starts_with(STATE_PREFIX))
+        .map(str::to_string);
+    if let Some(state) = state {
+        let (_, mut continuation) = hub.continuations.remove(&state).ok_or_else(|| {
+            RelayError::InvalidParams("`requestState` is unknown or has expired".into())
+        })?;
+        if continuation.method != method || continuation.target != target_of(method, &params) {
+            // Put it back: a stray retry must not cancel the real one.
+            let message = format!(
+                "`requestState` belongs to a `{}` request, not this one",
+                continuation.method
+            );
+            hub.continuations.insert(state, continuation);
+            return Err(RelayError::InvalidParams(message));
+        }
+        let responses = params
+            .as_ref()
+            .and_then(|p| p.get("inputResponses"))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        continuation.answer(responses).await;
+        return continuation.drive(&hub, related).await;
+    }
+    let target = target_of(method, &params);
+    let (scope, channels) = parent.scope(meta);
+    if scope.log_level().is_some_and(|wanted| {
+        hub.current_log_level()
+            .is_none_or(|current| wanted < current)
+    }) {
+        hub.log_levels_changed().await;
+    }
+    let task = {
+        let scope = scope.clone();
+        let method = method.to_string();
+        tokio::spawn(async move {
+            let sink = scope.outbound().clone();
+            scope.dispatch(&method, params, &sink).await
+        })
+    };
+    Continuation {
+        scope,
+        task,
+        channels,
+        pending: Vec::new(),
+        next_key: 0,
+        method: method.to_string(),
+        target,
+    }
+    .drive(&hub, related)
+    .await
+}
+
+/// The member a retry must repeat to resume a paused call: the tool or prompt
+/// name, or the resource URI.
+fn target_of(method: &str, params: &Option<Value>) -> Option<String> {
+    era::mirrored_name(method, params.as_ref())
+        .flatten()
+        .map(str::to_string)
+}
+
+impl Continuation {
+    /// Runs the call until it completes or needs input; relays its progress and
+    /// log messages to the current attempt's stream meanwhile.
+    async fn drive(
+        mut self,
+        hub: &Arc<Hub>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        if !self.pending.is_empty() {
+            // The retry left some requests unanswered: ask for them again.
+            return Ok(self.pause(hub));
+        }
+        loop {
+            tokio::select! {
+                biased;
+                joined = &mut self.task => {
+                    while let Ok(message) = self.channels.events.try_recv() {
+                        let _ = related.send(message).await;
+                    }
+                    return joined.unwrap_or_else(|error| {
+                        Err(RelayError::InvalidRequest(format!("the request failed: {error}")))
+                    });
+                }
+                Some(input) = self.channels.inputs.recv() => {
+                    self.add_pending(input);
+                    // Several requests sent together go out together.
+                    while let Ok(more) = self.channels.inputs.try_recv() {
+                        self.add_pending(more);
+                    }
+                    return Ok(self.pause(hub));
+                }
+                Some(message) = self.channels.events.recv() => {
+                    let _ = related.send(message).await;
+                }
+            }
+        }
+    }
+
+    fn add_pending(&mut self, input: InputNeeded) {
+        self.next_key += 1;
+        let key = format!("{}-{}", input.method.replace('/', "-"), self.next_key);
+        self.pending.push((key, input));
+    }
+
+    /// Stores the call and answers the attempt with what it needs.
+    fn pause(self, hub: &Arc<Hub>) -> Reply {
+        let mut requests = Map::new();
+        for (key, input) in &self.pending {
+            let mut request = Map::new();
+            request.insert("method".into(), Value::String(input.method.clone()));
+            if let Some(params) = &input.params {
+                request.insert("params".into(), params.clone());
+            }
+            requests.insert(key.clone(), Value::Object(request));
+        }
+        let bits: u128 = rand::random();
+        let state = format!("{STATE_PREFIX}{bits:032x}");
+        hub.continuations.insert(state.clone(), self);
+        let expiring = Arc::downgrade(hub);
+        let key = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(CONTINUATION_TTL).await;
+            if let Some(hub) = expiring.upgrade() {
+                if hub.continuations.remove(&key).is_some() {
+                    tracing::info!("a paused request was not retried in time; cancelled");
+                }
+            }
+        });
+        Reply::Result(json!({
+            "resultType": "input_required",
+            "inputRequests": requests,
+            "requestState": state,
+        }))
+    }
+
+    /// Passes the client's answers to the upstreams that asked; unanswered
+    /// requests stay pending.
+    async fn answer(&mut self, mut responses: Map<String, Value>) {
+        let pending = std::mem::take(&mut self.pending);
+        for (key, input) in pending {
+            match responses.remove(&key) {
+                Some(response) => {
+                    if input
+                        .connection
+                        .respond(input.upstream_id, Reply::Result(response))
+                        .await
+                        .is_err()
+                    {
+                        tracing::debug!("the upstream went away before the client answered it");
+                    }
+                }
+                None => self.pending.push((key, input)),
+            }
+        }
+    }
+}
+
+/// `subscriptions/listen`: list changes and resource updates for the kinds and
+/// URIs the client names, each tagged with the request's id, until the client
+/// goes away or plexus shuts down.
+pub async fn listen(
+    parent: &Session,
+    id: &Value,
+    params: Option<Value>,
+    meta: RequestMeta,
+    related: &mpsc::Sender<Value>,
+) -> Result<Reply, RelayError> {
+    let hub = parent.hub().clone();
+    let filter = params
+        .as_ref()
+        .and_then(|p| p.get("notifications"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let wants = |key: &str| filter.get(key).and_then(Value::as_bool) == Some(true);
+    let mut kinds = Vec::new();
+    let mut honoured = Map::new();
+    for (key, kind) in [
+        ("toolsListChanged", &[Kind::Tools][..]),
+        ("promptsListChanged", &[Kind::Prompts][..]),
+        (
+            "resourcesListChanged",
+            &[Kind::Resources, Kind::ResourceTemplates][..],
+        ),
+    ] {
+        if wants(key) {
+            kinds.extend_from_slice(kind);
+            honoured.insert(key.into(), Value::Bool(true));
+        }
+    }
+    let (scope, mut channels) = parent.scope(meta);
+    let _closing = CloseOnDrop(scope.clone());
+    let catalog = hub.catalog();
+    let mut uris = Vec::new();
+    if let Some(Value::Array(requested)) = filter.get("resourceSubscriptions") {
+        for uri in requested.iter().filter_map(Value::as_str) {
+            let Some(route) = catalog.route_resource(uri) else {
+                continue;
+            };
+            if !scope.lock_subscriptions().insert(uri.to_string()) {
+                continue;
+            }
+            match hub.subscription(scope.id(), &route, true).await {
+                Ok(()) => uris.push(Value::String(uri.to_string())),
+                Err(error) => {
+                    tracing::debug!(%error, uri, "a listen stream's subscription was refused");
+                    scope.lock_subscriptions().remove(uri);
+                }
+            }
+        }
+    }
+    if filter.contains_key("resourceSubscriptions") {
+        honoured.insert("resourceSubscriptions".into(), Value::Array(uris));
+    }
+    let acknowledged = jsonrpc::notification(
+        "notifications/subscriptions/acknowledged",
+        Some(json!({ "notifications": honoured })),
+    );
+    if related
+        .send(era::tag_subscription(acknowledged, id))
+        .await
+        .is_err()
+    {
+        return Err(RelayError::InvalidRequest("the client went away".into()));
+    }
+    let mut catalogs = hub.subscribe();
+    let mut last = catalogs.borrow_and_update().clone();
+    loop {
+        tokio::select! {
+            _ = hub.stopping() => break,
+            changed = catalogs.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let current = catalogs.borrow_and_update().clone();
+                let mut methods: Vec<&str> = kinds
+                    .iter()
+                    .filter(|kind| last.digest(**kind) != current.digest(**kind))
+                    .map(|kind| kind.list_changed_method())
+                    .collect();
+                methods.dedup();
+                last = current;
+                for method in methods {
+                    let message = era::tag_subscription(jsonrpc::notification(method, None), id);
+                    if related.send(message).await.is_err() {
+                        return Err(RelayError::InvalidRequest("the client went away".into()));
+                    }
+                }
+            }
+            Some(message) = channels.events.recv() => {
+                // Log messages belong to requests, not to this stream.
+                if message.get("method").and_then(Value::as_str) == Some("notifications/resources/updated")
+                    && related.send(era::tag_subscription(message, id)).await.is_err()
+                {
+                    return Err(RelayError::InvalidRequest("the client went away".into()));
+                }
+            }
+        }
+    }
+    Ok(Reply::Result(json!({
+        "resultType": "complete",
+        "_meta": {era::META_SUBSCRIPTION_ID: id},
+    })))
+}

@@ -1,0 +1,239 @@
+//! The 2026-07-28 wire era as plexus serves it: no `initialize`; each request
+//! carries its protocol version and the client's capabilities in `_meta`, every
+//! result names its `resultType`, and the HTTP headers mirror the body.
+
+use serde_json::{json, Map, Value};
+
+use crate::jsonrpc::RelayError;
+use crate::logging::LogLevel;
+
+/// The revision without a handshake that plexus serves.
+pub const MODERN_VERSION: &str = "2026-07-28";
+/// Every revision plexus serves, newest first (what `server/discover` and -32022 list).
+pub const ALL_VERSIONS: &[&str] = &[
+    MODERN_VERSION,
+    "2025-11-25",
+    "2025-06-18",
+    "2025-03-26",
+    "2024-11-05",
+];
+
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+pub const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// The per-request context a 2026-07-28 client sends in `_meta`.
+#[derive(Clone, Debug)]
+pub struct RequestMeta {
+    pub capabilities: Value,
+    pub log_level: Option<LogLevel>,
+}
+
+/// The protocol version a request declares in its `_meta`, if any: present
+/// means the client speaks a revision without a handshake.
+pub fn declared_version(params: Option<&Value>) -> Option<&Value> {
+    params?.get("_meta")?.get(META_PROTOCOL_VERSION)
+}
+
+/// Reads and checks the per-request fields: an unserved version is -32022 with
+/// the versions plexus serves; missing capabilities are -32602.
+pub fn parse_meta(params: Option<&Value>) -> Result<RequestMeta, RelayError> {
+    let meta = params
+        .and_then(|p| p.get("_meta"))
+        .and_then(Value::as_object);
+    let version = meta.and_then(|m| m.get(META_PROTOCOL_VERSION));
+    match version.and_then(Value::as_str) {
+        Some(MODERN_VERSION) => {}
+        Some(other) => {
+            return Err(RelayError::UnsupportedVersion {
+                requested: other.to_string(),
+                supported: ALL_VERSIONS.to_vec(),
+            })
+        }
+        None => {
+            return Err(RelayError::InvalidParams(format!(
+                "`_meta.{META_PROTOCOL_VERSION}` must be a string"
+            )))
+        }
+    }
+    let capabilities = match meta.and_then(|m| m.get(META_CLIENT_CAPABILITIES)) {
+        Some(capabilities @ Value::Object(_)) => capabilities.clone(),
+        _ => {
+            return Err(RelayError::InvalidParams(format!(
+                "`_meta.{META_CLIENT_CAPABILITIES}` is required and must be an object"
+            )))
+        }
+    };
+    let log_level = meta
+        .and_then(|m| m.get(META_LOG_LEVEL))
+        .and_then(Value::as_str)
+        .and_then(LogLevel::parse);
+    Ok(RequestMeta {
+        capabilities,
+        log_level,
+    })
+}
+
+/// Removes the per-request fields before a request goes to a handshake-era
+/// upstream: it negotiated once at `initialize`, and some servers reject a
+/// version in `_meta` they did not negotiate.
+pub fn strip_request_meta(params: &mut Option<Value>) {
+    let Some(Value::Object(params)) = params else {
+        return;
+    };
+    let emptied = match params.get_mut("_meta") {
+        Some(Value::Object(meta)) => {
+            for key in [
+                META_PROTOCOL_VERSION,
+                META_CLIENT_INFO,
+                META_CLIENT_CAPABILITIES,
+                META_LOG_LEVEL,
+            ] {
+                meta.remove(key);
+            }
+            meta.is_empty()
+        }
+        _ => false,
+    };
+    if emptied {
+        params.remove("_meta");
+    }
+}
+
+/// 2026-07-28 results name their type; handshake-era upstreams never do.
+pub fn mark_complete(result: &mut Value) {
+    if let Value::Object(result) = result {
+        result
+            .entry("resultType")
+            .or_insert_with(|| Value::String("complete".into()));
+    }
+}
+
+/// The answer to `server/discover`.
+pub fn discover_result(capabilities: Value, instructions: String) -> Value {
+    let info = server_info();
+    json!({
+        "resultType": "complete",
+        "supportedVersions": ALL_VERSIONS,
+        "capabilities": capabilities,
+        "serverInfo": info,
+        "instructions": instructions,
+        // The catalog, and with it the capabilities, change as upstreams come and go.
+        "ttlMs": 0,
+        "cacheScope": "private",
+        "_meta": {META_SERVER_INFO: info},
+    })
+}
+
+pub fn server_info() -> Value {
+    json!({"name": "plexus", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// Adds the subscription id to a notification delivered on a listen stream.
+pub fn tag_subscription(mut notification: Value, subscription: &Value) -> Value {
+    if let Some(message) = notification.as_object_mut() {
+        let params = message
+            .entry("params")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(params) = params.as_object_mut() {
+            let meta = params
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(META_SUBSCRIPTION_ID.into(), subscription.clone());
+            }
+        }
+    }
+    notification
+}
+
+/// Decodes a header value that may use the `=?base64?…?=` sentinel.
+pub fn decode_header_value(value: &str) -> Option<String> {
+    use base64::Engine;
+    match value
+        .strip_prefix("=?base64?")
+        .and_then(|rest| rest.strip_suffix("?="))
+    {
+        Some(encoded) => base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok()),
+        None => Some(value.to_string()),
+    }
+}
+
+/// The body member `Mcp-Name` mirrors, for the methods that require it.
+pub fn mirrored_name<'a>(method: &str, params: Option<&'a Value>) -> Option<Option<&'a str>> {
+    let key = match method {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return None,
+    };
+    Some(params.and_then(|p| p.get(key)).and_then(Value::as_str))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_is_checked_version_first() {
+        let ok = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {"sampling": {}}, META_LOG_LEVEL: "info"}});
+        let meta = parse_meta(Some(&ok)).expect("valid meta");
+        assert_eq!(meta.capabilities, json!({"sampling": {}}));
+        assert_eq!(meta.log_level, LogLevel::parse("info"));
+
+        let old =
+            json!({"_meta": {META_PROTOCOL_VERSION: "1900-01-01", META_CLIENT_CAPABILITIES: {}}});
+        let error = parse_meta(Some(&old))
+            .expect_err("unknown version")
+            .to_error_object();
+        assert_eq!(error["code"], -32022);
+        assert_eq!(error["data"]["requested"], "1900-01-01");
+        assert_eq!(error["data"]["supported"][0], MODERN_VERSION);
+
+        let bare = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}});
+        let error = parse_meta(Some(&bare))
+            .expect_err("no capabilities")
+            .to_error_object();
+        assert_eq!(error["code"], -32602);
+    }
+
+    #[test]
+    fn stripping_keeps_other_meta_and_drops_an_emptied_one() {
+        let mut params = Some(
+            json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {}, "progressToken": 3}}),
+        );
+        strip_request_meta(&mut params);
+        assert_eq!(
+            params,
+            Some(json!({"name": "x", "_meta": {"progressToken": 3}}))
+        );
+        let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
+        strip_request_meta(&mut params);
+        assert_eq!(params, Some(json!({})));
+    }
+
+    #[test]
+    fn header_sentinel_is_decoded() {
+        assert_eq!(decode_header_value("plain").as_deref(), Some("plain"));
+        assert_eq!(
+            decode_header_value("=?base64?SGVsbG8sIOS4lueVjA==?=").as_deref(),
+            Some("Hello, 世界")
+        );
+        assert_eq!(decode_header_value("=?base64?!!?="), None);
+    }
+
+    #[test]
+    fn results_are_marked_complete_unless_typed() {
+        let mut plain = json!({"content": []});
+        mark_complete(&mut plain);
+        assert_eq!(plain["resultType"], "complete");
+        let mut typed = json!({"resultType": "input_required"});
+        mark_complete(&mut typed);
+        assert_eq!(typed["resultType"], "input_required");
+    }
+}

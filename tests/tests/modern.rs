@@ -1,0 +1,510 @@
+//! 2026-07-28 clients through plexus. They never send `initialize`: each
+//! request carries its version and capabilities in `_meta`. Upstreams here are
+//! handshake era, so plexus bridges: an upstream's sampling, elicitation or roots
+//! request during a 2026-07-28 client's call reaches the client as an
+//! input-required result, and the client's retry completes the call.
+
+#![allow(deprecated)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{fixture_upstream, json_of, plexus_binary, Daemon};
+use rmcp::model::{
+    CallToolRequestParams, ClientConfig, CompleteRequestParams, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
+    ProtocolVersion, ReadResourceRequestParams, Root, SamplingMessage, ServerNotification,
+    SubscriptionFilter,
+};
+use rmcp::service::{RequestContext, RunningService};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient};
+use serde_json::{json, Value};
+
+const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
+
+/// Answers whatever an upstream asks, through input-required rounds.
+#[derive(Clone, Default)]
+struct ModernClient {
+    name: String,
+    sampled: Arc<AtomicUsize>,
+    roots_asked: Arc<AtomicUsize>,
+}
+
+impl ClientHandler for ModernClient {
+    fn get_info(&self) -> ClientConfig {
+        serde_json::from_value(json!({
+            "protocolVersion": "2026-07-28",
+            "capabilities": {
+                "sampling": {"tools": {}},
+                "elicitation": {"form": {}, "url": {}},
+                "roots": {"listChanged": true},
+            },
+            "clientInfo": {"name": self.name, "version": "1"},
+        }))
+        .unwrap_or_default()
+    }
+
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.sampled.fetch_add(1, Ordering::SeqCst);
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(format!("sampled by {}", self.name)),
+            "test-model".into(),
+        ))
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        let request = json_of(&request);
+        let mut content = serde_json::Map::new();
+        if let Some(properties) = request["requestedSchema"]["properties"].as_object() {
+            for (key, schema) in properties {
+                let value = match (schema["enum"].get(0), schema["type"].as_str()) {
+                    (Some(first), _) => first.clone(),
+                    (None, Some("number" | "integer")) => json!(1),
+                    (None, Some("boolean")) => json!(true),
+                    _ => json!(format!("{} answered", self.name)),
+                };
+                content.insert(key.clone(), value);
+            }
+        }
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content)))
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        self.roots_asked.fetch_add(1, Ordering::SeqCst);
+        Ok(ListRootsResult::new(vec![Root::new(format!(
+            "file:///roots/{}",
+            self.name
+        ))]))
+    }
+}
+
+type Client = RunningService<RoleClient, ModernClient>;
+
+fn modern() -> ClientLifecycleMode {
+    ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    }
+}
+
+fn everything_section() -> String {
+    format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\ninit_timeout = \"180s\"\n")
+}
+
+async fn call(client: &Client, name: &str, args: Value) -> anyhow::Result<Value> {
+    let params =
+        CallToolRequestParams::new(name.to_string()).with_arguments(plexus_tests::arguments(args));
+    Ok(json_of(&client.call_tool(params).await?))
+}
+
+async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let tools = client.list_all_tools().await?;
+        if tools.iter().any(|t| t.name == tool) {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{tool} never listed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Everything a 2026-07-28 client does, against a handshake-era upstream.
+async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()> {
+    let info = client.peer_info().context("no server info")?;
+    ensure!(
+        info.protocol_version == ProtocolVersion::V_2026_07_28,
+        "negotiated {:?}",
+        info.protocol_version
+    );
+    wait_for_tool(client, "everything__trigger-sampling-request").await?;
+    ensure!(
+        call(client, "fx__echo", json!({"text": "modern"}))
+            .await?
+            .to_string()
+            .contains("modern"),
+        "echo"
+    );
+
+    // Sampling: the upstream's request becomes an input-required round.
+    let sampled = call(
+        client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "hello", "maxTokens": 20}),
+    )
+    .await?;
+    ensure!(
+        sampled
+            .to_string()
+            .contains(&format!("sampled by {}", handler.name)),
+        "{sampled}"
+    );
+    ensure!(handler.sampled.load(Ordering::SeqCst) >= 1);
+
+    let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
+    ensure!(elicited.to_string().contains("accept"), "{elicited}");
+
+    let roots = call(client, "everything__get-roots-list", json!({})).await?;
+    ensure!(
+        roots
+            .to_string()
+            .contains(&format!("file:///roots/{}", handler.name)),
+        "{roots}"
+    );
+
+    // The first attempt alone shows the round: input_required, with plexus's state.
+    let first = client
+        .peer()
+        .call_tool_once(
+            CallToolRequestParams::new("everything__trigger-sampling-request").with_arguments(
+                plexus_tests::arguments(json!({"prompt": "once", "maxTokens": 5})),
+            ),
+        )
+        .await?;
+    let rmcp::model::CallToolResponse::InputRequired(first) = first else {
+        anyhow::bail!("the first attempt was not input_required: {first:?}");
+    };
+    let first = json_of(&first);
+    ensure!(first["resultType"] == "input_required", "{first}");
+    let requests = first["inputRequests"]
+        .as_object()
+        .context("inputRequests")?;
+    ensure!(requests.len() == 1, "{first}");
+    ensure!(
+        requests
+            .values()
+            .all(|r| r["method"] == "sampling/createMessage"),
+        "{first}"
+    );
+    ensure!(
+        first["requestState"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("plexus.")),
+        "{first}"
+    );
+
+    let completion = client
+        .peer()
+        .complete(serde_json::from_value::<CompleteRequestParams>(json!({
+            "ref": {"type": "ref/prompt", "name": "everything__completable-prompt"},
+            "argument": {"name": "department", "value": "Eng"},
+        }))?)
+        .await?;
+    ensure!(
+        json_of(&completion).to_string().contains("Engineering"),
+        "{}",
+        json_of(&completion)
+    );
+
+    let long = call(
+        client,
+        "everything__trigger-long-running-operation",
+        json!({"duration": 1, "steps": 3}),
+    )
+    .await?;
+    ensure!(long["isError"] != true, "{long}");
+
+    // Resources read under their namespaced URIs.
+    let resources = client.list_all_resources().await?;
+    let uri = resources
+        .iter()
+        .map(|r| r.uri.clone())
+        .find(|uri| uri.starts_with("everything+"))
+        .context("no everything resource")?;
+    let read = client
+        .read_resource(ReadResourceRequestParams::new(uri.clone()))
+        .await?;
+    ensure!(json_of(&read)["contents"][0]["uri"] == json!(uri));
+
+    // subscriptions/listen replaces resources/subscribe: updates arrive on the stream.
+    let mut filter = SubscriptionFilter::new();
+    filter.tools_list_changed = Some(true);
+    filter.resource_subscriptions = Some(vec![uri.clone()]);
+    let mut subscription = client.peer().listen(filter).await?;
+    ensure!(
+        subscription.acknowledged().resource_subscriptions == Some(vec![uri.clone()]),
+        "{:?}",
+        subscription.acknowledged()
+    );
+    call(client, "everything__toggle-subscriber-updates", json!({})).await?;
+    let update = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match subscription.next().await {
+                Ok(Some(ServerNotification::ResourceUpdatedNotification(update))) => {
+                    return Ok(update.params.uri)
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => anyhow::bail!("the listen stream ended"),
+                Err(error) => return Err(error.into()),
+            }
+        }
+    })
+    .await
+    .context("no resource update on the listen stream")??;
+    ensure!(update == uri, "{update} for {uri}");
+    call(client, "everything__toggle-subscriber-updates", json!({})).await?;
+    drop(subscription);
+
+    let unknown = client
+        .call_tool(CallToolRequestParams::new("nope__echo"))
+        .await
+        .err()
+        .context("an unknown tool succeeded")?;
+    ensure!(
+        unknown.to_string().contains("-32602") || unknown.to_string().contains("unknown tool"),
+        "{unknown}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams(
+) -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        everything_section(),
+        fixture_upstream("fx", "", &[])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(240)).await?;
+
+    let over_http = ModernClient {
+        name: "http-modern".into(),
+        ..ModernClient::default()
+    };
+    let started = Instant::now();
+    let http = over_http
+        .clone()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+    let connect = started.elapsed();
+    ensure!(
+        connect < Duration::from_secs(1),
+        "connecting took {connect:?}"
+    );
+    exercise(&http, &over_http)
+        .await
+        .with_context(|| format!("over HTTP\n{}", daemon.log()))?;
+    http.cancel().await?;
+
+    let config = daemon.stdio_config(&sections)?;
+    let mut command = tokio::process::Command::new(plexus_binary());
+    command
+        .args(["serve", "--stdio", "--config"])
+        .arg(&config)
+        .env("PLEXUS_LOG", "warn");
+    let over_stdio = ModernClient {
+        name: "stdio-modern".into(),
+        ..ModernClient::default()
+    };
+    let stdio = over_stdio
+        .clone()
+        .serve_with_lifecycle(TokioChildProcess::new(command)?, modern())
+        .await?;
+    exercise(&stdio, &over_stdio).await.context("over stdio")?;
+    stdio.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// What the HTTP front checks on a 2026-07-28 request, before any upstream sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = reqwest::Client::new();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let post = |headers: Vec<(&'static str, String)>, body: Value| {
+        let mut request = client
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        async move {
+            let response = request.send().await?;
+            let status = response.status().as_u16();
+            let session = response.headers().get("mcp-session-id").cloned();
+            let text = response.text().await?;
+            let body: Value = serde_json::from_str(
+                text.lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .last()
+                    .unwrap_or(&text),
+            )
+            .with_context(|| format!("body: {text}"))?;
+            anyhow::Ok((status, body, session))
+        }
+    };
+    let standard = |method: &str| {
+        vec![
+            ("mcp-protocol-version", "2026-07-28".to_string()),
+            ("mcp-method", method.to_string()),
+        ]
+    };
+
+    // Discovery answers at once, without a session, and names every revision.
+    let started = Instant::now();
+    let (status, discover, session) = post(
+        standard("server/discover"),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
+    )
+    .await?;
+    ensure!(started.elapsed() < Duration::from_secs(1));
+    ensure!(status == 200 && session.is_none(), "{status} {discover}");
+    let result = &discover["result"];
+    ensure!(result["resultType"] == "complete", "{discover}");
+    ensure!(result["supportedVersions"][0] == "2026-07-28", "{discover}");
+    ensure!(
+        result["supportedVersions"]
+            .as_array()
+            .is_some_and(|v| v.contains(&json!("2025-11-25"))),
+        "{discover}"
+    );
+    ensure!(result["capabilities"]["tools"].is_object(), "{discover}");
+    ensure!(
+        result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "plexus",
+        "{discover}"
+    );
+
+    // A call: the result is typed; the Mcp-Name header must match the body.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "fx__echo", "arguments": {"text": "hi"}, "_meta": meta}});
+    let mut named = standard("tools/call");
+    named.push(("mcp-name", "fx__echo".into()));
+    let (status, answer, _) = post(named, call.clone()).await?;
+    ensure!(status == 200, "{status} {answer}");
+    ensure!(answer["result"]["resultType"] == "complete", "{answer}");
+    ensure!(answer["result"]["content"][0]["text"] == "hi", "{answer}");
+
+    let mut encoded = standard("tools/call");
+    encoded.push(("mcp-name", "=?base64?ZnhfX2VjaG8=?=".into()));
+    let (status, answer, _) = post(encoded, call.clone()).await?;
+    ensure!(status == 200, "base64 Mcp-Name: {status} {answer}");
+
+    let (status, answer, _) = post(standard("tools/call"), call.clone()).await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32020,
+        "missing Mcp-Name: {status} {answer}"
+    );
+    let mut wrong = standard("tools/call");
+    wrong.push(("mcp-name", "fx__add".into()));
+    let (status, answer, _) = post(wrong, call.clone()).await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32020,
+        "mismatched Mcp-Name: {status} {answer}"
+    );
+    let (status, answer, _) = post(
+        vec![("mcp-protocol-version", "2026-07-28".into())],
+        call.clone(),
+    )
+    .await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32020,
+        "no Mcp-Method: {status} {answer}"
+    );
+
+    // An unknown version: -32022 naming what plexus serves.
+    let (status, answer, _) = post(
+        vec![
+            ("mcp-protocol-version", "1900-01-01".into()),
+            ("mcp-method", "server/discover".into()),
+        ],
+        json!({"jsonrpc": "2.0", "id": 3, "method": "server/discover", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "1900-01-01",
+            "io.modelcontextprotocol/clientCapabilities": {}}}}),
+    )
+    .await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32022,
+        "{status} {answer}"
+    );
+    ensure!(
+        answer["error"]["data"]["requested"] == "1900-01-01",
+        "{answer}"
+    );
+
+    // Missing capabilities: malformed, -32602 and 400.
+    let (status, answer, _) = post(
+        standard("tools/list"),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28"}}}),
+    )
+    .await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32602,
+        "{status} {answer}"
+    );
+
+    // An unknown method: 404 with -32601, and the retired methods are unknown.
+    for method in ["no/such", "logging/setLevel"] {
+        let (status, answer, _) = post(
+            standard(method),
+            json!({"jsonrpc": "2.0", "id": 5, "method": method, "params": {"_meta": meta}}),
+        )
+        .await?;
+        ensure!(
+            status == 404 && answer["error"]["code"] == -32601,
+            "{method}: {status} {answer}"
+        );
+    }
+
+    // A missing resource is -32602 in this revision (-32002 is retired).
+    let mut read = standard("resources/read");
+    read.push(("mcp-name", "nowhere://x".into()));
+    let (_, answer, _) = post(
+        read,
+        json!({"jsonrpc": "2.0", "id": 6, "method": "resources/read", "params": {"uri": "nowhere://x", "_meta": meta}}),
+    )
+    .await?;
+    ensure!(answer["error"]["code"] == -32602, "{answer}");
+
+    // A retry naming state plexus never issued is refused, not guessed at.
+    let mut named = standard("tools/call");
+    named.push(("mcp-name", "fx__echo".into()));
+    let (_, answer, _) = post(
+        named,
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "fx__echo",
+            "arguments": {"text": "x"}, "requestState": "plexus.0000", "inputResponses": {}, "_meta": meta}}),
+    )
+    .await?;
+    ensure!(answer["error"]["code"] == -32602, "{answer}");
+
+    // The handshake era is served alongside, on the same endpoint.
+    let (status, hello, session) = post(
+        vec![],
+        json!({"jsonrpc": "2.0", "id": 8, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "old", "version": "0"}}}),
+    )
+    .await?;
+    ensure!(status == 200 && session.is_some(), "{status} {hello}");
+    ensure!(
+        hello["result"]["protocolVersion"] == "2025-11-25",
+        "{hello}"
+    );
+    ensure!(hello["result"].get("resultType").is_none(), "{hello}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
