@@ -37,6 +37,9 @@ pub struct Continuation {
     next_key: u64,
     method: String,
     target: Option<String>,
+    /// The progress token of the attempt that started the call: the upstream's
+    /// progress is announced under it, and each retry's own token replaces it.
+    first_token: Option<Value>,
 }
 
 impl Drop for Continuation {
@@ -94,9 +97,11 @@ pub async fn serve(
             .cloned()
             .unwrap_or_default();
         continuation.answer(responses).await;
-        return continuation.drive(&hub, related).await;
+        let token = progress_token(&params);
+        return continuation.drive(&hub, related, token).await;
     }
     let target = target_of(method, &params);
+    let first_token = progress_token(&params);
     let (scope, channels) = parent.scope(meta);
     if scope.log_level().is_some_and(|wanted| {
         hub.current_log_level()
@@ -104,6 +109,7 @@ pub async fn serve(
     }) {
         hub.log_levels_changed().await;
     }
+    hub.offer_roots(&scope).await;
     let task = {
         let scope = scope.clone();
         let method = method.to_string();
@@ -120,9 +126,14 @@ pub async fn serve(
         next_key: 0,
         method: method.to_string(),
         target,
+        first_token: first_token.clone(),
     }
-    .drive(&hub, related)
+    .drive(&hub, related, first_token)
     .await
+}
+
+fn progress_token(params: &Option<Value>) -> Option<Value> {
+    params.as_ref()?.get("_meta")?.get("progressToken").cloned()
 }
 
 /// The member a retry must repeat to resume a paused call: the tool or prompt
@@ -140,6 +151,7 @@ impl Continuation {
         mut self,
         hub: &Arc<Hub>,
         related: &mpsc::Sender<Value>,
+        token: Option<Value>,
     ) -> Result<Reply, RelayError> {
         if !self.pending.is_empty() {
             // The retry left some requests unanswered: ask for them again.
@@ -150,7 +162,9 @@ impl Continuation {
                 biased;
                 joined = &mut self.task => {
                     while let Ok(message) = self.channels.events.try_recv() {
-                        let _ = related.send(message).await;
+                        if let Some(message) = self.for_attempt(message, token.as_ref()) {
+                            let _ = related.send(message).await;
+                        }
                     }
                     return joined.unwrap_or_else(|error| {
                         Err(RelayError::InvalidRequest(format!("the request failed: {error}")))
@@ -165,10 +179,26 @@ impl Continuation {
                     return Ok(self.pause(hub));
                 }
                 Some(message) = self.channels.events.recv() => {
-                    let _ = related.send(message).await;
+                    if let Some(message) = self.for_attempt(message, token.as_ref()) {
+                        let _ = related.send(message).await;
+                    }
                 }
             }
         }
+    }
+
+    /// Progress of the call, under the current attempt's token (none if it asked for none).
+    fn for_attempt(&self, mut message: Value, token: Option<&Value>) -> Option<Value> {
+        if message_method(&message) != Some("notifications/progress") {
+            return Some(message);
+        }
+        let Some(params) = message.get_mut("params") else {
+            return Some(message);
+        };
+        if params.get("progressToken") == self.first_token.as_ref() {
+            params["progressToken"] = token?.clone();
+        }
+        Some(message)
     }
 
     fn add_pending(&mut self, input: InputNeeded) {
@@ -336,4 +366,8 @@ pub async fn listen(
         "resultType": "complete",
         "_meta": {era::META_SUBSCRIPTION_ID: id},
     })))
+}
+
+fn message_method(message: &Value) -> Option<&str> {
+    message.get("method").and_then(Value::as_str)
 }

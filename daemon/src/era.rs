@@ -103,13 +103,33 @@ pub fn strip_request_meta(params: &mut Option<Value>) {
     }
 }
 
-/// 2026-07-28 results name their type; handshake-era upstreams never do.
-pub fn mark_complete(result: &mut Value) {
+/// 2026-07-28 results name their type, and cacheable ones say how long they
+/// may be cached; handshake-era upstreams send neither.
+pub fn mark_complete(method: &str, result: &mut Value) {
     if let Value::Object(result) = result {
         result
             .entry("resultType")
             .or_insert_with(|| Value::String("complete".into()));
+        if is_cacheable(method) {
+            // The catalog changes whenever an upstream does: never cache it, never share it.
+            result.entry("ttlMs").or_insert_with(|| Value::from(0));
+            result
+                .entry("cacheScope")
+                .or_insert_with(|| Value::String("private".into()));
+        }
     }
+}
+
+fn is_cacheable(method: &str) -> bool {
+    matches!(
+        method,
+        "server/discover"
+            | "tools/list"
+            | "prompts/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+    )
 }
 
 /// The answer to `server/discover`.
@@ -230,10 +250,14 @@ mod tests {
     #[test]
     fn results_are_marked_complete_unless_typed() {
         let mut plain = json!({"content": []});
-        mark_complete(&mut plain);
-        assert_eq!(plain["resultType"], "complete");
+        mark_complete("tools/call", &mut plain);
+        assert_eq!(plain, json!({"content": [], "resultType": "complete"}));
         let mut typed = json!({"resultType": "input_required"});
-        mark_complete(&mut typed);
+        mark_complete("tools/call", &mut typed);
         assert_eq!(typed["resultType"], "input_required");
+        let mut listed = json!({"tools": []});
+        mark_complete("tools/list", &mut listed);
+        assert_eq!(listed["ttlMs"], 0);
+        assert_eq!(listed["cacheScope"], "private");
     }
 }

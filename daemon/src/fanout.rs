@@ -527,23 +527,37 @@ impl Hub {
     /// A client finished initializing: upstreams that were told "no roots" before any
     /// client could answer are told the roots changed, so they ask this one.
     pub fn client_initialized(&self, session: &Session) {
-        if !session.has_capability(&["roots"]) {
-            return;
-        }
-        let waiting: Vec<_> = self
-            .fanout
-            .roots_for_nobody
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-            .collect();
-        for (_, connection) in waiting {
+        for connection in self.roots_waiters(session) {
             tokio::spawn(async move {
                 let _ = connection
                     .notify("notifications/roots/list_changed", None)
                     .await;
             });
         }
+    }
+
+    /// A 2026-07-28 request from a client with roots: upstreams told "no roots" are
+    /// told the roots changed before the request goes out, so the roots request
+    /// they send next arrives while this request is in flight and reaches this client.
+    pub async fn offer_roots(&self, scope: &Session) {
+        for connection in self.roots_waiters(scope) {
+            let _ = connection
+                .notify("notifications/roots/list_changed", None)
+                .await;
+        }
+    }
+
+    fn roots_waiters(&self, session: &Session) -> Vec<UpstreamConnection> {
+        if !session.has_capability(&["roots"]) {
+            return Vec::new();
+        }
+        self.fanout
+            .roots_for_nobody
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .map(|(_, connection)| connection)
+            .collect()
     }
 
     /// A client's roots changed: tell the upstreams that asked it.

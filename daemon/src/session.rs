@@ -296,7 +296,7 @@ impl Session {
         match outcome {
             Some(Ok(Reply::Result(mut result))) => {
                 if modern {
-                    era::mark_complete(&mut result);
+                    era::mark_complete(&method, &mut result);
                 }
                 Handled::Respond(jsonrpc::result_response(id, result))
             }

@@ -38,18 +38,29 @@ pub async fn serve<R, W>(
     let (replies, mut outgoing) = mpsc::channel::<Value>(256);
     let writer = tokio::spawn(async move {
         let mut output = output;
+        let mut batch = Vec::new();
         loop {
-            let message = tokio::select! {
+            tokio::select! {
                 biased;
                 reply = outgoing.recv() => match reply {
-                    Some(reply) => reply,
+                    Some(reply) => {
+                        // A request's progress and log messages go out before its response.
+                        while let Ok(event) = events.try_recv() {
+                            batch.push(event);
+                        }
+                        batch.push(reply);
+                    }
                     None => break,
                 },
-                Some(event) = events.recv() => event,
-            };
-            let mut line = serde_json::to_vec(&message).unwrap_or_default();
-            line.push(b'\n');
-            if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+                Some(event) = events.recv() => batch.push(event),
+            }
+            let mut lines = Vec::new();
+            for message in batch.drain(..) {
+                if serde_json::to_writer(&mut lines, &message).is_ok() {
+                    lines.push(b'\n');
+                }
+            }
+            if output.write_all(&lines).await.is_err() || output.flush().await.is_err() {
                 break;
             }
         }

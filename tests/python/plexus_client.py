@@ -1,8 +1,13 @@
 """Drives plexus with the official MCP Python SDK, a client written independently of plexus
 and of the rmcp clients in the Rust tests, over streamable HTTP or stdio.
 
-    target/python-venv/bin/python tests/python/plexus_client.py --url http://127.0.0.1:PORT/mcp
+    target/python-venv/bin/python tests/python/plexus_client.py --url http://127.0.0.1:PORT/mcp [--mode legacy]
     target/python-venv/bin/python tests/python/plexus_client.py --stdio -- plexus serve --stdio --config X
+
+`--mode auto` (the SDK's default) probes `server/discover` and so speaks 2026-07-28 to plexus:
+sampling, elicitation and roots then arrive as input-required rounds, log messages ride on
+requests that opt in through `_meta`, and resource updates on a `subscriptions/listen` stream.
+`--mode legacy` speaks the handshake era (2025-11-25) with its server-to-client requests.
 
 The daemon must run the upstreams `everything` (@modelcontextprotocol/server-everything,
 prefix `everything__`) and `fx` (the workspace's plexus-fixture). Prints one line per
@@ -24,6 +29,7 @@ import anyio
 import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client import ClientRequestContext
+from mcp.client.subscriptions import ResourceUpdated
 from mcp.shared.exceptions import MCPError
 
 # The handshake-era calls this script exercises on purpose (logging/setLevel,
@@ -182,7 +188,7 @@ async def tool_names(client: Client) -> set[str]:
     return {tool.name for tool in tools}
 
 
-async def exercise_everything(client: Client, seen: Recorder) -> None:
+async def exercise_everything(client: Client, seen: Recorder, modern: bool) -> None:
     # A fresh daemon lists an upstream's tools once it is ready; wait for them.
     deadline = time.monotonic() + LISTED_WITHIN_S
     while "everything__trigger-sampling-request" not in (names := await tool_names(client)):
@@ -193,6 +199,22 @@ async def exercise_everything(client: Client, seen: Recorder) -> None:
         )
         await anyio.sleep(0.5)
     ok("everything-listed", f"{sum(n.startswith('everything__') for n in names)} tools")
+
+    # A daemon that kept the last-known catalog lists the tools while the upstream still
+    # starts; calls meanwhile get -33001 with a retry hint, which a client honours.
+    while True:
+        try:
+            with anyio.fail_after(CALL_TIMEOUT_S):
+                await client.call_tool("everything__echo", {"message": "ready?"})
+            break
+        except MCPError as error:
+            data = error.error.data if isinstance(error.error.data, dict) else {}
+            ensure(
+                error.code == -33001 and time.monotonic() < deadline,
+                "everything-ready",
+                f"error {error.code}: {error.error.message}",
+            )
+            await anyio.sleep(max(data.get("retry_after_ms") or 200, 50) / 1000)
 
     text = await call(client, "everything__trigger-sampling-request", "sampling", {"prompt": "hello", "maxTokens": 20})
     ensure(SAMPLED_TEXT in text, "sampling", f"result lacks {SAMPLED_TEXT!r}: {text}")
@@ -218,12 +240,18 @@ async def exercise_everything(client: Client, seen: Recorder) -> None:
     else:
         ok("url-elicitation", "skipped: not listed")
 
-    text = await call(client, "everything__get-roots-list", "roots")
-    ensure(
-        ROOT_URI in text,
-        "roots",
-        f"result lacks {ROOT_URI} (this client was asked roots/list {seen.roots_asked} times): {text}",
-    )
+    if modern:
+        # server-everything caches the roots of its one (shared) connection, fetched when no
+        # client was there to answer; the fixture's `ask` asks on every call instead.
+        text = await call(client, "fx__ask", "roots", {"kind": "roots"})
+        ensure(text == ROOT_URI, "roots", f"fx__ask answered {text!r}, not {ROOT_URI}")
+    else:
+        text = await call(client, "everything__get-roots-list", "roots")
+        ensure(
+            ROOT_URI in text,
+            "roots",
+            f"result lacks {ROOT_URI} (this client was asked roots/list {seen.roots_asked} times): {text}",
+        )
     ok("roots", ROOT_URI)
 
     completion = await bounded(
@@ -276,13 +304,19 @@ async def exercise_everything(client: Client, seen: Recorder) -> None:
     ensure("after cancel" in echoed, "cancellation", f"echo after the cancel answered {echoed}")
     ok("cancellation", f"control back {latency * 1000:.0f} ms after the cancel; echo afterwards works")
 
-    await bounded("logging", client.set_logging_level("debug"))
-    await call(client, "everything__toggle-simulated-logging", "logging")
-
     def from_upstream() -> list[types.LoggingMessageNotificationParams]:
         return [m for m in seen.logs if (m.logger or "").startswith("everything")]
 
-    arrived = await eventually(lambda: bool(from_upstream()), NOTIFIED_WITHIN_S)
+    if modern:
+        # Log messages belong to requests that opted in (the client stamps `logLevel`
+        # on every request): they arrive while a call is in flight.
+        await call(client, "everything__toggle-simulated-logging", "logging")
+        await call(client, "everything__trigger-long-running-operation", "logging", {"duration": 6, "steps": 3})
+        arrived = await eventually(lambda: bool(from_upstream()), 2.0)
+    else:
+        await bounded("logging", client.set_logging_level("debug"))
+        await call(client, "everything__toggle-simulated-logging", "logging")
+        arrived = await eventually(lambda: bool(from_upstream()), NOTIFIED_WITHIN_S)
     await call(client, "everything__toggle-simulated-logging", "logging")
     ensure(
         arrived,
@@ -297,11 +331,25 @@ async def exercise_everything(client: Client, seen: Recorder) -> None:
     uri = next((str(r.uri) for r in resources if str(r.uri).startswith("everything+")), None)
     ensure(uri is not None, "subscription", f"no everything+ resource among {len(resources)}")
     assert uri is not None
-    await bounded("subscription", client.subscribe_resource(uri))
-    await call(client, "everything__toggle-subscriber-updates", "subscription")
-    arrived = await eventually(lambda: bool(seen.updates), NOTIFIED_WITHIN_S)
-    await call(client, "everything__toggle-subscriber-updates", "subscription")
-    await bounded("subscription", client.unsubscribe_resource(uri))
+    if modern:
+        # subscriptions/listen replaces resources/subscribe: updates arrive on its stream.
+        async with client.listen(resource_subscriptions=[uri]) as subscription:
+            honored = list(subscription.honored.resource_subscriptions or [])
+            ensure(honored == [uri], "subscription", f"plexus honoured {honored} of [{uri}]")
+            await call(client, "everything__toggle-subscriber-updates", "subscription")
+            with anyio.move_on_after(NOTIFIED_WITHIN_S):
+                async for event in subscription:
+                    if isinstance(event, ResourceUpdated):
+                        seen.updates.append(str(event.uri))
+                        break
+        arrived = bool(seen.updates)
+        await call(client, "everything__toggle-subscriber-updates", "subscription")
+    else:
+        await bounded("subscription", client.subscribe_resource(uri))
+        await call(client, "everything__toggle-subscriber-updates", "subscription")
+        arrived = await eventually(lambda: bool(seen.updates), NOTIFIED_WITHIN_S)
+        await call(client, "everything__toggle-subscriber-updates", "subscription")
+        await bounded("subscription", client.unsubscribe_resource(uri))
     ensure(arrived, "subscription", f"no notifications/resources/updated within {NOTIFIED_WITHIN_S:.0f} s")
     ensure(all(u == uri for u in seen.updates), "subscription", f"updates {seen.updates} for {uri}")
     ok("subscription", f"{len(seen.updates)} updates for {uri}")
@@ -343,11 +391,13 @@ async def exercise_fixture(client: Client) -> None:
     ok("fx-read", contents[0][1] or "")
 
 
-async def run(server: str | StdioServerParameters) -> None:
+async def run(server: str | StdioServerParameters, mode: str) -> None:
     seen = Recorder()
+    modern = mode == "auto"
     client = Client(
         server,
-        mode="auto",  # the 2.x default: probe server/discover, fall back to initialize
+        mode=mode,
+        log_level="debug",
         sampling_callback=seen.sampling,
         elicitation_callback=seen.elicitation,
         list_roots_callback=seen.list_roots,
@@ -362,19 +412,21 @@ async def run(server: str | StdioServerParameters) -> None:
         with anyio.fail_after(TOTAL_S):
             async with client:
                 connect_s = time.monotonic() - started
-                ensure(
-                    client.session.initialize_result is not None,
-                    "connect",
-                    "the client did not fall back to initialize (server/discover was answered?)",
-                )
+                if modern:
+                    ensure(
+                        client.session.discover_result is not None and client.protocol_version == "2026-07-28",
+                        "connect",
+                        f"auto mode did not settle on 2026-07-28 (protocol {client.protocol_version})",
+                    )
+                else:
+                    ensure(client.session.initialize_result is not None, "connect", "no initialize result")
                 ensure(
                     connect_s < CONNECT_BUDGET_S,
                     "connect",
-                    f"initialize done after {connect_s:.3f} s (budget {CONNECT_BUDGET_S} s): "
-                    "the server/discover fallback is slow",
+                    f"connected after {connect_s:.3f} s (budget {CONNECT_BUDGET_S} s)",
                 )
-                ok("connect", f"initialize done in {connect_s * 1000:.0f} ms, protocol {client.protocol_version}")
-                await exercise_everything(client, seen)
+                ok("connect", f"{mode} mode connected in {connect_s * 1000:.0f} ms, protocol {client.protocol_version}")
+                await exercise_everything(client, seen, modern)
                 await exercise_fixture(client)
     except TimeoutError:
         raise CheckFailed("run", f"not done within {TOTAL_S:.0f} s") from None
@@ -396,6 +448,7 @@ def main() -> int:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="plexus's streamable HTTP endpoint")
     target.add_argument("--stdio", action="store_true", help="launch the command after `--` and talk over its stdio")
+    parser.add_argument("--mode", choices=["auto", "legacy"], default="auto", help="the SDK's connect mode")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="with --stdio: -- PROGRAM ARGS...")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -410,7 +463,7 @@ def main() -> int:
             parser.error("a command is only taken with --stdio")
         server = args.url
     try:
-        anyio.run(run, server)
+        anyio.run(run, server, args.mode)
     except BaseException as error:  # noqa: BLE001 - every error is a failure, named
         failure = first_check_failure(error)
         if failure is not None:

@@ -69,7 +69,8 @@ async fn run_script(args: &[&std::ffi::OsStr]) -> anyhow::Result<(bool, String)>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_sdk_client_passes_every_check_over_http_and_stdio() -> anyhow::Result<()> {
+async fn the_python_sdk_client_passes_every_check_in_both_eras_over_http_and_stdio(
+) -> anyhow::Result<()> {
     // The test command creates the venv; a bare `cargo test` on a machine without it
     // says what to run instead of failing on a missing interpreter.
     if !venv_python().exists() {
@@ -79,33 +80,47 @@ async fn the_python_sdk_client_passes_every_check_over_http_and_stdio() -> anyho
 
     let daemon = Daemon::start("", &sections()).await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
-    let (passed, report) = run_script(&["--url".as_ref(), daemon.url.as_ref()]).await?;
-    if !passed {
-        bail!(
-            "python client over HTTP failed: {report}\n--- plexus log\n{}",
-            daemon.log()
-        );
-    }
-    println!("python client over HTTP: {report}");
-
-    // stdio: the script launches plexus itself, on a state directory of its own so
-    // nothing is shared with the HTTP daemon but the warm npx cache.
+    // The SDK's default (auto) settles on 2026-07-28, so plexus bridges that era to the
+    // handshake-era upstreams; legacy mode covers the handshake era end to end.
     let config = daemon.stdio_config(&sections())?;
     let plexus = plexus_binary();
-    let (passed, report) = run_script(&[
-        "--stdio".as_ref(),
-        "--".as_ref(),
-        plexus.as_os_str(),
-        "serve".as_ref(),
-        "--stdio".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-    ])
-    .await?;
-    if !passed {
-        bail!("python client over stdio failed (plexus's log is its stderr): {report}");
+    for mode in ["auto", "legacy"] {
+        let (passed, report) = run_script(&[
+            "--mode".as_ref(),
+            mode.as_ref(),
+            "--url".as_ref(),
+            daemon.url.as_ref(),
+        ])
+        .await?;
+        if !passed {
+            bail!(
+                "python client ({mode}) over HTTP failed: {report}\n--- plexus log\n{}",
+                daemon.log()
+            );
+        }
+        println!("python client ({mode}) over HTTP: {report}");
+
+        // stdio: the script launches plexus itself, on a state directory of its own so
+        // nothing is shared with the HTTP daemon but the warm npx cache.
+        let (passed, report) = run_script(&[
+            "--mode".as_ref(),
+            mode.as_ref(),
+            "--stdio".as_ref(),
+            "--".as_ref(),
+            plexus.as_os_str(),
+            "serve".as_ref(),
+            "--stdio".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ])
+        .await?;
+        if !passed {
+            bail!(
+                "python client ({mode}) over stdio failed (plexus's log is its stderr): {report}"
+            );
+        }
+        println!("python client ({mode}) over stdio: {report}");
     }
-    println!("python client over stdio: {report}");
 
     let status = daemon.stop().await?;
     anyhow::ensure!(status.success(), "plexus exited with {status}");
