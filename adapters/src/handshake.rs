@@ -1,7 +1,11 @@
-//! The handshake-era start of an upstream session (`initialize`, then
-//! `notifications/initialized`) and listing with upstream pagination.
+//! The start of an upstream session, in either era: `server/discover` for
+//! 2026-07-28 (after which every request carries its own `_meta`), or the
+//! handshake (`initialize`, then `notifications/initialized`); and listing with
+//! upstream pagination.
 
-use serde_json::{json, Value};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
 
 use crate::rpc::{ConnectionError, Reply};
 use crate::stdio::UpstreamConnection;
@@ -9,8 +13,23 @@ use crate::stdio::UpstreamConnection;
 /// Protocol revisions with an `initialize` handshake, oldest first.
 pub const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
-/// The revision plexus asks upstreams for.
+/// The revision plexus asks handshake-era upstreams for.
 pub const PREFERRED_VERSION: &str = "2025-11-25";
+
+/// The revision without a handshake.
+pub const MODERN_VERSION: &str = "2026-07-28";
+
+/// Which era plexus speaks to an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// Probe with `server/discover`; fall back to `initialize` on anything but a
+    /// modern answer.
+    Auto,
+    /// `initialize` only.
+    Handshake,
+    /// 2026-07-28 only.
+    Modern,
+}
 
 /// What plexus tells an upstream about itself.
 #[derive(Clone, Debug)]
@@ -31,6 +50,11 @@ pub struct ServerHello {
 }
 
 impl ServerHello {
+    /// Whether the upstream speaks 2026-07-28 (no session; `_meta` on every request).
+    pub fn is_modern(&self) -> bool {
+        self.protocol_version == MODERN_VERSION
+    }
+
     /// Whether the upstream advertised a capability (`tools`, `prompts`, `resources`, ...).
     pub fn has_capability(&self, name: &str) -> bool {
         self.capabilities
@@ -49,6 +73,95 @@ pub enum HandshakeError {
     Malformed { method: String, reason: String },
     #[error("the upstream answered protocol version `{0}`, which plexus does not speak")]
     UnsupportedVersion(String),
+}
+
+/// Starts a session in the era `protocol` allows. In auto mode a probe that is
+/// not answered within `probe_timeout` counts as a handshake-era upstream.
+pub async fn connect(
+    connection: &UpstreamConnection,
+    identity: &ClientIdentity,
+    protocol: UpstreamProtocol,
+    probe_timeout: Duration,
+) -> Result<ServerHello, HandshakeError> {
+    match protocol {
+        UpstreamProtocol::Handshake => initialize(connection, identity).await,
+        UpstreamProtocol::Modern => {
+            discover(connection, identity)
+                .await?
+                .ok_or_else(|| HandshakeError::Refused {
+                    method: "server/discover".into(),
+                    error: json!({"message": "the upstream does not serve 2026-07-28"}),
+                })
+        }
+        UpstreamProtocol::Auto => {
+            match tokio::time::timeout(probe_timeout, discover(connection, identity)).await {
+                Ok(Ok(Some(hello))) => Ok(hello),
+                Ok(Ok(None)) | Err(_) => initialize(connection, identity).await,
+                Ok(Err(error)) => Err(error),
+            }
+        }
+    }
+}
+
+/// The per-request fields plexus sends a 2026-07-28 upstream.
+fn request_meta(identity: &ClientIdentity) -> Map<String, Value> {
+    let mut meta = Map::new();
+    meta.insert(
+        "io.modelcontextprotocol/protocolVersion".into(),
+        Value::from(MODERN_VERSION),
+    );
+    meta.insert(
+        "io.modelcontextprotocol/clientInfo".into(),
+        json!({"name": identity.name, "version": identity.version}),
+    );
+    meta.insert(
+        "io.modelcontextprotocol/clientCapabilities".into(),
+        identity.capabilities.clone(),
+    );
+    meta
+}
+
+/// `server/discover`: Some when the upstream serves 2026-07-28, None when its
+/// answer marks it as handshake era (an error, or only handshake versions).
+pub async fn discover(
+    connection: &UpstreamConnection,
+    identity: &ClientIdentity,
+) -> Result<Option<ServerHello>, HandshakeError> {
+    let meta = request_meta(identity);
+    let params = json!({ "_meta": meta });
+    let result = match connection.request("server/discover", Some(params)).await? {
+        Reply::Result(result) => result,
+        Reply::Error(_) => return Ok(None),
+    };
+    let modern = result
+        .get("supportedVersions")
+        .and_then(Value::as_array)
+        .is_some_and(|versions| versions.iter().any(|v| v == MODERN_VERSION));
+    if !modern {
+        return Ok(None);
+    }
+    let server_info = result
+        .get("serverInfo")
+        .or_else(|| {
+            result
+                .get("_meta")
+                .and_then(|m| m.get("io.modelcontextprotocol/serverInfo"))
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    connection.set_request_meta(meta);
+    Ok(Some(ServerHello {
+        protocol_version: MODERN_VERSION.into(),
+        capabilities: result
+            .get("capabilities")
+            .cloned()
+            .unwrap_or_else(|| json!({})),
+        server_info,
+        instructions: result
+            .get("instructions")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    }))
 }
 
 /// Runs `initialize` and sends `notifications/initialized`.

@@ -4,13 +4,13 @@
 use std::collections::VecDeque;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
@@ -107,6 +107,8 @@ struct Inner {
     pid: Option<u32>,
     stats: Arc<ConnectionStats>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// For an upstream of 2026-07-28: the `_meta` fields every request carries.
+    request_meta: RwLock<Option<Map<String, Value>>>,
 }
 
 impl Drop for Inner {
@@ -221,6 +223,7 @@ impl UpstreamConnection {
                 pid,
                 stats,
                 stderr_tail,
+                request_meta: RwLock::new(None),
             }),
         })
     }
@@ -233,6 +236,7 @@ impl UpstreamConnection {
         params: Option<Value>,
     ) -> Result<Reply, ConnectionError> {
         let inner = &self.inner;
+        let params = self.with_request_meta(params);
         let (id, reply) = inner.pending.register();
         let mut guard = CancelOnDrop {
             inner,
@@ -259,6 +263,67 @@ impl UpstreamConnection {
         };
         guard.armed = false;
         outcome
+    }
+
+    /// From now on every request carries these `_meta` fields (a 2026-07-28
+    /// upstream negotiates per request, not once).
+    pub fn set_request_meta(&self, meta: Map<String, Value>) {
+        *self
+            .inner
+            .request_meta
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(meta);
+    }
+
+    /// Sets or removes one of the per-request `_meta` fields, if there are any.
+    pub fn set_request_meta_field(&self, key: &str, value: Option<Value>) {
+        let mut meta = self
+            .inner
+            .request_meta
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(meta) = meta.as_mut() {
+            match value {
+                Some(value) => meta.insert(key.to_string(), value),
+                None => meta.remove(key),
+            };
+        }
+    }
+
+    /// Whether requests carry per-request `_meta` fields (the upstream is 2026-07-28).
+    pub fn is_per_request(&self) -> bool {
+        self.inner
+            .request_meta
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn with_request_meta(&self, params: Option<Value>) -> Option<Value> {
+        let fields = self
+            .inner
+            .request_meta
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(fields) = fields.as_ref() else {
+            return params;
+        };
+        let mut params = match params {
+            Some(Value::Object(params)) => params,
+            None => Map::new(),
+            // Not an object: nowhere to put `_meta`; the upstream judges it as it is.
+            Some(other) => return Some(other),
+        };
+        let meta = params
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(meta) = meta.as_object_mut() {
+            for (key, value) in fields {
+                // A value the request already carries (a caller's log level) wins.
+                meta.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        Some(Value::Object(params))
     }
 
     /// Sends a notification.

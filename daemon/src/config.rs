@@ -73,6 +73,8 @@ pub struct UpstreamConfig {
     pub max_pending: usize,
     pub share: Share,
     pub start: Start,
+    /// Which protocol era plexus speaks to the upstream.
+    pub protocol: Protocol,
     pub idle_timeout: Duration,
     pub restart: RestartSettings,
     /// Interval of health pings; zero disables them.
@@ -89,6 +91,31 @@ pub enum Share {
     Shared,
     /// One instance per downstream session, started on first use.
     Session,
+}
+
+/// The protocol era plexus speaks to an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Protocol {
+    /// Probe with `server/discover`; use `initialize` unless the upstream serves 2026-07-28.
+    #[serde(rename = "auto")]
+    Auto,
+    /// The `initialize` handshake (2025-11-25 and earlier).
+    #[serde(rename = "handshake")]
+    Handshake,
+    /// 2026-07-28 only.
+    #[serde(rename = "2026-07-28")]
+    Modern,
+}
+
+impl Protocol {
+    pub fn for_adapter(self) -> adapters::handshake::UpstreamProtocol {
+        use adapters::handshake::UpstreamProtocol;
+        match self {
+            Protocol::Auto => UpstreamProtocol::Auto,
+            Protocol::Handshake => UpstreamProtocol::Handshake,
+            Protocol::Modern => UpstreamProtocol::Modern,
+        }
+    }
 }
 
 /// When an upstream is started.
@@ -190,6 +217,7 @@ struct RawUpstream {
     max_pending: Option<usize>,
     share: Option<Share>,
     start: Option<Start>,
+    protocol: Option<Protocol>,
     idle_timeout: Option<String>,
     max_restarts: Option<usize>,
     restart_window: Option<String>,
@@ -532,6 +560,7 @@ fn validate_upstream(
         max_pending: raw.max_pending.unwrap_or(DEFAULT_MAX_PENDING),
         share: raw.share.unwrap_or(Share::Shared),
         start: raw.start.unwrap_or(Start::Eager),
+        protocol: raw.protocol.unwrap_or(Protocol::Auto),
         idle_timeout: idle_timeout?,
         restart: RestartSettings {
             backoff: restart_backoff?,

@@ -202,23 +202,24 @@ mod tests {
     #[test]
     fn meta_is_checked_version_first() {
         let ok = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {"sampling": {}}, META_LOG_LEVEL: "info"}});
-        let meta = parse_meta(Some(&ok)).expect("valid meta");
+        let Ok(meta) = parse_meta(Some(&ok)) else {
+            panic!("valid meta refused");
+        };
         assert_eq!(meta.capabilities, json!({"sampling": {}}));
         assert_eq!(meta.log_level, LogLevel::parse("info"));
 
-        let old =
-            json!({"_meta": {META_PROTOCOL_VERSION: "1900-01-01", META_CLIENT_CAPABILITIES: {}}});
-        let error = parse_meta(Some(&old))
-            .expect_err("unknown version")
-            .to_error_object();
+        let error_of = |params: Value| match parse_meta(Some(&params)) {
+            Ok(_) => panic!("accepted {params}"),
+            Err(error) => error.to_error_object(),
+        };
+        let error = error_of(
+            json!({"_meta": {META_PROTOCOL_VERSION: "1900-01-01", META_CLIENT_CAPABILITIES: {}}}),
+        );
         assert_eq!(error["code"], -32022);
         assert_eq!(error["data"]["requested"], "1900-01-01");
         assert_eq!(error["data"]["supported"][0], MODERN_VERSION);
 
-        let bare = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}});
-        let error = parse_meta(Some(&bare))
-            .expect_err("no capabilities")
-            .to_error_object();
+        let error = error_of(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
         assert_eq!(error["code"], -32602);
     }
 

@@ -34,7 +34,10 @@ pub struct Fanout {
 }
 
 /// Which client capability a server-to-client request needs, if any.
-fn required_capability(method: &str, params: Option<&Value>) -> Option<Vec<&'static str>> {
+pub(crate) fn required_capability(
+    method: &str,
+    params: Option<&Value>,
+) -> Option<Vec<&'static str>> {
     match method {
         "sampling/createMessage" => Some(if params.is_some_and(|p| p.get("tools").is_some()) {
             vec!["sampling", "tools"]
@@ -155,6 +158,21 @@ impl Hub {
             }
         };
         if !send {
+            return Ok(());
+        }
+        let upstream = self.upstream_named(&route.upstream)?;
+        if upstream.speaks_per_request() {
+            // 2026-07-28 has no resources/subscribe: the upstream's listen stream names the URIs.
+            let uris = self
+                .fanout
+                .subscriptions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keys()
+                .filter(|(name, _)| **name == *route.upstream)
+                .map(|(_, uri)| uri.clone())
+                .collect();
+            upstream.listen_uris.send_replace(uris);
             return Ok(());
         }
         let method = if subscribe {
@@ -282,6 +300,14 @@ impl Hub {
             .connection_for_call(false, std::time::Duration::ZERO)
             .await
         {
+            if connection.is_per_request() {
+                // 2026-07-28 has no setLevel: each request carries the level it wants.
+                connection.set_request_meta_field(
+                    "io.modelcontextprotocol/logLevel",
+                    Some(Value::from(level.as_str())),
+                );
+                return;
+            }
             let params = json!({"level": level.as_str()});
             if let Err(error) = connection.request("logging/setLevel", Some(params)).await {
                 tracing::debug!(%error, "setting an upstream's log level failed");

@@ -59,6 +59,7 @@ struct ProgressRoute {
 }
 
 /// What a relayed request carries besides its method and params.
+#[derive(Clone, Copy)]
 pub struct CallContext<'a> {
     /// The downstream session the call belongs to (requests the upstream sends
     /// while serving it are attributed to it).

@@ -2,14 +2,14 @@
 //! with its supervising task: start, initialize, list, serve events, ping, and on
 //! exit restart with backoff until the restart budget is spent (then `failed`).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use adapters::handshake::{self, ClientIdentity, ServerHello};
 use adapters::stdio::ConnectionStats;
-use adapters::{StdioOptions, UpstreamConnection, UpstreamEvent};
+use adapters::{Reply, StdioOptions, UpstreamConnection, UpstreamEvent};
 use dashmap::DashMap;
 use registry::{Kind, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
@@ -381,6 +381,9 @@ pub struct Upstream {
     pub stats: Arc<ConnectionStats>,
     /// What the upstream last advertised in `initialize` (kept across restarts and on disk).
     known_capabilities: RwLock<Value>,
+    /// For a 2026-07-28 upstream: the (upstream's own) resource URIs clients are
+    /// subscribed to, which its listen stream names.
+    pub listen_uris: watch::Sender<BTreeSet<String>>,
 }
 
 impl Upstream {
@@ -402,7 +405,13 @@ impl Upstream {
             sessions: DashMap::new(),
             stats: Arc::new(ConnectionStats::default()),
             known_capabilities: RwLock::new(Value::Null),
+            listen_uris: watch::Sender::new(BTreeSet::new()),
         }
+    }
+
+    /// Whether the shared instance speaks 2026-07-28 (per-request `_meta`, no session).
+    pub fn speaks_per_request(&self) -> bool {
+        self.shared.hello().is_some_and(|hello| hello.is_modern())
     }
 
     pub fn known_capabilities(&self) -> Value {
@@ -602,8 +611,16 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
             }
         };
     let identity = client_identity();
+    // A handshake-era upstream that ignores the probe costs at most this much of its start.
+    let probe_timeout = config.init_timeout.min(DISCOVER_PROBE_TIMEOUT);
+    let start = handshake::connect(
+        &connection,
+        &identity,
+        config.protocol.for_adapter(),
+        probe_timeout,
+    );
     let hello = tokio::select! {
-        outcome = tokio::time::timeout(config.init_timeout, handshake::initialize(&connection, &identity)) => outcome,
+        outcome = tokio::time::timeout(config.init_timeout, start) => outcome,
         _ = instance.stop.cancelled() => {
             set_state(instance, hub, UpstreamState::Stopping);
             connection.shutdown().await;
@@ -650,6 +667,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
         hub.apply_log_level(instance, level).await;
     }
 
+    let modern = hello.is_modern();
     let unhealthy = CancellationToken::new();
     let refresh = Arc::new(Notify::new());
     let mut helpers = Vec::new();
@@ -660,6 +678,12 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
             hello,
             hub.clone(),
             refresh.clone(),
+        )));
+    }
+    if modern && instance.publishes_listing {
+        helpers.push(tokio::spawn(listen_for_changes(
+            connection.clone(),
+            upstream.listen_uris.subscribe(),
         )));
     }
     if !config.health_interval.is_zero() {
@@ -688,6 +712,44 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<
     set_state(instance, hub, UpstreamState::Stopping);
     connection.shutdown().await;
     end
+}
+
+/// A 2026-07-28 upstream sends list changes and resource updates only on a
+/// `subscriptions/listen` stream: keep one open, reopened whenever the set of
+/// subscribed URIs changes. Its notifications arrive with the upstream's other
+/// messages.
+async fn listen_for_changes(
+    connection: UpstreamConnection,
+    mut uris: watch::Receiver<BTreeSet<String>>,
+) {
+    loop {
+        let current: Vec<String> = uris.borrow_and_update().iter().cloned().collect();
+        let params = json!({"notifications": {
+            "toolsListChanged": true,
+            "promptsListChanged": true,
+            "resourcesListChanged": true,
+            "resourceSubscriptions": current,
+        }});
+        // Dropping the request (a changed set) cancels the stream upstream.
+        let listening = connection.request("subscriptions/listen", Some(params));
+        tokio::select! {
+            outcome = listening => match outcome {
+                Ok(Reply::Error(error)) => {
+                    tracing::debug!(upstream = %connection.upstream(), %error, "upstream refused subscriptions/listen");
+                    // Asking again only helps once there is something new to ask for.
+                    if uris.changed().await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Reply::Result(_)) => {
+                    tracing::debug!(upstream = %connection.upstream(), "upstream ended its listen stream; reopening");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(_) => return,
+            },
+            changed = uris.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 /// Serves what the upstream sends on its own until the run ends.
@@ -792,6 +854,8 @@ async fn refresh_on_demand(
 
 /// Most pages plexus reads from one upstream list.
 const MAX_LIST_PAGES: usize = 1000;
+/// How long a `server/discover` probe may go unanswered before the upstream counts as handshake era.
+const DISCOVER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An empty listing of `config`'s upstream, ready to be filled.
 pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {

@@ -29,6 +29,8 @@ const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 #[derive(Clone, Default)]
 struct ModernClient {
     name: String,
+    /// Connects with the handshake (2025-11-25) instead.
+    legacy: bool,
     sampled: Arc<AtomicUsize>,
     roots_asked: Arc<AtomicUsize>,
 }
@@ -36,7 +38,7 @@ struct ModernClient {
 impl ClientHandler for ModernClient {
     fn get_info(&self) -> ClientConfig {
         serde_json::from_value(json!({
-            "protocolVersion": "2026-07-28",
+            "protocolVersion": if self.legacy { "2025-11-25" } else { "2026-07-28" },
             "capabilities": {
                 "sampling": {"tools": {}},
                 "elicitation": {"form": {}, "url": {}},
@@ -350,8 +352,8 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
             let text = response.text().await?;
             let body: Value = serde_json::from_str(
                 text.lines()
-                    .filter_map(|l| l.strip_prefix("data: "))
-                    .last()
+                    .rev()
+                    .find_map(|l| l.strip_prefix("data: "))
                     .unwrap_or(&text),
             )
             .with_context(|| format!("body: {text}"))?;
@@ -505,6 +507,131 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
         "{hello}"
     );
     ensure!(hello["result"].get("resultType").is_none(), "{hello}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// What `ask` answers when `client` fulfils its input request.
+fn expected_ask(kind: &str, client: &str) -> String {
+    match kind {
+        "sampling" => format!("sampled by {client}"),
+        "elicitation" => format!("accept:{client} answered"),
+        _ => format!("file:///roots/{client}"),
+    }
+}
+
+async fn ask(client: &Client, tool: &str, kind: &str) -> anyhow::Result<String> {
+    let result = call(client, tool, json!({"kind": kind})).await?;
+    ensure!(result["isError"] != true, "{tool} {kind}: {result}");
+    result["content"][0]["text"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("{tool} {kind}: {result}"))
+}
+
+/// A 2026-07-28 upstream (the fixture with `--modern`, found by plexus's
+/// `server/discover` probe) and a handshake-era one, each used by clients of
+/// both eras: every client gets the same answers. A handshake-era client is
+/// asked the modern upstream's input requests as real requests; a 2026-07-28
+/// client gets the upstream's input-required results as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        fixture_upstream("fxm", "", &["--modern"]),
+        fixture_upstream("fx", "", &[])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let log = daemon.log();
+    ensure!(
+        log.lines().any(|l| l.contains("upstream initialized")
+            && l.contains("upstream=fxm")
+            && l.contains("protocol=2026-07-28")),
+        "fxm was not reached as 2026-07-28\n{log}"
+    );
+    ensure!(
+        log.lines().any(|l| l.contains("upstream initialized")
+            && l.contains("upstream=fx ")
+            && l.contains("protocol=2025-11-25")),
+        "fx was not reached with the handshake\n{log}"
+    );
+
+    let old = ModernClient {
+        name: "old".into(),
+        legacy: true,
+        ..ModernClient::default()
+    };
+    let legacy = rmcp::ServiceExt::serve(
+        old.clone(),
+        StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+    )
+    .await?;
+    let new = ModernClient {
+        name: "new".into(),
+        ..ModernClient::default()
+    };
+    let modern_client = new
+        .clone()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+
+    for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
+        for upstream in ["fxm", "fx"] {
+            let echoed = call(
+                client,
+                &format!("{upstream}__echo"),
+                json!({"text": "both"}),
+            )
+            .await?;
+            ensure!(echoed["content"][0]["text"] == "both", "{echoed}");
+            for kind in ["sampling", "elicitation", "roots"] {
+                let text = ask(client, &format!("{upstream}__ask"), kind)
+                    .await
+                    .with_context(|| {
+                        format!("{name} client, {upstream}, {kind}\n{}", daemon.log())
+                    })?;
+                ensure!(
+                    text == expected_ask(kind, name),
+                    "{name} client, {upstream}, {kind}: {text}"
+                );
+            }
+        }
+    }
+    ensure!(
+        old.sampled.load(Ordering::SeqCst) == 2,
+        "old client sampled {}",
+        old.sampled.load(Ordering::SeqCst)
+    );
+    ensure!(
+        new.sampled.load(Ordering::SeqCst) == 2,
+        "new client sampled {}",
+        new.sampled.load(Ordering::SeqCst)
+    );
+
+    // The modern upstream's round reaches a 2026-07-28 client untouched: its own state.
+    let first = modern_client
+        .peer()
+        .call_tool_once(
+            CallToolRequestParams::new("fxm__ask")
+                .with_arguments(plexus_tests::arguments(json!({"kind": "roots"}))),
+        )
+        .await?;
+    let rmcp::model::CallToolResponse::InputRequired(first) = first else {
+        anyhow::bail!("not input_required: {first:?}");
+    };
+    let first = json_of(&first);
+    ensure!(first["requestState"] == "ask:roots:1", "{first}");
+    ensure!(
+        first["inputRequests"]["roots"]["method"] == "roots/list",
+        "{first}"
+    );
+
+    legacy.cancel().await?;
+    modern_client.cancel().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
