@@ -1,0 +1,365 @@
+//! Field-by-field round trips of what the relay tests do not cover: server-to-client
+//! requests and their answers (in the handshake era, and bridged to a 2026-07-28
+//! client as input-required rounds), and task results. Each is compared with the
+//! same exchange made directly with the same upstream, over raw stdio on both
+//! sides (`plexus serve --stdio` is a stdio server like any other), so what is
+//! compared is exactly what went over the wire.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use plexus_tests::{fixture_binary, plexus_binary};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
+
+/// A client that speaks raw JSON lines to a child's stdio and answers what it is asked.
+struct RawPeer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    next_id: u64,
+    /// Requests the server sent this client, as they arrived (method and params).
+    asked: Vec<Value>,
+}
+
+impl RawPeer {
+    async fn spawn(program: &Path, args: &[&str]) -> anyhow::Result<RawPeer> {
+        let mut child = Command::new(program)
+            .args(args)
+            .env("PLEXUS_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        Ok(RawPeer {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+            next_id: 0,
+            asked: Vec::new(),
+        })
+    }
+
+    async fn initialize(&mut self, capabilities: Value) -> anyhow::Result<Value> {
+        let hello = self
+            .request(
+                "initialize",
+                json!({"protocolVersion": "2025-11-25", "capabilities": capabilities,
+                       "clientInfo": {"name": "raw", "version": "0"}}),
+                &|_| Value::Null,
+            )
+            .await?;
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await?;
+        Ok(hello)
+    }
+
+    async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(message)?;
+        line.push(b'\n');
+        self.stdin.write_all(&line).await?;
+        self.stdin.flush().await?;
+        Ok(())
+    }
+
+    /// Sends a request and returns its response; requests the server sends
+    /// meanwhile are recorded and answered with `answer(method)`.
+    async fn request(
+        &mut self,
+        method: &str,
+        params: Value,
+        answer: &dyn Fn(&str) -> Value,
+    ) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await?;
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+                .await
+                .context("no message within 60 s")??
+                .context("the server closed stdout")?;
+            let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            match (
+                message.get("method").and_then(Value::as_str),
+                message.get("id"),
+            ) {
+                (Some(asked), Some(asked_id)) => {
+                    self.asked
+                        .push(json!({"method": asked, "params": message.get("params")}));
+                    let reply = json!({"jsonrpc": "2.0", "id": asked_id, "result": answer(asked)});
+                    self.send(&reply).await?;
+                }
+                (None, Some(answered)) if answered == &id => return Ok(message),
+                _ => {}
+            }
+        }
+    }
+
+    async fn close(mut self) {
+        drop(self.stdin);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+    }
+}
+
+/// Answers with fields no typed model knows, in an order of their own.
+fn rich_answer(method: &str) -> Value {
+    match method {
+        "sampling/createMessage" => json!({
+            "role": "assistant",
+            "content": {"type": "text", "text": "rich answer", "_meta": {"com.example/block": 1}},
+            "model": "model-7",
+            "stopReason": "endTurn",
+            "_meta": {"com.example/trace": "abc"},
+            "x-extra": {"nested": [1, 2.5, true, null]},
+        }),
+        "elicitation/create" => json!({
+            "action": "accept",
+            "content": {"name": "Ada", "age": 7},
+            "_meta": {"com.example/x": 1},
+        }),
+        "roots/list" => json!({
+            "roots": [{"uri": "file:///a", "name": "A", "_meta": {"k": "v"}}],
+            "_meta": {"m": 1},
+        }),
+        _ => Value::Null,
+    }
+}
+
+const ALL_CLIENT_CAPABILITIES: &str =
+    r#"{"sampling": {}, "elicitation": {"form": {}}, "roots": {"listChanged": true}}"#;
+
+fn stdio_config(dir: &Path, sections: &str) -> anyhow::Result<std::path::PathBuf> {
+    let config = dir.join("plexus.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{sections}",
+            dir.join("state").display().to_string()
+        ),
+    )?;
+    Ok(config)
+}
+
+async fn through_plexus(config: &Path) -> anyhow::Result<RawPeer> {
+    let config = config.to_str().context("config path")?;
+    RawPeer::spawn(&plexus_binary(), &["serve", "--stdio", "--config", config]).await
+}
+
+/// Calls until the upstream is ready: while it starts (with no listing on disk yet)
+/// plexus answers -33001, or -32602 before its tools are listed.
+async fn call_when_ready(
+    peer: &mut RawPeer,
+    params: Value,
+    answer: &dyn Fn(&str) -> Value,
+) -> anyhow::Result<Value> {
+    for _ in 0..600 {
+        let response = peer.request("tools/call", params.clone(), answer).await?;
+        let starting = response["error"]["code"] == -33001
+            || response["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("unknown tool"));
+        if !starting {
+            return Ok(response);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("the upstream never became ready")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_to_client_requests_round_trip_field_by_field() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = fixture_binary();
+    let config = stdio_config(
+        dir.path(),
+        &format!(
+            "[upstreams.fx]\ncommand = {:?}\nprefix = \"\"\n",
+            fixture.display().to_string()
+        ),
+    )?;
+    let capabilities: Value = serde_json::from_str(ALL_CLIENT_CAPABILITIES)?;
+
+    for kind in ["sampling", "elicitation", "roots"] {
+        let call = json!({"name": "ask", "arguments": {"kind": kind}});
+
+        // Directly: the request the fixture sends, and the result it builds from the answer.
+        let mut direct = RawPeer::spawn(&fixture, &[]).await?;
+        direct.initialize(capabilities.clone()).await?;
+        let expected = direct
+            .request("tools/call", call.clone(), &rich_answer)
+            .await?;
+        ensure!(direct.asked.len() == 1, "{kind}: asked {:?}", direct.asked);
+        let sent = direct.asked[0].clone();
+        direct.close().await;
+        ensure!(
+            expected["result"]["structuredContent"]["answer"].is_object(),
+            "{kind}: {expected}"
+        );
+
+        // Through plexus, handshake era: the same request reaches the client under
+        // plexus's id, and the same answer reaches the upstream under its own.
+        let mut relayed = through_plexus(&config).await?;
+        relayed.initialize(capabilities.clone()).await?;
+        let got = call_when_ready(&mut relayed, call.clone(), &rich_answer).await?;
+        ensure!(
+            relayed.asked.len() == 1,
+            "{kind}: asked {:?}",
+            relayed.asked
+        );
+        ensure!(
+            serde_json::to_string(&relayed.asked[0])? == serde_json::to_string(&sent)?,
+            "{kind}: the upstream sent\n{sent}\nthe client got\n{}",
+            relayed.asked[0]
+        );
+        ensure!(
+            serde_json::to_string(&got["result"])? == serde_json::to_string(&expected["result"])?,
+            "{kind}: directly\n{expected}\nthrough plexus\n{got}"
+        );
+        relayed.close().await;
+
+        // Through plexus to a 2026-07-28 client: the same request as an input
+        // request, and the same answer, given in the retry, reaches the upstream.
+        let mut modern = through_plexus(&config).await?;
+        let meta = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        });
+        let mut first_call = call.clone();
+        first_call["_meta"] = meta.clone();
+        let first = call_when_ready(&mut modern, first_call, &|_| Value::Null).await?;
+        ensure!(
+            modern.asked.is_empty(),
+            "a 2026-07-28 client was sent a request"
+        );
+        let result = &first["result"];
+        ensure!(result["resultType"] == "input_required", "{kind}: {first}");
+        let requests = result["inputRequests"]
+            .as_object()
+            .context("inputRequests")?;
+        ensure!(requests.len() == 1, "{kind}: {first}");
+        let (key, request) = requests.iter().next().context("one input request")?;
+        let mut wire = request.clone();
+        if wire.get("params").is_none() {
+            wire["params"] = Value::Null;
+        }
+        ensure!(
+            serde_json::to_string(&wire)? == serde_json::to_string(&sent)?,
+            "{kind}: the upstream sent\n{sent}\nthe input request is\n{request}"
+        );
+        let mut retry = call.clone();
+        retry["_meta"] = meta;
+        retry["requestState"] = result["requestState"].clone();
+        retry["inputResponses"] =
+            json!({ key.clone(): rich_answer(sent["method"].as_str().unwrap_or_default()) });
+        let done = modern
+            .request("tools/call", retry, &|_| Value::Null)
+            .await?;
+        let mut want = expected["result"].clone();
+        want["resultType"] = json!("complete");
+        ensure!(
+            serde_json::to_string(&done["result"])? == serde_json::to_string(&want)?,
+            "{kind}: directly\n{expected}\nbridged\n{done}"
+        );
+        modern.close().await;
+    }
+    Ok(())
+}
+
+/// The fields of a task a second run cannot reproduce.
+fn without_clock(mut value: Value) -> Value {
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(object) => {
+                for key in ["taskId", "createdAt", "lastUpdatedAt", "statusMessage"] {
+                    object.remove(key);
+                }
+                object.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut value);
+    value
+}
+
+/// Runs one task-augmented call to completion and returns (created, got, result).
+async fn run_task(peer: &mut RawPeer, ready: bool) -> anyhow::Result<(Value, Value, Value)> {
+    let call = json!({"name": "simulate-research-query", "arguments": {"topic": "relays"}, "task": {"ttl": 60000}});
+    let created = if ready {
+        peer.request("tools/call", call, &|_| Value::Null).await?
+    } else {
+        call_when_ready(peer, call, &|_| Value::Null).await?
+    };
+    let task_id = created["result"]["task"]["taskId"]
+        .as_str()
+        .with_context(|| format!("no task: {created}"))?
+        .to_string();
+    let mut got = Value::Null;
+    for _ in 0..300 {
+        got = peer
+            .request("tasks/get", json!({"taskId": task_id}), &|_| Value::Null)
+            .await?;
+        if got["result"]["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let result = peer
+        .request("tasks/result", json!({"taskId": task_id}), &|_| Value::Null)
+        .await?;
+    Ok((created, got, result))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_results_round_trip_field_by_field() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let npx = Path::new("npx");
+    let mut direct = RawPeer::spawn(npx, &["-y", EVERYTHING]).await?;
+    direct
+        .initialize(json!({}))
+        .await
+        .context("server-everything did not start")?;
+    let (created, got, result) = run_task(&mut direct, true).await?;
+    direct.close().await;
+
+    let config = stdio_config(
+        dir.path(),
+        &format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\nprefix = \"\"\ninit_timeout = \"180s\"\n"),
+    )?;
+    let mut relayed = through_plexus(&config).await?;
+    relayed.initialize(json!({})).await?;
+    let (relayed_created, relayed_got, relayed_result) = run_task(&mut relayed, false).await?;
+    relayed.close().await;
+
+    // Task ids name their upstream; everything else is the upstream's, field by field.
+    let exposed = relayed_created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(exposed.starts_with("everything:"), "{relayed_created}");
+    for (what, direct, relayed) in [
+        ("the created task", created, relayed_created),
+        ("tasks/get", got, relayed_got),
+        ("tasks/result", result, relayed_result),
+    ] {
+        let direct = without_clock(direct["result"].clone());
+        let relayed = without_clock(relayed["result"].clone());
+        ensure!(!direct.is_null(), "{what}: nothing directly");
+        ensure!(
+            serde_json::to_string(&direct)? == serde_json::to_string(&relayed)?,
+            "{what}: directly\n{direct}\nthrough plexus\n{relayed}"
+        );
+    }
+    Ok(())
+}
