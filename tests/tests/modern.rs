@@ -635,3 +635,51 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A listen stream opened before an upstream joins announces the tools it brings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
+    let late = format!(
+        "[upstreams.late]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1; exec {}\"]\n",
+        plexus_tests::fixture_binary().display()
+    );
+    let daemon = Daemon::start("", &late).await?;
+    let client = ModernClient::default()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+    ensure!(
+        client.list_all_tools().await?.is_empty(),
+        "the upstream should not have joined yet"
+    );
+    let mut filter = SubscriptionFilter::new();
+    filter.tools_list_changed = Some(true);
+    let mut subscription = client.peer().listen(filter).await?;
+    ensure!(subscription.acknowledged().tools_list_changed == Some(true));
+    let changed = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match subscription.next().await {
+                Ok(Some(ServerNotification::ToolListChangedNotification(_))) => return Ok(()),
+                Ok(Some(_)) => continue,
+                Ok(None) => anyhow::bail!("the listen stream ended"),
+                Err(error) => return Err(anyhow::Error::from(error)),
+            }
+        }
+    })
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "no tools/list_changed on the listen stream\n{}",
+            daemon.log()
+        )
+    })?;
+    changed?;
+    let tools = client.list_all_tools().await?;
+    ensure!(tools.iter().any(|t| t.name == "late__echo"), "{tools:?}");
+    drop(subscription);
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
