@@ -10,10 +10,10 @@ use clap::Parser;
 use plexus_tests::{
     fixture_binary, fixture_upstream, http_client, stdio_client, Client, Daemon, TestClient,
 };
-use rmcp::model::{CallToolRequestParams, JsonObject};
+use rmcp::model::{CallToolRequestParams, JsonObject, ProtocolVersion};
 use rmcp::service::Peer;
-use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
 use tokio::process::Command;
 use tokio::task::JoinSet;
 
@@ -50,6 +50,8 @@ enum Mode {
     Plexus,
     /// The client runs `plexus serve --stdio`: plexus's own cost without HTTP's.
     PlexusStdio,
+    /// A 2026-07-28 client over HTTP: no session, `_meta` on every request.
+    Plexus2026,
 }
 
 impl Mode {
@@ -58,6 +60,7 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Plexus => "plexus",
             Mode::PlexusStdio => "plexus-stdio",
+            Mode::Plexus2026 => "plexus-2026",
         }
     }
 }
@@ -110,6 +113,15 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("starting plexus serve --stdio")?;
     wait_for_tool(&proxied_stdio, "bench__echo").await?;
+    let proxied_modern = TestClient::default()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .context("connecting to plexus as a 2026-07-28 client")?;
 
     // Modes alternate within each concurrency level so that load from other
     // work on the machine drifts over both sides of a comparison alike.
@@ -119,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
             (Mode::Direct, &direct, "echo"),
             (Mode::Plexus, &proxied, "bench__echo"),
             (Mode::PlexusStdio, &proxied_stdio, "bench__echo"),
+            (Mode::Plexus2026, &proxied_modern, "bench__echo"),
         ] {
             let peer = client.peer().clone();
             run(&peer, tool, concurrency, WARM_UP_CALLS)
@@ -141,6 +154,10 @@ async fn main() -> anyhow::Result<()> {
         .cancel()
         .await
         .context("closing the plexus stdio client")?;
+    proxied_modern
+        .cancel()
+        .await
+        .context("closing the 2026-07-28 client")?;
     let status = daemon.stop().await.context("stopping plexus")?;
     if !status.success() {
         bail!("plexus exited with {status}");
@@ -291,7 +308,7 @@ fn print_report(results: &[Stats]) {
     }
 
     let mut ratios = Vec::new();
-    for mode in [Mode::Plexus, Mode::PlexusStdio] {
+    for mode in [Mode::Plexus, Mode::PlexusStdio, Mode::Plexus2026] {
         for concurrency in [1, HIGH_CONCURRENCY] {
             let find = |mode| {
                 results
