@@ -33,6 +33,10 @@ struct ModernClient {
     legacy: bool,
     sampled: Arc<AtomicUsize>,
     roots_asked: Arc<AtomicUsize>,
+    progress: Arc<AtomicUsize>,
+    logs: Arc<std::sync::Mutex<Vec<Value>>>,
+    /// Where the `fx` fixture this client calls writes the cancels it receives.
+    cancel_log: std::path::PathBuf,
 }
 
 impl ClientHandler for ModernClient {
@@ -80,6 +84,25 @@ impl ClientHandler for ModernClient {
             }
         }
         Ok(ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content)))
+    }
+
+    async fn on_progress(
+        &self,
+        _params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.progress.fetch_add(1, Ordering::SeqCst);
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
     }
 
     async fn list_roots(
@@ -158,12 +181,22 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
 
     let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
     ensure!(elicited.to_string().contains("accept"), "{elicited}");
-
-    let roots = call(client, "everything__get-roots-list", json!({})).await?;
+    let by_url = call(
+        client,
+        "everything__trigger-url-elicitation",
+        json!({"url": "https://example.com/consent"}),
+    )
+    .await?;
     ensure!(
-        roots
-            .to_string()
-            .contains(&format!("file:///roots/{}", handler.name)),
+        by_url.to_string().contains("completed the URL elicitation"),
+        "{by_url}"
+    );
+
+    // Roots from the fixture, which asks on every call (server-everything caches the
+    // roots of its one connection, asked before any client could answer).
+    let roots = call(client, "fx__ask", json!({"kind": "roots"})).await?;
+    ensure!(
+        roots["content"][0]["text"] == format!("file:///roots/{}", handler.name),
         "{roots}"
     );
 
@@ -211,6 +244,8 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
         json_of(&completion)
     );
 
+    // Progress arrives under the client's token, on the request's stream.
+    let before = handler.progress.load(Ordering::SeqCst);
     let long = call(
         client,
         "everything__trigger-long-running-operation",
@@ -218,6 +253,59 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
     )
     .await?;
     ensure!(long["isError"] != true, "{long}");
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(2), || handler
+            .progress
+            .load(Ordering::SeqCst)
+            > before)
+        .await,
+        "no progress reached the client"
+    );
+
+    // Logging: a request that names a level in `_meta` gets the log messages its
+    // upstream sends while it runs (the simulated logger speaks every 5 s).
+    call(client, "everything__toggle-simulated-logging", json!({})).await?;
+    let meta: rmcp::model::RequestMetaObject =
+        serde_json::from_value(json!({"io.modelcontextprotocol/logLevel": "debug"}))?;
+    let mut logged = CallToolRequestParams::new("everything__trigger-long-running-operation")
+        .with_arguments(plexus_tests::arguments(json!({"duration": 6, "steps": 3})));
+    logged.meta = Some(meta);
+    client.call_tool(logged).await?;
+    call(client, "everything__toggle-simulated-logging", json!({})).await?;
+    let logs = handler
+        .logs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    ensure!(
+        logs.iter().any(|l| l["logger"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("everything"))),
+        "no log message from everything: {logs:?}"
+    );
+
+    // Cancellation: abandoning a call cancels it upstream; the client goes on.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        call(client, "fx__sleep", json!({"ms": 5000})),
+    )
+    .await;
+    ensure!(abandoned.is_err(), "a 5 s sleep finished in 300 ms");
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(5), || std::fs::read_to_string(
+            &handler.cancel_log
+        )
+        .is_ok_and(|text| text.contains("cancelled sleep")))
+        .await,
+        "the upstream never saw the cancel"
+    );
+    ensure!(
+        call(client, "fx__echo", json!({"text": "after"}))
+            .await?
+            .to_string()
+            .contains("after"),
+        "echo after the cancel"
+    );
 
     // Resources read under their namespaced URIs.
     let resources = client.list_all_resources().await?;
@@ -275,16 +363,27 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams(
 ) -> anyhow::Result<()> {
-    let sections = format!(
-        "{}{}",
-        everything_section(),
-        fixture_upstream("fx", "", &[])
-    );
-    let daemon = Daemon::start("", &sections).await?;
+    let logs = tempfile::tempdir()?;
+    let sections = |cancel_log: &std::path::Path| {
+        format!(
+            "{}{}",
+            everything_section(),
+            fixture_upstream(
+                "fx",
+                &format!(
+                    "env = {{ FIXTURE_CANCEL_LOG = {:?} }}",
+                    cancel_log.display().to_string()
+                ),
+                &[]
+            )
+        )
+    };
+    let daemon = Daemon::start("", &sections(&logs.path().join("http"))).await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
 
     let over_http = ModernClient {
         name: "http-modern".into(),
+        cancel_log: logs.path().join("http"),
         ..ModernClient::default()
     };
     let started = Instant::now();
@@ -305,7 +404,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
         .with_context(|| format!("over HTTP\n{}", daemon.log()))?;
     http.cancel().await?;
 
-    let config = daemon.stdio_config(&sections)?;
+    let config = daemon.stdio_config(&sections(&logs.path().join("stdio")))?;
     let mut command = tokio::process::Command::new(plexus_binary());
     command
         .args(["serve", "--stdio", "--config"])
@@ -313,6 +412,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
         .env("PLEXUS_LOG", "warn");
     let over_stdio = ModernClient {
         name: "stdio-modern".into(),
+        cancel_log: logs.path().join("stdio"),
         ..ModernClient::default()
     };
     let stdio = over_stdio
