@@ -1,6 +1,8 @@
 //! plexus integration harness: locate the built binaries, write a config, start a
 //! real daemon on `127.0.0.1:0`, and talk to it with real MCP clients.
 
+pub mod answering;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;

@@ -4,120 +4,22 @@
 //! request during a 2026-07-28 client's call reaches the client as an
 //! input-required result, and the client's retry completes the call.
 
-#![allow(deprecated)]
-
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use plexus_tests::answering::{call, len_of, wait_for_tool, AnsweringClient, AnsweringService};
 use plexus_tests::{fixture_upstream, json_of, plexus_binary, Daemon};
 use rmcp::model::{
-    CallToolRequestParams, ClientConfig, CompleteRequestParams, CreateMessageRequestParams,
-    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
-    ProtocolVersion, ReadResourceRequestParams, Root, SamplingMessage, ServerNotification,
-    SubscriptionFilter,
+    CallToolRequestParams, CompleteRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ServerNotification, SubscriptionFilter,
 };
-use rmcp::service::{RequestContext, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient};
+use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use serde_json::{json, Value};
 
 const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 
-/// Answers whatever an upstream asks, through input-required rounds.
-#[derive(Clone, Default)]
-struct ModernClient {
-    name: String,
-    /// Connects with the handshake (2025-11-25) instead.
-    legacy: bool,
-    sampled: Arc<AtomicUsize>,
-    roots_asked: Arc<AtomicUsize>,
-    progress: Arc<AtomicUsize>,
-    logs: Arc<std::sync::Mutex<Vec<Value>>>,
-    /// Where the `fx` fixture this client calls writes the cancels it receives.
-    cancel_log: std::path::PathBuf,
-}
-
-impl ClientHandler for ModernClient {
-    fn get_info(&self) -> ClientConfig {
-        serde_json::from_value(json!({
-            "protocolVersion": if self.legacy { "2025-11-25" } else { "2026-07-28" },
-            "capabilities": {
-                "sampling": {"tools": {}},
-                "elicitation": {"form": {}, "url": {}},
-                "roots": {"listChanged": true},
-            },
-            "clientInfo": {"name": self.name, "version": "1"},
-        }))
-        .unwrap_or_default()
-    }
-
-    async fn create_message(
-        &self,
-        _params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<CreateMessageResult, ErrorData> {
-        self.sampled.fetch_add(1, Ordering::SeqCst);
-        Ok(CreateMessageResult::new(
-            SamplingMessage::assistant_text(format!("sampled by {}", self.name)),
-            "test-model".into(),
-        ))
-    }
-
-    async fn create_elicitation(
-        &self,
-        request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<ElicitResult, ErrorData> {
-        let request = json_of(&request);
-        let mut content = serde_json::Map::new();
-        if let Some(properties) = request["requestedSchema"]["properties"].as_object() {
-            for (key, schema) in properties {
-                let value = match (schema["enum"].get(0), schema["type"].as_str()) {
-                    (Some(first), _) => first.clone(),
-                    (None, Some("number" | "integer")) => json!(1),
-                    (None, Some("boolean")) => json!(true),
-                    _ => json!(format!("{} answered", self.name)),
-                };
-                content.insert(key.clone(), value);
-            }
-        }
-        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content)))
-    }
-
-    async fn on_progress(
-        &self,
-        _params: rmcp::model::ProgressNotificationParam,
-        _context: rmcp::service::NotificationContext<RoleClient>,
-    ) {
-        self.progress.fetch_add(1, Ordering::SeqCst);
-    }
-
-    async fn on_logging_message(
-        &self,
-        params: rmcp::model::LoggingMessageNotificationParam,
-        _context: rmcp::service::NotificationContext<RoleClient>,
-    ) {
-        self.logs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(json_of(&params));
-    }
-
-    async fn list_roots(
-        &self,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<ListRootsResult, ErrorData> {
-        self.roots_asked.fetch_add(1, Ordering::SeqCst);
-        Ok(ListRootsResult::new(vec![Root::new(format!(
-            "file:///roots/{}",
-            self.name
-        ))]))
-    }
-}
-
-type Client = RunningService<RoleClient, ModernClient>;
+type Client = AnsweringService;
 
 fn modern() -> ClientLifecycleMode {
     ClientLifecycleMode::Discover {
@@ -129,26 +31,12 @@ fn everything_section() -> String {
     format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\ninit_timeout = \"180s\"\n")
 }
 
-async fn call(client: &Client, name: &str, args: Value) -> anyhow::Result<Value> {
-    let params =
-        CallToolRequestParams::new(name.to_string()).with_arguments(plexus_tests::arguments(args));
-    Ok(json_of(&client.call_tool(params).await?))
-}
-
-async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let tools = client.list_all_tools().await?;
-        if tools.iter().any(|t| t.name == tool) {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "{tool} never listed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Everything a 2026-07-28 client does, against a handshake-era upstream.
-async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()> {
+async fn exercise(
+    client: &Client,
+    handler: &AnsweringClient,
+    cancel_log: &std::path::Path,
+) -> anyhow::Result<()> {
     let info = client.peer_info().context("no server info")?;
     ensure!(
         info.protocol_version == ProtocolVersion::V_2026_07_28,
@@ -172,12 +60,10 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
     )
     .await?;
     ensure!(
-        sampled
-            .to_string()
-            .contains(&format!("sampled by {}", handler.name)),
+        sampled.to_string().contains(&handler.sampled_text()),
         "{sampled}"
     );
-    ensure!(handler.sampled.load(Ordering::SeqCst) >= 1);
+    ensure!(len_of(&handler.sampled) >= 1);
 
     let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
     ensure!(elicited.to_string().contains("accept"), "{elicited}");
@@ -195,10 +81,7 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
     // Roots from the fixture, which asks on every call (server-everything caches the
     // roots of its one connection, asked before any client could answer).
     let roots = call(client, "fx__ask", json!({"kind": "roots"})).await?;
-    ensure!(
-        roots["content"][0]["text"] == format!("file:///roots/{}", handler.name),
-        "{roots}"
-    );
+    ensure!(roots["content"][0]["text"] == handler.root(), "{roots}");
 
     // The first attempt alone shows the round: input_required, with plexus's state.
     let first = client
@@ -245,7 +128,7 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
     );
 
     // Progress arrives under the client's token, on the request's stream.
-    let before = handler.progress.load(Ordering::SeqCst);
+    let before = len_of(&handler.progress);
     let long = call(
         client,
         "everything__trigger-long-running-operation",
@@ -254,9 +137,7 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
     .await?;
     ensure!(long["isError"] != true, "{long}");
     ensure!(
-        plexus_tests::eventually(Duration::from_secs(2), || handler
-            .progress
-            .load(Ordering::SeqCst)
+        plexus_tests::eventually(Duration::from_secs(2), || len_of(&handler.progress)
             > before)
         .await,
         "no progress reached the client"
@@ -293,7 +174,7 @@ async fn exercise(client: &Client, handler: &ModernClient) -> anyhow::Result<()>
     ensure!(abandoned.is_err(), "a 5 s sleep finished in 300 ms");
     ensure!(
         plexus_tests::eventually(Duration::from_secs(5), || std::fs::read_to_string(
-            &handler.cancel_log
+            cancel_log
         )
         .is_ok_and(|text| text.contains("cancelled sleep")))
         .await,
@@ -381,11 +262,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
     let daemon = Daemon::start("", &sections(&logs.path().join("http"))).await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
 
-    let over_http = ModernClient {
-        name: "http-modern".into(),
-        cancel_log: logs.path().join("http"),
-        ..ModernClient::default()
-    };
+    let over_http = AnsweringClient::named("http-modern").modern();
     let started = Instant::now();
     let http = over_http
         .clone()
@@ -399,7 +276,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
         connect < Duration::from_secs(1),
         "connecting took {connect:?}"
     );
-    exercise(&http, &over_http)
+    exercise(&http, &over_http, &logs.path().join("http"))
         .await
         .with_context(|| format!("over HTTP\n{}", daemon.log()))?;
     http.cancel().await?;
@@ -410,16 +287,14 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
         .args(["serve", "--stdio", "--config"])
         .arg(&config)
         .env("PLEXUS_LOG", "warn");
-    let over_stdio = ModernClient {
-        name: "stdio-modern".into(),
-        cancel_log: logs.path().join("stdio"),
-        ..ModernClient::default()
-    };
+    let over_stdio = AnsweringClient::named("stdio-modern").modern();
     let stdio = over_stdio
         .clone()
         .serve_with_lifecycle(TokioChildProcess::new(command)?, modern())
         .await?;
-    exercise(&stdio, &over_stdio).await.context("over stdio")?;
+    exercise(&stdio, &over_stdio, &logs.path().join("stdio"))
+        .await
+        .context("over stdio")?;
     stdio.cancel().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
@@ -657,20 +532,13 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
         "fx was not reached with the handshake\n{log}"
     );
 
-    let old = ModernClient {
-        name: "old".into(),
-        legacy: true,
-        ..ModernClient::default()
-    };
+    let old = AnsweringClient::named("old");
     let legacy = rmcp::ServiceExt::serve(
         old.clone(),
         StreamableHttpClientTransport::from_uri(daemon.url.clone()),
     )
     .await?;
-    let new = ModernClient {
-        name: "new".into(),
-        ..ModernClient::default()
-    };
+    let new = AnsweringClient::named("new").modern();
     let modern_client = new
         .clone()
         .serve_with_lifecycle(
@@ -702,14 +570,14 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
         }
     }
     ensure!(
-        old.sampled.load(Ordering::SeqCst) == 2,
+        len_of(&old.sampled) == 2,
         "old client sampled {}",
-        old.sampled.load(Ordering::SeqCst)
+        len_of(&old.sampled)
     );
     ensure!(
-        new.sampled.load(Ordering::SeqCst) == 2,
+        len_of(&new.sampled) == 2,
         "new client sampled {}",
-        new.sampled.load(Ordering::SeqCst)
+        len_of(&new.sampled)
     );
 
     // The modern upstream's round reaches a 2026-07-28 client untouched: its own state.
@@ -744,7 +612,8 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
         plexus_tests::fixture_binary().display()
     );
     let daemon = Daemon::start("", &late).await?;
-    let client = ModernClient::default()
+    let client = AnsweringClient::named("listener")
+        .modern()
         .serve_with_lifecycle(
             StreamableHttpClientTransport::from_uri(daemon.url.clone()),
             modern(),

@@ -8,180 +8,30 @@
 // favour of 2026-07-28 forms; these tests exercise exactly those handshake-era paths.
 #![allow(deprecated)]
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use plexus_tests::answering::{
+    call, eventually_len, wait_for_tool, AnsweringClient, AnsweringService,
+};
 use plexus_tests::{arguments, json_of, plexus_binary, Daemon};
 use rmcp::model::{
-    CallToolRequestParams, ClientConfig, CompleteRequestParams, CreateMessageRequestParams,
-    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
-    LoggingMessageNotificationParam, ProgressNotificationParam, ResourceUpdatedNotificationParam,
-    Root, SamplingMessage, SetLevelRequestParams, SubscribeRequestParams,
+    CallToolRequestParams, CompleteRequestParams, SetLevelRequestParams, SubscribeRequestParams,
 };
-use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
-use serde_json::{json, Value};
+use rmcp::ServiceExt;
+use serde_json::json;
 
 const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 
-/// A client that answers everything an upstream may ask, and records what it is told.
-#[derive(Clone, Default)]
-struct FullClient {
-    name: String,
-    sampled: Arc<Mutex<Vec<Value>>>,
-    logs: Arc<Mutex<Vec<Value>>>,
-    updates: Arc<Mutex<Vec<String>>>,
-    progress: Arc<Mutex<Vec<Value>>>,
-    /// How often an upstream asked this client for its roots.
-    roots_asked: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl FullClient {
-    fn named(name: &str) -> FullClient {
-        FullClient {
-            name: name.to_string(),
-            ..FullClient::default()
-        }
-    }
-}
-
-impl ClientHandler for FullClient {
-    fn get_info(&self) -> ClientConfig {
-        serde_json::from_value(json!({
-            "protocolVersion": "2025-11-25",
-            "capabilities": {
-                "sampling": {"tools": {}},
-                "elicitation": {"form": {}, "url": {}},
-                "roots": {"listChanged": true},
-            },
-            "clientInfo": {"name": self.name, "version": "1"},
-        }))
-        .unwrap_or_default()
-    }
-
-    async fn create_message(
-        &self,
-        params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<CreateMessageResult, ErrorData> {
-        self.sampled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(json_of(&params));
-        Ok(CreateMessageResult::new(
-            SamplingMessage::assistant_text(format!("sampled by {}", self.name)),
-            "test-model".into(),
-        ))
-    }
-
-    async fn create_elicitation(
-        &self,
-        request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<ElicitResult, ErrorData> {
-        // Fill every requested field with a value of its type.
-        let request = json_of(&request);
-        let mut content = serde_json::Map::new();
-        if let Some(properties) = request["requestedSchema"]["properties"].as_object() {
-            for (key, schema) in properties {
-                let value = match (schema["enum"].get(0), schema["type"].as_str()) {
-                    (Some(first), _) => first.clone(),
-                    (None, Some("number" | "integer")) => json!(1),
-                    (None, Some("boolean")) => json!(true),
-                    _ => json!(format!("{} answered", self.name)),
-                };
-                content.insert(key.clone(), value);
-            }
-        }
-        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content)))
-    }
-
-    async fn list_roots(
-        &self,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<ListRootsResult, ErrorData> {
-        self.roots_asked
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Ok(ListRootsResult::new(vec![Root::new(format!(
-            "file:///roots/{}",
-            self.name
-        ))]))
-    }
-
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.logs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(json_of(&params));
-    }
-
-    async fn on_resource_updated(
-        &self,
-        params: ResourceUpdatedNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.updates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(params.uri);
-    }
-
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(json_of(&params));
-    }
-}
-
-type Client = RunningService<RoleClient, FullClient>;
-
-async fn call(client: &Client, name: &str, args: Value) -> anyhow::Result<Value> {
-    let params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments(args));
-    Ok(json_of(&client.call_tool(params).await?))
-}
-
-async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while !client
-        .list_all_tools()
-        .await?
-        .iter()
-        .any(|t| t.name == tool)
-    {
-        ensure!(Instant::now() < deadline, "{tool} never listed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
-async fn eventually_len<T>(items: &Arc<Mutex<Vec<T>>>, within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let len = items.lock().unwrap_or_else(|e| e.into_inner()).len();
-        if len > 0 || Instant::now() > deadline {
-            return len;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+type Client = AnsweringService;
 
 fn everything_section(extra: &str) -> String {
     format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\ninit_timeout = \"180s\"\n{extra}\n")
 }
 
 /// Every server-to-client request and notification kind, through one client.
-async fn exercise(client: &Client, handler: &FullClient) -> anyhow::Result<()> {
+async fn exercise(client: &Client, handler: &AnsweringClient) -> anyhow::Result<()> {
     wait_for_tool(client, "everything__trigger-sampling-request").await?;
 
     let sampled = call(
@@ -191,9 +41,7 @@ async fn exercise(client: &Client, handler: &FullClient) -> anyhow::Result<()> {
     )
     .await?;
     ensure!(
-        sampled
-            .to_string()
-            .contains(&format!("sampled by {}", handler.name)),
+        sampled.to_string().contains(&handler.sampled_text()),
         "{sampled}"
     );
     ensure!(eventually_len(&handler.sampled, Duration::from_secs(1)).await == 1);
@@ -202,24 +50,13 @@ async fn exercise(client: &Client, handler: &FullClient) -> anyhow::Result<()> {
     ensure!(elicited.to_string().contains("accept"), "{elicited}");
 
     let roots = call(client, "everything__get-roots-list", json!({})).await?;
-    ensure!(
-        roots
-            .to_string()
-            .contains(&format!("file:///roots/{}", handler.name)),
-        "{roots}"
-    );
+    ensure!(roots.to_string().contains(&handler.root()), "{roots}");
     // The client's roots change: the upstream that asked hears of it and asks again.
-    let asked = handler
-        .roots_asked
-        .load(std::sync::atomic::Ordering::SeqCst);
+    let asked = handler.roots_asked();
     ensure!(asked >= 1);
     client.peer().notify_roots_list_changed().await?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while handler
-        .roots_asked
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == asked
-    {
+    while handler.roots_asked() == asked {
         ensure!(
             Instant::now() < deadline,
             "the upstream never asked again after roots/list_changed"
@@ -302,7 +139,7 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
     let daemon = Daemon::start("", &everything_section("")).await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
 
-    let over_http = FullClient::named("http-client");
+    let over_http = AnsweringClient::named("http-client");
     let http = over_http
         .clone()
         .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
@@ -318,7 +155,7 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
         .args(["serve", "--stdio", "--config"])
         .arg(&config)
         .env("PLEXUS_LOG", "warn");
-    let over_stdio = FullClient::named("stdio-client");
+    let over_stdio = AnsweringClient::named("stdio-client");
     let stdio = over_stdio
         .clone()
         .serve(TokioChildProcess::new(command)?)
@@ -337,8 +174,8 @@ async fn two_sessions_on_one_shared_upstream_never_cross() -> anyhow::Result<()>
     for (share, expect_sampled) in [("shared", false), ("session", true)] {
         let daemon =
             Daemon::start("", &everything_section(&format!("share = \"{share}\""))).await?;
-        let alice_handler = FullClient::named("alice");
-        let bob_handler = FullClient::named("bob");
+        let alice_handler = AnsweringClient::named("alice");
+        let bob_handler = AnsweringClient::named("bob");
         let alice = alice_handler
             .clone()
             .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))

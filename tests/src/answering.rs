@@ -1,0 +1,202 @@
+//! A client that answers everything an upstream may ask (sampling, elicitation
+//! in form and URL mode, roots) and records what it is told (log messages,
+//! progress, resource updates), for end-to-end tests in either protocol era.
+
+// The SDK marks sampling, roots and logging deprecated (SEP-2577); relaying them
+// is exactly what these tests check.
+#![allow(deprecated)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ResourceUpdatedNotificationParam,
+    Root, SamplingMessage,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::{ClientHandler, ErrorData, RoleClient};
+use serde_json::{json, Value};
+
+use crate::{arguments, json_of};
+
+#[derive(Clone)]
+pub struct AnsweringClient {
+    pub name: String,
+    /// The revision it declares: `2025-11-25` unless made `modern`.
+    pub version: &'static str,
+    pub sampled: Arc<Mutex<Vec<Value>>>,
+    pub logs: Arc<Mutex<Vec<Value>>>,
+    pub updates: Arc<Mutex<Vec<String>>>,
+    pub progress: Arc<Mutex<Vec<Value>>>,
+    /// How often an upstream asked this client for its roots.
+    pub roots_asked: Arc<AtomicUsize>,
+}
+
+pub type AnsweringService = RunningService<RoleClient, AnsweringClient>;
+
+impl AnsweringClient {
+    pub fn named(name: &str) -> AnsweringClient {
+        AnsweringClient {
+            name: name.to_string(),
+            version: "2025-11-25",
+            sampled: Arc::default(),
+            logs: Arc::default(),
+            updates: Arc::default(),
+            progress: Arc::default(),
+            roots_asked: Arc::default(),
+        }
+    }
+
+    /// Declares 2026-07-28 (connect it with a discover lifecycle).
+    pub fn modern(mut self) -> AnsweringClient {
+        self.version = "2026-07-28";
+        self
+    }
+
+    /// The text its sampling answers carry.
+    pub fn sampled_text(&self) -> String {
+        format!("sampled by {}", self.name)
+    }
+
+    /// The root it lists.
+    pub fn root(&self) -> String {
+        format!("file:///roots/{}", self.name)
+    }
+
+    pub fn roots_asked(&self) -> usize {
+        self.roots_asked.load(Ordering::SeqCst)
+    }
+}
+
+/// How many entries `items` holds once it holds any, or after `within`.
+pub async fn eventually_len<T>(items: &Arc<Mutex<Vec<T>>>, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let len = items.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if len > 0 || Instant::now() > deadline {
+            return len;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn len_of<T>(items: &Arc<Mutex<Vec<T>>>) -> usize {
+    items.lock().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// Calls a tool and returns its result as JSON.
+pub async fn call(client: &AnsweringService, name: &str, args: Value) -> anyhow::Result<Value> {
+    let params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments(args));
+    Ok(json_of(&client.call_tool(params).await?))
+}
+
+/// Waits until the catalog lists `tool` (a cold `npx` start can take minutes).
+pub async fn wait_for_tool(client: &AnsweringService, tool: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !client
+        .list_all_tools()
+        .await?
+        .iter()
+        .any(|t| t.name == tool)
+    {
+        anyhow::ensure!(Instant::now() < deadline, "{tool} never listed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+impl ClientHandler for AnsweringClient {
+    fn get_info(&self) -> ClientConfig {
+        serde_json::from_value(json!({
+            "protocolVersion": self.version,
+            "capabilities": {
+                "sampling": {"tools": {}},
+                "elicitation": {"form": {}, "url": {}},
+                "roots": {"listChanged": true},
+            },
+            "clientInfo": {"name": self.name, "version": "1"},
+        }))
+        .unwrap_or_default()
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.sampled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(self.sampled_text()),
+            "test-model".into(),
+        ))
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        // Fill every requested field with a value of its type (URL mode has none).
+        let request = json_of(&request);
+        let mut content = serde_json::Map::new();
+        if let Some(properties) = request["requestedSchema"]["properties"].as_object() {
+            for (key, schema) in properties {
+                let value = match (schema["enum"].get(0), schema["type"].as_str()) {
+                    (Some(first), _) => first.clone(),
+                    (None, Some("number" | "integer")) => json!(1),
+                    (None, Some("boolean")) => json!(true),
+                    _ => json!(format!("{} answered", self.name)),
+                };
+                content.insert(key.clone(), value);
+            }
+        }
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content)))
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        self.roots_asked.fetch_add(1, Ordering::SeqCst);
+        Ok(ListRootsResult::new(vec![Root::new(self.root())]))
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.updates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(params.uri);
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(json_of(&params));
+    }
+}
