@@ -340,20 +340,32 @@ impl RawHttpSession {
     }
 }
 
-/// Raw JSON-RPC over a child's stdin/stdout: what an upstream sends, unmodified.
+/// Raw JSON-RPC over a child's stdin/stdout: what a server sends, unmodified. The
+/// child may be an upstream or `plexus serve --stdio`, so one exchange can be made
+/// both directly and through plexus and compared byte for byte.
 pub struct RawStdioSession {
     child: Child,
     stdin: tokio::process::ChildStdin,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     next_id: u64,
+    /// Requests the server sent this client (`method` and `params`), as they arrived.
+    pub asked: Vec<Value>,
 }
 
 impl RawStdioSession {
-    /// Starts `program` and runs the `initialize` handshake.
+    /// Starts `program` and runs the `initialize` handshake, declaring no capabilities.
     pub async fn spawn(program: &Path, args: &[&str]) -> anyhow::Result<RawStdioSession> {
+        let mut session = RawStdioSession::start(program, args).await?;
+        session.initialize(serde_json::json!({})).await?;
+        Ok(session)
+    }
+
+    /// Starts `program` without any handshake.
+    pub async fn start(program: &Path, args: &[&str]) -> anyhow::Result<RawStdioSession> {
         use tokio::io::AsyncBufReadExt;
         let mut child = Command::new(program)
             .args(args)
+            .env("PLEXUS_LOG", "warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -361,22 +373,26 @@ impl RawStdioSession {
             .spawn()?;
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = child.stdout.take().context("stdout")?;
-        let mut session = RawStdioSession {
+        Ok(RawStdioSession {
             child,
             stdin,
             lines: tokio::io::BufReader::new(stdout).lines(),
             next_id: 0,
-        };
-        session
+            asked: Vec::new(),
+        })
+    }
+
+    /// The handshake, declaring `capabilities`; returns the `initialize` response.
+    pub async fn initialize(&mut self, capabilities: Value) -> anyhow::Result<Value> {
+        let hello = self
             .request(
                 "initialize",
-                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}),
+                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "raw", "version": "0"}}),
             )
             .await?;
-        session
-            .send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        self.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await?;
-        Ok(session)
+        Ok(hello)
     }
 
     async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
@@ -388,23 +404,48 @@ impl RawStdioSession {
         Ok(())
     }
 
-    /// Sends a request and returns the response message, skipping anything else.
+    /// Sends a request and returns the response message; requests the server
+    /// sends meanwhile get an empty result.
     pub async fn request(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        self.request_answering(method, params, &|_| serde_json::json!({}))
+            .await
+    }
+
+    /// Sends a request and returns the response message; requests the server
+    /// sends meanwhile are recorded in `asked` and answered with `answer(method)`.
+    pub async fn request_answering(
+        &mut self,
+        method: &str,
+        params: Value,
+        answer: &dyn Fn(&str) -> Value,
+    ) -> anyhow::Result<Value> {
         self.next_id += 1;
-        let id = self.next_id;
+        let id = Value::from(self.next_id);
         self.send(
             &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
         )
         .await?;
         loop {
-            let line = tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
-                .await??
+            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+                .await
+                .context("no message within 60 s")??
                 .context("the server closed stdout")?;
             let Ok(message) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
-            if message.get("id") == Some(&Value::from(id)) && message.get("method").is_none() {
-                return Ok(message);
+            match (
+                message.get("method").and_then(Value::as_str),
+                message.get("id"),
+            ) {
+                (Some(asked), Some(asked_id)) => {
+                    self.asked.push(
+                        serde_json::json!({"method": asked, "params": message.get("params")}),
+                    );
+                    let reply = serde_json::json!({"jsonrpc": "2.0", "id": asked_id, "result": answer(asked)});
+                    self.send(&reply).await?;
+                }
+                (None, Some(answered)) if answered == &id => return Ok(message),
+                _ => {}
             }
         }
     }

@@ -6,111 +6,13 @@
 //! compared is exactly what went over the wire.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use plexus_tests::{fixture_binary, plexus_binary};
+use plexus_tests::{fixture_binary, plexus_binary, RawStdioSession};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
-
-/// A client that speaks raw JSON lines to a child's stdio and answers what it is asked.
-struct RawPeer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-    next_id: u64,
-    /// Requests the server sent this client, as they arrived (method and params).
-    asked: Vec<Value>,
-}
-
-impl RawPeer {
-    async fn spawn(program: &Path, args: &[&str]) -> anyhow::Result<RawPeer> {
-        let mut child = Command::new(program)
-            .args(args)
-            .env("PLEXUS_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdin = child.stdin.take().context("stdin")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        Ok(RawPeer {
-            child,
-            stdin,
-            lines: BufReader::new(stdout).lines(),
-            next_id: 0,
-            asked: Vec::new(),
-        })
-    }
-
-    async fn initialize(&mut self, capabilities: Value) -> anyhow::Result<Value> {
-        let hello = self
-            .request(
-                "initialize",
-                json!({"protocolVersion": "2025-11-25", "capabilities": capabilities,
-                       "clientInfo": {"name": "raw", "version": "0"}}),
-                &|_| Value::Null,
-            )
-            .await?;
-        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-            .await?;
-        Ok(hello)
-    }
-
-    async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
-        let mut line = serde_json::to_vec(message)?;
-        line.push(b'\n');
-        self.stdin.write_all(&line).await?;
-        self.stdin.flush().await?;
-        Ok(())
-    }
-
-    /// Sends a request and returns its response; requests the server sends
-    /// meanwhile are recorded and answered with `answer(method)`.
-    async fn request(
-        &mut self,
-        method: &str,
-        params: Value,
-        answer: &dyn Fn(&str) -> Value,
-    ) -> anyhow::Result<Value> {
-        self.next_id += 1;
-        let id = json!(self.next_id);
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await?;
-        loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
-                .await
-                .context("no message within 60 s")??
-                .context("the server closed stdout")?;
-            let Ok(message) = serde_json::from_str::<Value>(&line) else {
-                continue;
-            };
-            match (
-                message.get("method").and_then(Value::as_str),
-                message.get("id"),
-            ) {
-                (Some(asked), Some(asked_id)) => {
-                    self.asked
-                        .push(json!({"method": asked, "params": message.get("params")}));
-                    let reply = json!({"jsonrpc": "2.0", "id": asked_id, "result": answer(asked)});
-                    self.send(&reply).await?;
-                }
-                (None, Some(answered)) if answered == &id => return Ok(message),
-                _ => {}
-            }
-        }
-    }
-
-    async fn close(mut self) {
-        drop(self.stdin);
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
-    }
-}
 
 /// Answers with fields no typed model knows, in an order of their own.
 fn rich_answer(method: &str) -> Value {
@@ -151,20 +53,22 @@ fn stdio_config(dir: &Path, sections: &str) -> anyhow::Result<std::path::PathBuf
     Ok(config)
 }
 
-async fn through_plexus(config: &Path) -> anyhow::Result<RawPeer> {
+async fn through_plexus(config: &Path) -> anyhow::Result<RawStdioSession> {
     let config = config.to_str().context("config path")?;
-    RawPeer::spawn(&plexus_binary(), &["serve", "--stdio", "--config", config]).await
+    RawStdioSession::start(&plexus_binary(), &["serve", "--stdio", "--config", config]).await
 }
 
 /// Calls until the upstream is ready: while it starts (with no listing on disk yet)
 /// plexus answers -33001, or -32602 before its tools are listed.
 async fn call_when_ready(
-    peer: &mut RawPeer,
+    peer: &mut RawStdioSession,
     params: Value,
     answer: &dyn Fn(&str) -> Value,
 ) -> anyhow::Result<Value> {
     for _ in 0..600 {
-        let response = peer.request("tools/call", params.clone(), answer).await?;
+        let response = peer
+            .request_answering("tools/call", params.clone(), answer)
+            .await?;
         let starting = response["error"]["code"] == -33001
             || response["error"]["message"]
                 .as_str()
@@ -194,10 +98,10 @@ async fn server_to_client_requests_round_trip_field_by_field() -> anyhow::Result
         let call = json!({"name": "ask", "arguments": {"kind": kind}});
 
         // Directly: the request the fixture sends, and the result it builds from the answer.
-        let mut direct = RawPeer::spawn(&fixture, &[]).await?;
+        let mut direct = RawStdioSession::start(&fixture, &[]).await?;
         direct.initialize(capabilities.clone()).await?;
         let expected = direct
-            .request("tools/call", call.clone(), &rich_answer)
+            .request_answering("tools/call", call.clone(), &rich_answer)
             .await?;
         ensure!(direct.asked.len() == 1, "{kind}: asked {:?}", direct.asked);
         let sent = direct.asked[0].clone();
@@ -262,9 +166,7 @@ async fn server_to_client_requests_round_trip_field_by_field() -> anyhow::Result
         retry["requestState"] = result["requestState"].clone();
         retry["inputResponses"] =
             json!({ key.clone(): rich_answer(sent["method"].as_str().unwrap_or_default()) });
-        let done = modern
-            .request("tools/call", retry, &|_| Value::Null)
-            .await?;
+        let done = modern.request("tools/call", retry).await?;
         let mut want = expected["result"].clone();
         want["resultType"] = json!("complete");
         ensure!(
@@ -295,10 +197,13 @@ fn without_clock(mut value: Value) -> Value {
 }
 
 /// Runs one task-augmented call to completion and returns (created, got, result).
-async fn run_task(peer: &mut RawPeer, ready: bool) -> anyhow::Result<(Value, Value, Value)> {
+async fn run_task(
+    peer: &mut RawStdioSession,
+    ready: bool,
+) -> anyhow::Result<(Value, Value, Value)> {
     let call = json!({"name": "simulate-research-query", "arguments": {"topic": "relays"}, "task": {"ttl": 60000}});
     let created = if ready {
-        peer.request("tools/call", call, &|_| Value::Null).await?
+        peer.request("tools/call", call).await?
     } else {
         call_when_ready(peer, call, &|_| Value::Null).await?
     };
@@ -309,7 +214,7 @@ async fn run_task(peer: &mut RawPeer, ready: bool) -> anyhow::Result<(Value, Val
     let mut got = Value::Null;
     for _ in 0..300 {
         got = peer
-            .request("tasks/get", json!({"taskId": task_id}), &|_| Value::Null)
+            .request("tasks/get", json!({"taskId": task_id}))
             .await?;
         if got["result"]["status"] != "working" {
             break;
@@ -317,7 +222,7 @@ async fn run_task(peer: &mut RawPeer, ready: bool) -> anyhow::Result<(Value, Val
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let result = peer
-        .request("tasks/result", json!({"taskId": task_id}), &|_| Value::Null)
+        .request("tasks/result", json!({"taskId": task_id}))
         .await?;
     Ok((created, got, result))
 }
@@ -326,7 +231,7 @@ async fn run_task(peer: &mut RawPeer, ready: bool) -> anyhow::Result<(Value, Val
 async fn task_results_round_trip_field_by_field() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let npx = Path::new("npx");
-    let mut direct = RawPeer::spawn(npx, &["-y", EVERYTHING]).await?;
+    let mut direct = RawStdioSession::start(npx, &["-y", EVERYTHING]).await?;
     direct
         .initialize(json!({}))
         .await
