@@ -486,6 +486,8 @@ async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -
                         return;
                     }
                 }
+                // The client closed the stream: that cancels the request (dropping `handling`).
+                () = frames.closed() => return,
             }
         }
     });

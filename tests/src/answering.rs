@@ -200,3 +200,118 @@ impl ClientHandler for AnsweringClient {
             .push(json_of(&params));
     }
 }
+
+/// What a client of either era does against the `everything` upstream
+/// (@modelcontextprotocol/server-everything) and the `fx` fixture (with
+/// `FIXTURE_CANCEL_LOG = cancel_log`) through plexus: sampling, elicitation in
+/// form and URL mode, the fixture's `ask` for each kind, completion, progress and
+/// cancellation. Roots, logging and subscriptions differ between eras and are
+/// left to the caller.
+pub async fn exercise_common(
+    client: &AnsweringService,
+    handler: &AnsweringClient,
+    cancel_log: &std::path::Path,
+) -> anyhow::Result<()> {
+    use anyhow::ensure;
+    wait_for_tool(client, "everything__trigger-sampling-request").await?;
+    let echoed = call(client, "fx__echo", json!({"text": "relayed"})).await?;
+    ensure!(echoed["content"][0]["text"] == "relayed", "{echoed}");
+
+    let sampled = call(
+        client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "hello", "maxTokens": 20}),
+    )
+    .await?;
+    ensure!(
+        sampled.to_string().contains(&handler.sampled_text()),
+        "{sampled}"
+    );
+    ensure!(eventually_len(&handler.sampled, Duration::from_secs(1)).await >= 1);
+
+    let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
+    ensure!(elicited.to_string().contains("accept"), "{elicited}");
+    let by_url = call(
+        client,
+        "everything__trigger-url-elicitation",
+        json!({"url": "https://example.com/consent"}),
+    )
+    .await?;
+    ensure!(
+        by_url.to_string().contains("completed the URL elicitation"),
+        "{by_url}"
+    );
+
+    // The fixture asks on every call, so each kind reaches this client.
+    for (kind, expected) in [
+        ("sampling", handler.sampled_text()),
+        ("elicitation", format!("accept:{} answered", handler.name)),
+        ("roots", handler.root()),
+    ] {
+        let asked = call(client, "fx__ask", json!({ "kind": kind })).await?;
+        ensure!(
+            asked["content"][0]["text"] == expected.as_str(),
+            "{kind}: {asked}"
+        );
+    }
+
+    let completion = client
+        .peer()
+        .complete(serde_json::from_value(json!({
+            "ref": {"type": "ref/prompt", "name": "everything__completable-prompt"},
+            "argument": {"name": "department", "value": "Eng"},
+        }))?)
+        .await?;
+    ensure!(
+        json_of(&completion).to_string().contains("Engineering"),
+        "{}",
+        json_of(&completion)
+    );
+
+    // Progress arrives under the client's own token.
+    let before = len_of(&handler.progress);
+    let long = call(
+        client,
+        "everything__trigger-long-running-operation",
+        json!({"duration": 1, "steps": 3}),
+    )
+    .await?;
+    ensure!(long["isError"] != true, "{long}");
+    ensure!(
+        crate::eventually(Duration::from_secs(2), || len_of(&handler.progress)
+            > before)
+        .await,
+        "no progress reached the client"
+    );
+
+    // Cancellation: abandoning a call cancels it upstream; the client goes on.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        call(client, "fx__sleep", json!({"ms": 5000})),
+    )
+    .await;
+    ensure!(abandoned.is_err(), "a 5 s sleep finished in 300 ms");
+    ensure!(
+        crate::eventually(Duration::from_secs(5), || std::fs::read_to_string(
+            cancel_log
+        )
+        .is_ok_and(|text| text.contains("cancelled sleep")))
+        .await,
+        "the upstream never saw the cancel"
+    );
+    let after = call(client, "fx__echo", json!({"text": "after"})).await?;
+    ensure!(after["content"][0]["text"] == "after", "{after}");
+    Ok(())
+}
+
+/// The `fx` fixture section, writing the cancels it receives to `cancel_log`.
+pub fn fixture_with_cancel_log(cancel_log: &std::path::Path) -> String {
+    crate::fixture_upstream(
+        "fx",
+        &format!(
+            "env = {{ FIXTURE_CANCEL_LOG = {:?} }}",
+            cancel_log.display().to_string()
+        ),
+        &[],
+    )
+}

@@ -7,11 +7,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use plexus_tests::answering::{call, len_of, wait_for_tool, AnsweringClient, AnsweringService};
+use plexus_tests::answering::{
+    call, exercise_common, fixture_with_cancel_log, len_of, AnsweringClient, AnsweringService,
+};
 use plexus_tests::{fixture_upstream, json_of, plexus_binary, Daemon};
 use rmcp::model::{
-    CallToolRequestParams, CompleteRequestParams, ProtocolVersion, ReadResourceRequestParams,
-    ServerNotification, SubscriptionFilter,
+    CallToolRequestParams, ProtocolVersion, ReadResourceRequestParams, ServerNotification,
+    SubscriptionFilter,
 };
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
@@ -43,45 +45,7 @@ async fn exercise(
         "negotiated {:?}",
         info.protocol_version
     );
-    wait_for_tool(client, "everything__trigger-sampling-request").await?;
-    ensure!(
-        call(client, "fx__echo", json!({"text": "modern"}))
-            .await?
-            .to_string()
-            .contains("modern"),
-        "echo"
-    );
-
-    // Sampling: the upstream's request becomes an input-required round.
-    let sampled = call(
-        client,
-        "everything__trigger-sampling-request",
-        json!({"prompt": "hello", "maxTokens": 20}),
-    )
-    .await?;
-    ensure!(
-        sampled.to_string().contains(&handler.sampled_text()),
-        "{sampled}"
-    );
-    ensure!(len_of(&handler.sampled) >= 1);
-
-    let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
-    ensure!(elicited.to_string().contains("accept"), "{elicited}");
-    let by_url = call(
-        client,
-        "everything__trigger-url-elicitation",
-        json!({"url": "https://example.com/consent"}),
-    )
-    .await?;
-    ensure!(
-        by_url.to_string().contains("completed the URL elicitation"),
-        "{by_url}"
-    );
-
-    // Roots from the fixture, which asks on every call (server-everything caches the
-    // roots of its one connection, asked before any client could answer).
-    let roots = call(client, "fx__ask", json!({"kind": "roots"})).await?;
-    ensure!(roots["content"][0]["text"] == handler.root(), "{roots}");
+    exercise_common(client, handler, cancel_log).await?;
 
     // The first attempt alone shows the round: input_required, with plexus's state.
     let first = client
@@ -114,35 +78,6 @@ async fn exercise(
         "{first}"
     );
 
-    let completion = client
-        .peer()
-        .complete(serde_json::from_value::<CompleteRequestParams>(json!({
-            "ref": {"type": "ref/prompt", "name": "everything__completable-prompt"},
-            "argument": {"name": "department", "value": "Eng"},
-        }))?)
-        .await?;
-    ensure!(
-        json_of(&completion).to_string().contains("Engineering"),
-        "{}",
-        json_of(&completion)
-    );
-
-    // Progress arrives under the client's token, on the request's stream.
-    let before = len_of(&handler.progress);
-    let long = call(
-        client,
-        "everything__trigger-long-running-operation",
-        json!({"duration": 1, "steps": 3}),
-    )
-    .await?;
-    ensure!(long["isError"] != true, "{long}");
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(2), || len_of(&handler.progress)
-            > before)
-        .await,
-        "no progress reached the client"
-    );
-
     // Logging: a request that names a level in `_meta` gets the log messages its
     // upstream sends while it runs (the simulated logger speaks every 5 s).
     call(client, "everything__toggle-simulated-logging", json!({})).await?;
@@ -163,29 +98,6 @@ async fn exercise(
             .as_str()
             .is_some_and(|l| l.starts_with("everything"))),
         "no log message from everything: {logs:?}"
-    );
-
-    // Cancellation: abandoning a call cancels it upstream; the client goes on.
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(300),
-        call(client, "fx__sleep", json!({"ms": 5000})),
-    )
-    .await;
-    ensure!(abandoned.is_err(), "a 5 s sleep finished in 300 ms");
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(5), || std::fs::read_to_string(
-            cancel_log
-        )
-        .is_ok_and(|text| text.contains("cancelled sleep")))
-        .await,
-        "the upstream never saw the cancel"
-    );
-    ensure!(
-        call(client, "fx__echo", json!({"text": "after"}))
-            .await?
-            .to_string()
-            .contains("after"),
-        "echo after the cancel"
     );
 
     // Resources read under their namespaced URIs.
@@ -249,14 +161,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
         format!(
             "{}{}",
             everything_section(),
-            fixture_upstream(
-                "fx",
-                &format!(
-                    "env = {{ FIXTURE_CANCEL_LOG = {:?} }}",
-                    cancel_log.display().to_string()
-                ),
-                &[]
-            )
+            fixture_with_cancel_log(cancel_log)
         )
     };
     let daemon = Daemon::start("", &sections(&logs.path().join("http"))).await?;

@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::answering::{
-    call, eventually_len, wait_for_tool, AnsweringClient, AnsweringService,
+    call, eventually_len, exercise_common, fixture_with_cancel_log, wait_for_tool, AnsweringClient,
+    AnsweringService,
 };
 use plexus_tests::{arguments, json_of, plexus_binary, Daemon};
-use rmcp::model::{
-    CallToolRequestParams, CompleteRequestParams, SetLevelRequestParams, SubscribeRequestParams,
-};
+use rmcp::model::{CallToolRequestParams, SetLevelRequestParams, SubscribeRequestParams};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::ServiceExt;
 use serde_json::json;
@@ -31,24 +30,14 @@ fn everything_section(extra: &str) -> String {
 }
 
 /// Every server-to-client request and notification kind, through one client.
-async fn exercise(client: &Client, handler: &AnsweringClient) -> anyhow::Result<()> {
-    wait_for_tool(client, "everything__trigger-sampling-request").await?;
+async fn exercise(
+    client: &Client,
+    handler: &AnsweringClient,
+    cancel_log: &std::path::Path,
+) -> anyhow::Result<()> {
+    exercise_common(client, handler, cancel_log).await?;
 
-    let sampled = call(
-        client,
-        "everything__trigger-sampling-request",
-        json!({"prompt": "hello", "maxTokens": 20}),
-    )
-    .await?;
-    ensure!(
-        sampled.to_string().contains(&handler.sampled_text()),
-        "{sampled}"
-    );
-    ensure!(eventually_len(&handler.sampled, Duration::from_secs(1)).await == 1);
-
-    let elicited = call(client, "everything__trigger-elicitation-request", json!({})).await?;
-    ensure!(elicited.to_string().contains("accept"), "{elicited}");
-
+    // server-everything caches the roots of its connection: asked again on a change.
     let roots = call(client, "everything__get-roots-list", json!({})).await?;
     ensure!(roots.to_string().contains(&handler.root()), "{roots}");
     // The client's roots change: the upstream that asked hears of it and asks again.
@@ -63,29 +52,6 @@ async fn exercise(client: &Client, handler: &AnsweringClient) -> anyhow::Result<
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-
-    // Completion routes by the namespaced prompt name.
-    let completion = client
-        .peer()
-        .complete(serde_json::from_value::<CompleteRequestParams>(json!({
-            "ref": {"type": "ref/prompt", "name": "everything__completable-prompt"},
-            "argument": {"name": "department", "value": "Eng"},
-        }))?)
-        .await?;
-    ensure!(
-        json_of(&completion).to_string().contains("Engineering"),
-        "{}",
-        json_of(&completion)
-    );
-
-    // Progress reaches this client under its own token.
-    let long = call(
-        client,
-        "everything__trigger-long-running-operation",
-        json!({"duration": 1, "steps": 3}),
-    )
-    .await?;
-    ensure!(long["isError"] != true, "{long}");
 
     // Log messages after setting a level, tagged with the upstream.
     client
@@ -136,7 +102,15 @@ async fn exercise(client: &Client, handler: &AnsweringClient) -> anyhow::Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &everything_section("")).await?;
+    let logs = tempfile::tempdir()?;
+    let sections = |cancel_log: &std::path::Path| {
+        format!(
+            "{}{}",
+            everything_section(""),
+            fixture_with_cancel_log(cancel_log)
+        )
+    };
+    let daemon = Daemon::start("", &sections(&logs.path().join("http"))).await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
 
     let over_http = AnsweringClient::named("http-client");
@@ -144,12 +118,12 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
         .clone()
         .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
         .await?;
-    exercise(&http, &over_http)
+    exercise(&http, &over_http, &logs.path().join("http"))
         .await
         .with_context(|| format!("over HTTP\n{}", daemon.log()))?;
     http.cancel().await?;
 
-    let config = daemon.stdio_config(&everything_section(""))?;
+    let config = daemon.stdio_config(&sections(&logs.path().join("stdio")))?;
     let mut command = tokio::process::Command::new(plexus_binary());
     command
         .args(["serve", "--stdio", "--config"])
@@ -160,7 +134,9 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
         .clone()
         .serve(TokioChildProcess::new(command)?)
         .await?;
-    exercise(&stdio, &over_stdio).await.context("over stdio")?;
+    exercise(&stdio, &over_stdio, &logs.path().join("stdio"))
+        .await
+        .context("over stdio")?;
     stdio.cancel().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
