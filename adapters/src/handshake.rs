@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use crate::connection::UpstreamConnection;
 use crate::rpc::{ConnectionError, Reply};
-use crate::stdio::UpstreamConnection;
 
 /// Protocol revisions with an `initialize` handshake, oldest first.
 pub const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -97,6 +97,11 @@ pub async fn connect(
             match tokio::time::timeout(probe_timeout, discover(connection, identity)).await {
                 Ok(Ok(Some(hello))) => Ok(hello),
                 Ok(Ok(None)) | Err(_) => initialize(connection, identity).await,
+                // An older HTTP server may refuse a request that is not `initialize`
+                // at the HTTP level (400 without a session).
+                Ok(Err(HandshakeError::Connection(ConnectionError::HttpStatus { .. }))) => {
+                    initialize(connection, identity).await
+                }
                 Ok(Err(error)) => Err(error),
             }
         }

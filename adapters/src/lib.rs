@@ -1,14 +1,18 @@
-//! plexus upstream connections: how upstream MCP servers are launched, framed and
-//! spoken to. Messages stay `serde_json::Value`s: this crate routes on ids and
+//! plexus upstream connections: how upstream MCP servers are launched (or reached
+//! over HTTP), framed and spoken to. Messages stay `serde_json::Value`s: this crate routes on ids and
 //! methods and never interprets the rest.
 
+mod connection;
 pub mod framing;
 pub mod handshake;
 pub mod launch;
+pub mod remote;
 pub mod rpc;
 mod stdin_writer;
 pub mod stdio;
 
+pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, LaunchError, LaunchSpec, Launcher};
+pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
 pub use rpc::{ConnectionError, Reply, UpstreamEvent};
-pub use stdio::{ExitReport, SpawnError, StdioOptions, UpstreamConnection};
+pub use stdio::{ExitReport, SpawnError, StdioOptions};

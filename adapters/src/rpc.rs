@@ -24,7 +24,13 @@ pub enum UpstreamEvent {
     Notification(Value),
     /// A server-to-client request (`method` and `id`), whole; answer with
     /// [`crate::UpstreamConnection::respond`].
-    Request(Value),
+    Request {
+        message: Value,
+        /// plexus's id of the request whose HTTP response stream carried this one:
+        /// the upstream sent it while serving that request. `None` over stdio and
+        /// on streams not tied to a request (the GET stream, HTTP+SSE).
+        origin: Option<u64>,
+    },
 }
 
 /// Why a request got no reply from the upstream.
@@ -37,6 +43,24 @@ pub enum ConnectionError {
     NotSent,
     #[error("the upstream sent a message over the {limit}-byte limit")]
     TooLarge { limit: usize },
+    /// An HTTP upstream answered with a status and no JSON-RPC reply.
+    #[error("{url} answered HTTP {status}{}", detail_suffix(.detail))]
+    HttpStatus {
+        url: String,
+        status: u16,
+        detail: String,
+    },
+    /// The HTTP exchange carrying the request failed before its reply arrived.
+    #[error("the HTTP exchange with {url} failed: {reason}")]
+    Broken { url: String, reason: String },
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    }
 }
 
 type ReplySender = oneshot::Sender<Result<Reply, ConnectionError>>;
@@ -92,7 +116,8 @@ impl PendingRequests {
 /// Classifies one parsed message from an upstream.
 pub(crate) enum Incoming {
     Reply { id: Value, reply: Reply },
-    Event(UpstreamEvent),
+    Notification(Value),
+    Request(Value),
     Invalid,
 }
 
@@ -104,9 +129,9 @@ pub(crate) fn classify(message: Value) -> Incoming {
     let has_id = object.get("id").is_some_and(|id| !id.is_null());
     if has_method {
         return if has_id {
-            Incoming::Event(UpstreamEvent::Request(Value::Object(object)))
+            Incoming::Request(Value::Object(object))
         } else {
-            Incoming::Event(UpstreamEvent::Notification(Value::Object(object)))
+            Incoming::Notification(Value::Object(object))
         };
     }
     let Some(id) = object.remove("id") else {
@@ -219,11 +244,11 @@ mod tests {
         ));
         assert!(matches!(
             classify(json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})),
-            Incoming::Event(UpstreamEvent::Notification(_))
+            Incoming::Notification(_)
         ));
         assert!(matches!(
             classify(json!({"jsonrpc":"2.0","id":"s1","method":"roots/list"})),
-            Incoming::Event(UpstreamEvent::Request(_))
+            Incoming::Request(_)
         ));
         assert!(matches!(classify(json!([1, 2])), Incoming::Invalid));
         assert!(matches!(

@@ -1,26 +1,28 @@
 //! A supervised stdio upstream: one child process in its own process group, one
-//! task per pipe, and a handle that sends requests and stops the whole group.
+//! task per pipe; the connection's handle stops the whole group.
 
 use std::collections::VecDeque;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
+use crate::connection::Transport;
+pub use crate::connection::{ConnectionStats, UpstreamConnection};
 use crate::framing::{Frame, LineDecoder};
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
 use crate::rpc::{
-    classify, encode_notification, encode_request, encode_response, id_in_head, our_id,
-    ConnectionError, Incoming, PendingRequests, Reply, SharedPending, UpstreamEvent,
+    classify, encode_request, id_in_head, our_id, ConnectionError, Incoming, PendingRequests,
+    SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
 
@@ -77,41 +79,16 @@ impl std::fmt::Display for ExitReport {
     }
 }
 
-/// Counters a connection keeps for metrics.
-#[derive(Debug, Default)]
-pub struct ConnectionStats {
-    /// Lines on stdout that were not JSON-RPC messages.
-    pub dropped_stdout_lines: AtomicU64,
-    /// Replies that arrived after their caller gave up.
-    pub late_replies: AtomicU64,
-    /// Processes started with these counters.
-    pub spawns: AtomicU64,
-}
-
-/// A handle to a running stdio upstream. Cheap to clone; the child is stopped by
-/// [`UpstreamConnection::shutdown`], or killed when the last handle is dropped.
-#[derive(Clone)]
-pub struct UpstreamConnection {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    upstream: Arc<str>,
-    pending: SharedPending,
+/// The stdio side of an [`UpstreamConnection`]: the child's stdin, its exit, and
+/// the tail of its stderr.
+pub(crate) struct StdioTransport {
     writer: Arc<StdinWriter>,
-    /// Set when stdout ends: no reply can come any more.
-    closed: CancellationToken,
-    /// Set to stop the child.
-    stop: CancellationToken,
     exit: watch::Receiver<Option<ExitReport>>,
     pid: Option<u32>,
-    stats: Arc<ConnectionStats>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
-    /// For an upstream of 2026-07-28: the `_meta` fields every request carries.
-    request_meta: RwLock<Option<Map<String, Value>>>,
 }
 
-impl Drop for Inner {
+impl Drop for StdioTransport {
     fn drop(&mut self) {
         // Last handle gone without a graceful stop: never leave the group behind.
         if self.exit.borrow().is_none() {
@@ -119,7 +96,48 @@ impl Drop for Inner {
                 let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
             }
         }
-        self.stop.cancel();
+    }
+}
+
+impl StdioTransport {
+    pub(crate) fn send_request(
+        &self,
+        id: u64,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<(), ConnectionError> {
+        self.send_line(encode_request(id, method, params))
+    }
+
+    pub(crate) fn send_line(&self, line: Vec<u8>) -> Result<(), ConnectionError> {
+        self.writer.send(line).map_err(|_| ConnectionError::NotSent)
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    pub(crate) fn stderr_tail(&self) -> Vec<String> {
+        let tail = self
+            .stderr_tail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        tail.iter().cloned().collect()
+    }
+
+    pub(crate) async fn wait_exit(&self) -> ExitReport {
+        let mut exit = self.exit.clone();
+        loop {
+            if let Some(report) = *exit.borrow_and_update() {
+                return report;
+            }
+            if exit.changed().await.is_err() {
+                return ExitReport {
+                    code: None,
+                    signal: None,
+                };
+            }
+        }
     }
 }
 
@@ -212,218 +230,20 @@ impl UpstreamConnection {
             exit_tx,
         ));
 
-        Ok(UpstreamConnection {
-            inner: Arc::new(Inner {
-                upstream,
-                pending,
-                writer,
-                closed,
-                stop,
-                exit,
-                pid,
-                stats,
-                stderr_tail,
-                request_meta: RwLock::new(None),
-            }),
-        })
-    }
-
-    /// Sends a request and waits for the upstream's reply. Dropping the future
-    /// before the reply arrives sends `notifications/cancelled` upstream.
-    pub async fn request(
-        &self,
-        method: &str,
-        params: Option<Value>,
-    ) -> Result<Reply, ConnectionError> {
-        let inner = &self.inner;
-        let params = self.with_request_meta(params);
-        let (id, reply) = inner.pending.register();
-        let mut guard = CancelOnDrop {
-            inner,
-            id,
-            armed: true,
+        let transport = StdioTransport {
+            writer,
+            exit,
+            pid,
+            stderr_tail,
         };
-        if inner.closed.is_cancelled()
-            || inner
-                .writer
-                .send(encode_request(id, method, params))
-                .is_err()
-        {
-            guard.armed = false;
-            inner.pending.forget(id);
-            return Err(ConnectionError::NotSent);
-        }
-        let outcome = tokio::select! {
-            biased;
-            outcome = reply => outcome.unwrap_or(Err(ConnectionError::Closed)),
-            _ = inner.closed.cancelled() => {
-                inner.pending.forget(id);
-                Err(ConnectionError::Closed)
-            }
-        };
-        guard.armed = false;
-        outcome
-    }
-
-    /// From now on every request carries these `_meta` fields (a 2026-07-28
-    /// upstream negotiates per request, not once).
-    pub fn set_request_meta(&self, meta: Map<String, Value>) {
-        *self
-            .inner
-            .request_meta
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(meta);
-    }
-
-    /// Sets or removes one of the per-request `_meta` fields, if there are any.
-    pub fn set_request_meta_field(&self, key: &str, value: Option<Value>) {
-        let mut meta = self
-            .inner
-            .request_meta
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(meta) = meta.as_mut() {
-            match value {
-                Some(value) => meta.insert(key.to_string(), value),
-                None => meta.remove(key),
-            };
-        }
-    }
-
-    /// Whether requests carry per-request `_meta` fields (the upstream is 2026-07-28).
-    pub fn is_per_request(&self) -> bool {
-        self.inner
-            .request_meta
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-    }
-
-    fn with_request_meta(&self, params: Option<Value>) -> Option<Value> {
-        let fields = self
-            .inner
-            .request_meta
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        let Some(fields) = fields.as_ref() else {
-            return params;
-        };
-        let mut params = match params {
-            Some(Value::Object(params)) => params,
-            None => Map::new(),
-            // Not an object: nowhere to put `_meta`; the upstream judges it as it is.
-            Some(other) => return Some(other),
-        };
-        let meta = params
-            .entry("_meta")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Some(meta) = meta.as_object_mut() {
-            for (key, value) in fields {
-                // A value the request already carries (a caller's log level) wins.
-                meta.entry(key.clone()).or_insert_with(|| value.clone());
-            }
-        }
-        Some(Value::Object(params))
-    }
-
-    /// Sends a notification.
-    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), ConnectionError> {
-        self.send_line(encode_notification(method, params)).await
-    }
-
-    /// Answers a server-to-client request, under the id the upstream gave it.
-    pub async fn respond(&self, id: Value, reply: Reply) -> Result<(), ConnectionError> {
-        self.send_line(encode_response(id, reply)).await
-    }
-
-    async fn send_line(&self, line: Vec<u8>) -> Result<(), ConnectionError> {
-        if self.inner.closed.is_cancelled() {
-            return Err(ConnectionError::NotSent);
-        }
-        self.inner
-            .writer
-            .send(line)
-            .map_err(|_| ConnectionError::NotSent)
-    }
-
-    pub fn upstream(&self) -> &Arc<str> {
-        &self.inner.upstream
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.inner.pid
-    }
-
-    /// Requests sent and not yet answered.
-    pub fn in_flight(&self) -> usize {
-        self.inner.pending.in_flight()
-    }
-
-    pub fn stats(&self) -> &ConnectionStats {
-        &self.inner.stats
-    }
-
-    /// True once no reply can arrive any more (stdout closed or the child stopped).
-    pub fn is_closed(&self) -> bool {
-        self.inner.closed.is_cancelled()
-    }
-
-    /// Resolves when the connection closes.
-    pub async fn closed(&self) {
-        self.inner.closed.cancelled().await;
-    }
-
-    /// The last lines the child wrote to stderr, oldest first.
-    pub fn stderr_tail(&self) -> Vec<String> {
-        let tail = self
-            .inner
-            .stderr_tail
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        tail.iter().cloned().collect()
-    }
-
-    /// Waits until the child and every process of its group are gone.
-    pub async fn wait_exit(&self) -> ExitReport {
-        let mut exit = self.inner.exit.clone();
-        loop {
-            if let Some(report) = *exit.borrow_and_update() {
-                return report;
-            }
-            if exit.changed().await.is_err() {
-                return ExitReport {
-                    code: None,
-                    signal: None,
-                };
-            }
-        }
-    }
-
-    /// Stops the child: close stdin, then SIGTERM to its group, then after the
-    /// grace period SIGKILL; waits until every process of the group is reaped.
-    pub async fn shutdown(&self) -> ExitReport {
-        self.inner.stop.cancel();
-        self.wait_exit().await
-    }
-}
-
-/// Sends `notifications/cancelled` for a request whose caller stopped waiting.
-struct CancelOnDrop<'a> {
-    inner: &'a Inner,
-    id: u64,
-    armed: bool,
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed && self.inner.pending.forget(self.id) {
-            let cancel = encode_notification(
-                "notifications/cancelled",
-                Some(json!({"requestId": self.id, "reason": "the caller stopped waiting"})),
-            );
-            // Best effort: a closed stdin means the upstream is gone anyway.
-            let _ = self.inner.writer.send(cancel);
-        }
+        Ok(UpstreamConnection::from_parts(
+            upstream,
+            pending,
+            closed,
+            stop,
+            stats,
+            Transport::Stdio(transport),
+        ))
     }
 }
 
@@ -486,7 +306,20 @@ async fn read_loop(state: ReadLoop) {
                     tracing::debug!(upstream = %upstream, %id, "dropped a reply nobody waits for");
                 }
             }
-            Incoming::Event(event) => {
+            Incoming::Notification(message) => {
+                if events
+                    .send(UpstreamEvent::Notification(message))
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!(upstream = %upstream, "no listener for upstream events");
+                }
+            }
+            Incoming::Request(message) => {
+                let event = UpstreamEvent::Request {
+                    message,
+                    origin: None,
+                };
                 if events.send(event).await.is_err() {
                     tracing::debug!(upstream = %upstream, "no listener for upstream events");
                 }

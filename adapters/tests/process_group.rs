@@ -167,7 +167,9 @@ async fn server_messages_arrive_as_events_and_dropped_calls_are_cancelled_upstre
         matches!(first, plexus_adapters::UpstreamEvent::Notification(ref m) if m["method"] == "notifications/tools/list_changed")
     );
     let second = incoming.recv().await.ok_or("no event")?;
-    assert!(matches!(second, plexus_adapters::UpstreamEvent::Request(ref m) if m["id"] == "s1"));
+    assert!(
+        matches!(second, plexus_adapters::UpstreamEvent::Request { ref message, origin: None } if message["id"] == "s1")
+    );
     connection
         .respond(json!("s1"), Reply::Result(json!({"roots": []})))
         .await?;

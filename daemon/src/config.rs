@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use adapters::{parse_naked_uri, LaunchSpec, Launcher};
+use adapters::remote::{check_header, check_url};
+use adapters::{parse_naked_uri, HttpEndpoint, HttpTransportKind, LaunchSpec, Launcher};
 use serde::Deserialize;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7464";
@@ -56,7 +57,7 @@ pub struct DaemonSettings {
 #[derive(Clone, Debug, PartialEq)]
 pub struct UpstreamConfig {
     pub name: String,
-    pub launch: LaunchSpec,
+    pub launch: Launch,
     pub enabled: bool,
     /// Prepended as `{prefix}__` to tool and prompt names; "" for none.
     pub prefix: String,
@@ -81,6 +82,26 @@ pub struct UpstreamConfig {
     pub health_interval: Duration,
     pub health_timeout: Duration,
     pub stop_grace: Duration,
+}
+
+/// How plexus reaches an upstream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Launch {
+    /// A child process spoken to over stdin and stdout.
+    Stdio(LaunchSpec),
+    /// A remote server over HTTP.
+    Http(HttpEndpoint),
+}
+
+/// The `transport` key of a `url` upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+enum RawTransport {
+    #[serde(rename = "streamable-http")]
+    StreamableHttp,
+    #[serde(rename = "sse")]
+    Sse,
+    #[serde(rename = "auto")]
+    Auto,
 }
 
 /// Who uses one running instance of an upstream.
@@ -201,6 +222,9 @@ struct RawUpstream {
     #[serde(default)]
     env: BTreeMap<String, String>,
     cwd: Option<PathBuf>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    transport: Option<RawTransport>,
     enabled: Option<bool>,
     prefix: Option<String>,
     #[serde(default)]
@@ -308,7 +332,7 @@ pub fn parse(
                 continue;
             }
         };
-        if let Some(upstream) = validate_upstream(&name, raw, base, &mut issues) {
+        if let Some(upstream) = validate_upstream(&name, raw, base, environment, &mut issues) {
             upstreams.insert(name, upstream);
         }
     }
@@ -408,6 +432,7 @@ fn validate_upstream(
     name: &str,
     raw: RawUpstream,
     base: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<UpstreamConfig> {
     let key = |field: &str| format!("upstreams.{name}.{field}");
@@ -432,7 +457,8 @@ fn validate_upstream(
             });
             None
         }
-        [(form, value)] => launcher_of(form, value, &key, issues),
+        [("url", value)] => url_of(value, &key, issues).map(LaunchForm::Url),
+        [(form, value)] => launcher_of(form, value, &key, issues).map(LaunchForm::Stdio),
         several => {
             let names: Vec<_> = several.iter().map(|(form, _)| *form).collect();
             issues.push(ConfigIssue {
@@ -528,6 +554,62 @@ fn validate_upstream(
             });
         }
     }
+    let remote = raw.url.is_some();
+    let mut env = BTreeMap::new();
+    for (variable, value) in raw.env {
+        match expand_variables(&value, environment) {
+            Ok(value) => {
+                env.insert(variable, value);
+            }
+            Err(message) => issues.push(ConfigIssue {
+                key: key(&format!("env.{variable}")),
+                message,
+            }),
+        }
+    }
+    let mut headers = Vec::new();
+    for (header, value) in raw.headers {
+        let field = key(&format!("headers.{header}"));
+        let checked = expand_variables(&value, environment).and_then(|value| {
+            match check_header(&header, &value) {
+                Ok(_) => Ok(value),
+                Err(error) => Err(error.to_string()),
+            }
+        });
+        match checked {
+            Ok(value) => headers.push((header, value)),
+            Err(message) => issues.push(ConfigIssue {
+                key: field,
+                message,
+            }),
+        }
+    }
+    // Keys that only mean something for one kind of upstream are errors on the other.
+    let misplaced: &[(&str, bool)] = if remote {
+        &[
+            ("args", !raw.args.is_empty()),
+            ("env", !env.is_empty()),
+            ("cwd", raw.cwd.is_some()),
+        ]
+    } else {
+        &[
+            ("headers", !headers.is_empty()),
+            ("transport", raw.transport.is_some()),
+        ]
+    };
+    for (field, present) in misplaced {
+        if *present {
+            let applies = if remote {
+                "applies to stdio launch forms, not to `url`"
+            } else {
+                "applies to `url` upstreams only"
+            };
+            issues.push(ConfigIssue {
+                key: key(field),
+                message: applies.into(),
+            });
+        }
+    }
     let prefix = raw.prefix.unwrap_or_else(|| name.to_string());
     if prefix.contains("__") {
         issues.push(ConfigIssue {
@@ -538,15 +620,28 @@ fn validate_upstream(
     if issues.len() > before {
         return None;
     }
-    let (launcher, mut args) = launch?;
-    args.extend(raw.args);
-    let cwd = Some(
-        raw.cwd
-            .map_or_else(|| base.to_path_buf(), |dir| base.join(dir)),
-    );
+    let launch = match launch? {
+        LaunchForm::Stdio((launcher, mut args)) => {
+            args.extend(raw.args);
+            let cwd = Some(
+                raw.cwd
+                    .map_or_else(|| base.to_path_buf(), |dir| base.join(dir)),
+            );
+            Launch::Stdio(launcher.to_spec(&args, env, cwd))
+        }
+        LaunchForm::Url(url) => Launch::Http(HttpEndpoint {
+            url,
+            headers,
+            transport: match raw.transport.unwrap_or(RawTransport::Auto) {
+                RawTransport::StreamableHttp => HttpTransportKind::StreamableHttp,
+                RawTransport::Sse => HttpTransportKind::Sse,
+                RawTransport::Auto => HttpTransportKind::Auto,
+            },
+        }),
+    };
     Some(UpstreamConfig {
         name: name.to_string(),
-        launch: launcher.to_spec(&args, raw.env, cwd),
+        launch,
         enabled: raw.enabled.unwrap_or(true),
         prefix,
         allow_tools: raw.allow_tools,
@@ -572,6 +667,69 @@ fn validate_upstream(
         health_timeout: health_timeout?,
         stop_grace: stop_grace?,
     })
+}
+
+/// What the one launch form of an upstream says.
+enum LaunchForm {
+    Stdio((Launcher, Vec<String>)),
+    Url(String),
+}
+
+fn url_of(
+    value: &str,
+    key: &dyn Fn(&str) -> String,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<String> {
+    match check_url(value.trim()) {
+        Ok(_) => Some(value.trim().to_string()),
+        Err(error) => {
+            issues.push(ConfigIssue {
+                key: key("url"),
+                message: error.to_string(),
+            });
+            None
+        }
+    }
+}
+
+/// Replaces each `${NAME}` with the variable's value (`$${` is a literal `${`).
+/// The error names the variable, never a value.
+fn expand_variables(
+    text: &str,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut expanded = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        if rest[..start].ends_with('$') {
+            expanded.push_str(&rest[..start]);
+            expanded.push('{');
+            rest = &rest[start + 2..];
+            continue;
+        }
+        expanded.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| "`${` without a closing `}`".to_string())?;
+        let variable = &after[..end];
+        let valid = variable
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && variable
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!("`${{{variable}}}` is not a variable name"));
+        }
+        let value = environment(variable)
+            .ok_or_else(|| format!("environment variable `{variable}` is not set"))?;
+        expanded.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    expanded.push_str(rest);
+    Ok(expanded)
 }
 
 fn launcher_of(
@@ -610,8 +768,7 @@ fn launcher_of(
         _ => {
             issues.push(ConfigIssue {
                 key: key(form),
-                message: "remote (HTTP) upstreams are not yet supported; use a stdio launch form"
-                    .into(),
+                message: "is not a launch form".into(),
             });
             return None;
         }
@@ -668,7 +825,10 @@ mod tests {
         let launchers: Vec<&str> = config
             .upstreams
             .values()
-            .map(|u| u.launch.program.as_str())
+            .filter_map(|u| match &u.launch {
+                Launch::Stdio(spec) => Some(spec.program.as_str()),
+                Launch::Http(_) => None,
+            })
             .collect();
         assert!(
             launchers.contains(&"uvx") && launchers.contains(&"npx"),
@@ -707,9 +867,13 @@ mod tests {
             &no_environment,
         )
         .unwrap();
+        let spec = |name: &str| match &config.upstreams[name].launch {
+            Launch::Stdio(spec) => spec.clone(),
+            Launch::Http(endpoint) => panic!("{name} is remote: {endpoint:?}"),
+        };
         let argv = |name: &str| {
-            let spec = &config.upstreams[name].launch;
-            (spec.program.clone(), spec.args.clone())
+            let spec = spec(name);
+            (spec.program, spec.args)
         };
         assert_eq!(
             argv("time"),
@@ -730,7 +894,7 @@ mod tests {
         );
         assert_eq!(argv("script"), ("python3".into(), vec!["server.py".into()]));
         assert_eq!(
-            config.upstreams["script"].launch.cwd,
+            spec("script").cwd,
             Some(PathBuf::from("/etc/plexus/servers"))
         );
         assert_eq!(
@@ -768,7 +932,7 @@ mod tests {
             [upstreams.none]
             args = ["x"]
             [upstreams.remote]
-            url = "https://example.invalid/mcp"
+            url = "ftp://example.invalid/mcp"
             [upstreams.slow]
             command = "x"
             init_timeout = "90"
@@ -780,7 +944,7 @@ mod tests {
             "upstreams.two: give exactly one launch form, not uvx and npx",
             "upstreams.unknown-key: unknown field `colour`",
             "upstreams.none: give exactly one of command",
-            "upstreams.remote.url: remote (HTTP) upstreams are not yet supported",
+            "upstreams.remote.url: `ftp://example.invalid/mcp` is not a URL plexus can reach",
             "upstreams.slow.init_timeout: `90` needs a unit",
         ];
         for prefix in expected {
@@ -790,6 +954,113 @@ mod tests {
             );
         }
         assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+    }
+
+    #[test]
+    fn remote_upstreams_take_headers_with_secrets_from_the_environment() {
+        let environment = |name: &str| match name {
+            "NOTES_TOKEN" => Some("s3cret".to_string()),
+            "REGION" => Some("eu".to_string()),
+            _ => None,
+        };
+        let config = parse(
+            r#"
+            [upstreams.notes]
+            url = "http://127.0.0.1:9000/mcp"
+            headers = { Authorization = "Bearer ${NOTES_TOKEN}", X-Region = "${REGION}-1", X-Literal = "$${NOT_EXPANDED}" }
+            [upstreams.legacy]
+            url = "http://127.0.0.1:9001/sse"
+            transport = "sse"
+            [upstreams.local]
+            command = "server"
+            env = { TOKEN = "${NOTES_TOKEN}" }
+            "#,
+            Path::new("/etc/plexus"),
+            &environment,
+        )
+        .unwrap();
+        let Launch::Http(notes) = &config.upstreams["notes"].launch else {
+            panic!("notes is not remote");
+        };
+        assert_eq!(notes.url, "http://127.0.0.1:9000/mcp");
+        assert_eq!(notes.transport, HttpTransportKind::Auto);
+        assert_eq!(
+            notes.headers,
+            vec![
+                ("Authorization".to_string(), "Bearer s3cret".to_string()),
+                ("X-Literal".to_string(), "${NOT_EXPANDED}".to_string()),
+                ("X-Region".to_string(), "eu-1".to_string()),
+            ]
+        );
+        // Header values stay out of debug output (and so out of logs).
+        assert!(!format!("{notes:?}").contains("s3cret"), "{notes:?}");
+        let Launch::Stdio(local) = &config.upstreams["local"].launch else {
+            panic!("local is not stdio");
+        };
+        assert_eq!(local.env["TOKEN"], "s3cret");
+        let Launch::Http(legacy) = &config.upstreams["legacy"].launch else {
+            panic!("legacy is not remote");
+        };
+        assert_eq!(legacy.transport, HttpTransportKind::Sse);
+
+        let issues = parse(
+            r#"
+            [upstreams.unset]
+            url = "http://127.0.0.1:9000/mcp"
+            headers = { Authorization = "Bearer ${MISSING_TOKEN}" }
+            [upstreams.mixed]
+            url = "http://127.0.0.1:9000/mcp"
+            args = ["--x"]
+            cwd = "somewhere"
+            [upstreams.stdio]
+            command = "server"
+            transport = "sse"
+            headers = { X-A = "b" }
+            env = { TOKEN = "${ALSO_MISSING}" }
+            [upstreams.managed]
+            url = "http://127.0.0.1:9000/mcp"
+            headers = { Mcp-Session-Id = "fixed" }
+            [upstreams.badtransport]
+            url = "http://127.0.0.1:9000/mcp"
+            transport = "websocket"
+            "#,
+            Path::new("/etc/plexus"),
+            &environment,
+        )
+        .unwrap_err();
+        let issues: Vec<String> = issues.iter().map(ToString::to_string).collect();
+        let expected = [
+            "upstreams.unset.headers.Authorization: environment variable `MISSING_TOKEN` is not set",
+            "upstreams.mixed.args: applies to stdio launch forms",
+            "upstreams.mixed.cwd: applies to stdio launch forms",
+            "upstreams.stdio.transport: applies to `url` upstreams only",
+            "upstreams.stdio.headers: applies to `url` upstreams only",
+            "upstreams.stdio.env.TOKEN: environment variable `ALSO_MISSING` is not set",
+            "upstreams.managed.headers.Mcp-Session-Id: header `Mcp-Session-Id`: plexus sets this header itself",
+            "upstreams.badtransport: unknown variant `websocket`",
+        ];
+        for prefix in expected {
+            assert!(
+                issues.iter().any(|issue| issue.starts_with(prefix)),
+                "missing `{prefix}` in {issues:#?}"
+            );
+        }
+        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+    }
+
+    #[test]
+    fn variables_expand_only_when_well_formed() {
+        let environment = |name: &str| (name == "A").then(|| "x".to_string());
+        assert_eq!(
+            expand_variables("${A}${A}-$A", &environment).unwrap(),
+            "xx-$A"
+        );
+        assert_eq!(expand_variables("$${A}", &environment).unwrap(), "${A}");
+        assert!(expand_variables("${A", &environment).is_err());
+        assert!(expand_variables("${1A}", &environment).is_err());
+        assert!(expand_variables("${B}", &environment)
+            .unwrap_err()
+            .contains("`B`"));
     }
 
     #[test]

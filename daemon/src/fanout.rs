@@ -17,6 +17,16 @@ use crate::logging::LogLevel;
 use crate::session::Session;
 use crate::upstream::{Caller, Instance, Upstream, UpstreamState};
 
+/// A request an upstream sent, as plexus routes it.
+struct UpstreamRequest<'a> {
+    /// The upstream's id, under which the answer goes back.
+    id: Value,
+    method: &'a str,
+    params: Option<Value>,
+    /// plexus's id of the request whose HTTP response stream carried it.
+    origin: Option<u64>,
+}
+
 /// Shared state for routing upstream messages to sessions.
 #[derive(Default)]
 pub struct Fanout {
@@ -401,13 +411,15 @@ impl Hub {
         }
     }
 
-    /// Answers, or passes to the right client, a request an upstream sent.
+    /// Answers, or passes to the right client, a request an upstream sent;
+    /// `origin` is plexus's id of the request whose HTTP stream carried it.
     pub async fn route_upstream_request(
         &self,
         upstream: &Upstream,
         instance: &Instance,
         connection: &UpstreamConnection,
         message: Value,
+        origin: Option<u64>,
     ) {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let method = message
@@ -419,7 +431,13 @@ impl Hub {
         let reply = if method == "ping" {
             Some(Reply::Result(json!({})))
         } else {
-            self.pass_to_client(upstream, instance, connection, id.clone(), &method, params)
+            let request = UpstreamRequest {
+                id: id.clone(),
+                method: &method,
+                params,
+                origin,
+            };
+            self.pass_to_client(upstream, instance, connection, request)
         };
         if let Some(reply) = reply {
             if connection.respond(id, reply).await.is_err() {
@@ -434,10 +452,14 @@ impl Hub {
         upstream: &Upstream,
         instance: &Instance,
         connection: &UpstreamConnection,
-        id: Value,
-        method: &str,
-        params: Option<Value>,
+        request: UpstreamRequest<'_>,
     ) -> Option<Reply> {
+        let UpstreamRequest {
+            id,
+            method,
+            params,
+            origin,
+        } = request;
         let name = upstream.name();
         let Some(capability) = required_capability(method, params.as_ref()) else {
             return Some(error(
@@ -446,61 +468,27 @@ impl Hub {
             ));
         };
         let callers = instance.callers();
-        let target = match callers.as_slice() {
-            [] => {
-                // No call in flight: the request can only be for the one connected
-                // client able to answer it, if there is exactly one.
-                let able: Vec<Arc<Session>> = self
-                    .live_sessions()
-                    .into_iter()
-                    // A 2026-07-28 request's scope can only be asked through its own request.
-                    .filter(|session| !session.is_scope() && session.has_capability(&capability))
-                    .collect();
-                match able.as_slice() {
-                    [only] => Caller::for_session(only.id()),
-                    _ if method == "roots/list" => {
-                        // Asked before any client could answer (many servers ask right after
-                        // connecting): answer for now, and tell the upstream when a client
-                        // with roots arrives, so it asks again.
-                        self.fanout
-                            .roots_for_nobody
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push((name.to_string(), connection.clone()));
-                        return Some(Reply::Result(json!({"roots": []})));
-                    }
-                    _ => {
-                        return Some(error(
-                            jsonrpc::INTERNAL_ERROR,
-                            format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}`"),
-                        ))
-                    }
-                }
-            }
-            [only] => only.clone(),
-            several => {
-                let mut sessions: Vec<u64> = several.iter().map(|call| call.session).collect();
-                sessions.dedup();
-                if sessions.len() > 1 {
-                    tracing::warn!(
-                        upstream = name,
-                        method,
-                        sessions = sessions.len(),
-                        "cannot tell which session an upstream request belongs to"
-                    );
-                    return Some(error(
-                        jsonrpc::INTERNAL_ERROR,
-                        format!(
-                            "plexus cannot tell which of {} client sessions `{method}` is for; configure upstream `{name}` with share = \"session\"",
-                            sessions.len()
-                        ),
-                    ));
-                }
-                // One session with several calls: its session stream, not one call's.
-                let mut call = several[0].clone();
-                call.related = None;
-                call
-            }
+        // Sent on the response stream of one of plexus's requests: it belongs to
+        // that request's call, however many sessions have calls in flight.
+        let originating = origin.and_then(|origin| {
+            callers
+                .iter()
+                .find(|caller| caller.upstream_id == Some(origin))
+                .cloned()
+        });
+        // A stream's request that no call claims (plexus's own request, or a call
+        // that has ended) is judged as if no call were in flight.
+        let unclaimed = if origin.is_some() {
+            &[][..]
+        } else {
+            &callers[..]
+        };
+        let target = match originating {
+            Some(call) => call,
+            None => match self.caller_of(name, method, &capability, connection, unclaimed) {
+                Ok(call) => call,
+                Err(reply) => return Some(reply),
+            },
         };
         let Some(session) = self.session(target.session) else {
             return Some(error(
@@ -547,6 +535,72 @@ impl Hub {
                 jsonrpc::INTERNAL_ERROR,
                 "the client's queue is full or closed".into(),
             ))
+        }
+    }
+
+    /// The call a request belongs to when nothing names it, judged from the calls
+    /// in flight; or the answer plexus gives in its place.
+    fn caller_of(
+        &self,
+        name: &str,
+        method: &str,
+        capability: &[&str],
+        connection: &UpstreamConnection,
+        callers: &[Caller],
+    ) -> Result<Caller, Reply> {
+        match callers {
+            [] => {
+                // No call in flight: the request can only be for the one connected
+                // client able to answer it, if there is exactly one.
+                let able: Vec<Arc<Session>> = self
+                    .live_sessions()
+                    .into_iter()
+                    // A 2026-07-28 request's scope can only be asked through its own request.
+                    .filter(|session| !session.is_scope() && session.has_capability(capability))
+                    .collect();
+                match able.as_slice() {
+                    [only] => Ok(Caller::for_session(only.id())),
+                    _ if method == "roots/list" => {
+                        // Asked before any client could answer (many servers ask right after
+                        // connecting): answer for now, and tell the upstream when a client
+                        // with roots arrives, so it asks again.
+                        self.fanout
+                            .roots_for_nobody
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push((name.to_string(), connection.clone()));
+                        Err(Reply::Result(json!({"roots": []})))
+                    }
+                    _ => Err(error(
+                        jsonrpc::INTERNAL_ERROR,
+                        format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}`"),
+                    )),
+                }
+            }
+            [only] => Ok(only.clone()),
+            several => {
+                let mut sessions: Vec<u64> = several.iter().map(|call| call.session).collect();
+                sessions.dedup();
+                if sessions.len() > 1 {
+                    tracing::warn!(
+                        upstream = name,
+                        method,
+                        sessions = sessions.len(),
+                        "cannot tell which session an upstream request belongs to"
+                    );
+                    return Err(error(
+                        jsonrpc::INTERNAL_ERROR,
+                        format!(
+                            "plexus cannot tell which of {} client sessions `{method}` is for; configure upstream `{name}` with share = \"session\"",
+                            sessions.len()
+                        ),
+                    ));
+                }
+                // One session with several calls: its session stream, not one call's.
+                let mut call = several[0].clone();
+                call.related = None;
+                Ok(call)
+            }
         }
     }
 

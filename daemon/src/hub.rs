@@ -379,8 +379,11 @@ impl Hub {
         crate::era::strip_request_meta(&mut params);
         // The client's progress token never reaches a shared upstream: plexus's own does.
         let progress = self.rewrite_progress_token(&mut params, call.related);
-        // Requests the upstream sends while this call runs are attributed to this session.
-        let _caller = instance.track_call(call.session, call.related.clone());
+        // The request gets its upstream-side id first, so whatever the upstream sends
+        // while serving it (over HTTP, on this request's own stream) is attributed
+        // to this call, and through it to this session.
+        let request = connection.prepare(method, params);
+        let _caller = instance.track_call(call.session, call.related.clone(), request.id());
         let activity = progress.as_ref().map(|route| route.activity.clone());
 
         let base = call
@@ -391,7 +394,7 @@ impl Hub {
         let call_started = Instant::now();
         let hard_deadline = call_started + base.max(config.max_call_timeout);
         let mut deadline = call_started + base;
-        let request = connection.request(method, params);
+        let request = request.send();
         tokio::pin!(request);
         let outcome = loop {
             tokio::select! {
@@ -416,6 +419,12 @@ impl Hub {
             Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
                 upstream: upstream_name.to_string(),
                 limit,
+            }),
+            Ok(Err(
+                error @ (ConnectionError::HttpStatus { .. } | ConnectionError::Broken { .. }),
+            )) => Err(RelayError::FailedMidCall {
+                upstream: upstream_name.to_string(),
+                reason: error.to_string(),
             }),
             // Dropping `request` (at the end of this scope) sends the cancel upstream.
             Err(()) => Err(RelayError::Timeout {

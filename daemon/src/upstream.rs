@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use adapters::handshake::{self, ClientIdentity, ServerHello};
 use adapters::stdio::ConnectionStats;
-use adapters::{Reply, StdioOptions, UpstreamConnection, UpstreamEvent};
+use adapters::{
+    ConnectionError, HttpOptions, Reply, StdioOptions, UpstreamConnection, UpstreamEvent,
+};
 use dashmap::DashMap;
 use registry::{Kind, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
@@ -17,7 +19,7 @@ use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{RestartSettings, Share, Start, UpstreamConfig};
+use crate::config::{Launch, RestartSettings, Share, Start, UpstreamConfig};
 use crate::hub::Hub;
 use crate::jsonrpc::RelayError;
 
@@ -197,6 +199,9 @@ pub struct Caller {
     pub session: u64,
     /// The call's own stream, where requests caused by it are sent.
     pub related: Option<mpsc::Sender<Value>>,
+    /// The id the upstream knows the call by: an HTTP upstream's request sent on
+    /// this call's response stream names it, which attributes it to this call.
+    pub upstream_id: Option<u64>,
 }
 
 impl Caller {
@@ -206,6 +211,7 @@ impl Caller {
             id: u64::MAX,
             session,
             related: None,
+            upstream_id: None,
         }
     }
 }
@@ -244,8 +250,14 @@ impl Instance {
         }
     }
 
-    /// Records a call in flight until the guard is dropped.
-    pub fn track_call(&self, session: u64, related: mpsc::Sender<Value>) -> CallerGuard<'_> {
+    /// Records a call in flight, sent upstream under `upstream_id`, until the
+    /// guard is dropped.
+    pub fn track_call(
+        &self,
+        session: u64,
+        related: mpsc::Sender<Value>,
+        upstream_id: u64,
+    ) -> CallerGuard<'_> {
         let id = self.next_caller.fetch_add(1, Ordering::Relaxed);
         self.callers
             .lock()
@@ -254,6 +266,7 @@ impl Instance {
                 id,
                 session,
                 related: Some(related),
+                upstream_id: Some(upstream_id),
             });
         CallerGuard { instance: self, id }
     }
@@ -595,21 +608,39 @@ fn set_state(instance: &Instance, hub: &Hub, state: UpstreamState) {
 async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>, hub: &Arc<Hub>) -> RunEnd {
     let config = &upstream.config;
     let name = instance.name.clone();
-    let options = StdioOptions {
-        max_message_bytes: config.max_message_bytes,
-        stop_grace: config.stop_grace,
-        stats: upstream.stats.clone(),
-        ..StdioOptions::default()
-    };
     let (events_tx, events) = mpsc::channel(256);
-    let connection =
-        match UpstreamConnection::spawn_stdio(name.clone(), &config.launch, &options, events_tx) {
-            Ok(connection) => connection,
-            Err(error) => {
-                tracing::error!(upstream = %name, %error, "upstream could not be started");
-                return RunEnd::Failed;
+    let connection = match &config.launch {
+        Launch::Stdio(spec) => {
+            let options = StdioOptions {
+                max_message_bytes: config.max_message_bytes,
+                stop_grace: config.stop_grace,
+                stats: upstream.stats.clone(),
+                ..StdioOptions::default()
+            };
+            UpstreamConnection::spawn_stdio(name.clone(), spec, &options, events_tx)
+                .map_err(|error| error.to_string())
+        }
+        Launch::Http(endpoint) => {
+            let options = HttpOptions {
+                max_message_bytes: config.max_message_bytes,
+                connect_timeout: config.init_timeout.min(HTTP_CONNECT_TIMEOUT),
+                stats: upstream.stats.clone(),
+            };
+            let connecting =
+                UpstreamConnection::connect_http(name.clone(), endpoint, &options, events_tx);
+            tokio::select! {
+                connected = connecting => connected.map_err(|error| error.to_string()),
+                _ = instance.stop.cancelled() => return RunEnd::Stopped,
             }
-        };
+        }
+    };
+    let connection = match connection {
+        Ok(connection) => connection,
+        Err(error) => {
+            tracing::error!(upstream = %name, %error, "upstream could not be started");
+            return RunEnd::Failed;
+        }
+    };
     let identity = client_identity();
     // A handshake-era upstream that ignores the probe costs at most this much of its start.
     let probe_timeout = config.init_timeout.min(DISCOVER_PROBE_TIMEOUT);
@@ -797,8 +828,8 @@ async fn serve_events(
                     hub.route_notification(&instance.name, &message);
                 }
             }
-            UpstreamEvent::Request(message) => {
-                hub.route_upstream_request(upstream, instance, connection, message)
+            UpstreamEvent::Request { message, origin } => {
+                hub.route_upstream_request(upstream, instance, connection, message, origin)
                     .await
             }
         }
@@ -824,7 +855,13 @@ async fn health_checks(
         ticks.tick().await;
         match tokio::time::timeout(timeout, connection.request("ping", None)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(_)) => return,
+            // A closed connection ends the run anyway.
+            Ok(Err(ConnectionError::Closed | ConnectionError::NotSent)) => return,
+            Ok(Err(error)) => {
+                tracing::error!(upstream = %connection.upstream(), %error, "a health ping failed; restarting the upstream");
+                unhealthy.cancel();
+                return;
+            }
             Err(_) => {
                 tracing::error!(upstream = %connection.upstream(), timeout_ms = timeout.as_millis() as u64, "upstream did not answer a health ping; restarting it");
                 unhealthy.cancel();
@@ -854,6 +891,8 @@ async fn refresh_on_demand(
 
 /// Most pages plexus reads from one upstream list.
 const MAX_LIST_PAGES: usize = 1000;
+/// How long connecting to an HTTP upstream (and an HTTP+SSE `endpoint` event) may take.
+const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a `server/discover` probe may go unanswered before the upstream counts as handshake era.
 const DISCOVER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 

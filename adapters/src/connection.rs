@@ -1,0 +1,377 @@
+//! The handle plexus holds to one upstream, whatever carries its messages: a
+//! stdio child or an HTTP client. Ids, the pending table, the per-request `_meta`
+//! and the cancel sent when a caller stops waiting are the same for both; only
+//! how a message leaves differs.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::remote::HttpTransport;
+use crate::rpc::{encode_notification, encode_response, ConnectionError, Reply, SharedPending};
+use crate::stdio::{ExitReport, StdioTransport};
+
+/// Counters a connection keeps for metrics.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    /// Lines on stdout (or events on an HTTP stream) that were not JSON-RPC messages.
+    pub dropped_stdout_lines: AtomicU64,
+    /// Replies that arrived after their caller gave up.
+    pub late_replies: AtomicU64,
+    /// Processes started (or HTTP connections opened) with these counters.
+    pub spawns: AtomicU64,
+}
+
+/// A handle to a running upstream. Cheap to clone; the upstream is stopped by
+/// [`UpstreamConnection::shutdown`], or (a child) killed when the last handle is dropped.
+#[derive(Clone)]
+pub struct UpstreamConnection {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) upstream: Arc<str>,
+    pub(crate) pending: SharedPending,
+    /// Set when no reply can come any more.
+    pub(crate) closed: CancellationToken,
+    /// Set to stop the upstream.
+    pub(crate) stop: CancellationToken,
+    pub(crate) stats: Arc<ConnectionStats>,
+    /// For an upstream of 2026-07-28: the `_meta` fields every request carries.
+    pub(crate) request_meta: RwLock<Option<Map<String, Value>>>,
+    pub(crate) transport: Transport,
+}
+
+/// What carries an upstream's messages.
+pub(crate) enum Transport {
+    Stdio(StdioTransport),
+    Http(HttpTransport),
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Last handle gone: every task of the connection ends (a child is killed
+        // by its transport's own drop).
+        self.stop.cancel();
+    }
+}
+
+/// A request with plexus's id already assigned, not yet sent: the caller can
+/// record the id (to attribute what the upstream sends while serving it) before
+/// anything can arrive. Dropping it unsent forgets the id.
+pub struct OutgoingRequest<'a> {
+    connection: &'a UpstreamConnection,
+    id: u64,
+    message: Option<(String, Option<Value>)>,
+    reply: Option<oneshot::Receiver<Result<Reply, ConnectionError>>>,
+}
+
+impl OutgoingRequest<'_> {
+    /// plexus's id of this request, as the upstream sees it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Sends the request and waits for the upstream's reply. Dropping the future
+    /// before the reply arrives cancels the request upstream.
+    pub async fn send(mut self) -> Result<Reply, ConnectionError> {
+        let inner = &*self.connection.inner;
+        let id = self.id;
+        let (Some((method, params)), Some(reply)) = (self.message.take(), self.reply.take()) else {
+            return Err(ConnectionError::NotSent);
+        };
+        let mut guard = CancelOnDrop {
+            inner,
+            id,
+            armed: true,
+        };
+        if inner.closed.is_cancelled() || inner.send_request(id, &method, params).is_err() {
+            guard.armed = false;
+            inner.pending.forget(id);
+            return Err(ConnectionError::NotSent);
+        }
+        let outcome = tokio::select! {
+            biased;
+            outcome = reply => outcome.unwrap_or(Err(ConnectionError::Closed)),
+            _ = inner.closed.cancelled() => {
+                inner.pending.forget(id);
+                Err(ConnectionError::Closed)
+            }
+        };
+        guard.armed = false;
+        inner.request_finished(id);
+        outcome
+    }
+}
+
+impl Drop for OutgoingRequest<'_> {
+    fn drop(&mut self) {
+        if self.reply.is_some() {
+            self.connection.inner.pending.forget(self.id);
+        }
+    }
+}
+
+impl Inner {
+    fn send_request(
+        &self,
+        id: u64,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<(), ConnectionError> {
+        match &self.transport {
+            Transport::Stdio(stdio) => stdio.send_request(id, method, params),
+            Transport::Http(http) => http.send_request(id, method, params),
+        }
+    }
+
+    fn request_finished(&self, id: u64) {
+        if let Transport::Http(http) = &self.transport {
+            http.request_finished(id);
+        }
+    }
+
+    fn per_request(&self) -> bool {
+        self.request_meta
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+}
+
+impl UpstreamConnection {
+    pub(crate) fn from_parts(
+        upstream: Arc<str>,
+        pending: SharedPending,
+        closed: CancellationToken,
+        stop: CancellationToken,
+        stats: Arc<ConnectionStats>,
+        transport: Transport,
+    ) -> UpstreamConnection {
+        UpstreamConnection {
+            inner: Arc::new(Inner {
+                upstream,
+                pending,
+                closed,
+                stop,
+                stats,
+                request_meta: RwLock::new(None),
+                transport,
+            }),
+        }
+    }
+
+    /// Gives a request plexus's id without sending it yet; see [`OutgoingRequest`].
+    pub fn prepare(&self, method: &str, params: Option<Value>) -> OutgoingRequest<'_> {
+        let params = self.with_request_meta(params);
+        let (id, reply) = self.inner.pending.register();
+        OutgoingRequest {
+            connection: self,
+            id,
+            message: Some((method.to_string(), params)),
+            reply: Some(reply),
+        }
+    }
+
+    /// Sends a request and waits for the upstream's reply. Dropping the future
+    /// before the reply arrives sends `notifications/cancelled` upstream.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Reply, ConnectionError> {
+        self.prepare(method, params).send().await
+    }
+
+    /// From now on every request carries these `_meta` fields (a 2026-07-28
+    /// upstream negotiates per request, not once).
+    pub fn set_request_meta(&self, meta: Map<String, Value>) {
+        *self
+            .inner
+            .request_meta
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(meta);
+    }
+
+    /// Sets or removes one of the per-request `_meta` fields, if there are any.
+    pub fn set_request_meta_field(&self, key: &str, value: Option<Value>) {
+        let mut meta = self
+            .inner
+            .request_meta
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(meta) = meta.as_mut() {
+            match value {
+                Some(value) => meta.insert(key.to_string(), value),
+                None => meta.remove(key),
+            };
+        }
+    }
+
+    /// Whether requests carry per-request `_meta` fields (the upstream is 2026-07-28).
+    pub fn is_per_request(&self) -> bool {
+        self.inner.per_request()
+    }
+
+    fn with_request_meta(&self, params: Option<Value>) -> Option<Value> {
+        let fields = self
+            .inner
+            .request_meta
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(fields) = fields.as_ref() else {
+            return params;
+        };
+        let mut params = match params {
+            Some(Value::Object(params)) => params,
+            None => Map::new(),
+            // Not an object: nowhere to put `_meta`; the upstream judges it as it is.
+            Some(other) => return Some(other),
+        };
+        let meta = params
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(meta) = meta.as_object_mut() {
+            for (key, value) in fields {
+                // A value the request already carries (a caller's log level) wins.
+                meta.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        Some(Value::Object(params))
+    }
+
+    /// Sends a notification.
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), ConnectionError> {
+        self.send_message(encode_notification(method, params)).await
+    }
+
+    /// Answers a server-to-client request, under the id the upstream gave it.
+    pub async fn respond(&self, id: Value, reply: Reply) -> Result<(), ConnectionError> {
+        self.send_message(encode_response(id, reply)).await
+    }
+
+    async fn send_message(&self, message: Vec<u8>) -> Result<(), ConnectionError> {
+        if self.inner.closed.is_cancelled() {
+            return Err(ConnectionError::NotSent);
+        }
+        match &self.inner.transport {
+            Transport::Stdio(stdio) => stdio.send_line(message),
+            Transport::Http(http) => http.send_message(message).await,
+        }
+    }
+
+    pub fn upstream(&self) -> &Arc<str> {
+        &self.inner.upstream
+    }
+
+    /// The child's process id; `None` for an HTTP upstream.
+    pub fn pid(&self) -> Option<u32> {
+        match &self.inner.transport {
+            Transport::Stdio(stdio) => stdio.pid(),
+            Transport::Http(_) => None,
+        }
+    }
+
+    /// Requests sent and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.inner.pending.in_flight()
+    }
+
+    pub fn stats(&self) -> &ConnectionStats {
+        &self.inner.stats
+    }
+
+    /// True once no reply can arrive any more (stdout closed, the child stopped,
+    /// or the HTTP upstream unreachable or its session gone).
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.is_cancelled()
+    }
+
+    /// Resolves when the connection closes.
+    pub async fn closed(&self) {
+        self.inner.closed.cancelled().await;
+    }
+
+    /// The last lines the child wrote to stderr, oldest first (none over HTTP).
+    pub fn stderr_tail(&self) -> Vec<String> {
+        match &self.inner.transport {
+            Transport::Stdio(stdio) => stdio.stderr_tail(),
+            Transport::Http(_) => Vec::new(),
+        }
+    }
+
+    /// Waits until the child and every process of its group are gone (over
+    /// HTTP: until the connection is closed).
+    pub async fn wait_exit(&self) -> ExitReport {
+        match &self.inner.transport {
+            Transport::Stdio(stdio) => stdio.wait_exit().await,
+            Transport::Http(_) => {
+                self.closed().await;
+                ExitReport {
+                    code: None,
+                    signal: None,
+                }
+            }
+        }
+    }
+
+    /// Stops the upstream. A child: close stdin, then SIGTERM to its group, then
+    /// after the grace period SIGKILL; waits until every process of the group is
+    /// reaped. HTTP: the session is deleted and the connection closed.
+    pub async fn shutdown(&self) -> ExitReport {
+        match &self.inner.transport {
+            Transport::Stdio(_) => {
+                self.inner.stop.cancel();
+                self.wait_exit().await
+            }
+            Transport::Http(http) => {
+                http.shutdown().await;
+                self.inner.stop.cancel();
+                ExitReport {
+                    code: None,
+                    signal: None,
+                }
+            }
+        }
+    }
+}
+
+/// Cancels a request upstream when its caller stops waiting.
+struct CancelOnDrop<'a> {
+    inner: &'a Inner,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if !self.inner.pending.forget(self.id) {
+            // Answered, but the caller left before reading it.
+            self.inner.request_finished(self.id);
+            return;
+        }
+        let cancel = || {
+            encode_notification(
+                "notifications/cancelled",
+                Some(json!({"requestId": self.id, "reason": "the caller stopped waiting"})),
+            )
+        };
+        match &self.inner.transport {
+            // Best effort: a closed stdin means the upstream is gone anyway.
+            Transport::Stdio(stdio) => {
+                let _ = stdio.send_line(cancel());
+            }
+            // Over 2026-07-28 HTTP, closing the request's stream is the cancel.
+            Transport::Http(http) => {
+                let notification = (!self.inner.per_request()).then(cancel);
+                http.cancel(self.id, notification);
+            }
+        }
+    }
+}

@@ -1,0 +1,1340 @@
+//! Remote upstreams over HTTP, behind the same [`UpstreamConnection`] as stdio children.
+//!
+//! Streamable HTTP: every message is a POST to the MCP endpoint; a request is
+//! answered with one JSON body or with an event stream carrying the messages
+//! related to it and then its reply. The session id and protocol version from
+//! `initialize` go on every later request, a GET stream carries what the server
+//! sends on its own, and the session is deleted on shutdown.
+//!
+//! HTTP+SSE (2024-11-05): one GET event stream whose `endpoint` event names where
+//! messages are POSTed; every answer arrives on that stream.
+//!
+//! `auto` tries streamable HTTP and falls back to HTTP+SSE when the first POST is
+//! refused (400, 404, 405) without a JSON-RPC error and a GET of the URL opens an
+//! event stream that names an endpoint.
+
+mod sse;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::{ConnectionStats, Transport, UpstreamConnection};
+use crate::rpc::{
+    classify, encode_request, id_in_head, our_id, ConnectionError, Incoming as Classified,
+    PendingRequests, Reply, SharedPending, UpstreamEvent,
+};
+use sse::{SseDecoder, SseItem};
+
+/// Which HTTP transport an upstream speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpTransportKind {
+    /// Streamable HTTP (2025-03-26 and later).
+    StreamableHttp,
+    /// The HTTP+SSE transport of 2024-11-05.
+    Sse,
+    /// Streamable HTTP, falling back to HTTP+SSE as the MCP specification describes.
+    Auto,
+}
+
+impl HttpTransportKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            HttpTransportKind::StreamableHttp => "streamable-http",
+            HttpTransportKind::Sse => "sse",
+            HttpTransportKind::Auto => "auto",
+        }
+    }
+}
+
+/// Where a remote upstream is and what every request to it carries.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpEndpoint {
+    pub url: String,
+    /// Sent with every request. Values may be secrets: never logged.
+    pub headers: Vec<(String, String)>,
+    pub transport: HttpTransportKind,
+}
+
+impl fmt::Debug for HttpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("HttpEndpoint")
+            .field("url", &self.url)
+            .field("headers", &names)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+/// Limits and timings of one HTTP connection.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Longest accepted message (a JSON body, or one event's data).
+    pub max_message_bytes: usize,
+    /// How long connecting may take, and for HTTP+SSE the wait for the `endpoint` event.
+    pub connect_timeout: Duration,
+    /// Counters, shared so they can outlive one connection (an upstream's restarts).
+    pub stats: Arc<ConnectionStats>,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            max_message_bytes: 16 * 1024 * 1024,
+            connect_timeout: Duration::from_secs(10),
+            stats: Arc::new(ConnectionStats::default()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HttpError {
+    #[error("`{url}` is not a URL plexus can reach: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("header `{name}`: {reason}")]
+    BadHeader { name: String, reason: String },
+    #[error("{url} did not open an HTTP+SSE event stream: {reason}")]
+    NoEventStream { url: String, reason: String },
+}
+
+/// Header names plexus sets itself; a configured one would contradict it.
+const MANAGED_HEADERS: &[&str] = &[
+    "accept",
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "last-event-id",
+    "mcp-method",
+    "mcp-name",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "transfer-encoding",
+];
+
+/// Checks that `url` is an absolute `http://` (or, with TLS, `https://`) URL.
+pub fn check_url(url: &str) -> Result<Uri, HttpError> {
+    let bad = |reason: &str| HttpError::BadUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let uri: Uri = url
+        .parse()
+        .map_err(|error: http::uri::InvalidUri| bad(&error.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") if tls::AVAILABLE => {}
+        Some("https") => return Err(bad(tls::MISSING)),
+        _ => return Err(bad("the scheme must be http or https")),
+    }
+    if uri
+        .authority()
+        .is_none_or(|authority| authority.host().is_empty())
+    {
+        return Err(bad("it names no host"));
+    }
+    Ok(uri)
+}
+
+/// Checks one configured header; the value is never part of an error.
+pub fn check_header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), HttpError> {
+    let bad = |reason: &str| HttpError::BadHeader {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    };
+    let header =
+        HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("not a valid HTTP header name"))?;
+    if MANAGED_HEADERS.contains(&header.as_str()) {
+        return Err(bad("plexus sets this header itself"));
+    }
+    let mut value = HeaderValue::from_str(value)
+        .map_err(|_| bad("the value has characters HTTP headers cannot carry"))?;
+    value.set_sensitive(true);
+    Ok((header, value))
+}
+
+/// A URL as it may appear in logs and errors: the query (which may hold a key) left out.
+fn display_url(uri: &Uri) -> String {
+    let mut text = format!(
+        "{}://{}{}",
+        uri.scheme_str().unwrap_or("http"),
+        uri.authority().map(|a| a.as_str()).unwrap_or(""),
+        uri.path()
+    );
+    if uri.query().is_some() {
+        text.push_str("?…");
+    }
+    text
+}
+
+type Connector = tls::Connector;
+type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// The first messages decide which transport an `auto` upstream speaks.
+#[derive(Clone, Debug)]
+enum Mode {
+    Undecided,
+    Streamable,
+    Legacy { endpoint: Uri },
+}
+
+/// How many times a request's event stream is resumed (`Last-Event-ID`) before giving up.
+const MAX_RESUMES: usize = 3;
+/// How long the rest of a request's event stream is read after its reply, so the
+/// HTTP connection can be reused.
+const DRAIN_AFTER_REPLY: Duration = Duration::from_secs(1);
+/// Reconnection delay of event streams when the server names none.
+const DEFAULT_RETRY: Duration = Duration::from_secs(1);
+/// The longest reconnection delay plexus honours.
+const MAX_RETRY: Duration = Duration::from_secs(30);
+/// Most of an error response's body kept for the message.
+const ERROR_BODY_BYTES: usize = 64 * 1024;
+/// How long the session's DELETE may take at shutdown.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+const EVENT_STREAM: &str = "text/event-stream";
+
+/// The HTTP side of an [`UpstreamConnection`].
+#[derive(Clone)]
+pub(crate) struct HttpTransport {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    upstream: Arc<str>,
+    url: Uri,
+    /// `url` for logs and errors.
+    url_text: String,
+    headers: HeaderMap,
+    client: HttpClient,
+    pending: SharedPending,
+    events: mpsc::Sender<UpstreamEvent>,
+    closed: CancellationToken,
+    stats: Arc<ConnectionStats>,
+    max_message_bytes: usize,
+    connect_timeout: Duration,
+    mode: Mutex<Mode>,
+    /// Held while the first POST of an `auto` upstream decides its transport.
+    deciding: tokio::sync::Mutex<()>,
+    session_id: Mutex<Option<HeaderValue>>,
+    protocol_version: Mutex<Option<HeaderValue>>,
+    /// The task reading each request's response, so a cancel can close its stream.
+    streams: Mutex<HashMap<u64, AbortHandle>>,
+    listening: AtomicBool,
+}
+
+/// What a POST carrying a request says about it in headers.
+#[derive(Default)]
+struct Head {
+    /// For a 2026-07-28 request: the version its `_meta` names, and the
+    /// `Mcp-Method` and `Mcp-Name` headers that mirror its body.
+    modern_version: Option<HeaderValue>,
+    method: Option<HeaderValue>,
+    name: Option<HeaderValue>,
+    initialize: bool,
+}
+
+impl Head {
+    fn of(method: &str, params: Option<&Value>) -> Head {
+        let initialize = method == "initialize";
+        let modern_version = params
+            .and_then(|params| params.get("_meta"))
+            .and_then(|meta| meta.get(PROTOCOL_VERSION_META))
+            .and_then(Value::as_str)
+            .and_then(|version| HeaderValue::from_str(version).ok());
+        if modern_version.is_none() {
+            return Head {
+                initialize,
+                ..Head::default()
+            };
+        }
+        let name_key = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            _ => None,
+        };
+        let name = name_key
+            .and_then(|key| params?.get(key)?.as_str())
+            .and_then(header_value_for);
+        Head {
+            modern_version,
+            method: HeaderValue::from_str(method).ok(),
+            name,
+            initialize,
+        }
+    }
+}
+
+/// A header value for `text`: as it is when plain ASCII, else base64 in the
+/// `=?base64?…?=` form 2026-07-28 defines.
+fn header_value_for(text: &str) -> Option<HeaderValue> {
+    let printable = text.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    let padded = text.starts_with([' ', '\t']) || text.ends_with([' ', '\t']);
+    let looks_encoded = text.starts_with("=?base64?") && text.ends_with("?=");
+    let plain = printable && !padded && !looks_encoded;
+    if plain {
+        return HeaderValue::from_str(text).ok();
+    }
+    let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+    HeaderValue::from_str(&format!("=?base64?{encoded}?=")).ok()
+}
+
+/// Why a POST got no response.
+enum PostFailure {
+    /// No connection could be made: the request never left.
+    Unreachable(String),
+    /// The exchange failed after the request may have left.
+    Failed(String),
+}
+
+/// How reading an event stream ended.
+enum Pumped {
+    /// The reply awaited arrived.
+    Answered,
+    Ended,
+    Failed(String),
+}
+
+/// The whole cause of an error, outermost first (hyper's own text is terse).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn content_type_is(response: &Response<Incoming>, wanted: &str) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case(wanted))
+}
+
+/// The `error` of a JSON-RPC error response in `body`, if that is what it holds.
+fn jsonrpc_error(body: &[u8]) -> Option<Value> {
+    let message: Value = serde_json::from_slice(body).ok()?;
+    let error = message.get("error")?;
+    error.get("code")?.as_i64()?;
+    Some(error.clone())
+}
+
+/// A short, printable piece of an error body.
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    match text.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// Resolves an HTTP+SSE `endpoint` against the URL; it must stay on the same
+/// origin, since every POST carries the configured headers.
+fn resolve_endpoint(base: &Uri, endpoint: &str) -> Result<Uri, String> {
+    let endpoint = endpoint.trim();
+    if endpoint.contains("://") {
+        let uri: Uri = endpoint
+            .parse()
+            .map_err(|_| format!("the endpoint `{endpoint}` is not a URL"))?;
+        if uri.scheme() != base.scheme() || uri.authority() != base.authority() {
+            return Err(format!(
+                "the endpoint `{}` is on another origin",
+                display_url(&uri)
+            ));
+        }
+        return Ok(uri);
+    }
+    let path_and_query = if endpoint.starts_with('/') {
+        endpoint.to_string()
+    } else {
+        let path = base.path();
+        let directory = &path[..path.rfind('/').map_or(0, |slash| slash + 1)];
+        let directory = if directory.is_empty() { "/" } else { directory };
+        format!("{directory}{endpoint}")
+    };
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = Some(
+        path_and_query
+            .parse()
+            .map_err(|_| format!("the endpoint `{endpoint}` is not a path"))?,
+    );
+    Uri::from_parts(parts).map_err(|error| error.to_string())
+}
+
+impl UpstreamConnection {
+    /// Opens a connection to a remote upstream. For HTTP+SSE this waits for the
+    /// event stream's `endpoint`; streamable HTTP connects with the first request.
+    /// Messages the upstream sends on its own go to `events`.
+    pub async fn connect_http(
+        upstream: Arc<str>,
+        endpoint: &HttpEndpoint,
+        options: &HttpOptions,
+        events: mpsc::Sender<UpstreamEvent>,
+    ) -> Result<UpstreamConnection, HttpError> {
+        let url = check_url(&endpoint.url)?;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &endpoint.headers {
+            let (name, value) = check_header(name, value)?;
+            headers.append(name, value);
+        }
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(tls::connector(options.connect_timeout));
+        let pending: SharedPending = Arc::new(PendingRequests::default());
+        let closed = CancellationToken::new();
+        let initial = match endpoint.transport {
+            HttpTransportKind::StreamableHttp => Mode::Streamable,
+            HttpTransportKind::Sse | HttpTransportKind::Auto => Mode::Undecided,
+        };
+        let shared = Arc::new(Shared {
+            upstream: upstream.clone(),
+            url_text: display_url(&url),
+            url,
+            headers,
+            client,
+            pending: pending.clone(),
+            events,
+            closed: closed.clone(),
+            stats: options.stats.clone(),
+            max_message_bytes: options.max_message_bytes,
+            connect_timeout: options.connect_timeout,
+            mode: Mutex::new(initial),
+            deciding: tokio::sync::Mutex::new(()),
+            session_id: Mutex::new(None),
+            protocol_version: Mutex::new(None),
+            streams: Mutex::new(HashMap::new()),
+            listening: AtomicBool::new(false),
+        });
+        options.stats.spawns.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(upstream = %upstream, url = %shared.url_text, transport = endpoint.transport.label(), "connecting to HTTP upstream");
+        if endpoint.transport == HttpTransportKind::Sse {
+            let endpoint =
+                shared
+                    .open_legacy()
+                    .await
+                    .map_err(|reason| HttpError::NoEventStream {
+                        url: shared.url_text.clone(),
+                        reason,
+                    })?;
+            shared.set_mode(Mode::Legacy { endpoint });
+        }
+        let transport = HttpTransport { shared };
+        // One token: closing the connection is stopping it.
+        Ok(UpstreamConnection::from_parts(
+            upstream,
+            pending,
+            closed.clone(),
+            closed,
+            options.stats.clone(),
+            Transport::Http(transport),
+        ))
+    }
+}
+
+impl HttpTransport {
+    /// Starts a request: a task posts it and reads what answers it.
+    pub(crate) fn send_request(
+        &self,
+        id: u64,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<(), ConnectionError> {
+        let shared = self.shared.clone();
+        if shared.closed.is_cancelled() {
+            return Err(ConnectionError::NotSent);
+        }
+        let head = Head::of(method, params.as_ref());
+        let body = Bytes::from(encode_request(id, method, params));
+        let mut streams = shared
+            .streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let task = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = shared.exchange(id, head, body) => {}
+                    () = shared.closed.cancelled() => {}
+                }
+            })
+        };
+        streams.insert(id, task.abort_handle());
+        Ok(())
+    }
+
+    /// The request's caller has its answer: its task is left to finish on its own.
+    pub(crate) fn request_finished(&self, id: u64) {
+        self.shared
+            .streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// The caller stopped waiting: its stream is closed (the cancel of 2026-07-28)
+    /// and `notification` (`notifications/cancelled`), if any, is posted.
+    pub(crate) fn cancel(&self, id: u64, notification: Option<Vec<u8>>) {
+        let task = self
+            .shared
+            .streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        if let Some(task) = task {
+            task.abort();
+        }
+        if let (Some(notification), Ok(runtime)) =
+            (notification, tokio::runtime::Handle::try_current())
+        {
+            let transport = self.clone();
+            runtime.spawn(async move {
+                // Best effort: an unreachable upstream has dropped the request anyway.
+                let _ = transport.send_message(notification).await;
+            });
+        }
+    }
+
+    /// Posts a notification or a response.
+    pub(crate) async fn send_message(&self, message: Vec<u8>) -> Result<(), ConnectionError> {
+        let shared = &self.shared;
+        let body = Bytes::from(message);
+        let response = match shared.mode() {
+            Mode::Legacy { endpoint } => shared.post(&endpoint, None, body, false).await,
+            Mode::Streamable | Mode::Undecided => shared.post(&shared.url, None, body, true).await,
+        };
+        let response = match response {
+            Ok(response) => response,
+            Err(PostFailure::Unreachable(reason)) => {
+                shared.close(&reason);
+                return Err(ConnectionError::NotSent);
+            }
+            Err(PostFailure::Failed(reason)) => {
+                return Err(ConnectionError::Broken {
+                    url: shared.url_text.clone(),
+                    reason,
+                })
+            }
+        };
+        let status = response.status();
+        let body = read_small(response).await;
+        if status.is_success() {
+            return Ok(());
+        }
+        match shared.refusal(status, &body) {
+            Some(Ok(Reply::Error(error))) => Err(ConnectionError::HttpStatus {
+                url: shared.url_text.clone(),
+                status: status.as_u16(),
+                detail: error.to_string(),
+            }),
+            Some(Ok(Reply::Result(_))) | None => Err(ConnectionError::NotSent),
+            Some(Err(error)) => Err(error),
+        }
+    }
+
+    /// Deletes the session (servers may refuse with 405) and closes the connection.
+    pub(crate) async fn shutdown(&self) {
+        let shared = &self.shared;
+        let session = shared.session_id();
+        if let (false, Some(session), Mode::Streamable) =
+            (shared.closed.is_cancelled(), session, shared.mode())
+        {
+            let mut request = shared.request(Method::DELETE, &shared.url, Bytes::new());
+            request.headers_mut().insert(SESSION_HEADER, session);
+            if let Some(version) = shared.negotiated_version() {
+                request.headers_mut().insert(VERSION_HEADER, version);
+            }
+            match tokio::time::timeout(DELETE_TIMEOUT, shared.client.request(request)).await {
+                Ok(Ok(response)) => {
+                    tracing::debug!(upstream = %shared.upstream, status = response.status().as_u16(), "deleted the upstream's session")
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(upstream = %shared.upstream, error = %error_chain(&error), "deleting the upstream's session failed")
+                }
+                Err(_) => {
+                    tracing::debug!(upstream = %shared.upstream, "deleting the upstream's session timed out")
+                }
+            }
+        }
+        shared.closed.cancel();
+        shared.pending.fail_all(ConnectionError::Closed);
+    }
+}
+
+/// Reads up to [`ERROR_BODY_BYTES`] of a body (an error's description).
+async fn read_small(response: Response<Incoming>) -> Vec<u8> {
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
+            let room = ERROR_BODY_BYTES.saturating_sub(bytes.len());
+            bytes.extend_from_slice(&data[..data.len().min(room)]);
+            if room <= data.len() {
+                break;
+            }
+        }
+    }
+    bytes
+}
+
+impl Shared {
+    fn mode(&self) -> Mode {
+        self.mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_mode(&self, mode: Mode) {
+        *self.mode.lock().unwrap_or_else(PoisonError::into_inner) = mode;
+    }
+
+    fn session_id(&self) -> Option<HeaderValue> {
+        self.session_id
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn negotiated_version(&self) -> Option<HeaderValue> {
+        self.protocol_version
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn complete(&self, id: u64, outcome: Result<Reply, ConnectionError>) {
+        if !self.pending.complete(id, outcome) {
+            tracing::debug!(upstream = %self.upstream, id, "an answer came for a request nobody waits for");
+        }
+    }
+
+    /// The upstream is gone (unreachable, or its session ended): no reply can come.
+    fn close(&self, reason: &str) {
+        if self.closed.is_cancelled() {
+            return;
+        }
+        tracing::warn!(upstream = %self.upstream, url = %self.url_text, reason, "lost the HTTP upstream; closing its connection");
+        // Closed first, so no new request can register after the sweep.
+        self.closed.cancel();
+        self.pending.fail_all(ConnectionError::Closed);
+    }
+
+    /// A request to `target` with the configured headers.
+    fn request(&self, method: Method, target: &Uri, body: Bytes) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method;
+        *request.uri_mut() = target.clone();
+        request.headers_mut().extend(self.headers.clone());
+        request
+    }
+
+    /// Posts one message. Streamable HTTP adds its headers; a request's own
+    /// (`head`) say what a 2026-07-28 request carries.
+    async fn post(
+        &self,
+        target: &Uri,
+        head: Option<&Head>,
+        body: Bytes,
+        streamable: bool,
+    ) -> Result<Response<Incoming>, PostFailure> {
+        let mut request = self.request(Method::POST, target, body);
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if streamable {
+            headers.insert(
+                ACCEPT,
+                HeaderValue::from_static("application/json, text/event-stream"),
+            );
+            if let Some(session) = self.session_id() {
+                headers.insert(SESSION_HEADER, session);
+            }
+            let modern = head.and_then(|head| head.modern_version.clone());
+            if let Some(version) = modern.clone().or_else(|| self.negotiated_version()) {
+                headers.insert(VERSION_HEADER, version);
+            }
+            if let (Some(head), Some(_)) = (head, modern) {
+                if let Some(method) = &head.method {
+                    headers.insert("mcp-method", method.clone());
+                }
+                if let Some(name) = &head.name {
+                    headers.insert("mcp-name", name.clone());
+                }
+            }
+        }
+        self.client.request(request).await.map_err(|error| {
+            let reason = format!("{}: {}", self.url_text, error_chain(&error));
+            if error.is_connect() {
+                PostFailure::Unreachable(reason)
+            } else {
+                PostFailure::Failed(reason)
+            }
+        })
+    }
+
+    /// What a refused HTTP request means: a JSON-RPC error body is the reply; a
+    /// 404 on a session is the session's end (None, after closing); anything else
+    /// is an HTTP failure.
+    fn refusal(&self, status: StatusCode, body: &[u8]) -> Option<Result<Reply, ConnectionError>> {
+        if let Some(error) = jsonrpc_error(body) {
+            return Some(Ok(Reply::Error(error)));
+        }
+        let session_ended = status == StatusCode::NOT_FOUND
+            && (self.session_id().is_some() || matches!(self.mode(), Mode::Legacy { .. }));
+        if session_ended {
+            self.close("the upstream ended the session (HTTP 404)");
+            return None;
+        }
+        Some(Err(ConnectionError::HttpStatus {
+            url: self.url_text.clone(),
+            status: status.as_u16(),
+            detail: snippet(body),
+        }))
+    }
+
+    /// Sends request `id` and completes it, whatever happens.
+    async fn exchange(self: &Arc<Self>, id: u64, head: Head, body: Bytes) {
+        loop {
+            match self.mode() {
+                Mode::Legacy { endpoint } => return self.legacy_request(id, &endpoint, body).await,
+                Mode::Streamable => {
+                    let response = self.post(&self.url, Some(&head), body, true).await;
+                    return self.answer(id, &head, response).await;
+                }
+                Mode::Undecided => {
+                    let _deciding = self.deciding.lock().await;
+                    if !matches!(self.mode(), Mode::Undecided) {
+                        continue;
+                    }
+                    let response = match self.post(&self.url, Some(&head), body.clone(), true).await
+                    {
+                        Ok(response) => response,
+                        failure => return self.answer(id, &head, failure).await,
+                    };
+                    let status = response.status();
+                    if !matches!(status.as_u16(), 400 | 404 | 405) {
+                        self.set_mode(Mode::Streamable);
+                        return self.answer(id, &head, Ok(response)).await;
+                    }
+                    let refused = read_small(response).await;
+                    if jsonrpc_error(&refused).is_none() {
+                        match self.open_legacy().await {
+                            Ok(endpoint) => {
+                                tracing::info!(upstream = %self.upstream, url = %self.url_text, status = status.as_u16(), "the upstream refused a streamable HTTP POST and serves HTTP+SSE; using that");
+                                self.set_mode(Mode::Legacy { endpoint });
+                                continue;
+                            }
+                            Err(reason) => {
+                                tracing::debug!(upstream = %self.upstream, reason, "no HTTP+SSE fallback; the upstream speaks streamable HTTP")
+                            }
+                        }
+                    }
+                    self.set_mode(Mode::Streamable);
+                    if let Some(outcome) = self.refusal(status, &refused) {
+                        self.complete(id, outcome);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Completes request `id` from the response to its POST.
+    async fn answer(
+        self: &Arc<Self>,
+        id: u64,
+        head: &Head,
+        response: Result<Response<Incoming>, PostFailure>,
+    ) {
+        let response = match response {
+            Ok(response) => response,
+            Err(PostFailure::Unreachable(reason)) => {
+                self.complete(id, Err(ConnectionError::NotSent));
+                self.close(&reason);
+                return;
+            }
+            Err(PostFailure::Failed(reason)) => {
+                let url = self.url_text.clone();
+                return self.complete(id, Err(ConnectionError::Broken { url, reason }));
+            }
+        };
+        let status = response.status();
+        if !status.is_success() {
+            let body = read_small(response).await;
+            match self.refusal(status, &body) {
+                Some(outcome) => self.complete(id, outcome),
+                None => self.complete(id, Err(ConnectionError::NotSent)),
+            }
+            return;
+        }
+        if head.initialize {
+            let session = response.headers().get(SESSION_HEADER).cloned();
+            if let Some(session) = session {
+                *self
+                    .session_id
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(session);
+            }
+        }
+        let initialize = head.initialize.then_some(id);
+        if content_type_is(&response, EVENT_STREAM) {
+            return self
+                .read_request_stream(id, initialize, response.into_body())
+                .await;
+        }
+        if status == StatusCode::ACCEPTED {
+            return self.complete(
+                id,
+                Err(ConnectionError::HttpStatus {
+                    url: self.url_text.clone(),
+                    status: 202,
+                    detail: "a request was accepted without an answer".into(),
+                }),
+            );
+        }
+        match self.read_body(response.into_body()).await {
+            Ok(body) => match serde_json::from_slice::<Value>(&body) {
+                Ok(message) => {
+                    if self.dispatch(message, Some(id), initialize).await != Some(id) {
+                        self.complete(
+                            id,
+                            Err(ConnectionError::Broken {
+                                url: self.url_text.clone(),
+                                reason: "the JSON response holds no reply to the request".into(),
+                            }),
+                        );
+                    }
+                }
+                Err(error) => {
+                    let reason = format!("the response is not JSON: {error}");
+                    let url = self.url_text.clone();
+                    self.complete(id, Err(ConnectionError::Broken { url, reason }));
+                }
+            },
+            Err(error) => self.complete(id, Err(error)),
+        }
+    }
+
+    /// A whole JSON body, within the message cap.
+    async fn read_body(&self, mut body: Incoming) -> Result<Vec<u8>, ConnectionError> {
+        let limit = self.max_message_bytes;
+        let mut bytes = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|error| ConnectionError::Broken {
+                url: self.url_text.clone(),
+                reason: error_chain(&error),
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if bytes.len() + data.len() > limit {
+                    tracing::error!(upstream = %self.upstream, limit, "upstream sent a response over the message limit");
+                    return Err(ConnectionError::TooLarge { limit });
+                }
+                bytes.extend_from_slice(&data);
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Reads the event stream answering request `id`: its related messages, then
+    /// its reply. A stream that ends early is resumed by its last event id.
+    async fn read_request_stream(
+        self: &Arc<Self>,
+        id: u64,
+        initialize: Option<u64>,
+        mut body: Incoming,
+    ) {
+        let mut decoder = SseDecoder::new(self.max_message_bytes);
+        let mut resumes = 0;
+        loop {
+            match self
+                .pump(&mut body, &mut decoder, Some(id), initialize, Some(id))
+                .await
+            {
+                Pumped::Answered => {
+                    let drain = self.pump(&mut body, &mut decoder, Some(id), None, None);
+                    let _ = tokio::time::timeout(DRAIN_AFTER_REPLY, drain).await;
+                    return;
+                }
+                Pumped::Failed(reason) => {
+                    let url = self.url_text.clone();
+                    return self.complete(id, Err(ConnectionError::Broken { url, reason }));
+                }
+                Pumped::Ended => {}
+            }
+            let Some(last_event_id) = decoder.last_event_id.clone() else {
+                break;
+            };
+            if resumes == MAX_RESUMES {
+                break;
+            }
+            resumes += 1;
+            tokio::time::sleep(retry_delay(&decoder)).await;
+            match self.resume(&last_event_id).await {
+                Some(resumed) => body = resumed,
+                None => break,
+            }
+        }
+        let url = self.url_text.clone();
+        let reason = "the event stream ended before the reply".to_string();
+        self.complete(id, Err(ConnectionError::Broken { url, reason }));
+    }
+
+    /// GET with `Last-Event-ID`: the rest of an interrupted stream.
+    async fn resume(&self, last_event_id: &str) -> Option<Incoming> {
+        let mut request = self.listen_request();
+        request
+            .headers_mut()
+            .insert("last-event-id", HeaderValue::from_str(last_event_id).ok()?);
+        let response = self.client.request(request).await.ok()?;
+        if response.status().is_success() && content_type_is(&response, EVENT_STREAM) {
+            Some(response.into_body())
+        } else {
+            None
+        }
+    }
+
+    /// A GET of the MCP endpoint for its event stream.
+    fn listen_request(&self) -> Request<Full<Bytes>> {
+        let mut request = self.request(Method::GET, &self.url, Bytes::new());
+        let headers = request.headers_mut();
+        headers.insert(ACCEPT, HeaderValue::from_static(EVENT_STREAM));
+        if let Some(session) = self.session_id() {
+            headers.insert(SESSION_HEADER, session);
+        }
+        if let Some(version) = self.negotiated_version() {
+            headers.insert(VERSION_HEADER, version);
+        }
+        request
+    }
+
+    /// Reads events from `body` until it ends, fails, or (with `awaited`) that
+    /// request's reply arrives. Requests on it are attributed to `origin`.
+    async fn pump(
+        self: &Arc<Self>,
+        body: &mut Incoming,
+        decoder: &mut SseDecoder,
+        origin: Option<u64>,
+        initialize: Option<u64>,
+        awaited: Option<u64>,
+    ) -> Pumped {
+        let mut items = Vec::new();
+        loop {
+            let frame = match body.frame().await {
+                None => return Pumped::Ended,
+                Some(Err(error)) => return Pumped::Failed(error_chain(&error)),
+                Some(Ok(frame)) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            decoder.feed(&data, &mut items);
+            let answered = self.handle_items(&mut items, origin, initialize).await;
+            if awaited.is_some() && answered.contains(&awaited) {
+                return Pumped::Answered;
+            }
+        }
+    }
+
+    /// Handles decoded events; returns the ids of the replies among them.
+    async fn handle_items(
+        self: &Arc<Self>,
+        items: &mut Vec<SseItem>,
+        origin: Option<u64>,
+        initialize: Option<u64>,
+    ) -> Vec<Option<u64>> {
+        let mut answered = Vec::new();
+        for item in items.drain(..) {
+            match item {
+                SseItem::Event { kind, data } => {
+                    if data.iter().all(u8::is_ascii_whitespace)
+                        || kind.as_deref().is_some_and(|kind| kind != "message")
+                    {
+                        // Priming events, keep-alives, and event types that carry no message.
+                        continue;
+                    }
+                    match serde_json::from_slice::<Value>(&data) {
+                        Ok(message) => {
+                            answered.push(self.dispatch(message, origin, initialize).await)
+                        }
+                        Err(_) => self.note_dropped(&data),
+                    }
+                }
+                SseItem::TooLong { head } => {
+                    let limit = self.max_message_bytes;
+                    let id = id_in_head(&head);
+                    tracing::error!(upstream = %self.upstream, limit, ?id, "upstream sent an event over the message limit; dropped it");
+                    if let Some(id) = id {
+                        self.complete(id, Err(ConnectionError::TooLarge { limit }));
+                        answered.push(Some(id));
+                    }
+                }
+            }
+        }
+        answered
+    }
+
+    /// Routes one message (or a batch): replies complete their requests, the rest
+    /// become events. Returns the id of the last reply among them.
+    async fn dispatch(
+        self: &Arc<Self>,
+        message: Value,
+        origin: Option<u64>,
+        initialize: Option<u64>,
+    ) -> Option<u64> {
+        let messages = match message {
+            Value::Array(batch) => batch,
+            single => vec![single],
+        };
+        let mut answered = None;
+        for message in messages {
+            let event = match classify(message) {
+                Classified::Reply { id, reply } => {
+                    let Some(id) = our_id(&id) else {
+                        tracing::debug!(upstream = %self.upstream, %id, "dropped a reply to an id plexus never sent");
+                        continue;
+                    };
+                    if Some(id) == initialize {
+                        if let Reply::Result(result) = &reply {
+                            self.initialized(result);
+                        }
+                    }
+                    if !self.pending.complete(id, Ok(reply)) {
+                        self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                    }
+                    answered = Some(id);
+                    continue;
+                }
+                Classified::Notification(message) => UpstreamEvent::Notification(message),
+                Classified::Request(message) => UpstreamEvent::Request { message, origin },
+                Classified::Invalid => {
+                    self.note_dropped(b"(not a JSON-RPC message)");
+                    continue;
+                }
+            };
+            if self.events.send(event).await.is_err() {
+                tracing::debug!(upstream = %self.upstream, "no listener for upstream events");
+            }
+        }
+        answered
+    }
+
+    fn note_dropped(&self, data: &[u8]) {
+        let count = self
+            .stats
+            .dropped_stdout_lines
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        if count <= 5 || count.is_multiple_of(100) {
+            let sample = String::from_utf8_lossy(&data[..data.len().min(200)]);
+            tracing::warn!(upstream = %self.upstream, count, event = %sample, "dropped an event that is not a JSON-RPC message");
+        }
+    }
+
+    /// `initialize` succeeded: later requests carry its version, and the GET
+    /// stream is opened for what the server sends on its own.
+    fn initialized(self: &Arc<Self>, result: &Value) {
+        if let Some(version) = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .and_then(|version| HeaderValue::from_str(version).ok())
+        {
+            *self
+                .protocol_version
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(version);
+        }
+        if matches!(self.mode(), Mode::Streamable) && !self.listening.swap(true, Ordering::AcqRel) {
+            let shared = self.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = shared.listen() => {}
+                    () = shared.closed.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    /// The GET stream of a streamable HTTP session: messages the server sends on
+    /// its own. Reopened when it ends; a server that cannot be reached any more
+    /// closes the connection, so the supervisor notices without waiting for a call.
+    async fn listen(self: &Arc<Self>) {
+        let mut decoder = SseDecoder::new(self.max_message_bytes);
+        let mut failures = 0u32;
+        loop {
+            let mut request = self.listen_request();
+            if let Some(last) = decoder
+                .last_event_id
+                .as_deref()
+                .and_then(|id| HeaderValue::from_str(id).ok())
+            {
+                request.headers_mut().insert("last-event-id", last);
+            }
+            let response = match self.client.request(request).await {
+                Ok(response) => response,
+                Err(error) if error.is_connect() => {
+                    let reason = format!("{}: {}", self.url_text, error_chain(&error));
+                    return self.close(&reason);
+                }
+                Err(error) => {
+                    failures += 1;
+                    tracing::debug!(upstream = %self.upstream, error = %error_chain(&error), "the GET event stream failed");
+                    tokio::time::sleep(retry_delay(&decoder) * failures.min(10)).await;
+                    continue;
+                }
+            };
+            let status = response.status();
+            if status == StatusCode::METHOD_NOT_ALLOWED {
+                tracing::debug!(upstream = %self.upstream, "the upstream offers no GET event stream");
+                return;
+            }
+            if !status.is_success() || !content_type_is(&response, EVENT_STREAM) {
+                let body = read_small(response).await;
+                if status == StatusCode::NOT_FOUND && self.session_id().is_some() {
+                    return self.close("the upstream ended the session (HTTP 404)");
+                }
+                tracing::debug!(upstream = %self.upstream, status = status.as_u16(), body = %snippet(&body), "the upstream refused the GET event stream");
+                return;
+            }
+            let mut body = response.into_body();
+            match self.pump(&mut body, &mut decoder, None, None, None).await {
+                // A broken stream is reopened at once: if the server is gone, the
+                // connection attempt says so.
+                Pumped::Failed(reason) => {
+                    failures += 1;
+                    tracing::debug!(upstream = %self.upstream, reason, "the GET event stream broke");
+                    if failures > 1 {
+                        tokio::time::sleep(retry_delay(&decoder)).await;
+                    }
+                }
+                Pumped::Ended | Pumped::Answered => {
+                    failures = 0;
+                    tokio::time::sleep(retry_delay(&decoder)).await;
+                }
+            }
+        }
+    }
+
+    /// Opens the HTTP+SSE event stream and waits for its `endpoint` event; a task
+    /// then reads the stream for the connection's life.
+    async fn open_legacy(self: &Arc<Self>) -> Result<Uri, String> {
+        let mut request = self.request(Method::GET, &self.url, Bytes::new());
+        request
+            .headers_mut()
+            .insert(ACCEPT, HeaderValue::from_static(EVENT_STREAM));
+        let waited = self.connect_timeout;
+        let response = tokio::time::timeout(waited, self.client.request(request))
+            .await
+            .map_err(|_| format!("no answer within {} ms", waited.as_millis()))?
+            .map_err(|error| error_chain(&error))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(format!("GET answered HTTP {}", status.as_u16()));
+        }
+        if !content_type_is(&response, EVENT_STREAM) {
+            return Err("GET did not answer with an event stream".into());
+        }
+        let mut body = response.into_body();
+        let mut decoder = SseDecoder::new(self.max_message_bytes);
+        let mut items = Vec::new();
+        let endpoint = tokio::time::timeout(waited, async {
+            loop {
+                let frame = match body.frame().await {
+                    None => return Err("the stream ended before its `endpoint` event".to_string()),
+                    Some(Err(error)) => return Err(error_chain(&error)),
+                    Some(Ok(frame)) => frame,
+                };
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                decoder.feed(&data, &mut items);
+                let found = items.iter().position(|item| {
+                    matches!(item, SseItem::Event { kind: Some(kind), .. } if kind == "endpoint")
+                });
+                if let Some(found) = found {
+                    let rest = items.split_off(found + 1);
+                    let endpoint = items.pop();
+                    items = rest;
+                    if let Some(SseItem::Event { data, .. }) = endpoint {
+                        return Ok(String::from_utf8_lossy(&data).into_owned());
+                    }
+                }
+                // Nothing may come before the endpoint: there is nowhere to answer yet.
+                items.clear();
+            }
+        })
+        .await
+        .map_err(|_| format!("no `endpoint` event within {} ms", waited.as_millis()))??;
+        let endpoint = resolve_endpoint(&self.url, &endpoint)?;
+        tracing::info!(upstream = %self.upstream, endpoint = %display_url(&endpoint), "HTTP+SSE event stream open");
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let read = async {
+                shared.handle_items(&mut items, None, None).await;
+                shared.pump(&mut body, &mut decoder, None, None, None).await
+            };
+            tokio::select! {
+                pumped = read => {
+                    let reason = match pumped {
+                        Pumped::Failed(reason) => format!("the HTTP+SSE event stream broke: {reason}"),
+                        Pumped::Ended | Pumped::Answered => "the HTTP+SSE event stream ended".to_string(),
+                    };
+                    shared.close(&reason);
+                }
+                () = shared.closed.cancelled() => {}
+            }
+        });
+        Ok(endpoint)
+    }
+
+    /// Posts request `id` to the HTTP+SSE endpoint; its reply comes on the event
+    /// stream, so only a refusal completes it here.
+    async fn legacy_request(self: &Arc<Self>, id: u64, endpoint: &Uri, body: Bytes) {
+        match self.post(endpoint, None, body, false).await {
+            Ok(response) => {
+                let status = response.status();
+                let body = read_small(response).await;
+                if !status.is_success() {
+                    match self.refusal(status, &body) {
+                        Some(outcome) => self.complete(id, outcome),
+                        None => self.complete(id, Err(ConnectionError::NotSent)),
+                    }
+                }
+            }
+            Err(PostFailure::Unreachable(reason)) => {
+                self.complete(id, Err(ConnectionError::NotSent));
+                self.close(&reason);
+            }
+            Err(PostFailure::Failed(reason)) => {
+                let url = self.url_text.clone();
+                self.complete(id, Err(ConnectionError::Broken { url, reason }));
+            }
+        }
+    }
+}
+
+/// How long to wait before reopening an event stream: what the server asked, within reason.
+fn retry_delay(decoder: &SseDecoder) -> Duration {
+    decoder
+        .retry_ms
+        .map_or(DEFAULT_RETRY, Duration::from_millis)
+        .min(MAX_RETRY)
+}
+
+/// Connections: plain TCP, with `TCP_NODELAY` (a keep-alive call on loopback
+/// costs ~40 ms without it), and TLS when built with the `tls` feature.
+mod tls {
+    use std::time::Duration;
+
+    use hyper_util::client::legacy::connect::HttpConnector;
+
+    pub(super) type Connector = HttpConnector;
+    pub(super) const AVAILABLE: bool = false;
+    pub(super) const MISSING: &str = "https needs plexus built with TLS support";
+
+    pub(super) fn connector(connect_timeout: Duration) -> Connector {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        http
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_headers_are_checked_without_showing_values() {
+        assert!(check_url("http://127.0.0.1:8080/mcp").is_ok());
+        assert!(check_url("ftp://example.invalid/mcp").is_err());
+        assert!(check_url("/mcp").is_err());
+        assert!(check_url("http:///mcp").is_err());
+        let error = check_header("Authorization", "Bearer \nsecret").unwrap_err();
+        assert!(!error.to_string().contains("secret"), "{error}");
+        assert!(check_header("Mcp-Session-Id", "x").is_err());
+        assert!(check_header("bad header", "x").is_err());
+        let (name, value) = check_header("X-Api-Key", "k").unwrap();
+        assert_eq!((name.as_str(), value.is_sensitive()), ("x-api-key", true));
+    }
+
+    #[test]
+    fn endpoints_resolve_on_the_same_origin_only() {
+        let base: Uri = "http://127.0.0.1:9/sse".parse().unwrap();
+        let resolve = |endpoint| resolve_endpoint(&base, endpoint).map(|uri| uri.to_string());
+        assert_eq!(
+            resolve("/messages/?session_id=ab").unwrap(),
+            "http://127.0.0.1:9/messages/?session_id=ab"
+        );
+        assert_eq!(
+            resolve("messages?s=1").unwrap(),
+            "http://127.0.0.1:9/messages?s=1"
+        );
+        assert_eq!(
+            resolve("http://127.0.0.1:9/m?s=2").unwrap(),
+            "http://127.0.0.1:9/m?s=2"
+        );
+        assert!(resolve("http://elsewhere.invalid/m").is_err());
+        let nested: Uri = "http://h/a/b/sse?key=secret".parse().unwrap();
+        assert_eq!(
+            resolve_endpoint(&nested, "post").unwrap().to_string(),
+            "http://h/a/b/post"
+        );
+        assert_eq!(display_url(&nested), "http://h/a/b/sse?…");
+    }
+
+    #[test]
+    fn modern_requests_mirror_their_body_in_headers() {
+        let params = serde_json::json!({
+            "name": "héllo",
+            "_meta": {PROTOCOL_VERSION_META: "2026-07-28"},
+        });
+        let head = Head::of("tools/call", Some(&params));
+        assert_eq!(head.modern_version.unwrap(), "2026-07-28");
+        assert_eq!(head.method.unwrap(), "tools/call");
+        assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
+        let plain = Head::of("tools/call", Some(&serde_json::json!({"name": "echo"})));
+        assert!(plain.modern_version.is_none() && plain.name.is_none());
+        assert!(Head::of("initialize", None).initialize);
+        assert_eq!(
+            header_value_for(" padded").unwrap(),
+            "=?base64?IHBhZGRlZA==?="
+        );
+        assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
+    }
+
+    #[test]
+    fn only_json_rpc_errors_count_as_replies() {
+        assert!(jsonrpc_error(
+            br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32601,"message":"m"}}"#
+        )
+        .is_some());
+        assert!(jsonrpc_error(b"Method Not Allowed").is_none());
+        assert!(jsonrpc_error(br#"{"error":"nope"}"#).is_none());
+        assert_eq!(snippet(&[b'x'; 300]).chars().count(), 201);
+    }
+}
