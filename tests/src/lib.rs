@@ -70,6 +70,25 @@ impl Daemon {
         daemon_extra: &str,
         sections: &str,
     ) -> anyhow::Result<Daemon> {
+        Daemon::launch(dir, daemon_extra, sections, &[]).await
+    }
+
+    /// Like [`Daemon::start`], with these variables added to the daemon's environment
+    /// (what `${NAME}` in its config expands to).
+    pub async fn start_with_env(
+        daemon_extra: &str,
+        sections: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Daemon> {
+        Daemon::launch(tempfile::tempdir()?, daemon_extra, sections, env).await
+    }
+
+    async fn launch(
+        dir: tempfile::TempDir,
+        daemon_extra: &str,
+        sections: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Daemon> {
         let _ = std::fs::remove_file(dir.path().join("state").join("daemon.json"));
         let state = dir.path().join("state");
         let config = format!(
@@ -84,6 +103,7 @@ impl Daemon {
             .arg("--config")
             .arg(&config_path)
             .env("PLEXUS_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -67,6 +67,15 @@ struct Cli {
     /// address is reported on stderr and nothing is written to stdout.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["banner", "hang_initialize"])]
     http: Option<SocketAddr>,
+    /// With --http: answer with plain JSON bodies and keep no sessions.
+    #[arg(long, requires = "http")]
+    stateless_json: bool,
+    /// With --http: refuse (401) every request without this header, as `Name: value`.
+    #[arg(long, value_name = "HEADER", requires = "http")]
+    require_header: Option<String>,
+    /// With --http: append one JSON line per HTTP request (method, path, MCP headers) to PATH.
+    #[arg(long, value_name = "PATH", requires = "http")]
+    request_log: Option<PathBuf>,
 }
 
 const DEFAULT_NAME: &str = "fixture";
@@ -149,7 +158,21 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             let exit_after_calls = cli.exit_after_calls;
             let conformance = cli.conformance;
             let modern = cli.modern;
-            http::serve(addr, move || {
+            let required_header = match &cli.require_header {
+                Some(header) => {
+                    let (name, value) = header
+                        .split_once(':')
+                        .with_context(|| format!("--require-header `{header}` is not `Name: value`"))?;
+                    Some((name.trim().to_ascii_lowercase(), value.trim().to_string()))
+                }
+                None => None,
+            };
+            let settings = http::HttpSettings {
+                stateless_json: cli.stateless_json,
+                required_header,
+                request_log: cli.request_log.clone(),
+            };
+            http::serve(addr, settings, move || {
                 Fixture::new(
                     name.clone(),
                     add_schema,
