@@ -1,0 +1,483 @@
+//! Remote (HTTP) upstreams: plexus reaches the fixture served over streamable HTTP
+//! by a separate process on a loopback port (with sessions and event streams, and
+//! in plain-JSON stateless mode), and a Python SDK server on the 2024-11-05
+//! HTTP+SSE transport. Configured headers (with `${ENV}` secrets) reach the
+//! upstream; a server-to-client request is attributed to the call whose response
+//! stream carried it; an upstream that goes away fails calls precisely and comes
+//! back on its own.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use plexus_tests::answering::{call, wait_for_tool, AnsweringClient};
+use plexus_tests::{
+    fixture_binary, fixture_upstream, http_client, json_of, Daemon, RawHttpSession, TestClient,
+};
+use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+/// The fixture serving streamable HTTP, as its own process.
+struct HttpFixture {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl HttpFixture {
+    /// Starts `plexus-fixture --http` on `addr` (port 0: any free port) and waits
+    /// until it reports the address it bound.
+    async fn start(dir: &Path, addr: SocketAddr, args: &[&str]) -> anyhow::Result<HttpFixture> {
+        let stderr = dir.join(format!("fixture-{}.log", addr.port()));
+        let log = std::fs::File::create(&stderr)?;
+        let child = Command::new(fixture_binary())
+            .arg("--http")
+            .arg(addr.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the HTTP fixture")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+            let bound = text
+                .lines()
+                .find_map(|line| line.split("listening on http://").nth(1))
+                .and_then(|rest| rest.strip_suffix("/mcp"))
+                .and_then(|addr| addr.parse().ok());
+            if let Some(addr) = bound {
+                return Ok(HttpFixture { child, addr });
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the HTTP fixture did not start: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// SIGKILL: the server vanishes mid-stream, connections reset.
+    async fn kill(mut self) -> anyhow::Result<SocketAddr> {
+        self.child.kill().await?;
+        Ok(self.addr)
+    }
+}
+
+fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn remote_section(name: &str, url: &str, extra: &str) -> String {
+    format!("[upstreams.{name}]\nurl = {url:?}\n{extra}\n")
+}
+
+/// The JSON lines of a fixture's `--request-log`.
+fn request_log(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Tools, resources and prompts of a streamable HTTP upstream (with sessions and a
+/// GET stream), a stateless plain-JSON one and a 2026-07-28 one (whose requests
+/// carry `Mcp-Method` and `Mcp-Name`), through plexus; the configured
+/// header, its value from the environment, reaches every request, and the session
+/// is deleted when plexus stops. A wrong header value is reported with the URL
+/// and the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let requests = dir.path().join("requests.jsonl");
+    let secret = "k-7f3a91";
+    let log_arg = requests.display().to_string();
+    let keyed = HttpFixture::start(
+        dir.path(),
+        any_port(),
+        &[
+            "--name",
+            "keyed",
+            "--require-header",
+            &format!("X-Api-Key: {secret}"),
+            "--request-log",
+            &log_arg,
+        ],
+    )
+    .await?;
+    let plain = HttpFixture::start(
+        dir.path(),
+        any_port(),
+        &["--name", "plain", "--stateless-json"],
+    )
+    .await?;
+    let modern =
+        HttpFixture::start(dir.path(), any_port(), &["--name", "modern", "--modern"]).await?;
+    let sections = format!(
+        "{}{}{}",
+        remote_section(
+            "remote",
+            &keyed.url(),
+            "headers = { X-Api-Key = \"${REMOTE_TEST_KEY}\" }",
+        ),
+        remote_section("plain", &plain.url(), "transport = \"streamable-http\""),
+        remote_section("modern", &modern.url(), "protocol = \"2026-07-28\""),
+    );
+    let daemon = Daemon::start_with_env("", &sections, &[("REMOTE_TEST_KEY", secret)]).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let tools: Vec<String> = client
+        .list_all_tools()
+        .await?
+        .into_iter()
+        .map(|tool| tool.name.to_string())
+        .collect();
+    for name in ["remote__echo", "remote__ask", "plain__echo", "plain__add"] {
+        ensure!(tools.iter().any(|tool| tool == name), "{name} in {tools:?}");
+    }
+    for (tool, text) in [
+        ("remote__echo", "over http"),
+        ("plain__echo", "plain json"),
+        ("modern__echo", "per request"),
+    ] {
+        let params = rmcp::model::CallToolRequestParams::new(tool.to_string())
+            .with_arguments(plexus_tests::arguments(json!({"text": text})));
+        let result = json_of(&client.call_tool(params).await?);
+        ensure!(text_of(&result) == text, "{tool}: {result}");
+    }
+    let whoami = json_of(
+        &client
+            .call_tool(rmcp::model::CallToolRequestParams::new("remote__whoami"))
+            .await?,
+    );
+    ensure!(text_of(&whoami).contains("keyed"), "{whoami}");
+
+    let resources = client.list_all_resources().await?;
+    let text_resource = resources
+        .iter()
+        .map(|resource| resource.uri.clone())
+        .find(|uri| uri.starts_with("remote+"))
+        .context("no resource of the remote upstream is listed")?;
+    let read = json_of(
+        &client
+            .read_resource(ReadResourceRequestParams::new(text_resource.clone()))
+            .await?,
+    );
+    ensure!(
+        read["contents"][0]["uri"] == text_resource.as_str(),
+        "{read}"
+    );
+    let item = json_of(
+        &client
+            .read_resource(ReadResourceRequestParams::new("remote+fixture://items/42"))
+            .await?,
+    );
+    ensure!(
+        item["contents"][0]["text"] == "item 42 from keyed",
+        "{item}"
+    );
+    let prompt = json_of(
+        &client
+            .get_prompt(
+                GetPromptRequestParams::new("remote__greet")
+                    .with_arguments(plexus_tests::arguments(json!({"name": "Ada"}))),
+            )
+            .await?,
+    );
+    ensure!(
+        prompt["messages"][0]["content"]["text"] == "Hello, Ada!",
+        "{prompt}"
+    );
+    client.cancel().await?;
+
+    ensure!(
+        !daemon.log().contains(secret),
+        "the header's secret value reached plexus's log"
+    );
+    ensure!(daemon.stop().await?.success());
+
+    // The fixture refused (401) any request without the header, so every request
+    // seen carried it. After initialize, each one names the session and version.
+    let seen = request_log(&requests);
+    ensure!(!seen.is_empty(), "the fixture logged no request");
+    let session = seen
+        .iter()
+        .find_map(|line| line["session"].as_str())
+        .context("no request carried a session id")?;
+    let after_initialize: Vec<&Value> = seen
+        .iter()
+        .skip_while(|line| line["session"].is_null())
+        .collect();
+    for line in &after_initialize {
+        ensure!(line["session"] == session, "{line}");
+        ensure!(line["protocol_version"] == "2025-11-25", "{line}");
+    }
+    ensure!(
+        after_initialize
+            .iter()
+            .any(|line| line["method"] == "GET" && line["accept"] == "text/event-stream"),
+        "plexus opened no GET event stream: {seen:?}"
+    );
+    ensure!(
+        seen.last().is_some_and(|line| line["method"] == "DELETE"),
+        "plexus did not delete its session on shutdown: {seen:?}"
+    );
+
+    // The same upstream with a wrong key: refused, and the log says where and how.
+    let wrong = remote_section(
+        "remote",
+        &keyed.url(),
+        "headers = { X-Api-Key = \"not-the-key\" }\nrestart_backoff = \"5s\"",
+    );
+    let daemon = Daemon::start("", &wrong).await?;
+    let needle = format!("{} answered HTTP 401", keyed.url());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemon.log().contains(&needle) {
+        ensure!(
+            Instant::now() < deadline,
+            "no `{needle}` in the log:\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(!daemon.log().contains("not-the-key"));
+    ensure!(daemon.stop().await?.success());
+    drop((keyed, plain, modern));
+    Ok(())
+}
+
+/// Session A has a call in flight on a shared upstream while session B's call
+/// makes that upstream ask for roots. Over HTTP the request arrives on the
+/// response stream of B's call, so B is asked and gets its own roots; over stdio
+/// nothing tells the two calls apart, and plexus refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_a_calls_stream_goes_to_that_call_among_several_sessions() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let fixture = HttpFixture::start(dir.path(), any_port(), &["--name", "web"]).await?;
+    let sections = format!(
+        "{}{}",
+        remote_section("remote", &fixture.url(), ""),
+        fixture_upstream("local", "", &[])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let alice_handler = AnsweringClient::named("alice");
+    let bob_handler = AnsweringClient::named("bob");
+    let alice = alice_handler
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+        .await?;
+    let bob = bob_handler
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+        .await?;
+    wait_for_tool(&alice, "remote__sleep").await?;
+    wait_for_tool(&bob, "local__ask").await?;
+
+    let mut answers = Vec::new();
+    for upstream in ["remote", "local"] {
+        let long = {
+            let peer = alice.peer().clone();
+            let tool = format!("{upstream}__sleep");
+            tokio::spawn(async move {
+                let params = rmcp::model::CallToolRequestParams::new(tool)
+                    .with_arguments(plexus_tests::arguments(json!({"ms": 1500})));
+                peer.call_tool(params).await
+            })
+        };
+        wait_for_in_flight(&daemon, upstream, 1).await?;
+        let asked = call(&bob, &format!("{upstream}__ask"), json!({"kind": "roots"})).await?;
+        let slept = json_of(&long.await??);
+        ensure!(text_of(&slept) == "slept 1500 ms", "{upstream}: {slept}");
+        answers.push(asked);
+    }
+    let [remote, local] = &answers[..] else {
+        bail!("two answers expected: {answers:?}");
+    };
+    ensure!(
+        text_of(remote) == bob_handler.root() && remote["isError"] != true,
+        "over HTTP, bob gets his own roots: {remote}"
+    );
+    ensure!(
+        local["isError"] == true && text_of(local).contains("share = \"session\""),
+        "over stdio, plexus cannot tell and refuses: {local}"
+    );
+    ensure!(
+        alice_handler.roots_asked() == 0,
+        "alice was asked for bob's call"
+    );
+    ensure!(bob_handler.roots_asked() == 1, "bob was asked once");
+    alice.cancel().await?;
+    bob.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    drop(fixture);
+    Ok(())
+}
+
+/// Killing the HTTP server fails the call in flight with -33003 and later calls
+/// with -33001 while it is down; started again on the same port, the upstream is
+/// ready again without restarting plexus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = HttpFixture::start(dir.path(), any_port(), &[]).await?;
+    let extra = "restart_backoff = \"200ms\"\nrestart_backoff_max = \"500ms\"\nmax_restarts = 1000";
+    let daemon = Daemon::start("", &remote_section("remote", &fixture.url(), extra)).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let pid = daemon.pid();
+
+    let mut sleeper = RawHttpSession::connect(&daemon.url).await?;
+    let in_flight = tokio::spawn(async move {
+        sleeper
+            .request(
+                "tools/call",
+                json!({"name": "remote__sleep", "arguments": {"ms": 20000}}),
+            )
+            .await
+    });
+    wait_for_in_flight(&daemon, "remote", 1).await?;
+    let started = Instant::now();
+    let addr = fixture.kill().await?;
+    let failed = tokio::time::timeout(Duration::from_secs(10), in_flight).await???;
+    ensure!(failed["error"]["code"] == -33003, "{failed}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "the call in flight was not failed promptly"
+    );
+
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let echo = json!({"name": "remote__echo", "arguments": {"text": "anyone?"}});
+    for _ in 0..3 {
+        let down = session.request("tools/call", echo.clone()).await?;
+        ensure!(down["error"]["code"] == -33001, "{down}");
+        ensure!(down["error"]["data"]["upstream"] == "remote", "{down}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    let _fixture = HttpFixture::start(dir.path(), addr, &[]).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let back = session.request("tools/call", echo).await?;
+    ensure!(text_of(&back["result"]) == "anyone?", "{back}");
+    ensure!(daemon.pid() == pid);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// A Python SDK server on the 2024-11-05 HTTP+SSE transport: reached with
+/// `transport = "sse"` (and the `initialize` handshake), and found by `auto` when
+/// the POST of streamable HTTP is refused (that server then negotiates 2026-07-28
+/// over the same transport). The configured header reaches the server's POSTs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_sse_upstream_is_relayed() -> anyhow::Result<()> {
+    let python = workspace_root().join("target/python-venv/bin/python");
+    if !python.exists() {
+        eprintln!(
+            "skipping: {} is missing (run scripts/ensure-python-sdk)",
+            python.display()
+        );
+        return Ok(());
+    }
+    let port = free_port()?;
+    let _server = Command::new(&python)
+        .arg(workspace_root().join("tests/python/sse_server.py"))
+        .arg("--port")
+        .arg(port.to_string())
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the Python HTTP+SSE server")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the Python server never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("http://127.0.0.1:{port}/sse");
+    let sections = format!(
+        "{}{}",
+        remote_section(
+            "legacy",
+            &url,
+            "transport = \"sse\"\nprotocol = \"handshake\"\nheaders = { X-Tenant = \"acme\" }"
+        ),
+        remote_section("found", &url, ""),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = AnsweringClient::named("carol")
+        .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+        .await?;
+    for prefix in ["legacy", "found"] {
+        let echoed = call(&client, &format!("{prefix}__echo"), json!({"text": prefix})).await?;
+        ensure!(text_of(&echoed) == prefix, "{echoed}");
+    }
+    let tenant = call(&client, "legacy__header", json!({"name": "X-Tenant"})).await?;
+    ensure!(text_of(&tenant) == "acme", "{tenant}");
+    ensure!(
+        daemon.log().contains("serves HTTP+SSE"),
+        "auto did not fall back:\n{}",
+        daemon.log()
+    );
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// A port nothing listens on now (the Python server takes a port, not 0).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Waits until an upstream has `calls` calls in flight (by its gauge).
+async fn wait_for_in_flight(daemon: &Daemon, upstream: &str, calls: usize) -> anyhow::Result<()> {
+    let gauge = format!(r#"plexus_upstream_in_flight{{upstream="{upstream}"}} {calls}"#);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = daemon.admin_get("/metrics").await?;
+        if metrics.lines().any(|line| line == gauge) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{calls} calls never got in flight on {upstream}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
