@@ -50,6 +50,9 @@ pub enum ConnectionError {
         status: u16,
         detail: String,
     },
+    /// An HTTP upstream could not be reached: the request never left plexus.
+    #[error("the upstream could not be reached: {reason}")]
+    Unreachable { reason: String },
     /// The HTTP exchange carrying the request failed before its reply arrived.
     #[error("the HTTP exchange with {url} failed: {reason}")]
     Broken { url: String, reason: String },

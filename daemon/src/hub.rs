@@ -415,7 +415,9 @@ impl Hub {
                 upstream: upstream_name.to_string(),
                 reason: "the upstream exited or its connection closed".into(),
             }),
-            Ok(Err(ConnectionError::NotSent)) => Err(instance.unavailable()),
+            Ok(Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. })) => {
+                Err(instance.unavailable())
+            }
             Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
                 upstream: upstream_name.to_string(),
                 limit,

@@ -856,7 +856,11 @@ async fn health_checks(
         match tokio::time::timeout(timeout, connection.request("ping", None)).await {
             Ok(Ok(_)) => {}
             // A closed connection ends the run anyway.
-            Ok(Err(ConnectionError::Closed | ConnectionError::NotSent)) => return,
+            Ok(Err(
+                ConnectionError::Closed
+                | ConnectionError::NotSent
+                | ConnectionError::Unreachable { .. },
+            )) => return,
             Ok(Err(error)) => {
                 tracing::error!(upstream = %connection.upstream(), %error, "a health ping failed; restarting the upstream");
                 unhealthy.cancel();

@@ -1,7 +1,7 @@
 //! Remote (HTTP) upstreams: plexus reaches the fixture served over streamable HTTP
 //! by a separate process on a loopback port (with sessions and event streams, and
 //! in plain-JSON stateless mode), and a Python SDK server on the 2024-11-05
-//! HTTP+SSE transport. Configured headers (with `${ENV}` secrets) reach the
+//! HTTP+SSE transport (also over https). Configured headers (with `${ENV}` secrets) reach the
 //! upstream; a server-to-client request is attributed to the call whose response
 //! stream carried it; an upstream that goes away fails calls precisely and comes
 //! back on its own.
@@ -390,37 +390,9 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
 /// over the same transport). The configured header reaches the server's POSTs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_sse_upstream_is_relayed() -> anyhow::Result<()> {
-    let python = workspace_root().join("target/python-venv/bin/python");
-    if !python.exists() {
-        eprintln!(
-            "skipping: {} is missing (run scripts/ensure-python-sdk)",
-            python.display()
-        );
+    let Some((_server, port)) = start_python_sse_server(&[]).await? else {
         return Ok(());
-    }
-    let port = free_port()?;
-    let _server = Command::new(&python)
-        .arg(workspace_root().join("tests/python/sse_server.py"))
-        .arg("--port")
-        .arg(port.to_string())
-        .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the Python HTTP+SSE server")?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        ensure!(
-            Instant::now() < deadline,
-            "the Python server never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
     let url = format!("http://127.0.0.1:{port}/sse");
     let sections = format!(
         "{}{}",
@@ -450,6 +422,87 @@ async fn an_http_sse_upstream_is_relayed() -> anyhow::Result<()> {
     client.cancel().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
+}
+
+/// An `https://` upstream: verified against the CA that `SSL_CERT_FILE` names,
+/// and refused, saying why, when nothing vouches for its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_verified_against_trusted_certificates() -> anyhow::Result<()> {
+    let certificates = tempfile::tempdir()?;
+    let tls_dir = certificates.path().display().to_string();
+    let Some((_server, port)) = start_python_sse_server(&["--tls-dir", &tls_dir]).await? else {
+        return Ok(());
+    };
+    let ca = certificates.path().join("ca.pem");
+    let section = remote_section(
+        "secure",
+        &format!("https://127.0.0.1:{port}/sse"),
+        "transport = \"sse\"\nrestart_backoff = \"5s\"",
+    );
+    let ca_text = ca.display().to_string();
+    let daemon =
+        Daemon::start_with_env("", &section, &[("SSL_CERT_FILE", ca_text.as_str())]).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let params = rmcp::model::CallToolRequestParams::new("secure__echo")
+        .with_arguments(plexus_tests::arguments(json!({"text": "over tls"})));
+    let echoed = json_of(&client.call_tool(params).await?);
+    ensure!(text_of(&echoed) == "over tls", "{echoed}");
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+
+    let untrusted = Daemon::start("", &section).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !untrusted.log().contains("certificate") {
+        ensure!(
+            Instant::now() < deadline,
+            "no certificate error in the log:\n{}",
+            untrusted.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = untrusted.admin_get("/readyz").await?;
+    ensure!(status != 200, "an unverified upstream counts as ready");
+    ensure!(untrusted.stop().await?.success());
+    Ok(())
+}
+
+/// Starts `tests/python/sse_server.py` on a free port and waits until it listens;
+/// None (after saying so) when the Python SDK's venv is missing.
+async fn start_python_sse_server(args: &[&str]) -> anyhow::Result<Option<(Child, u16)>> {
+    let python = workspace_root().join("target/python-venv/bin/python");
+    if !python.exists() {
+        eprintln!(
+            "skipping: {} is missing (run scripts/ensure-python-sdk)",
+            python.display()
+        );
+        return Ok(None);
+    }
+    let port = free_port()?;
+    let server = Command::new(&python)
+        .arg(workspace_root().join("tests/python/sse_server.py"))
+        .arg("--port")
+        .arg(port.to_string())
+        .args(args)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the Python HTTP+SSE server")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the Python server never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(Some((server, port)))
 }
 
 fn workspace_root() -> PathBuf {

@@ -111,6 +111,8 @@ pub enum HttpError {
     BadHeader { name: String, reason: String },
     #[error("{url} did not open an HTTP+SSE event stream: {reason}")]
     NoEventStream { url: String, reason: String },
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// Header names plexus sets itself; a configured one would contradict it.
@@ -404,7 +406,7 @@ impl UpstreamConnection {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
-            .build(tls::connector(options.connect_timeout));
+            .build(tls::connector(options.connect_timeout).map_err(HttpError::Tls)?);
         let pending: SharedPending = Arc::new(PendingRequests::default());
         let closed = CancellationToken::new();
         let initial = match endpoint.transport {
@@ -531,7 +533,7 @@ impl HttpTransport {
             Ok(response) => response,
             Err(PostFailure::Unreachable(reason)) => {
                 shared.close(&reason);
-                return Err(ConnectionError::NotSent);
+                return Err(ConnectionError::Unreachable { reason });
             }
             Err(PostFailure::Failed(reason)) => {
                 return Err(ConnectionError::Broken {
@@ -773,7 +775,12 @@ impl Shared {
         let response = match response {
             Ok(response) => response,
             Err(PostFailure::Unreachable(reason)) => {
-                self.complete(id, Err(ConnectionError::NotSent));
+                self.complete(
+                    id,
+                    Err(ConnectionError::Unreachable {
+                        reason: reason.clone(),
+                    }),
+                );
                 self.close(&reason);
                 return;
             }
@@ -1225,7 +1232,12 @@ impl Shared {
                 }
             }
             Err(PostFailure::Unreachable(reason)) => {
-                self.complete(id, Err(ConnectionError::NotSent));
+                self.complete(
+                    id,
+                    Err(ConnectionError::Unreachable {
+                        reason: reason.clone(),
+                    }),
+                );
                 self.close(&reason);
             }
             Err(PostFailure::Failed(reason)) => {
@@ -1244,8 +1256,44 @@ fn retry_delay(decoder: &SseDecoder) -> Duration {
         .min(MAX_RETRY)
 }
 
-/// Connections: plain TCP, with `TCP_NODELAY` (a keep-alive call on loopback
-/// costs ~40 ms without it), and TLS when built with the `tls` feature.
+/// Connections: TCP with `TCP_NODELAY` (a keep-alive call on loopback costs ~40 ms
+/// without it), and TLS (rustls with ring, the system's CA certificates) for
+/// `https://` when built with the `tls` feature.
+#[cfg(feature = "tls")]
+mod tls {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use hyper_util::client::legacy::connect::HttpConnector;
+
+    pub(super) type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+    pub(super) const AVAILABLE: bool = true;
+    pub(super) const MISSING: &str = "";
+
+    pub(super) fn connector(connect_timeout: Duration) -> Result<Connector, String> {
+        let mut http = super::plain_connector(connect_timeout);
+        http.enforce_http(false);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = match hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider.clone())
+        {
+            Ok(builder) => builder,
+            Err(error) => {
+                // http:// upstreams must keep working on a machine without CA certificates.
+                tracing::warn!(%error, "no CA certificates found; https upstreams cannot be verified");
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|error| format!("TLS setup failed: {error}"))?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth();
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+            }
+        };
+        Ok(builder.https_or_http().enable_http1().wrap_connector(http))
+    }
+}
+
+#[cfg(not(feature = "tls"))]
 mod tls {
     use std::time::Duration;
 
@@ -1253,14 +1301,20 @@ mod tls {
 
     pub(super) type Connector = HttpConnector;
     pub(super) const AVAILABLE: bool = false;
-    pub(super) const MISSING: &str = "https needs plexus built with TLS support";
+    pub(super) const MISSING: &str = "https needs plexus built with the `tls` feature";
 
-    pub(super) fn connector(connect_timeout: Duration) -> Connector {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        http
+    pub(super) fn connector(connect_timeout: Duration) -> Result<Connector, String> {
+        Ok(super::plain_connector(connect_timeout))
     }
+}
+
+fn plain_connector(
+    connect_timeout: Duration,
+) -> hyper_util::client::legacy::connect::HttpConnector {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http
 }
 
 #[cfg(test)]
@@ -1271,6 +1325,10 @@ mod tests {
     #[test]
     fn urls_and_headers_are_checked_without_showing_values() {
         assert!(check_url("http://127.0.0.1:8080/mcp").is_ok());
+        assert_eq!(
+            check_url("https://example.invalid/mcp").is_ok(),
+            cfg!(feature = "tls")
+        );
         assert!(check_url("ftp://example.invalid/mcp").is_err());
         assert!(check_url("/mcp").is_err());
         assert!(check_url("http:///mcp").is_err());
