@@ -32,12 +32,22 @@ impl HttpFixture {
     /// Starts `plexus-fixture --http` on `addr` (port 0: any free port) and waits
     /// until it reports the address it bound.
     async fn start(dir: &Path, addr: SocketAddr, args: &[&str]) -> anyhow::Result<HttpFixture> {
+        HttpFixture::start_with_env(dir, addr, args, &[]).await
+    }
+
+    async fn start_with_env(
+        dir: &Path,
+        addr: SocketAddr,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<HttpFixture> {
         let stderr = dir.join(format!("fixture-{}.log", addr.port()));
         let log = std::fs::File::create(&stderr)?;
         let child = Command::new(fixture_binary())
             .arg("--http")
             .arg(addr.to_string())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -137,9 +147,13 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         remote_section(
             "remote",
             &keyed.url(),
-            "headers = { X-Api-Key = \"${REMOTE_TEST_KEY}\" }",
+            "headers = { X-Api-Key = \"${REMOTE_TEST_KEY}\" }\nmax_message_bytes = 65536",
         ),
-        remote_section("plain", &plain.url(), "transport = \"streamable-http\""),
+        remote_section(
+            "plain",
+            &plain.url(),
+            "transport = \"streamable-http\"\nmax_message_bytes = 65536",
+        ),
         remote_section("modern", &modern.url(), "protocol = \"2026-07-28\""),
     );
     let daemon = Daemon::start_with_env("", &sections, &[("REMOTE_TEST_KEY", secret)]).await?;
@@ -209,6 +223,19 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         "{prompt}"
     );
     client.cancel().await?;
+
+    // An answer over max_message_bytes, in an event or a JSON body, fails its call
+    // alone: the next call on the same connection works.
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for upstream in ["remote", "plain"] {
+        let huge = "x".repeat(100_000);
+        let echo =
+            |text: &str| json!({"name": format!("{upstream}__echo"), "arguments": {"text": text}});
+        let refused = session.request("tools/call", echo(&huge)).await?;
+        ensure!(refused["error"]["code"] == -33005, "{upstream}: {refused}");
+        let fine = session.request("tools/call", echo("small")).await?;
+        ensure!(text_of(&fine["result"]) == "small", "{upstream}: {fine}");
+    }
 
     ensure!(
         !daemon.log().contains(secret),
@@ -332,6 +359,51 @@ async fn a_request_on_a_calls_stream_goes_to_that_call_among_several_sessions() 
     bob.cancel().await?;
     ensure!(daemon.stop().await?.success());
     drop(fixture);
+    Ok(())
+}
+
+/// A call past its deadline is cancelled upstream: by `notifications/cancelled`
+/// for a handshake-era upstream, by closing the request's stream for 2026-07-28.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_deadline_cancels_the_remote_call() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut fixtures = Vec::new();
+    let mut sections = String::new();
+    for (name, args) in [("session", &[][..]), ("modern", &["--modern"][..])] {
+        let cancels = dir.path().join(format!("{name}-cancels"));
+        let cancels_text = cancels.display().to_string();
+        let fixture = HttpFixture::start_with_env(
+            dir.path(),
+            any_port(),
+            args,
+            &[("FIXTURE_CANCEL_LOG", cancels_text.as_str())],
+        )
+        .await?;
+        sections.push_str(&remote_section(
+            name,
+            &fixture.url(),
+            "call_timeout = \"300ms\"",
+        ));
+        fixtures.push((name, fixture, cancels));
+    }
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for (name, _, cancels) in &fixtures {
+        let sleep = json!({"name": format!("{name}__sleep"), "arguments": {"ms": 5000}});
+        let expired = session.request("tools/call", sleep).await?;
+        ensure!(expired["error"]["code"] == -33002, "{name}: {expired}");
+        let deadline = Instant::now() + Duration::from_secs(4);
+        while !std::fs::read_to_string(cancels).is_ok_and(|log| log.contains("cancelled sleep")) {
+            ensure!(
+                Instant::now() < deadline,
+                "{name}: the upstream never saw the cancel"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    ensure!(daemon.stop().await?.success());
+    drop(fixtures);
     Ok(())
 }
 
