@@ -207,6 +207,10 @@ const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 /// Most of an error response's body kept for the message.
 const ERROR_BODY_BYTES: usize = 64 * 1024;
+/// How long a short body (an error's description) may take to arrive.
+const SMALL_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long posting a notification or a response may take.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the session's DELETE may take at shutdown.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
@@ -434,6 +438,9 @@ impl UpstreamConnection {
         });
         options.stats.spawns.fetch_add(1, Ordering::Relaxed);
         tracing::info!(upstream = %upstream, url = %shared.url_text, transport = endpoint.transport.label(), "connecting to HTTP upstream");
+        // Given up before it is returned (an error, or the caller cancelled): end
+        // whatever it started, such as the HTTP+SSE stream's reader.
+        let abandoned = closed.clone().drop_guard();
         if endpoint.transport == HttpTransportKind::Sse {
             let endpoint =
                 shared
@@ -445,6 +452,7 @@ impl UpstreamConnection {
                     })?;
             shared.set_mode(Mode::Legacy { endpoint });
         }
+        abandoned.disarm();
         let transport = HttpTransport { shared };
         // One token: closing the connection is stopping it.
         Ok(UpstreamConnection::from_parts(
@@ -525,10 +533,23 @@ impl HttpTransport {
     pub(crate) async fn send_message(&self, message: Vec<u8>) -> Result<(), ConnectionError> {
         let shared = &self.shared;
         let body = Bytes::from(message);
-        let response = match shared.mode() {
-            Mode::Legacy { endpoint } => shared.post(&endpoint, None, body, false).await,
-            Mode::Streamable | Mode::Undecided => shared.post(&shared.url, None, body, true).await,
+        let post = async {
+            match shared.mode() {
+                Mode::Legacy { endpoint } => shared.post(&endpoint, None, body, false).await,
+                Mode::Streamable | Mode::Undecided => {
+                    shared.post(&shared.url, None, body, true).await
+                }
+            }
         };
+        // A server that never acknowledges must not hold the sender forever.
+        let response = tokio::time::timeout(MESSAGE_TIMEOUT, post)
+            .await
+            .unwrap_or_else(|_| {
+                Err(PostFailure::Failed(format!(
+                    "no acknowledgement within {} s",
+                    MESSAGE_TIMEOUT.as_secs()
+                )))
+            });
         let response = match response {
             Ok(response) => response,
             Err(PostFailure::Unreachable(reason)) => {
@@ -587,19 +608,23 @@ impl HttpTransport {
     }
 }
 
-/// Reads up to [`ERROR_BODY_BYTES`] of a body (an error's description).
+/// Reads up to [`ERROR_BODY_BYTES`] of a body (an error's description, an
+/// acknowledgement), for at most [`SMALL_BODY_TIMEOUT`].
 async fn read_small(response: Response<Incoming>) -> Vec<u8> {
     let mut body = response.into_body();
     let mut bytes = Vec::new();
-    while let Some(Ok(frame)) = body.frame().await {
-        if let Ok(data) = frame.into_data() {
-            let room = ERROR_BODY_BYTES.saturating_sub(bytes.len());
-            bytes.extend_from_slice(&data[..data.len().min(room)]);
-            if room <= data.len() {
-                break;
+    let read = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                let room = ERROR_BODY_BYTES.saturating_sub(bytes.len());
+                bytes.extend_from_slice(&data[..data.len().min(room)]);
+                if room <= data.len() {
+                    break;
+                }
             }
         }
-    }
+    };
+    let _ = tokio::time::timeout(SMALL_BODY_TIMEOUT, read).await;
     bytes
 }
 
@@ -689,11 +714,10 @@ impl Shared {
             }
         }
         self.client.request(request).await.map_err(|error| {
-            let reason = format!("{}: {}", self.url_text, error_chain(&error));
             if error.is_connect() {
-                PostFailure::Unreachable(reason)
+                PostFailure::Unreachable(format!("{}: {}", self.url_text, error_chain(&error)))
             } else {
-                PostFailure::Failed(reason)
+                PostFailure::Failed(error_chain(&error))
             }
         })
     }
