@@ -456,6 +456,58 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
     Ok(())
 }
 
+/// The server ends plexus's session (here: a DELETE behind plexus's back). The
+/// next request is answered 404, which closes the connection; the upstream is
+/// initialized again in a new session and serves calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_is_replaced_by_a_new_one() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let requests = dir.path().join("requests.jsonl");
+    let log_arg = requests.display().to_string();
+    let fixture = HttpFixture::start(dir.path(), any_port(), &["--request-log", &log_arg]).await?;
+    let extra = "restart_backoff = \"200ms\"\nrestart_backoff_max = \"500ms\"";
+    let daemon = Daemon::start("", &remote_section("remote", &fixture.url(), extra)).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let first = request_log(&requests)
+        .iter()
+        .find_map(|line| line["session"].as_str().map(str::to_string))
+        .context("no session in the request log")?;
+    let deleted = reqwest::Client::new()
+        .delete(fixture.url())
+        .header("mcp-session-id", &first)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await?;
+    ensure!(
+        deleted.status().is_success(),
+        "DELETE: {}",
+        deleted.status()
+    );
+
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let echo = json!({"name": "remote__echo", "arguments": {"text": "again"}});
+    let lost = session.request("tools/call", echo.clone()).await?;
+    ensure!(lost["error"]["code"] == -33001, "{lost}");
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let back = session.request("tools/call", echo).await?;
+    ensure!(text_of(&back["result"]) == "again", "{back}");
+    ensure!(
+        daemon
+            .log()
+            .contains("the upstream ended the session (HTTP 404)"),
+        "{}",
+        daemon.log()
+    );
+    let sessions: std::collections::BTreeSet<String> = request_log(&requests)
+        .iter()
+        .filter_map(|line| line["session"].as_str().map(str::to_string))
+        .collect();
+    ensure!(sessions.len() == 2, "{sessions:?}");
+    ensure!(daemon.stop().await?.success());
+    drop(fixture);
+    Ok(())
+}
+
 /// A Python SDK server on the 2024-11-05 HTTP+SSE transport: reached with
 /// `transport = "sse"` (and the `initialize` handshake), and found by `auto` when
 /// the POST of streamable HTTP is refused (that server then negotiates 2026-07-28

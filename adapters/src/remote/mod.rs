@@ -213,6 +213,7 @@ const SMALL_BODY_TIMEOUT: Duration = Duration::from_secs(5);
 const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the session's DELETE may take at shutdown.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+const SESSION_ENDED: &str = "the upstream ended the session (HTTP 404)";
 const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
@@ -574,8 +575,12 @@ impl HttpTransport {
                 status: status.as_u16(),
                 detail: error.to_string(),
             }),
-            Some(Ok(Reply::Result(_))) | None => Err(ConnectionError::NotSent),
+            Some(Ok(Reply::Result(_))) => Err(ConnectionError::NotSent),
             Some(Err(error)) => Err(error),
+            None => {
+                shared.close(SESSION_ENDED);
+                Err(ConnectionError::NotSent)
+            }
         }
     }
 
@@ -723,8 +728,8 @@ impl Shared {
     }
 
     /// What a refused HTTP request means: a JSON-RPC error body is the reply; a
-    /// 404 on a session is the session's end (None, after closing); anything else
-    /// is an HTTP failure.
+    /// 404 on a session is the session's end (None: the caller closes the
+    /// connection); anything else is an HTTP failure.
     fn refusal(&self, status: StatusCode, body: &[u8]) -> Option<Result<Reply, ConnectionError>> {
         if let Some(error) = jsonrpc_error(body) {
             return Some(Ok(Reply::Error(error)));
@@ -732,7 +737,6 @@ impl Shared {
         let session_ended = status == StatusCode::NOT_FOUND
             && (self.session_id().is_some() || matches!(self.mode(), Mode::Legacy { .. }));
         if session_ended {
-            self.close("the upstream ended the session (HTTP 404)");
             return None;
         }
         Some(Err(ConnectionError::HttpStatus {
@@ -740,6 +744,18 @@ impl Shared {
             status: status.as_u16(),
             detail: snippet(body),
         }))
+    }
+
+    /// Completes request `id`, refused with `status` and `body`.
+    fn refuse(&self, id: u64, status: StatusCode, body: &[u8]) {
+        match self.refusal(status, body) {
+            Some(outcome) => self.complete(id, outcome),
+            None => {
+                // Never served, so it may be sent again, in the next session.
+                self.complete(id, Err(ConnectionError::NotSent));
+                self.close(SESSION_ENDED);
+            }
+        }
     }
 
     /// Sends request `id` and completes it, whatever happens.
@@ -780,10 +796,7 @@ impl Shared {
                         }
                     }
                     self.set_mode(Mode::Streamable);
-                    if let Some(outcome) = self.refusal(status, &refused) {
-                        self.complete(id, outcome);
-                    }
-                    return;
+                    return self.refuse(id, status, &refused);
                 }
             }
         }
@@ -816,11 +829,7 @@ impl Shared {
         let status = response.status();
         if !status.is_success() {
             let body = read_small(response).await;
-            match self.refusal(status, &body) {
-                Some(outcome) => self.complete(id, outcome),
-                None => self.complete(id, Err(ConnectionError::NotSent)),
-            }
-            return;
+            return self.refuse(id, status, &body);
         }
         if head.initialize {
             let session = response.headers().get(SESSION_HEADER).cloned();
@@ -1145,7 +1154,7 @@ impl Shared {
             if !status.is_success() || !content_type_is(&response, EVENT_STREAM) {
                 let body = read_small(response).await;
                 if status == StatusCode::NOT_FOUND && self.session_id().is_some() {
-                    return self.close("the upstream ended the session (HTTP 404)");
+                    return self.close(SESSION_ENDED);
                 }
                 tracing::debug!(upstream = %self.upstream, status = status.as_u16(), body = %snippet(&body), "the upstream refused the GET event stream");
                 return;
@@ -1249,10 +1258,7 @@ impl Shared {
                 let status = response.status();
                 let body = read_small(response).await;
                 if !status.is_success() {
-                    match self.refusal(status, &body) {
-                        Some(outcome) => self.complete(id, outcome),
-                        None => self.complete(id, Err(ConnectionError::NotSent)),
-                    }
+                    self.refuse(id, status, &body);
                 }
             }
             Err(PostFailure::Unreachable(reason)) => {
