@@ -58,7 +58,7 @@ fn serve_refuses_a_bad_config_without_starting() -> anyhow::Result<()> {
     let path = dir.path().join("bad.toml");
     std::fs::write(
         &path,
-        "[upstreams.x]\nurl = \"https://example.invalid/mcp\"\n",
+        "[upstreams.x]\nurl = \"ftp://example.invalid/mcp\"\n",
     )?;
     let output = Command::new(plexus_binary())
         .args(["serve", "--config"])
