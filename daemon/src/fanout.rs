@@ -355,8 +355,12 @@ impl Hub {
                 };
                 params.insert("logger".into(), Value::String(logger));
                 let message = jsonrpc::notification(method, Some(Value::Object(params)));
+                let source = self.upstream_named(upstream).ok();
                 for session in self.live_sessions() {
-                    if session.log_level().is_some_and(|wanted| level >= wanted) {
+                    // A 2026-07-28 request hears only from upstreams serving it.
+                    let concerned = !session.is_scope()
+                        || source.is_some_and(|source| source.has_call_from(session.id()));
+                    if concerned && session.log_level().is_some_and(|wanted| level >= wanted) {
                         session.notify(message.clone());
                     }
                 }

@@ -283,6 +283,14 @@ impl Instance {
         *self.state.borrow()
     }
 
+    fn has_call_from(&self, session: u64) -> bool {
+        self.callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|caller| caller.session == session)
+    }
+
     pub fn hello(&self) -> Option<ServerHello> {
         self.hello
             .read()
@@ -420,6 +428,15 @@ impl Upstream {
             known_capabilities: RwLock::new(Value::Null),
             listen_uris: watch::Sender::new(BTreeSet::new()),
         }
+    }
+
+    /// Whether `session` has a call in flight on any instance of this upstream.
+    pub fn has_call_from(&self, session: u64) -> bool {
+        self.shared.has_call_from(session)
+            || self
+                .sessions
+                .iter()
+                .any(|instance| instance.value().has_call_from(session))
     }
 
     /// Whether the shared instance speaks 2026-07-28 (per-request `_meta`, no session).

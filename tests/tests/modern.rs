@@ -83,22 +83,34 @@ async fn exercise(
     call(client, "everything__toggle-simulated-logging", json!({})).await?;
     let meta: rmcp::model::RequestMetaObject =
         serde_json::from_value(json!({"io.modelcontextprotocol/logLevel": "debug"}))?;
+    let from_everything = || {
+        handler
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|l| {
+                l["logger"]
+                    .as_str()
+                    .is_some_and(|l| l.starts_with("everything"))
+            })
+            .count()
+    };
+    // A request to another upstream hears nothing from this one, whatever its level.
+    let mut elsewhere = CallToolRequestParams::new("fx__sleep")
+        .with_arguments(plexus_tests::arguments(json!({"ms": 5500})));
+    elsewhere.meta = Some(meta.clone());
+    client.call_tool(elsewhere).await?;
+    ensure!(
+        from_everything() == 0,
+        "a call to fx heard everything's log messages"
+    );
     let mut logged = CallToolRequestParams::new("everything__trigger-long-running-operation")
         .with_arguments(plexus_tests::arguments(json!({"duration": 6, "steps": 3})));
     logged.meta = Some(meta);
     client.call_tool(logged).await?;
     call(client, "everything__toggle-simulated-logging", json!({})).await?;
-    let logs = handler
-        .logs
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    ensure!(
-        logs.iter().any(|l| l["logger"]
-            .as_str()
-            .is_some_and(|l| l.starts_with("everything"))),
-        "no log message from everything: {logs:?}"
-    );
+    ensure!(from_everything() > 0, "no log message from everything");
 
     // Resources read under their namespaced URIs.
     let resources = client.list_all_resources().await?;
