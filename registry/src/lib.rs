@@ -5,6 +5,7 @@
 pub mod catalog;
 pub mod cursor;
 pub mod filter;
+pub mod headers;
 pub mod names;
 pub mod uris;
 

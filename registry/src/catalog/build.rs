@@ -158,6 +158,18 @@ impl Builder {
                 tool: route.original.clone(),
             });
         }
+        if kind == Kind::Tools {
+            let designated = entry
+                .get("inputSchema")
+                .map(crate::headers::param_headers)
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            if !designated.is_empty() {
+                catalog
+                    .param_headers
+                    .insert(exposed_key.clone(), designated.into());
+            }
+        }
         catalog.entries[kind.index()].push(exposed_entry(kind, entry, &exposed_key, schema_fix));
         remember_for_resource_routing(catalog, listing, kind, route);
     }

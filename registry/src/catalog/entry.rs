@@ -101,13 +101,18 @@ fn check_input_schema(schema: Option<&Value>) -> Result<SchemaFix, String> {
             ))
         }
     };
-    match schema.get("type") {
-        None => Ok(SchemaFix::AddType),
-        Some(Value::String(schema_type)) if schema_type == "object" => Ok(SchemaFix::None),
-        Some(other) => Err(format!(
-            "its inputSchema has \"type\": {other}, but a tool's must be \"object\""
-        )),
-    }
+    let fix = match schema.get("type") {
+        None => SchemaFix::AddType,
+        Some(Value::String(schema_type)) if schema_type == "object" => SchemaFix::None,
+        Some(other) => {
+            return Err(format!(
+                "its inputSchema has \"type\": {other}, but a tool's must be \"object\""
+            ))
+        }
+    };
+    // A client over HTTP must leave out a tool whose header designation is invalid.
+    crate::headers::param_headers(&Value::Object(schema.clone()))?;
+    Ok(fix)
 }
 
 /// The exposed copy of `entry`: `exposed_key` in its key field, the schema fix applied,

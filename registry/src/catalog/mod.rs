@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cursor::{self, CursorError};
 use crate::filter::ToolFilter;
+use crate::headers::ParamHeader;
 use crate::uris;
 
 pub use kind::Kind;
@@ -101,6 +102,9 @@ pub struct Catalog {
     /// Original resource URI -> its route, or `None` when several upstreams list it.
     echoed_originals: HashMap<String, Option<Route>>,
     page_size: usize,
+    /// Exposed tool name -> the parameters its schema mirrors into headers (only
+    /// tools that have any).
+    param_headers: HashMap<String, Arc<[ParamHeader]>>,
 }
 
 impl Default for Catalog {
@@ -125,6 +129,7 @@ impl Catalog {
             unprefixed_templates: Vec::new(),
             echoed_originals: HashMap::new(),
             page_size: page_size.max(1),
+            param_headers: HashMap::new(),
         }
     }
 
@@ -154,6 +159,14 @@ impl Catalog {
 
     pub fn route_tool(&self, exposed_name: &str) -> Option<&Route> {
         self.routes[Kind::Tools.index()].get(exposed_name)
+    }
+
+    /// The parameters a tool mirrors into `Mcp-Param-*` headers (2026-07-28 over HTTP).
+    pub fn param_headers(&self, exposed_tool: &str) -> &[ParamHeader] {
+        self.param_headers
+            .get(exposed_tool)
+            .map(|headers| &headers[..])
+            .unwrap_or(&[])
     }
 
     pub fn route_prompt(&self, exposed_name: &str) -> Option<&Route> {

@@ -249,3 +249,30 @@ fn digests_follow_content() {
         Catalog::empty().digest(Kind::Tools)
     );
 }
+
+#[test]
+fn header_designations_are_kept_per_tool_and_invalid_ones_left_out() {
+    let mut notes = listing("notes", "notes");
+    notes.tools = vec![
+        json!({"name": "query", "inputSchema": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "sql": {"type": "string"},
+        }}}),
+        json!({"name": "broken", "inputSchema": {"type": "object", "properties": {
+            "ratio": {"type": "number", "x-mcp-header": "Ratio"},
+        }}}),
+        json!({"name": "plain", "inputSchema": {"type": "object"}}),
+    ];
+    let (catalog, warnings) = build_default(&[notes]);
+    let names: Vec<&str> = catalog
+        .entries(Kind::Tools)
+        .iter()
+        .filter_map(|entry| entry["name"].as_str())
+        .collect();
+    assert_eq!(names, ["notes__query", "notes__plain"]);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let designated = catalog.param_headers("notes__query");
+    assert_eq!(designated.len(), 1);
+    assert_eq!(designated[0].header_name(), "mcp-param-region");
+    assert!(catalog.param_headers("notes__plain").is_empty());
+}
