@@ -67,9 +67,17 @@ pub struct OutgoingRequest<'a> {
     id: u64,
     message: Option<(String, Option<Value>)>,
     reply: Option<oneshot::Receiver<Result<Reply, ConnectionError>>>,
+    headers: Vec<(String, String)>,
 }
 
 impl OutgoingRequest<'_> {
+    /// HTTP headers for a 2026-07-28 HTTP upstream (`Mcp-Param-*`, already encoded);
+    /// other transports ignore them.
+    pub fn with_headers(mut self, headers: Vec<(String, String)>) -> Self {
+        self.headers = headers;
+        self
+    }
+
     /// plexus's id of this request, as the upstream sees it.
     pub fn id(&self) -> u64 {
         self.id
@@ -88,7 +96,9 @@ impl OutgoingRequest<'_> {
             id,
             armed: true,
         };
-        if inner.closed.is_cancelled() || inner.send_request(id, &method, params).is_err() {
+        let headers = std::mem::take(&mut self.headers);
+        if inner.closed.is_cancelled() || inner.send_request(id, &method, params, headers).is_err()
+        {
             guard.armed = false;
             inner.pending.forget(id);
             return Err(ConnectionError::NotSent);
@@ -121,10 +131,11 @@ impl Inner {
         id: u64,
         method: &str,
         params: Option<Value>,
+        headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         match &self.transport {
             Transport::Stdio(stdio) => stdio.send_request(id, method, params),
-            Transport::Http(http) => http.send_request(id, method, params),
+            Transport::Http(http) => http.send_request(id, method, params, headers),
         }
     }
 
@@ -173,6 +184,7 @@ impl UpstreamConnection {
             id,
             message: Some((method.to_string(), params)),
             reply: Some(reply),
+            headers: Vec::new(),
         }
     }
 

@@ -170,21 +170,6 @@ pub fn tag_subscription(mut notification: Value, subscription: &Value) -> Value 
     notification
 }
 
-/// Decodes a header value that may use the `=?base64?…?=` sentinel.
-pub fn decode_header_value(value: &str) -> Option<String> {
-    use base64::Engine;
-    match value
-        .strip_prefix("=?base64?")
-        .and_then(|rest| rest.strip_suffix("?="))
-    {
-        Some(encoded) => base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .ok()
-            .and_then(|bytes| String::from_utf8(bytes).ok()),
-        None => Some(value.to_string()),
-    }
-}
-
 /// The body member `Mcp-Name` mirrors, for the methods that require it.
 pub fn mirrored_name<'a>(method: &str, params: Option<&'a Value>) -> Option<Option<&'a str>> {
     let key = match method {
@@ -236,16 +221,6 @@ mod tests {
         let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
         strip_request_meta(&mut params);
         assert_eq!(params, Some(json!({})));
-    }
-
-    #[test]
-    fn header_sentinel_is_decoded() {
-        assert_eq!(decode_header_value("plain").as_deref(), Some("plain"));
-        assert_eq!(
-            decode_header_value("=?base64?SGVsbG8sIOS4lueVjA==?=").as_deref(),
-            Some("Hello, 世界")
-        );
-        assert_eq!(decode_header_value("=?base64?!!?="), None);
     }
 
     #[test]

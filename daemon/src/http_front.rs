@@ -326,7 +326,8 @@ impl HttpFront {
             return empty(StatusCode::ACCEPTED);
         }
         let params = message.get("params");
-        let checked = check_mirrored_headers(headers, method, params)
+        let catalog = self.hub.catalog();
+        let checked = check_mirrored_headers(headers, method, params, &catalog)
             .and_then(|()| era::parse_meta(params).map(drop));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
@@ -529,6 +530,7 @@ fn check_mirrored_headers(
     headers: &HeaderMap,
     method: &str,
     params: Option<&Value>,
+    catalog: &registry::Catalog,
 ) -> Result<(), RelayError> {
     let header = |name: &str| -> Result<String, RelayError> {
         let value = headers
@@ -537,7 +539,7 @@ fn check_mirrored_headers(
         value
             .to_str()
             .ok()
-            .and_then(era::decode_header_value)
+            .and_then(registry::headers::decode_header_value)
             .ok_or_else(|| RelayError::HeaderMismatch(format!("the {name} header is malformed")))
     };
     let version = header(PROTOCOL_HEADER)?;
@@ -561,6 +563,23 @@ fn check_mirrored_headers(
                 "Mcp-Name `{sent}` does not match the body's `{}`",
                 name.unwrap_or_default()
             )));
+        }
+        // The tool's parameters that its schema mirrors into headers.
+        if method == "tools/call" {
+            let arguments = params.and_then(|p| p.get("arguments"));
+            for designated in catalog.param_headers(name.unwrap_or_default()) {
+                let Some(expected) = designated.value_in(arguments) else {
+                    continue;
+                };
+                let header_name = designated.header_name();
+                let sent = header(&header_name)?;
+                if !registry::headers::header_matches(&sent, &expected) {
+                    return Err(RelayError::HeaderMismatch(format!(
+                        "Mcp-Param-{} `{sent}` does not match the argument `{expected}`",
+                        designated.name
+                    )));
+                }
+            }
         }
     }
     Ok(())

@@ -72,6 +72,8 @@ pub struct CallContext<'a> {
     /// Where messages related to this call go (its progress, requests the upstream
     /// sends while serving it): the request's own stream, or the session's.
     pub related: &'a mpsc::Sender<Value>,
+    /// `Mcp-Param-*` headers the tool's schema asks for (sent to HTTP upstreams).
+    pub headers: &'a [(String, String)],
 }
 
 impl Hub {
@@ -382,7 +384,9 @@ impl Hub {
         // The request gets its upstream-side id first, so whatever the upstream sends
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.
-        let request = connection.prepare(method, params);
+        let request = connection
+            .prepare(method, params)
+            .with_headers(call.headers.to_vec());
         let _caller = instance.track_call(call.session, call.related.clone(), request.id());
         let activity = progress.as_ref().map(|route| route.activity.clone());
 

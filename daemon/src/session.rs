@@ -651,7 +651,19 @@ impl Session {
                 let route = catalog
                     .route_tool(&name)
                     .ok_or_else(|| RelayError::UnknownTool(name.clone()))?;
-                self.forward_named(method, params, route, true, related)
+                // What the tool's schema mirrors into headers, for an HTTP upstream.
+                let headers: Vec<(String, String)> = catalog
+                    .param_headers(&name)
+                    .iter()
+                    .filter_map(|designated| {
+                        let value = designated.value_in(params.get("arguments"))?;
+                        Some((
+                            designated.header_name(),
+                            registry::headers::encode_header_value(&value),
+                        ))
+                    })
+                    .collect();
+                self.forward_named(method, params, route, &headers, related)
                     .await
             }
             "prompts/get" => {
@@ -660,7 +672,7 @@ impl Session {
                 let route = catalog
                     .route_prompt(&name)
                     .ok_or_else(|| RelayError::UnknownPrompt(name.clone()))?;
-                self.forward_named(method, params, route, false, related)
+                self.forward_named(method, params, route, &[], related)
                     .await
             }
             "resources/read" => {
@@ -786,11 +798,13 @@ impl Session {
         method: &str,
         params: Map<String, Value>,
         route: &registry::Route,
-        is_tool: bool,
+        headers: &[(String, String)],
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
+        let is_tool = method == "tools/call";
         let params = with_string(params, "name", &route.original);
-        let call = self.call_context(is_tool.then_some(route.original.as_str()), related);
+        let mut call = self.call_context(is_tool.then_some(route.original.as_str()), related);
+        call.headers = headers;
         let reply = self
             .forward_with_input(&route.upstream, method, params, call)
             .await?;
@@ -812,6 +826,7 @@ impl Session {
             owner: self.owner,
             tool,
             related,
+            headers: &[],
         }
     }
 

@@ -131,6 +131,7 @@ impl Hub {
                 owner: call.owner,
                 tool: None,
                 related: call.related,
+                headers: &[],
             };
             match self
                 .forward(&upstream, "tasks/list", Some(json!({})), context)

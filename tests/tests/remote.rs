@@ -658,3 +658,110 @@ async fn wait_for_in_flight(daemon: &Daemon, upstream: &str, calls: usize) -> an
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A tool whose schema mirrors a parameter into a header (`x-mcp-header`):
+/// plexus checks the header a 2026-07-28 client sends against the body, and
+/// sends it, encoded, to a 2026-07-28 HTTP upstream for clients of either era.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("requests.jsonl");
+    let log_arg = log.display().to_string();
+    let upstream = HttpFixture::start(
+        dir.path(),
+        any_port(),
+        &["--name", "geo", "--modern", "--request-log", &log_arg],
+    )
+    .await?;
+    let daemon = Daemon::start(
+        "",
+        &remote_section("geo", &upstream.url(), "protocol = \"2026-07-28\""),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+
+    let client = reqwest::Client::new();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let call = |region: &str, header: Option<&str>| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "geo__regional", "arguments": {"region": region, "text": "hi"}, "_meta": meta}});
+        let mut request = client
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "geo__regional")
+            .body(body.to_string());
+        if let Some(header) = header {
+            request = request.header("mcp-param-region", header);
+        }
+        async move {
+            let response = request.send().await?;
+            let status = response.status().as_u16();
+            let text = response.text().await?;
+            let body: Value = serde_json::from_str(
+                text.lines()
+                    .rev()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .unwrap_or(&text),
+            )
+            .with_context(|| format!("body: {text}"))?;
+            anyhow::Ok((status, body))
+        }
+    };
+
+    let (status, answer) = call("eu-west", Some("eu-west")).await?;
+    ensure!(status == 200, "{status} {answer}");
+    ensure!(text_of(&answer["result"]) == "eu-west: hi", "{answer}");
+    let (status, answer) = call("eu-west", None).await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32020,
+        "missing: {status} {answer}"
+    );
+    let (status, answer) = call("eu-west", Some("us-east")).await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32020,
+        "mismatched: {status} {answer}"
+    );
+    // Not plain ASCII: the base64 form, decoded before comparing.
+    let (status, answer) = call("Zürich", Some("=?base64?WsO8cmljaA==?=")).await?;
+    ensure!(status == 200, "{status} {answer}");
+    ensure!(text_of(&answer["result"]) == "Zürich: hi", "{answer}");
+
+    // A handshake-era client sends no such header: plexus computes it for the upstream.
+    let legacy =
+        plexus_tests::http_client(&daemon.url, plexus_tests::TestClient::default()).await?;
+    let result = legacy
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("geo__regional").with_arguments(
+                plexus_tests::arguments(json!({"region": "ap-south", "text": "hi"})),
+            ),
+        )
+        .await?;
+    ensure!(
+        text_of(&plexus_tests::json_of(&result)) == "ap-south: hi",
+        "{}",
+        plexus_tests::json_of(&result)
+    );
+    legacy.cancel().await?;
+
+    let sent: Vec<Value> = request_log(&log)
+        .into_iter()
+        .filter(|line| line["mcp_name"] == "regional")
+        .collect();
+    let regions: Vec<&str> = sent
+        .iter()
+        .filter_map(|line| line["mcp_param_region"].as_str())
+        .collect();
+    ensure!(
+        regions == ["eu-west", "=?base64?WsO8cmljaA==?=", "ap-south"],
+        "headers the upstream got: {sent:?}"
+    );
+    ensure!(daemon.stop().await?.success());
+    drop(upstream);
+    Ok(())
+}

@@ -252,10 +252,11 @@ struct Shared {
 #[derive(Default)]
 struct Head {
     /// For a 2026-07-28 request: the version its `_meta` names, and the
-    /// `Mcp-Method` and `Mcp-Name` headers that mirror its body.
+    /// `Mcp-Method`, `Mcp-Name` and `Mcp-Param-*` headers that mirror its body.
     modern_version: Option<HeaderValue>,
     method: Option<HeaderValue>,
     name: Option<HeaderValue>,
+    params: Vec<(HeaderName, HeaderValue)>,
     initialize: bool,
 }
 
@@ -285,8 +286,26 @@ impl Head {
             modern_version,
             method: HeaderValue::from_str(method).ok(),
             name,
+            params: Vec::new(),
             initialize,
         }
+    }
+
+    /// Adds the `Mcp-Param-*` headers (a 2026-07-28 request only; names and values
+    /// that are not valid HTTP are dropped, and the upstream says what is missing).
+    fn with_params(mut self, headers: Vec<(String, String)>) -> Head {
+        if self.modern_version.is_some() {
+            self.params = headers
+                .into_iter()
+                .filter_map(|(name, value)| {
+                    Some((
+                        HeaderName::from_bytes(name.as_bytes()).ok()?,
+                        HeaderValue::from_str(&value).ok()?,
+                    ))
+                })
+                .collect();
+        }
+        self
     }
 }
 
@@ -474,12 +493,13 @@ impl HttpTransport {
         id: u64,
         method: &str,
         params: Option<Value>,
+        headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         let shared = self.shared.clone();
         if shared.closed.is_cancelled() {
             return Err(ConnectionError::NotSent);
         }
-        let head = Head::of(method, params.as_ref());
+        let head = Head::of(method, params.as_ref()).with_params(headers);
         let body = Bytes::from(encode_request(id, method, params));
         let mut streams = shared
             .streams
@@ -715,6 +735,9 @@ impl Shared {
                 }
                 if let Some(name) = &head.name {
                     headers.insert("mcp-name", name.clone());
+                }
+                for (name, value) in &head.params {
+                    headers.insert(name.clone(), value.clone());
                 }
             }
         }
