@@ -240,15 +240,40 @@ pub async fn http_client(url: &str, handler: TestClient) -> anyhow::Result<Clien
 
 /// An rmcp client that launches `plexus serve --stdio --config <path>` itself.
 pub async fn stdio_client(config: &Path, handler: TestClient) -> anyhow::Result<Client> {
+    let transport = TokioChildProcess::new(plexus_stdio_command(config))?;
+    Ok(handler.serve(transport).await?)
+}
+
+/// `plexus serve --stdio --config <config>`, logging warnings only (to stderr).
+pub fn plexus_stdio_command(config: &Path) -> Command {
     let mut command = Command::new(plexus_binary());
     command
-        .arg("serve")
-        .arg("--stdio")
-        .arg("--config")
-        .arg(config);
-    command.env("PLEXUS_LOG", "warn");
-    let transport = TokioChildProcess::new(command)?;
-    Ok(handler.serve(transport).await?)
+        .args(["serve", "--stdio", "--config"])
+        .arg(config)
+        .env("PLEXUS_LOG", "warn");
+    command
+}
+
+/// A response to a POST as (status, the JSON-RPC message, its `Mcp-Session-Id`):
+/// the body itself, or the last message of an event stream.
+pub async fn answer_of(
+    response: reqwest::Response,
+) -> anyhow::Result<(u16, Value, Option<String>)> {
+    let status = response.status().as_u16();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = response.text().await?;
+    let body: Value = serde_json::from_str(
+        text.lines()
+            .rev()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap_or(&text),
+    )
+    .with_context(|| format!("body: {text}"))?;
+    Ok((status, body, session))
 }
 
 /// Raw JSON-RPC over HTTP, for comparing exactly what arrives.

@@ -10,7 +10,7 @@ use anyhow::{ensure, Context};
 use plexus_tests::answering::{
     call, exercise_common, fixture_with_cancel_log, len_of, AnsweringClient, AnsweringService,
 };
-use plexus_tests::{fixture_upstream, json_of, plexus_binary, Daemon};
+use plexus_tests::{answer_of, fixture_upstream, json_of, plexus_stdio_command, Daemon};
 use rmcp::model::{
     CallToolRequestParams, ProtocolVersion, ReadResourceRequestParams, ServerNotification,
     SubscriptionFilter,
@@ -199,11 +199,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
     http.cancel().await?;
 
     let config = daemon.stdio_config(&sections(&logs.path().join("stdio")))?;
-    let mut command = tokio::process::Command::new(plexus_binary());
-    command
-        .args(["serve", "--stdio", "--config"])
-        .arg(&config)
-        .env("PLEXUS_LOG", "warn");
+    let command = plexus_stdio_command(&config);
     let over_stdio = AnsweringClient::named("stdio-modern").modern();
     let stdio = over_stdio
         .clone()
@@ -237,20 +233,7 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
         for (name, value) in headers {
             request = request.header(name, value);
         }
-        async move {
-            let response = request.send().await?;
-            let status = response.status().as_u16();
-            let session = response.headers().get("mcp-session-id").cloned();
-            let text = response.text().await?;
-            let body: Value = serde_json::from_str(
-                text.lines()
-                    .rev()
-                    .find_map(|l| l.strip_prefix("data: "))
-                    .unwrap_or(&text),
-            )
-            .with_context(|| format!("body: {text}"))?;
-            anyhow::Ok((status, body, session))
-        }
+        async move { answer_of(request.send().await?).await }
     };
     let standard = |method: &str| {
         vec![

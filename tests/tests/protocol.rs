@@ -15,7 +15,7 @@ use plexus_tests::answering::{
     call, eventually_len, exercise_common, fixture_with_cancel_log, wait_for_tool, AnsweringClient,
     AnsweringService,
 };
-use plexus_tests::{arguments, json_of, plexus_binary, Daemon};
+use plexus_tests::{arguments, json_of, plexus_stdio_command, Daemon};
 use rmcp::model::{CallToolRequestParams, SetLevelRequestParams, SubscribeRequestParams};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::ServiceExt;
@@ -124,11 +124,7 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
     http.cancel().await?;
 
     let config = daemon.stdio_config(&sections(&logs.path().join("stdio")))?;
-    let mut command = tokio::process::Command::new(plexus_binary());
-    command
-        .args(["serve", "--stdio", "--config"])
-        .arg(&config)
-        .env("PLEXUS_LOG", "warn");
+    let command = plexus_stdio_command(&config);
     let over_stdio = AnsweringClient::named("stdio-client");
     let stdio = over_stdio
         .clone()

@@ -700,16 +700,7 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
             request = request.header("mcp-param-region", header);
         }
         async move {
-            let response = request.send().await?;
-            let status = response.status().as_u16();
-            let text = response.text().await?;
-            let body: Value = serde_json::from_str(
-                text.lines()
-                    .rev()
-                    .find_map(|l| l.strip_prefix("data: "))
-                    .unwrap_or(&text),
-            )
-            .with_context(|| format!("body: {text}"))?;
+            let (status, body, _) = plexus_tests::answer_of(request.send().await?).await?;
             anyhow::Ok((status, body))
         }
     };
