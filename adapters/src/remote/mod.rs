@@ -825,6 +825,26 @@ impl Shared {
         }
     }
 
+    /// Fails request `id` whose POST got no response; an unreachable server
+    /// also closes the connection, so the supervisor restarts it.
+    fn post_failed(&self, id: u64, failure: PostFailure) {
+        match failure {
+            PostFailure::Unreachable(reason) => {
+                self.complete(
+                    id,
+                    Err(ConnectionError::Unreachable {
+                        reason: reason.clone(),
+                    }),
+                );
+                self.close(&reason);
+            }
+            PostFailure::Failed(reason) => {
+                let url = self.url_text.clone();
+                self.complete(id, Err(ConnectionError::Broken { url, reason }));
+            }
+        }
+    }
+
     /// Completes request `id` from the response to its POST.
     async fn answer(
         self: &Arc<Self>,
@@ -834,20 +854,7 @@ impl Shared {
     ) {
         let response = match response {
             Ok(response) => response,
-            Err(PostFailure::Unreachable(reason)) => {
-                self.complete(
-                    id,
-                    Err(ConnectionError::Unreachable {
-                        reason: reason.clone(),
-                    }),
-                );
-                self.close(&reason);
-                return;
-            }
-            Err(PostFailure::Failed(reason)) => {
-                let url = self.url_text.clone();
-                return self.complete(id, Err(ConnectionError::Broken { url, reason }));
-            }
+            Err(failure) => return self.post_failed(id, failure),
         };
         let status = response.status();
         if !status.is_success() {
@@ -1284,19 +1291,7 @@ impl Shared {
                     self.refuse(id, status, &body);
                 }
             }
-            Err(PostFailure::Unreachable(reason)) => {
-                self.complete(
-                    id,
-                    Err(ConnectionError::Unreachable {
-                        reason: reason.clone(),
-                    }),
-                );
-                self.close(&reason);
-            }
-            Err(PostFailure::Failed(reason)) => {
-                let url = self.url_text.clone();
-                self.complete(id, Err(ConnectionError::Broken { url, reason }));
-            }
+            Err(failure) => self.post_failed(id, failure),
         }
     }
 }
