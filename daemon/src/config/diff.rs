@@ -1,0 +1,208 @@
+//! What a reload changes: upstreams compared by name, each sorted into the way it
+//! is applied, and the daemon settings that only a restart can change.
+
+use std::collections::BTreeMap;
+
+use super::{DaemonSettings, UpstreamConfig};
+
+/// How a changed upstream is brought to its new configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamChange {
+    Unchanged,
+    /// Only settings read per call or per start changed: applied in place, the
+    /// process is not touched.
+    InPlace,
+    /// How the process is started or spoken to changed: a new instance is started
+    /// and warmed, and the old one drains.
+    Restart,
+}
+
+impl UpstreamChange {
+    pub fn between(old: &UpstreamConfig, new: &UpstreamConfig) -> UpstreamChange {
+        if old == new {
+            return UpstreamChange::Unchanged;
+        }
+        fn process(c: &UpstreamConfig) -> impl PartialEq + '_ {
+            (
+                &c.launch,
+                c.protocol,
+                c.share,
+                c.start,
+                c.enabled,
+                // Given to the connection when it is made.
+                c.max_message_bytes,
+            )
+        }
+        if process(old) == process(new) {
+            UpstreamChange::InPlace
+        } else {
+            UpstreamChange::Restart
+        }
+    }
+}
+
+/// Upstreams added, removed and changed between two configurations. Startup is
+/// the diff from no upstreams at all.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigDiff {
+    pub added: Vec<UpstreamConfig>,
+    pub removed: Vec<String>,
+    pub restarted: Vec<UpstreamConfig>,
+    pub updated: Vec<UpstreamConfig>,
+}
+
+impl ConfigDiff {
+    pub fn between(
+        old: &BTreeMap<String, UpstreamConfig>,
+        new: &BTreeMap<String, UpstreamConfig>,
+    ) -> ConfigDiff {
+        let mut diff = ConfigDiff::default();
+        for (name, upstream) in new {
+            match old.get(name) {
+                None => diff.added.push(upstream.clone()),
+                Some(previous) => match UpstreamChange::between(previous, upstream) {
+                    UpstreamChange::Unchanged => {}
+                    UpstreamChange::InPlace => diff.updated.push(upstream.clone()),
+                    UpstreamChange::Restart => diff.restarted.push(upstream.clone()),
+                },
+            }
+        }
+        diff.removed = old
+            .keys()
+            .filter(|name| !new.contains_key(*name))
+            .cloned()
+            .collect();
+        diff
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.restarted.is_empty()
+            && self.updated.is_empty()
+    }
+}
+
+/// The daemon keys whose change waits for a restart: the listeners are bound and
+/// the state directory holds the running daemon's files.
+pub fn daemon_keys_needing_restart(
+    old: &DaemonSettings,
+    new: &DaemonSettings,
+) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    if old.listen != new.listen {
+        keys.push("daemon.listen");
+    }
+    if old.admin_listen != new.admin_listen {
+        keys.push("daemon.admin_listen");
+    }
+    if old.state_dir != new.state_dir {
+        keys.push("daemon.state_dir");
+    }
+    keys
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{parse, Config};
+
+    fn config(text: &str) -> Config {
+        parse(text, Path::new("/srv"), &|_| None).unwrap()
+    }
+
+    const BASE: &str = r#"
+        [upstreams.alpha]
+        command = "fixture"
+        args = ["--one"]
+        [upstreams.beta]
+        command = "fixture"
+        [upstreams.gamma]
+        command = "fixture"
+        [upstreams.delta]
+        command = "fixture"
+    "#;
+
+    #[test]
+    fn startup_is_the_diff_from_nothing() {
+        let diff = ConfigDiff::between(&BTreeMap::new(), &config(BASE).upstreams);
+        let added: Vec<&str> = diff.added.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(added, ["alpha", "beta", "delta", "gamma"]);
+        assert!(diff.removed.is_empty() && diff.restarted.is_empty() && diff.updated.is_empty());
+    }
+
+    #[test]
+    fn each_upstream_is_sorted_by_what_changed() {
+        let old = config(BASE);
+        let new = config(
+            r#"
+            [upstreams.alpha]
+            command = "fixture"
+            args = ["--two"]
+            [upstreams.beta]
+            command = "fixture"
+            prefix = "b"
+            call_timeout = "5s"
+            [upstreams.gamma]
+            command = "fixture"
+            [upstreams.epsilon]
+            url = "http://127.0.0.1:9/mcp"
+        "#,
+        );
+        let diff = ConfigDiff::between(&old.upstreams, &new.upstreams);
+        let names = |list: &[UpstreamConfig]| -> Vec<String> {
+            list.iter().map(|u| u.name.clone()).collect()
+        };
+        assert_eq!(names(&diff.restarted), ["alpha"]);
+        assert_eq!(names(&diff.updated), ["beta"]);
+        assert_eq!(names(&diff.added), ["epsilon"]);
+        assert_eq!(diff.removed, ["delta"]);
+        assert!(ConfigDiff::between(&old.upstreams, &old.upstreams).is_empty());
+    }
+
+    #[test]
+    fn sharing_protocol_and_enabling_restart_the_upstream() {
+        let old = config("[upstreams.a]\ncommand = \"x\"\n");
+        for changed in [
+            "share = \"session\"",
+            "protocol = \"handshake\"",
+            "enabled = false",
+            "start = \"lazy\"",
+            "env = { A = \"1\" }",
+            "cwd = \"/tmp\"",
+        ] {
+            let new = config(&format!("[upstreams.a]\ncommand = \"x\"\n{changed}\n"));
+            assert_eq!(
+                UpstreamChange::between(&old.upstreams["a"], &new.upstreams["a"]),
+                UpstreamChange::Restart,
+                "{changed}"
+            );
+        }
+        for changed in [
+            "max_in_flight = 3",
+            "deny_tools = [\"x\"]",
+            "max_restarts = 1",
+            "idle_timeout = \"1s\"",
+        ] {
+            let new = config(&format!("[upstreams.a]\ncommand = \"x\"\n{changed}\n"));
+            assert_eq!(
+                UpstreamChange::between(&old.upstreams["a"], &new.upstreams["a"]),
+                UpstreamChange::InPlace,
+                "{changed}"
+            );
+        }
+    }
+
+    #[test]
+    fn listeners_and_the_state_directory_need_a_restart() {
+        let old = config("[daemon]\nlisten = \"127.0.0.1:1\"\n");
+        let new = config("[daemon]\nlisten = \"127.0.0.1:2\"\ndrain_timeout = \"3s\"\n");
+        assert_eq!(
+            daemon_keys_needing_restart(&old.daemon, &new.daemon),
+            ["daemon.listen"]
+        );
+    }
+}

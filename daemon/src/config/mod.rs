@@ -1,0 +1,214 @@
+//! The configuration file: raw serde types (`deny_unknown_fields`, in `raw`),
+//! validated into [`Config`] with every error reported at once, each naming its
+//! key (`validate`), and compared by upstream name for reloads (`diff`).
+
+mod diff;
+mod raw;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use adapters::{HttpEndpoint, LaunchSpec};
+use serde::Deserialize;
+
+pub use diff::{daemon_keys_needing_restart, ConfigDiff};
+pub use validate::parse;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7464";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7465";
+pub const DEFAULT_NAME_BUDGET: usize = 64;
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(90);
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_CALL_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+pub const DEFAULT_MAX_PENDING: usize = 256;
+pub const DEFAULT_MAX_RESTARTS: usize = 5;
+pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(120);
+pub const DEFAULT_RESTART_BACKOFF: Duration = Duration::from_secs(1);
+pub const DEFAULT_RESTART_BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub daemon: DaemonSettings,
+    /// Enabled and disabled upstreams, by name.
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DaemonSettings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub name_budget: usize,
+    /// Entries per page of `tools/list` and the other lists.
+    pub page_size: usize,
+    pub state_dir: PathBuf,
+    /// How long in-flight calls may finish after a shutdown signal.
+    pub drain_timeout: Duration,
+    /// HTTP sessions silent this long (and with no event stream open) are ended.
+    pub session_idle_timeout: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub launch: Launch,
+    pub enabled: bool,
+    /// Prepended as `{prefix}__` to tool and prompt names; "" for none.
+    pub prefix: String,
+    pub allow_tools: Vec<String>,
+    pub deny_tools: Vec<String>,
+    pub init_timeout: Duration,
+    pub call_timeout: Duration,
+    /// Per-tool deadlines, by the upstream's own tool name.
+    pub tool_timeouts: BTreeMap<String, Duration>,
+    /// How far progress notifications may extend a call's deadline.
+    pub max_call_timeout: Duration,
+    pub max_message_bytes: usize,
+    pub max_in_flight: usize,
+    pub max_pending: usize,
+    pub share: Share,
+    pub start: Start,
+    /// Which protocol era plexus speaks to the upstream.
+    pub protocol: Protocol,
+    pub idle_timeout: Duration,
+    pub restart: RestartSettings,
+    /// Interval of health pings; zero disables them.
+    pub health_interval: Duration,
+    pub health_timeout: Duration,
+    pub stop_grace: Duration,
+}
+
+/// How plexus reaches an upstream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Launch {
+    /// A child process spoken to over stdin and stdout.
+    Stdio(LaunchSpec),
+    /// A remote server over HTTP.
+    Http(HttpEndpoint),
+}
+
+/// Who uses one running instance of an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Share {
+    /// One instance for every session.
+    Shared,
+    /// One instance per downstream session, started on first use.
+    Session,
+}
+
+/// The protocol era plexus speaks to an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Protocol {
+    /// Probe with `server/discover`; use `initialize` unless the upstream serves 2026-07-28.
+    #[serde(rename = "auto")]
+    Auto,
+    /// The `initialize` handshake (2025-11-25 and earlier).
+    #[serde(rename = "handshake")]
+    Handshake,
+    /// 2026-07-28 only.
+    #[serde(rename = "2026-07-28")]
+    Modern,
+}
+
+impl Protocol {
+    pub fn for_adapter(self) -> adapters::handshake::UpstreamProtocol {
+        use adapters::handshake::UpstreamProtocol;
+        match self {
+            Protocol::Auto => UpstreamProtocol::Auto,
+            Protocol::Handshake => UpstreamProtocol::Handshake,
+            Protocol::Modern => UpstreamProtocol::Modern,
+        }
+    }
+}
+
+/// When an upstream is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// At daemon start.
+    Eager,
+    /// On the first call; stopped again after `idle_timeout`.
+    Lazy,
+}
+
+/// How restarts are paced and when an upstream is given up on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartSettings {
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+    /// More exits than this within `window` put the upstream in the failed state.
+    pub max_restarts: usize,
+    pub window: Duration,
+}
+
+/// One problem in a configuration file, located by its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigIssue {
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is invalid:\n{}", list(.issues))]
+    Invalid {
+        path: PathBuf,
+        issues: Vec<ConfigIssue>,
+    },
+}
+
+fn list(issues: &[ConfigIssue]) -> String {
+    issues
+        .iter()
+        .map(|issue| format!("  - {issue}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Reads and validates a configuration file. `environment` answers variable
+/// look-ups (the process environment in production, a map in tests).
+pub fn load(
+    path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // Relative paths in the file are relative to the file, wherever plexus runs from.
+    let parent = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let base = std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf());
+    parse(&text, &base, environment).map_err(|issues| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        issues,
+    })
+}

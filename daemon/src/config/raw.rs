@@ -1,0 +1,76 @@
+//! The file as serde reads it: every key optional, unknown keys refused.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{Protocol, Share, Start};
+
+/// The `transport` key of a `url` upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub(super) enum RawTransport {
+    #[serde(rename = "streamable-http")]
+    StreamableHttp,
+    #[serde(rename = "sse")]
+    Sse,
+    #[serde(rename = "auto")]
+    Auto,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDaemon {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub name_budget: Option<usize>,
+    pub page_size: Option<usize>,
+    pub state_dir: Option<PathBuf>,
+    pub drain_timeout: Option<String>,
+    pub session_idle_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstream {
+    pub command: Option<String>,
+    pub uvx: Option<String>,
+    pub npx: Option<String>,
+    pub python: Option<String>,
+    pub node: Option<String>,
+    pub uri: Option<String>,
+    pub url: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub transport: Option<RawTransport>,
+    pub enabled: Option<bool>,
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub allow_tools: Vec<String>,
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+    pub init_timeout: Option<String>,
+    pub call_timeout: Option<String>,
+    #[serde(default)]
+    pub tool_timeouts: BTreeMap<String, String>,
+    pub max_call_timeout: Option<String>,
+    pub max_message_bytes: Option<usize>,
+    pub max_in_flight: Option<usize>,
+    pub max_pending: Option<usize>,
+    pub share: Option<Share>,
+    pub start: Option<Start>,
+    pub protocol: Option<Protocol>,
+    pub idle_timeout: Option<String>,
+    pub max_restarts: Option<usize>,
+    pub restart_window: Option<String>,
+    pub restart_backoff: Option<String>,
+    pub restart_backoff_max: Option<String>,
+    pub health_interval: Option<String>,
+    pub health_timeout: Option<String>,
+    pub stop_grace: Option<String>,
+}
