@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::hub::Hub;
 use crate::listener::Body;
-use crate::upstream::UpstreamState;
+use crate::upstreams::UpstreamState;
 
 pub async fn handle(hub: Arc<Hub>, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path();

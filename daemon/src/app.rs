@@ -1,6 +1,7 @@
 //! `plexus serve`: builds the hub from a validated config, runs the fronts, and
 //! drains and stops everything on a shutdown signal.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigDiff};
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -52,7 +53,11 @@ pub async fn serve_http(
     write_runtime_file(&config.daemon.state_dir, mcp_address, admin_address)?;
 
     let hub = Hub::new(&config, metrics);
-    hub.start();
+    hub.apply(
+        ConfigDiff::between(&BTreeMap::new(), &config.upstreams),
+        config.daemon.drain_timeout,
+    )
+    .await;
     let front = HttpFront::new(
         hub.clone(),
         mcp_address,
@@ -107,7 +112,11 @@ pub async fn serve_http(
 pub async fn serve_stdio(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     let hub = Hub::new(&config, metrics);
-    hub.start();
+    hub.apply(
+        ConfigDiff::between(&BTreeMap::new(), &config.upstreams),
+        config.daemon.drain_timeout,
+    )
+    .await;
     tracing::info!(
         upstreams = config.upstreams.len(),
         "plexus serving one client on stdio"
@@ -149,6 +158,6 @@ fn write_runtime_file(
         "admin_listen": admin.to_string(),
         "url": format!("http://{listen}/mcp"),
     });
-    crate::hub::write_atomically(&path, &body)
+    crate::catalog_host::write_atomically(&path, &body)
         .map_err(|source| ServeError::StateDir { path, source })
 }

@@ -15,7 +15,7 @@ use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
 use crate::session::Session;
-use crate::upstream::{Caller, Instance, Upstream, UpstreamState};
+use crate::upstreams::{Caller, Instance, Upstream};
 
 /// A request an upstream sent, as plexus routes it.
 struct UpstreamRequest<'a> {
@@ -33,14 +33,34 @@ pub struct Fanout {
     sessions: DashMap<u64, Weak<Session>>,
     /// Subscribers per (upstream, original URI): subscribe upstream on the first, unsubscribe after the last.
     subscriptions: Mutex<HashMap<(String, String), usize>>,
-    /// The level plexus set on upstreams: the most verbose any session asked for.
-    upstream_log_level: Mutex<Option<LogLevel>>,
     /// Upstream connections that asked a session for its roots, told when they change.
     roots_askers: Mutex<HashMap<u64, Vec<(String, UpstreamConnection)>>>,
     /// URL-mode elicitations, by elicitation id, to the session they were sent to.
     elicitations: DashMap<String, u64>,
     /// Upstreams whose `roots/list` plexus answered when no client could.
     roots_for_nobody: Mutex<Vec<(String, UpstreamConnection)>>,
+}
+
+impl Fanout {
+    /// Purges what is kept under a removed upstream's name.
+    pub fn forget_upstream(&self, name: &str) {
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(upstream, _), _| upstream != name);
+        for askers in self
+            .roots_askers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values_mut()
+        {
+            askers.retain(|(upstream, _)| upstream != name);
+        }
+        self.roots_for_nobody
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(upstream, _)| upstream != name);
+    }
 }
 
 /// Which client capability a server-to-client request needs, if any.
@@ -115,7 +135,7 @@ impl Hub {
         self.fanout
             .elicitations
             .retain(|_, owner| *owner != session);
-        for upstream in self.upstreams() {
+        for upstream in self.upstreams().values() {
             upstream.end_session(session);
         }
         let catalog = self.catalog();
@@ -144,7 +164,7 @@ impl Hub {
         let key = (route.upstream.to_string(), route.original.clone());
         // A per-session upstream's subscriptions belong to that session's own instance.
         let per_session =
-            self.upstream_named(&route.upstream)?.config.share == crate::config::Share::Session;
+            self.upstream_named(&route.upstream)?.config().share == crate::config::Share::Session;
         if per_session {
             return self.subscribe_instance(session, route, subscribe).await;
         }
@@ -233,7 +253,7 @@ impl Hub {
             };
         };
         let connection = instance
-            .connection_for_call(true, upstream.config.init_timeout)
+            .connection_for_call(true, upstream.config().init_timeout)
             .await?;
         let params = json!({"uri": route.original});
         match connection.request(method, Some(params)).await {
@@ -254,18 +274,19 @@ impl Hub {
         params: Value,
     ) -> Result<Reply, RelayError> {
         let upstream = self.upstream_named(upstream)?;
+        let config = upstream.config();
         let connection = upstream
             .shared
-            .connection_for_call(upstream.on_demand(), upstream.config.init_timeout)
+            .connection_for_call(upstream.on_demand(), config.init_timeout)
             .await?;
         tokio::time::timeout(
-            upstream.config.call_timeout,
+            config.call_timeout,
             connection.request(method, Some(params)),
         )
         .await
         .map_err(|_| RelayError::Timeout {
             upstream: upstream.name().to_string(),
-            after: upstream.config.call_timeout,
+            after: config.call_timeout,
         })?
         .map_err(|_| RelayError::FailedMidCall {
             upstream: upstream.name().to_string(),
@@ -281,56 +302,21 @@ impl Hub {
             .iter()
             .filter_map(|s| s.log_level())
             .min();
-        let changed = {
-            let mut current = self
-                .fanout
-                .upstream_log_level
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+        // Instances that become ready later read the level from here.
+        let changed = self.log_level.send_if_modified(|current| {
             let changed = *current != wanted;
             *current = wanted;
             changed
-        };
+        });
         if let (true, Some(level)) = (changed, wanted) {
-            for upstream in self.upstreams() {
-                self.apply_log_level(&upstream.shared, level).await;
-            }
-        }
-    }
-
-    /// Sets the current level on a (newly ready) instance that supports logging.
-    pub async fn apply_log_level(&self, instance: &Instance, level: LogLevel) {
-        let logs = instance
-            .hello()
-            .is_some_and(|hello| hello.has_capability("logging"));
-        if !logs || instance.state() != UpstreamState::Ready {
-            return;
-        }
-        if let Ok(connection) = instance
-            .connection_for_call(false, std::time::Duration::ZERO)
-            .await
-        {
-            if connection.is_per_request() {
-                // 2026-07-28 has no setLevel: each request carries the level it wants.
-                connection.set_request_meta_field(
-                    "io.modelcontextprotocol/logLevel",
-                    Some(Value::from(level.as_str())),
-                );
-                return;
-            }
-            let params = json!({"level": level.as_str()});
-            if let Err(error) = connection.request("logging/setLevel", Some(params)).await {
-                tracing::debug!(%error, "setting an upstream's log level failed");
+            for upstream in self.upstreams().values() {
+                upstream.shared.apply_log_level(level).await;
             }
         }
     }
 
     pub fn current_log_level(&self) -> Option<LogLevel> {
-        *self
-            .fanout
-            .upstream_log_level
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        *self.log_level.borrow()
     }
 
     /// Relays a notification an upstream sent on its own.
@@ -359,7 +345,9 @@ impl Hub {
                 for session in self.live_sessions() {
                     // A 2026-07-28 request hears only from upstreams serving it.
                     let concerned = !session.is_scope()
-                        || source.is_some_and(|source| source.has_call_from(session.id()));
+                        || source
+                            .as_ref()
+                            .is_some_and(|source| source.has_call_from(session.id()));
                     if concerned && session.log_level().is_some_and(|wanted| level >= wanted) {
                         session.notify(message.clone());
                     }
@@ -417,14 +405,15 @@ impl Hub {
 
     /// Answers, or passes to the right client, a request an upstream sent;
     /// `origin` is plexus's id of the request whose HTTP stream carried it.
-    pub async fn route_upstream_request(
+    /// The answer plexus gives itself, or None when a client will answer.
+    pub fn route_upstream_request(
         &self,
         upstream: &Upstream,
         instance: &Instance,
         connection: &UpstreamConnection,
         message: Value,
         origin: Option<u64>,
-    ) {
+    ) -> Option<Reply> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let method = message
             .get("method")
@@ -432,22 +421,16 @@ impl Hub {
             .unwrap_or("")
             .to_string();
         let params = message.get("params").cloned();
-        let reply = if method == "ping" {
-            Some(Reply::Result(json!({})))
-        } else {
-            let request = UpstreamRequest {
-                id: id.clone(),
-                method: &method,
-                params,
-                origin,
-            };
-            self.pass_to_client(upstream, instance, connection, request)
-        };
-        if let Some(reply) = reply {
-            if connection.respond(id, reply).await.is_err() {
-                tracing::debug!(upstream = %upstream.name(), "upstream closed before plexus answered it");
-            }
+        if method == "ping" {
+            return Some(Reply::Result(json!({})));
         }
+        let request = UpstreamRequest {
+            id,
+            method: &method,
+            params,
+            origin,
+        };
+        self.pass_to_client(upstream, instance, connection, request)
     }
 
     /// Returns the answer plexus gives itself, or None when a client will answer.
@@ -669,7 +652,7 @@ impl Hub {
         let mut completions = false;
         let mut subscribe = false;
         let mut tasks: Option<Value> = None;
-        for upstream in self.upstreams() {
+        for upstream in self.upstreams().values() {
             let known = upstream.known_capabilities();
             if let Some(upstream_tasks) = known.get("tasks").filter(|t| t.is_object()) {
                 // The union of what upstreams support; calls route to the one that has it.

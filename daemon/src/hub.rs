@@ -1,33 +1,35 @@
-//! The hub: every configured upstream, the current catalog snapshot, and the
-//! one path by which a session's request reaches an upstream.
+//! The hub: the owner of the upstream set and of the catalog host, the one path
+//! by which a session's request reaches an upstream (`forward`), and the pump
+//! that hands what supervisors report to the catalog, the metrics and the fan-out.
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use adapters::{ConnectionError, Reply};
 use dashmap::DashMap;
-use registry::{Catalog, CatalogOptions, CatalogWarning, Kind, UpstreamListing};
-use serde_json::{json, Map, Value};
+use registry::{Catalog, CatalogOptions, ToolFilter};
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::catalog_host::CatalogHost;
+use crate::config::{Config, ConfigDiff, DaemonSettings};
 use crate::fanout::Fanout;
 use crate::jsonrpc::{self, RelayError};
+use crate::logging::LogLevel;
 use crate::metrics::Metrics;
-use crate::upstream::{self, empty_listing, Upstream, UpstreamState};
+use crate::upstreams::{
+    empty_listing, ApplyReport, SetHooks, Supervision, SupervisorEvent, Upstream, UpstreamSet,
+    UpstreamState,
+};
 
 pub struct Hub {
-    upstreams: BTreeMap<String, Arc<Upstream>>,
-    listings: Mutex<Listings>,
-    catalog: watch::Sender<Arc<Catalog>>,
-    catalog_options: CatalogOptions,
-    /// Where each upstream's last listing is kept, so it stays listed across restarts.
-    catalog_dir: PathBuf,
+    upstreams: UpstreamSet,
+    catalog: CatalogHost,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -37,19 +39,14 @@ pub struct Hub {
     next_session: AtomicU64,
     /// Called with (configured, ready) whenever an upstream's state changes.
     status_listener: Mutex<Option<StatusListener>>,
+    /// The level plexus sets on upstreams: the most verbose any session asked for.
+    pub(crate) log_level: watch::Sender<Option<LogLevel>>,
     /// Routing of upstream messages to sessions.
     pub(crate) fanout: Fanout,
     /// Task ids handed to clients, to their upstream and creating session.
     pub(crate) task_routes: DashMap<String, crate::tasks::TaskRoute>,
     /// 2026-07-28 requests paused on input from their client, by `requestState`.
     pub(crate) continuations: DashMap<String, crate::bridge::Continuation>,
-}
-
-#[derive(Default)]
-struct Listings {
-    by_upstream: BTreeMap<String, UpstreamListing>,
-    /// Warnings already logged, so each is logged once, not at every rebuild.
-    reported: HashSet<String>,
 }
 
 struct ProgressRoute {
@@ -76,61 +73,62 @@ pub struct CallContext<'a> {
     pub headers: &'a [(String, String)],
 }
 
+/// How many supervisor events may wait for the pump.
+const EVENT_QUEUE: usize = 4096;
+
+pub fn catalog_options(daemon: &DaemonSettings) -> CatalogOptions {
+    CatalogOptions {
+        name_budget: daemon.name_budget,
+        page_size: daemon.page_size,
+    }
+}
+
 impl Hub {
+    /// A hub with no upstreams yet: `apply` the diff from nothing to start them.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Arc<Hub> {
         let shutdown = CancellationToken::new();
-        let upstreams = config
-            .upstreams
-            .iter()
-            .map(|(name, upstream)| {
-                (
-                    name.clone(),
-                    Arc::new(Upstream::new(upstream.clone(), &shutdown)),
-                )
-            })
-            .collect();
-        let (catalog, _) = watch::channel(Arc::new(Catalog::empty()));
-        Arc::new(Hub {
-            upstreams,
-            listings: Mutex::new(Listings::default()),
-            catalog,
-            catalog_options: CatalogOptions {
-                name_budget: config.daemon.name_budget,
-                page_size: config.daemon.page_size,
-            },
-            catalog_dir: config.daemon.state_dir.join("catalog"),
+        let tasks = TaskTracker::new();
+        let (events, receiver) = mpsc::channel(EVENT_QUEUE);
+        let (log_level, log_level_receiver) = watch::channel(None);
+        let supervision = Supervision {
+            events,
+            log_level: log_level_receiver,
+            tasks: tasks.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let hub = Arc::new(Hub {
+            upstreams: UpstreamSet::new(supervision),
+            catalog: CatalogHost::new(
+                catalog_options(&config.daemon),
+                config.daemon.state_dir.join("catalog"),
+                metrics.clone(),
+            ),
             metrics,
             shutdown,
-            tasks: TaskTracker::new(),
+            tasks,
             progress: DashMap::new(),
             next_token: AtomicU64::new(0),
             next_session: AtomicU64::new(0),
             status_listener: Mutex::new(None),
+            log_level,
             fanout: Fanout::default(),
             task_routes: DashMap::new(),
             continuations: DashMap::new(),
-        })
+        });
+        hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
+        hub
     }
 
-    /// Publishes the last-known listings and starts a supervising task per enabled upstream.
-    pub fn start(self: &Arc<Self>) {
-        for upstream in self.upstreams.values() {
-            let name = upstream.name();
-            if !upstream.config.enabled {
-                tracing::info!(upstream = %name, "upstream disabled in config");
-                continue;
-            }
-            let cached = self.load_cached_listing(upstream);
-            if upstream.on_demand() && !cached {
-                // Nothing known about its catalog yet: start it once to list it.
-                upstream.shared.retry();
-            }
-            self.spawn(upstream::supervise(
-                upstream.shared.clone(),
-                upstream.clone(),
-                self.clone(),
-            ));
-        }
+    /// Brings the upstreams to a new configuration (see `UpstreamSet::apply`).
+    pub async fn apply(&self, diff: ConfigDiff, drain_timeout: Duration) -> ApplyReport {
+        let report = self.upstreams.apply(diff, self, drain_timeout).await;
+        self.report_status();
+        report
+    }
+
+    /// Settings of the daemon that apply live: the catalog's naming budget and page size.
+    pub fn apply_daemon_settings(&self, daemon: &DaemonSettings) {
+        self.catalog.set_options(catalog_options(daemon));
     }
 
     /// Runs a task that shutdown waits for.
@@ -141,7 +139,8 @@ impl Hub {
         self.tasks.spawn(task);
     }
 
-    /// Stops every upstream and waits until each process group is reaped.
+    /// Stops every upstream and waits until each process group is reaped and every
+    /// task has ended.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         // Paused calls will not be retried now: release them and their upstream requests.
@@ -159,12 +158,13 @@ impl Hub {
         &self.metrics
     }
 
-    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Upstream>> {
-        self.upstreams.values()
+    /// The upstreams now, as one consistent snapshot.
+    pub fn upstreams(&self) -> Arc<BTreeMap<String, Arc<Upstream>>> {
+        self.upstreams.snapshot()
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
-        self.catalog.borrow().clone()
+        self.catalog.current()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
@@ -177,7 +177,7 @@ impl Hub {
     }
 
     /// The upstream of that name, or the error a call to it gets.
-    pub fn upstream_named(&self, name: &str) -> Result<&Arc<Upstream>, RelayError> {
+    pub fn upstream_named(&self, name: &str) -> Result<Arc<Upstream>, RelayError> {
         self.upstreams
             .get(name)
             .ok_or_else(|| RelayError::Unavailable {
@@ -196,7 +196,7 @@ impl Hub {
         self.report_status();
     }
 
-    pub fn on_state_change(&self, name: &str, state: UpstreamState) {
+    fn on_state_change(&self, name: &str, state: UpstreamState) {
         let up = i64::from(state == UpstreamState::Ready);
         self.metrics.upstream_up.with_label_values(&[name]).set(up);
         for label in UpstreamState::LABELS {
@@ -214,110 +214,73 @@ impl Hub {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(listener) = listener.as_ref() {
-            let ready = self
-                .upstreams
+            let upstreams = self.upstreams();
+            let ready = upstreams
                 .values()
                 .filter(|u| u.shared.state() == UpstreamState::Ready)
                 .count();
-            listener(self.upstreams.len(), ready);
+            listener(upstreams.len(), ready);
         }
     }
 
     /// Asks an upstream to start again now (after `failed`, during a backoff, or while running).
     pub fn retry(&self, name: &str) -> bool {
-        match self.upstreams.get(name) {
-            Some(upstream) if upstream.config.enabled => {
-                tracing::info!(upstream = name, "restart requested by an operator");
-                upstream.shared.retry();
-                true
+        self.upstreams.retry(name)
+    }
+
+    /// One supervisor event, in the order supervisors sent them.
+    fn handle(self: &Arc<Self>, event: SupervisorEvent) {
+        match event {
+            SupervisorEvent::State {
+                upstream,
+                generation,
+                state,
+            } => {
+                if self.upstreams.is_current(&upstream, generation) {
+                    self.on_state_change(&upstream, state);
+                }
             }
-            _ => false,
-        }
-    }
-
-    /// Replaces one upstream's listing, keeps it on disk, and publishes a new snapshot.
-    pub fn publish_listing(&self, listing: UpstreamListing) {
-        self.save_listing(&listing);
-        self.install_listing(listing);
-    }
-
-    fn install_listing(&self, listing: UpstreamListing) {
-        let mut listings = self.listings.lock().unwrap_or_else(PoisonError::into_inner);
-        listings
-            .by_upstream
-            .insert(listing.upstream.to_string(), listing);
-        let ordered: Vec<UpstreamListing> = listings.by_upstream.values().cloned().collect();
-        let (catalog, warnings) = Catalog::build(&ordered, &self.catalog_options);
-        for warning in warnings {
-            let text = warning.to_string();
-            if listings.reported.insert(text.clone()) {
-                let reason = match warning {
-                    CatalogWarning::Collision { .. } => "collision",
-                    CatalogWarning::InvalidEntry { .. } => "invalid_entry",
-                    CatalogWarning::SchemaPatched { .. } => "schema_patched",
-                };
-                self.metrics
-                    .catalog_warnings
-                    .with_label_values(&[reason])
-                    .inc();
-                tracing::warn!(reason, "{text}");
+            SupervisorEvent::Listing {
+                generation,
+                listing,
+                capabilities,
+            } => {
+                self.catalog.save(&listing, capabilities);
+                self.catalog.install(generation, listing);
+            }
+            SupervisorEvent::Notification { upstream, message } => {
+                self.route_notification(&upstream, &message)
+            }
+            SupervisorEvent::Request {
+                upstream,
+                instance,
+                connection,
+                message,
+                origin,
+            } => {
+                let id = message.get("id").cloned().unwrap_or(Value::Null);
+                if let Some(reply) =
+                    self.route_upstream_request(&upstream, &instance, &connection, message, origin)
+                {
+                    self.tasks.spawn(async move {
+                        if connection.respond(id, reply).await.is_err() {
+                            tracing::debug!(upstream = %connection.upstream(), "upstream closed before plexus answered it");
+                        }
+                    });
+                }
+            }
+            SupervisorEvent::Restarted {
+                upstream,
+                generation,
+            } => {
+                if self.upstreams.is_current(&upstream, generation) {
+                    self.metrics
+                        .upstream_restarts
+                        .with_label_values(&[&upstream])
+                        .inc();
+                }
             }
         }
-        for kind in Kind::ALL {
-            self.metrics
-                .catalog_entries
-                .with_label_values(&[kind.label()])
-                .set(catalog.len(kind) as i64);
-        }
-        self.catalog.send_replace(Arc::new(catalog));
-    }
-
-    fn cache_path(&self, upstream: &str) -> PathBuf {
-        self.catalog_dir.join(format!("{upstream}.json"))
-    }
-
-    fn save_listing(&self, listing: &UpstreamListing) {
-        let capabilities = self
-            .upstreams
-            .get(&*listing.upstream)
-            .map(|upstream| upstream.known_capabilities())
-            .unwrap_or(Value::Null);
-        let body = json!({
-            "capabilities": capabilities,
-            "tools": listing.tools,
-            "prompts": listing.prompts,
-            "resources": listing.resources,
-            "resourceTemplates": listing.resource_templates,
-        });
-        if let Err(error) = write_atomically(&self.cache_path(&listing.upstream), &body) {
-            tracing::warn!(upstream = %listing.upstream, %error, "could not keep the upstream's listing on disk");
-        }
-    }
-
-    /// Publishes the listing kept from an earlier run, if there is one.
-    fn load_cached_listing(&self, upstream: &Upstream) -> bool {
-        let Ok(text) = std::fs::read_to_string(self.cache_path(upstream.name())) else {
-            return false;
-        };
-        let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(&text) else {
-            tracing::warn!(upstream = %upstream.name(), "ignoring an unreadable cached listing");
-            return false;
-        };
-        if let Some(capabilities) = body.remove("capabilities") {
-            upstream.remember_capabilities(capabilities);
-        }
-        let mut take = |key: &str| match body.remove(key) {
-            Some(Value::Array(entries)) => entries,
-            _ => Vec::new(),
-        };
-        let mut listing = empty_listing(&upstream.config);
-        listing.tools = take("tools");
-        listing.prompts = take("prompts");
-        listing.resources = take("resources");
-        listing.resource_templates = take("resourceTemplates");
-        tracing::info!(upstream = %upstream.name(), tools = listing.tools.len(), "listing the upstream's last-known catalog until it starts");
-        self.install_listing(listing);
-        true
     }
 
     /// Sends a request to an upstream under plexus's own id and waits, within the
@@ -338,7 +301,7 @@ impl Hub {
             Ok(Reply::Error(_)) => "upstream_error",
             Err(error) => error.kind(),
         };
-        if self.upstreams.contains_key(upstream_name) {
+        if self.upstreams.get(upstream_name).is_some() {
             self.metrics
                 .relay_requests
                 .with_label_values(&[upstream_name, method, label])
@@ -362,9 +325,9 @@ impl Hub {
         if self.shutdown.is_cancelled() {
             return Err(RelayError::ShuttingDown);
         }
-        let config = &upstream.config;
+        let config = upstream.config();
         let _permit = upstream
-            .limiter
+            .limiter()
             .acquire()
             .await
             .ok_or_else(|| RelayError::Overloaded {
@@ -372,7 +335,7 @@ impl Hub {
                 in_flight: config.max_in_flight,
                 pending: config.max_pending,
             })?;
-        let instance = upstream.instance_for(call.owner, self);
+        let instance = upstream.instance_for(call.owner);
         let connection = instance
             .connection_for_call(upstream.on_demand(), config.init_timeout)
             .await?;
@@ -403,7 +366,8 @@ impl Hub {
         let outcome = loop {
             tokio::select! {
                 outcome = &mut request => break Ok(outcome),
-                _ = tokio::time::sleep_until(deadline) => break Err(()),
+                _ = tokio::time::sleep_until(deadline) => break Err(false),
+                _ = upstream.drained() => break Err(true),
                 _ = wait_for(activity.as_deref()) => {
                     // Progress shows the call is alive: give it another full deadline, up to the cap.
                     deadline = (Instant::now() + base).min(hard_deadline);
@@ -433,7 +397,10 @@ impl Hub {
                 reason: error.to_string(),
             }),
             // Dropping `request` (at the end of this scope) sends the cancel upstream.
-            Err(()) => Err(RelayError::Timeout {
+            Err(true) => Err(RelayError::Drained {
+                upstream: upstream_name.to_string(),
+            }),
+            Err(false) => Err(RelayError::Timeout {
                 upstream: upstream_name.to_string(),
                 after: call_started.elapsed(),
             }),
@@ -489,7 +456,7 @@ impl Hub {
 
     /// Upstream names and the states of their shared instances.
     pub fn states(&self) -> Vec<(String, UpstreamState)> {
-        self.upstreams
+        self.upstreams()
             .values()
             .map(|upstream| (upstream.name().to_string(), upstream.shared.state()))
             .collect()
@@ -497,16 +464,17 @@ impl Hub {
 
     /// Brings the gauges and counters that mirror live state up to date (before a scrape).
     pub fn refresh_metrics(&self) {
-        for upstream in self.upstreams.values() {
+        for upstream in self.upstreams().values() {
             let name = upstream.name();
+            let limiter = upstream.limiter();
             self.metrics
                 .upstream_in_flight
                 .with_label_values(&[name])
-                .set(upstream.limiter.in_flight() as i64);
+                .set(limiter.in_flight() as i64);
             self.metrics
                 .upstream_pending
                 .with_label_values(&[name])
-                .set(upstream.limiter.pending() as i64);
+                .set(limiter.pending() as i64);
             self.metrics
                 .upstream_session_instances
                 .with_label_values(&[name])
@@ -536,15 +504,57 @@ async fn wait_for(activity: Option<&Notify>) {
     }
 }
 
-/// Writes a file by renaming a complete temporary one over it.
-pub fn write_atomically(path: &Path, body: &Value) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let temporary = dir.join(format!(
-        ".{}.{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
-    std::fs::write(&temporary, serde_json::to_vec(body).unwrap_or_default())?;
-    std::fs::rename(&temporary, path)
+/// Hands supervisor events to the hub until shutdown.
+async fn pump(hub: Weak<Hub>, mut events: mpsc::Receiver<SupervisorEvent>) {
+    let Some(stopping) = hub.upgrade().map(|hub| hub.shutdown.clone()) else {
+        return;
+    };
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            _ = stopping.cancelled() => None,
+        };
+        let (Some(event), Some(hub)) = (event, hub.upgrade()) else {
+            return;
+        };
+        hub.handle(event);
+    }
+}
+
+impl SetHooks for Hub {
+    fn entered(&self, upstream: &Arc<Upstream>) -> bool {
+        let name = upstream.name();
+        self.on_state_change(name, upstream.shared.state());
+        if self.catalog.lists(name) {
+            return true;
+        }
+        let config = upstream.config();
+        if !config.enabled {
+            return false;
+        }
+        match self.catalog.load(empty_listing(&config)) {
+            Some((listing, capabilities)) => {
+                upstream.remember_capabilities(capabilities);
+                self.catalog.install(upstream.generation(), listing);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn updated(&self, upstream: &Arc<Upstream>) {
+        let config = upstream.config();
+        self.catalog.rename(
+            upstream.name(),
+            &config.prefix,
+            ToolFilter::new(config.allow_tools.clone(), config.deny_tools.clone()),
+        );
+    }
+
+    fn removed(&self, name: &str, generation: u64) {
+        self.catalog.remove(name, generation);
+        self.metrics.forget_upstream(name);
+        self.fanout.forget_upstream(name);
+        self.task_routes.retain(|_, route| route.upstream != name);
+    }
 }

@@ -63,6 +63,8 @@ pub enum RelayError {
     RequestTooLarge { limit: usize },
     #[error("plexus is shutting down")]
     ShuttingDown,
+    #[error("upstream `{upstream}` was removed or replaced by a configuration reload, and this call outlasted its drain time")]
+    Drained { upstream: String },
     #[error("unsupported protocol version `{requested}`")]
     UnsupportedVersion {
         requested: String,
@@ -87,7 +89,7 @@ impl RelayError {
             RelayError::FailedMidCall { .. } => UPSTREAM_FAILED,
             RelayError::Overloaded { .. } => OVERLOADED,
             RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => MESSAGE_TOO_LARGE,
-            RelayError::ShuttingDown => SHUTTING_DOWN,
+            RelayError::ShuttingDown | RelayError::Drained { .. } => SHUTTING_DOWN,
             RelayError::UnsupportedVersion { .. } => UNSUPPORTED_PROTOCOL_VERSION,
             RelayError::HeaderMismatch(_) => HEADER_MISMATCH,
         }
@@ -108,6 +110,7 @@ impl RelayError {
             RelayError::Overloaded { .. } => "overloaded",
             RelayError::TooLarge { .. } | RelayError::RequestTooLarge { .. } => "message_too_large",
             RelayError::ShuttingDown => "shutting_down",
+            RelayError::Drained { .. } => "upstream_removed",
             RelayError::UnsupportedVersion { .. } => "unsupported_version",
             RelayError::HeaderMismatch(_) => "header_mismatch",
         }
@@ -142,6 +145,13 @@ impl RelayError {
             }
             RelayError::RequestTooLarge { .. } => ("message_too_large", None, None, false, None),
             RelayError::ShuttingDown => ("shutting_down", None, None, true, None),
+            RelayError::Drained { upstream } => (
+                "upstream_removed",
+                Some(upstream),
+                Some("removed"),
+                true,
+                None,
+            ),
             RelayError::UnknownResource(uri) => return Some(json!({ "uri": uri })),
             RelayError::UnsupportedVersion {
                 requested,

@@ -4,6 +4,7 @@
 mod admin;
 mod app;
 mod bridge;
+mod catalog_host;
 mod config;
 mod era;
 mod fanout;
@@ -17,7 +18,7 @@ mod session;
 mod stdio_front;
 mod systemd;
 mod tasks;
-mod upstream;
+mod upstreams;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,8 +1,12 @@
 //! Every metric plexus exports, each defined once. Labels are bounded: upstream
 //! names, method names and fixed outcome words, never arguments or session ids.
 
+use std::collections::HashMap;
+
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -30,6 +34,10 @@ pub struct Metrics {
     pub catalog_warnings: IntCounterVec,
     /// Downstream sessions open by front (`http`, `stdio`).
     pub sessions_active: IntGaugeVec,
+    pub config_reloads: IntCounterVec,
+    pub config_last_reload_successful: IntGauge,
+    pub config_last_reload_timestamp: Gauge,
+    pub config_info: IntGaugeVec,
 }
 
 impl Metrics {
@@ -117,6 +125,32 @@ impl Metrics {
             Opts::new("plexus_sessions_active", "Open downstream sessions."),
             &["front"],
         )?;
+        let config_reloads = IntCounterVec::new(
+            Opts::new(
+                "plexus_config_reloads_total",
+                "Configuration reloads by outcome (applied, partial, rejected).",
+            ),
+            &["outcome"],
+        )?;
+        let config_last_reload_successful = IntGauge::new(
+            "plexus_config_last_reload_successful",
+            "1 when the last reload applied the whole file, 0 when it was rejected or partial.",
+        )?;
+        let config_last_reload_timestamp = Gauge::new(
+            "plexus_config_last_reload_timestamp_seconds",
+            "When the configuration was last loaded or reloaded (Unix time).",
+        )?;
+        let config_info = IntGaugeVec::new(
+            Opts::new(
+                "plexus_config_info",
+                "1, labelled with the SHA-256 of the configuration file in force.",
+            ),
+            &["sha256"],
+        )?;
+        registry.register(Box::new(config_reloads.clone()))?;
+        registry.register(Box::new(config_last_reload_successful.clone()))?;
+        registry.register(Box::new(config_last_reload_timestamp.clone()))?;
+        registry.register(Box::new(config_info.clone()))?;
         registry.register(Box::new(relay_requests.clone()))?;
         registry.register(Box::new(relay_duration.clone()))?;
         registry.register(Box::new(upstream_up.clone()))?;
@@ -143,7 +177,38 @@ impl Metrics {
             catalog_entries,
             catalog_warnings,
             sessions_active,
+            config_reloads,
+            config_last_reload_successful,
+            config_last_reload_timestamp,
+            config_info,
         })
+    }
+
+    /// Drops every series labelled with a removed upstream's name.
+    pub fn forget_upstream(&self, name: &str) {
+        forget(&self.relay_requests, name);
+        forget(&self.relay_duration, name);
+        forget(&self.upstream_up, name);
+        forget(&self.upstream_restarts, name);
+        forget(&self.upstream_state, name);
+        forget(&self.upstream_in_flight, name);
+        forget(&self.upstream_pending, name);
+        forget(&self.upstream_session_instances, name);
+        forget(&self.upstream_dropped_lines, name);
+    }
+
+    /// Records a load of the file whose hash is `sha256` (the previous hash's series goes).
+    pub fn config_loaded(&self, sha256: &str) {
+        self.config_info.reset();
+        self.config_info.with_label_values(&[sha256]).set(1);
+    }
+
+    /// Counts a reload attempt and stamps its time.
+    pub fn reload_finished(&self, outcome: &str, now_seconds: f64) {
+        self.config_reloads.with_label_values(&[outcome]).inc();
+        self.config_last_reload_successful
+            .set(i64::from(outcome == "applied"));
+        self.config_last_reload_timestamp.set(now_seconds);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -157,5 +222,21 @@ impl Metrics {
             return String::new();
         }
         String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+/// Removes the series of `vec` whose `upstream` label is `name`, whatever its other labels.
+fn forget<T: MetricVecBuilder>(vec: &MetricVec<T>, name: &str) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|pair| (pair.name(), pair.value()))
+                .collect();
+            if labels.get("upstream") == Some(&name) {
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }

@@ -854,8 +854,8 @@ impl Session {
     fn instructions(&self) -> String {
         let mut lines =
             vec!["plexus aggregates these MCP servers; names carry their prefix:".to_string()];
-        for upstream in self.hub.upstreams() {
-            if !upstream.config.enabled {
+        for upstream in self.hub.upstreams().values() {
+            if !upstream.config().enabled {
                 continue;
             }
             let mut line = format!("- {}", upstream.name());

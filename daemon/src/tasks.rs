@@ -116,6 +116,7 @@ impl Hub {
         let mut tasks = Vec::new();
         let listing: Vec<String> = self
             .upstreams()
+            .values()
             .filter(|upstream| {
                 upstream
                     .known_capabilities()

@@ -50,7 +50,7 @@ impl UpstreamListing {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CatalogOptions {
     /// The longest exposed tool or prompt name, in characters (at least 16 is used).
     pub name_budget: usize,

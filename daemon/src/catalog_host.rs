@@ -1,0 +1,211 @@
+//! The catalog's owner: each upstream's latest listing (tagged with the generation
+//! of the upstream configuration that produced it), the snapshot built from them,
+//! and the copy of each listing kept on disk so an upstream stays listed while it
+//! restarts.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use registry::{Catalog, CatalogOptions, CatalogWarning, Kind, ToolFilter, UpstreamListing};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+pub struct CatalogHost {
+    state: Mutex<Listings>,
+    catalog: watch::Sender<Arc<Catalog>>,
+    /// Where each upstream's last listing is kept, so it stays listed across restarts.
+    directory: PathBuf,
+    metrics: Arc<Metrics>,
+}
+
+struct Listings {
+    options: CatalogOptions,
+    by_upstream: BTreeMap<String, UpstreamListing>,
+    /// The lowest generation whose listing is still accepted, per upstream name: a
+    /// replaced or removed upstream's late listing is older and is dropped.
+    floor: BTreeMap<String, u64>,
+    /// Warnings already logged, so each is logged once, not at every rebuild.
+    reported: HashSet<String>,
+}
+
+impl CatalogHost {
+    pub fn new(options: CatalogOptions, directory: PathBuf, metrics: Arc<Metrics>) -> CatalogHost {
+        CatalogHost {
+            state: Mutex::new(Listings {
+                options,
+                by_upstream: BTreeMap::new(),
+                floor: BTreeMap::new(),
+                reported: HashSet::new(),
+            }),
+            catalog: watch::channel(Arc::new(Catalog::empty())).0,
+            directory,
+            metrics,
+        }
+    }
+
+    pub fn current(&self) -> Arc<Catalog> {
+        self.catalog.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.catalog.subscribe()
+    }
+
+    /// Installs a listing from the upstream configuration of `generation`, unless a
+    /// newer one of that name has published since; returns whether it was installed.
+    pub fn install(&self, generation: u64, listing: UpstreamListing) -> bool {
+        let mut state = self.lock();
+        let name = listing.upstream.to_string();
+        if state
+            .floor
+            .get(&name)
+            .is_some_and(|floor| generation < *floor)
+        {
+            tracing::debug!(upstream = %name, generation, "dropping a listing from a replaced upstream");
+            return false;
+        }
+        state.floor.insert(name.clone(), generation);
+        state.by_upstream.insert(name, listing);
+        self.rebuild(&mut state);
+        true
+    }
+
+    /// Takes an upstream out of the catalog; listings of `generation` or older that
+    /// arrive later are dropped.
+    pub fn remove(&self, name: &str, generation: u64) {
+        let mut state = self.lock();
+        state.floor.insert(name.to_string(), generation + 1);
+        if state.by_upstream.remove(name).is_some() {
+            self.rebuild(&mut state);
+        }
+        let path = self.cache_path(name);
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = std::fs::remove_file(&path) {
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), %error, "could not remove a removed upstream's listing");
+                }
+            }
+        });
+    }
+
+    /// New names and filters for an upstream's entries (a reload changed them in place).
+    pub fn rename(&self, name: &str, prefix: &str, filter: ToolFilter) {
+        let mut state = self.lock();
+        let Some(listing) = state.by_upstream.get_mut(name) else {
+            return;
+        };
+        listing.prefix = prefix.to_string();
+        listing.tool_filter = filter;
+        self.rebuild(&mut state);
+    }
+
+    /// New naming budget and page size (a reload changed them).
+    pub fn set_options(&self, options: CatalogOptions) {
+        let mut state = self.lock();
+        if state.options != options {
+            state.options = options;
+            self.rebuild(&mut state);
+        }
+    }
+
+    pub fn lists(&self, name: &str) -> bool {
+        self.lock().by_upstream.contains_key(name)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Listings> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn rebuild(&self, state: &mut Listings) {
+        let ordered: Vec<UpstreamListing> = state.by_upstream.values().cloned().collect();
+        let (catalog, warnings) = Catalog::build(&ordered, &state.options);
+        for warning in warnings {
+            let text = warning.to_string();
+            if state.reported.insert(text.clone()) {
+                let reason = match warning {
+                    CatalogWarning::Collision { .. } => "collision",
+                    CatalogWarning::InvalidEntry { .. } => "invalid_entry",
+                    CatalogWarning::SchemaPatched { .. } => "schema_patched",
+                };
+                self.metrics
+                    .catalog_warnings
+                    .with_label_values(&[reason])
+                    .inc();
+                tracing::warn!(reason, "{text}");
+            }
+        }
+        for kind in Kind::ALL {
+            self.metrics
+                .catalog_entries
+                .with_label_values(&[kind.label()])
+                .set(catalog.len(kind) as i64);
+        }
+        self.catalog.send_replace(Arc::new(catalog));
+    }
+
+    fn cache_path(&self, upstream: &str) -> PathBuf {
+        self.directory.join(format!("{upstream}.json"))
+    }
+
+    /// Keeps a listing on disk, off the async runtime.
+    pub fn save(&self, listing: &UpstreamListing, capabilities: Value) {
+        let body = json!({
+            "capabilities": capabilities,
+            "tools": listing.tools,
+            "prompts": listing.prompts,
+            "resources": listing.resources,
+            "resourceTemplates": listing.resource_templates,
+        });
+        let path = self.cache_path(&listing.upstream);
+        let upstream = listing.upstream.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = write_atomically(&path, &body) {
+                tracing::warn!(upstream = %upstream, %error, "could not keep the upstream's listing on disk");
+            }
+        });
+    }
+
+    /// The listing kept from an earlier run, if there is one, with the capabilities
+    /// the upstream advertised then. `empty` is the upstream's listing with no entries.
+    pub fn load(&self, mut listing: UpstreamListing) -> Option<(UpstreamListing, Value)> {
+        let name = listing.upstream.clone();
+        let text = std::fs::read_to_string(self.cache_path(&name)).ok()?;
+        let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(&text) else {
+            tracing::warn!(upstream = %name, "ignoring an unreadable cached listing");
+            return None;
+        };
+        let capabilities = body.remove("capabilities").unwrap_or(Value::Null);
+        let mut take = |key: &str| match body.remove(key) {
+            Some(Value::Array(entries)) => entries,
+            _ => Vec::new(),
+        };
+        listing.tools = take("tools");
+        listing.prompts = take("prompts");
+        listing.resources = take("resources");
+        listing.resource_templates = take("resourceTemplates");
+        tracing::info!(upstream = %name, tools = listing.tools.len(), "listing the upstream's last-known catalog until it starts");
+        Some((listing, capabilities))
+    }
+}
+
+/// Writes a file by renaming a complete, synced temporary one over it.
+pub fn write_atomically(path: &Path, body: &Value) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    // Unique per write: two writes of one file may overlap on the blocking pool.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let temporary = dir.join(format!(
+        ".{}.{}.{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+        std::process::id(),
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(&serde_json::to_vec(body).unwrap_or_default())?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, path)
+}

@@ -1,0 +1,573 @@
+//! A configured upstream (its settings, limits and counters, which outlive any one
+//! process) and its instances: the shared one, and one per session where
+//! `share = "session"`. Calls find their connection here; the supervisor
+//! (`supervise`) drives each instance's life.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use adapters::handshake::{ClientIdentity, ServerHello};
+use adapters::stdio::ConnectionStats;
+use adapters::UpstreamConnection;
+use dashmap::DashMap;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::limiter::Limiter;
+use super::supervise::supervise;
+use super::Supervision;
+use crate::config::{Share, Start, UpstreamConfig};
+use crate::jsonrpc::RelayError;
+use crate::logging::LogLevel;
+
+/// Where an instance is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamState {
+    /// Not running, and started on demand (lazy and per-session upstreams).
+    Idle,
+    Starting,
+    Ready,
+    BackingOff {
+        until: Instant,
+    },
+    /// Restarted too often; no more starts until an explicit retry.
+    Failed,
+    Stopping,
+    Stopped,
+    Disabled,
+}
+
+impl UpstreamState {
+    pub const LABELS: [&'static str; 8] = [
+        "idle",
+        "starting",
+        "ready",
+        "backing_off",
+        "failed",
+        "stopping",
+        "stopped",
+        "disabled",
+    ];
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            UpstreamState::Idle => "idle",
+            UpstreamState::Starting => "starting",
+            UpstreamState::Ready => "ready",
+            UpstreamState::BackingOff { .. } => "backing_off",
+            UpstreamState::Failed => "failed",
+            UpstreamState::Stopping => "stopping",
+            UpstreamState::Stopped => "stopped",
+            UpstreamState::Disabled => "disabled",
+        }
+    }
+}
+
+/// One running (or startable) process of an upstream.
+pub struct Instance {
+    /// The upstream's name, for logs and errors.
+    pub(super) name: Arc<str>,
+    /// Whether this instance's listings feed the catalog (per-session ones do not).
+    pub(super) publishes_listing: bool,
+    /// Stop as soon as the listing is published (the discovery run of per-session upstreams).
+    pub(super) stop_after_listing: bool,
+    pub(super) state: watch::Sender<UpstreamState>,
+    connection: RwLock<Option<UpstreamConnection>>,
+    pub(super) hello: RwLock<Option<ServerHello>>,
+    pub(super) retry: Notify,
+    pub(super) demand: Notify,
+    last_used: std::sync::Mutex<Instant>,
+    pub(super) stop: CancellationToken,
+    /// Calls in flight, with the session each came from, to attribute the
+    /// requests this upstream sends back.
+    callers: std::sync::Mutex<Vec<Caller>>,
+    next_caller: std::sync::atomic::AtomicU64,
+    /// Why the last start failed, for a reload's report.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+/// A call in flight on an instance.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    id: u64,
+    pub session: u64,
+    /// The call's own stream, where requests caused by it are sent.
+    pub related: Option<mpsc::Sender<Value>>,
+    /// The id the upstream knows the call by: an HTTP upstream's request sent on
+    /// this call's response stream names it, which attributes it to this call.
+    pub upstream_id: Option<u64>,
+}
+
+impl Caller {
+    /// A session with no particular call (a request that arrived between calls).
+    pub fn for_session(session: u64) -> Caller {
+        Caller {
+            id: u64::MAX,
+            session,
+            related: None,
+            upstream_id: None,
+        }
+    }
+}
+
+/// Removes a call from its instance's callers when it ends.
+pub struct CallerGuard<'a> {
+    instance: &'a Instance,
+    id: u64,
+}
+
+impl Drop for CallerGuard<'_> {
+    fn drop(&mut self) {
+        self.instance
+            .callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|caller| caller.id != self.id);
+    }
+}
+
+impl Instance {
+    pub(super) fn new(name: Arc<str>, initial: UpstreamState, stop: CancellationToken) -> Instance {
+        Instance {
+            name,
+            publishes_listing: true,
+            stop_after_listing: false,
+            state: watch::channel(initial).0,
+            connection: RwLock::new(None),
+            hello: RwLock::new(None),
+            retry: Notify::new(),
+            demand: Notify::new(),
+            last_used: std::sync::Mutex::new(Instant::now()),
+            stop,
+            callers: std::sync::Mutex::new(Vec::new()),
+            next_caller: std::sync::atomic::AtomicU64::new(0),
+            last_error: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Records a call in flight, sent upstream under `upstream_id`, until the
+    /// guard is dropped.
+    pub fn track_call(
+        &self,
+        session: u64,
+        related: mpsc::Sender<Value>,
+        upstream_id: u64,
+    ) -> CallerGuard<'_> {
+        let id = self.next_caller.fetch_add(1, Ordering::Relaxed);
+        self.callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Caller {
+                id,
+                session,
+                related: Some(related),
+                upstream_id: Some(upstream_id),
+            });
+        CallerGuard { instance: self, id }
+    }
+
+    /// The calls in flight now.
+    pub fn callers(&self) -> Vec<Caller> {
+        self.callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn state(&self) -> UpstreamState {
+        *self.state.borrow()
+    }
+
+    pub(super) fn has_call_from(&self, session: u64) -> bool {
+        self.callers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|caller| caller.session == session)
+    }
+
+    pub fn hello(&self) -> Option<ServerHello> {
+        self.hello
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn live_connection(&self) -> Option<UpstreamConnection> {
+        let connection = self
+            .connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        connection.as_ref().filter(|c| !c.is_closed()).cloned()
+    }
+
+    pub(super) fn set_connection(&self, connection: Option<UpstreamConnection>) {
+        *self
+            .connection
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = connection;
+    }
+
+    pub(super) fn touch(&self) {
+        *self
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    }
+
+    pub(super) fn idle_since(&self) -> Instant {
+        *self
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks the supervisor to start now: after a failure, during a backoff, or to
+    /// restart a running instance.
+    pub fn retry(&self) {
+        self.retry.notify_one();
+    }
+
+    /// Sets `level` on this instance if it is ready and logs: `logging/setLevel`, or
+    /// for a 2026-07-28 upstream the level every request carries.
+    pub async fn apply_log_level(&self, level: LogLevel) {
+        let logs = self
+            .hello()
+            .is_some_and(|hello| hello.has_capability("logging"));
+        if !logs || self.state() != UpstreamState::Ready {
+            return;
+        }
+        let Some(connection) = self.live_connection() else {
+            return;
+        };
+        if connection.is_per_request() {
+            connection.set_request_meta_field(
+                "io.modelcontextprotocol/logLevel",
+                Some(Value::from(level.as_str())),
+            );
+            return;
+        }
+        let params = json!({"level": level.as_str()});
+        if let Err(error) = connection.request("logging/setLevel", Some(params)).await {
+            tracing::debug!(%error, "setting an upstream's log level failed");
+        }
+    }
+
+    /// Records why a start failed.
+    pub(super) fn fail(&self, reason: String) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(reason);
+    }
+
+    /// Waits until the instance is ready; the reason it is not, if it fails or
+    /// `within` runs out first.
+    pub async fn wait_ready(&self, within: Duration) -> Result<(), String> {
+        let mut states = self.state.subscribe();
+        let waited = tokio::time::timeout(within, async {
+            loop {
+                let state = *states.borrow_and_update();
+                match state {
+                    UpstreamState::Ready => return Ok(()),
+                    UpstreamState::Idle | UpstreamState::Starting => {}
+                    other => {
+                        let reason = self
+                            .last_error
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .clone()
+                            .unwrap_or_else(|| "see the log".into());
+                        return Err(format!("it went to `{}`: {reason}", other.label()));
+                    }
+                }
+                if states.changed().await.is_err() {
+                    return Err("its supervisor ended".into());
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| Err(format!("it was not ready within {} s", within.as_secs())))
+    }
+
+    /// The error a call gets while this instance has no live connection.
+    pub fn unavailable(&self) -> RelayError {
+        let state = self.state();
+        let retry_after_ms = match state {
+            UpstreamState::BackingOff { until } => Some(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .try_into()
+                    .unwrap_or(u64::MAX),
+            ),
+            UpstreamState::Starting => Some(1000),
+            _ => None,
+        };
+        RelayError::Unavailable {
+            upstream: self.name.to_string(),
+            state: state.label().to_string(),
+            retry_after_ms,
+        }
+    }
+
+    /// The connection for a call. An eager instance that is not ready fails fast; an
+    /// on-demand instance is started and waited for, within `init_timeout`.
+    pub async fn connection_for_call(
+        &self,
+        on_demand: bool,
+        init_timeout: Duration,
+    ) -> Result<UpstreamConnection, RelayError> {
+        self.touch();
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        let startable = matches!(self.state(), UpstreamState::Idle | UpstreamState::Starting);
+        if !on_demand || !startable {
+            return Err(self.unavailable());
+        }
+        self.demand.notify_one();
+        let mut states = self.state.subscribe();
+        let waited = tokio::time::timeout(init_timeout, async {
+            loop {
+                match *states.borrow_and_update() {
+                    UpstreamState::Ready => {
+                        if let Some(connection) = self.live_connection() {
+                            return Ok(connection);
+                        }
+                    }
+                    UpstreamState::Idle | UpstreamState::Starting => {}
+                    _ => return Err(self.unavailable()),
+                }
+                if states.changed().await.is_err() {
+                    return Err(self.unavailable());
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| Err(self.unavailable()))
+    }
+}
+
+/// A configured upstream: its settings, its shared instance, per-session instances,
+/// and the limits and counters that outlive any one process.
+pub struct Upstream {
+    name: Arc<str>,
+    /// Which configuration of this name it is: a replacement has a higher one, so a
+    /// draining predecessor can never publish over its successor.
+    generation: u64,
+    /// Swapped in place by a reload that changes no process setting.
+    config: RwLock<Arc<UpstreamConfig>>,
+    pub shared: Arc<Instance>,
+    sessions: DashMap<u64, Arc<Instance>>,
+    /// Replaced when a reload changes the limits; calls already admitted keep theirs.
+    limiter: RwLock<Arc<Limiter>>,
+    pub stats: Arc<ConnectionStats>,
+    /// What the upstream last advertised in `initialize` (kept across restarts and on disk).
+    known_capabilities: RwLock<Value>,
+    /// For a 2026-07-28 upstream: the (upstream's own) resource URIs clients are
+    /// subscribed to, which its listen stream names.
+    pub listen_uris: watch::Sender<BTreeSet<String>>,
+    /// Cancelled when a removed or replaced upstream's drain time runs out: the calls
+    /// it still has end with -33007.
+    drained: CancellationToken,
+    pub(super) supervision: Arc<Supervision>,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig, generation: u64, supervision: Arc<Supervision>) -> Upstream {
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let initial = if !config.enabled {
+            UpstreamState::Disabled
+        } else if config.start == Start::Lazy || config.share == Share::Session {
+            UpstreamState::Idle
+        } else {
+            UpstreamState::Starting
+        };
+        let mut shared = Instance::new(name.clone(), initial, supervision.shutdown.child_token());
+        shared.stop_after_listing = config.share == Share::Session;
+        Upstream {
+            name,
+            generation,
+            limiter: RwLock::new(Arc::new(Limiter::new(
+                config.max_in_flight,
+                config.max_pending,
+            ))),
+            config: RwLock::new(Arc::new(config)),
+            shared: Arc::new(shared),
+            sessions: DashMap::new(),
+            stats: Arc::new(ConnectionStats::default()),
+            known_capabilities: RwLock::new(Value::Null),
+            listen_uris: watch::Sender::new(BTreeSet::new()),
+            drained: CancellationToken::new(),
+            supervision,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The settings in force now.
+    pub fn config(&self) -> Arc<UpstreamConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn limiter(&self) -> Arc<Limiter> {
+        self.limiter
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Applies settings that need no new process (see `config::UpstreamChange`).
+    pub fn update_in_place(&self, config: UpstreamConfig) {
+        let current = self.config();
+        if (current.max_in_flight, current.max_pending)
+            != (config.max_in_flight, config.max_pending)
+        {
+            *self.limiter.write().unwrap_or_else(PoisonError::into_inner) =
+                Arc::new(Limiter::new(config.max_in_flight, config.max_pending));
+        }
+        *self.config.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
+    }
+
+    /// Starts supervising the shared instance; `listing_known` says whether the
+    /// catalog already lists it (from disk), else an on-demand upstream runs once
+    /// to be listed.
+    pub fn start(self: &Arc<Self>, listing_known: bool) {
+        if !self.config().enabled {
+            tracing::info!(upstream = %self.name, "upstream disabled in config");
+            return;
+        }
+        if self.on_demand() && !listing_known {
+            self.shared.retry();
+        }
+        self.supervision
+            .tasks
+            .spawn(supervise(self.shared.clone(), self.clone()));
+    }
+
+    /// Stops every instance; the supervisors stop their processes.
+    pub fn stop(&self) {
+        // Per-session instances' tokens are children of the shared one's.
+        self.shared.stop.cancel();
+    }
+
+    /// Waits until no admitted call remains, up to `timeout`; then the calls left
+    /// end with -33007 and every instance stops.
+    pub async fn drain(&self, timeout: Duration) {
+        let limiter = self.limiter();
+        if tokio::time::timeout(timeout, limiter.idle()).await.is_err() {
+            tracing::warn!(upstream = %self.name, calls = limiter.in_flight(), "drain time ran out; ending the calls left");
+        }
+        self.drained.cancel();
+        self.stop();
+    }
+
+    /// Completes when the drain time of a removed or replaced upstream has run out.
+    pub async fn drained(&self) {
+        self.drained.cancelled().await
+    }
+
+    /// Whether `session` has a call in flight on any instance of this upstream.
+    pub fn has_call_from(&self, session: u64) -> bool {
+        self.shared.has_call_from(session)
+            || self
+                .sessions
+                .iter()
+                .any(|instance| instance.value().has_call_from(session))
+    }
+
+    /// Whether the shared instance speaks 2026-07-28 (per-request `_meta`, no session).
+    pub fn speaks_per_request(&self) -> bool {
+        self.shared.hello().is_some_and(|hello| hello.is_modern())
+    }
+
+    pub fn known_capabilities(&self) -> Value {
+        self.known_capabilities
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn remember_capabilities(&self, capabilities: Value) {
+        *self
+            .known_capabilities
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = capabilities;
+    }
+
+    /// Whether calls start the instance they need (instead of failing while it is down).
+    pub fn on_demand(&self) -> bool {
+        let config = self.config();
+        config.start == Start::Lazy || config.share == Share::Session
+    }
+
+    /// The instance serving `session`: the shared one, or that session's own.
+    pub fn instance_for(self: &Arc<Self>, session: u64) -> Arc<Instance> {
+        if self.config().share == Share::Shared {
+            return self.shared.clone();
+        }
+        self.sessions
+            .entry(session)
+            .or_insert_with(|| {
+                let mut instance = Instance::new(
+                    self.name.clone(),
+                    UpstreamState::Idle,
+                    self.shared.stop.child_token(),
+                );
+                instance.publishes_listing = false;
+                let instance = Arc::new(instance);
+                self.supervision
+                    .tasks
+                    .spawn(supervise(instance.clone(), self.clone()));
+                instance
+            })
+            .clone()
+    }
+
+    /// The instance a session already has of this per-session upstream.
+    pub fn existing_instance(&self, session: u64) -> Option<Arc<Instance>> {
+        self.sessions
+            .get(&session)
+            .map(|entry| entry.value().clone())
+    }
+
+    /// Stops the instance a session had of this upstream, if any.
+    pub fn end_session(&self, session: u64) {
+        if let Some((_, instance)) = self.sessions.remove(&session) {
+            instance.stop.cancel();
+        }
+    }
+
+    pub fn session_instances(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+/// The identity and capabilities plexus presents to upstreams.
+pub fn client_identity() -> ClientIdentity {
+    ClientIdentity {
+        name: "plexus".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        // What plexus can relay to clients that declare it in turn; requests for a
+        // capability the calling client lacks are refused with a clear error.
+        capabilities: json!({
+            "roots": {"listChanged": true},
+            "sampling": {"tools": {}},
+            "elicitation": {"form": {}, "url": {}},
+        }),
+    }
+}
