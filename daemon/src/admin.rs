@@ -1,27 +1,67 @@
-//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`.
+//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, and the
+//! mutating endpoints `POST /reload` and `POST /upstreams/<name>/restart`, which go
+//! through the control path.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde_json::{json, Map, Value};
 
+use crate::control::{ControlHandle, ReloadCause};
 use crate::hub::Hub;
-use crate::listener::Body;
+use crate::listener::{is_loopback_host, Body};
 use crate::upstreams::UpstreamState;
 
-pub async fn handle(hub: Arc<Hub>, request: Request<Incoming>) -> Response<Body> {
+/// What the admin listener serves with.
+pub struct Admin {
+    pub hub: Arc<Hub>,
+    pub control: ControlHandle,
+    /// A loopback listener accepts only loopback `Host`s (DNS rebinding).
+    pub loopback: bool,
+}
+
+pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
+    if let Err(refusal) = admin.check_host(request.headers()) {
+        return refusal;
+    }
     let path = request.uri().path();
     if request.method() == Method::POST {
+        // A web page can send a cross-origin POST; an operator's tools send no Origin.
+        if request.headers().contains_key(header::ORIGIN) {
+            return text(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "cross-origin requests may not change the daemon\n".into(),
+            );
+        }
+        if path == "/reload" {
+            return match admin.control.reload(ReloadCause::Admin).await {
+                Some(report) => {
+                    let status = if report.outcome == "rejected" {
+                        StatusCode::UNPROCESSABLE_ENTITY
+                    } else {
+                        StatusCode::OK
+                    };
+                    let body = serde_json::to_string(&report).unwrap_or_default();
+                    text(status, "application/json", body)
+                }
+                None => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "plexus is shutting down\n".into(),
+                ),
+            };
+        }
         // POST /upstreams/<name>/restart: start again now, even from `failed`.
         let name = path
             .strip_prefix("/upstreams/")
             .and_then(|rest| rest.strip_suffix("/restart"));
         return match name {
-            Some(name) if hub.retry(name) => text(
+            Some(name) if admin.control.restart(name).await => text(
                 StatusCode::ACCEPTED,
                 "application/json",
                 json!({"upstream": name, "restart": "requested"}).to_string(),
@@ -38,9 +78,10 @@ pub async fn handle(hub: Arc<Hub>, request: Request<Incoming>) -> Response<Body>
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "use GET, or POST /upstreams/<name>/restart\n".into(),
+            "use GET, POST /reload or POST /upstreams/<name>/restart\n".into(),
         );
     }
+    let hub = &admin.hub;
     match path {
         "/metrics" => {
             hub.refresh_metrics();
@@ -51,8 +92,34 @@ pub async fn handle(hub: Arc<Hub>, request: Request<Incoming>) -> Response<Body>
             )
         }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" => readiness(&hub),
+        "/readyz" => readiness(hub),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+impl Admin {
+    /// One `Host`, and on a loopback listener a loopback one.
+    fn check_host(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+        let mut hosts = headers.get_all(header::HOST).iter();
+        let host = hosts.next();
+        if hosts.next().is_some() {
+            return Err(text(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                "more than one Host header\n".into(),
+            ));
+        }
+        let loopback_host = host
+            .and_then(|host| host.to_str().ok())
+            .is_some_and(is_loopback_host);
+        if self.loopback && !loopback_host {
+            return Err(text(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "host not allowed\n".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

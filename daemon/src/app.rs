@@ -1,16 +1,19 @@
-//! `plexus serve`: builds the hub from a validated config, runs the fronts, and
-//! drains and stops everything on a shutdown signal.
+//! `plexus serve`: builds the hub, starts the configured upstreams through the
+//! control loop, runs the fronts, and on shutdown drains and stops everything.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, ConfigDiff};
+use crate::admin::Admin;
+use crate::config::{Config, DaemonSettings};
+use crate::control::{self, ControlHandle, ControlLoop};
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -38,37 +41,105 @@ pub enum ServeError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// Runs the daemon with the HTTP and admin listeners until `shutdown`.
-pub async fn serve_http(
-    config: Config,
-    shutdown: CancellationToken,
-    notifier: Option<Arc<Notifier>>,
-) -> Result<(), ServeError> {
-    let metrics = Arc::new(Metrics::new()?);
-    // Bind before starting anything, so a taken port fails fast and leaves nothing behind.
-    let mcp_listener = bind(config.daemon.listen).await?;
-    let admin_listener = bind(config.daemon.admin_listen).await?;
-    let mcp_address = local_address(&mcp_listener, config.daemon.listen);
-    let admin_address = local_address(&admin_listener, config.daemon.admin_listen);
-    write_runtime_file(&config.daemon.state_dir, mcp_address, admin_address)?;
+/// The configuration the daemon starts with, and where it came from.
+pub struct Loaded {
+    pub config: Config,
+    pub path: PathBuf,
+    pub sha256: String,
+    pub environment: fn(&str) -> Option<String>,
+}
 
-    let hub = Hub::new(&config, metrics);
-    hub.apply(
-        ConfigDiff::between(&BTreeMap::new(), &config.upstreams),
-        config.daemon.drain_timeout,
-    )
-    .await;
+/// What serving needs besides the fronts: the hub, the control loop that owns the
+/// config, and the tasks (signals, watcher) that feed it.
+struct Daemon {
+    hub: Arc<Hub>,
+    control: ControlHandle,
+    settings: watch::Receiver<DaemonSettings>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    /// Dropping it ends the watch.
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl Daemon {
+    async fn start(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<Daemon, ServeError> {
+        let metrics = Arc::new(Metrics::new()?);
+        let hub = Hub::new(&loaded.config, metrics);
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let (control, inbox) = control::channel();
+        let (settings, settings_receiver) = watch::channel(loaded.config.daemon.clone());
+        let watcher = control::watch_config(&loaded.path, control.clone(), shutdown.clone(), &tasks)
+            .map_err(|error| {
+                tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or `plexus reload`")
+            })
+            .ok();
+        let control_loop = ControlLoop {
+            path: loaded.path,
+            environment: loaded.environment,
+            current: loaded.config,
+            sha256: loaded.sha256,
+            hub: hub.clone(),
+            settings,
+            notifier,
+            shutdown: shutdown.clone(),
+        };
+        // The configured upstreams start before any client is served.
+        control_loop.start().await;
+        tasks.spawn(control_loop.run(inbox));
+        tasks.spawn(control::forward_signals(control.clone(), shutdown.clone()));
+        Ok(Daemon {
+            hub,
+            control,
+            settings: settings_receiver,
+            shutdown,
+            tasks,
+            _watcher: watcher,
+        })
+    }
+
+    fn drain_timeout(&self) -> impl Fn() -> Duration {
+        let settings = self.settings.clone();
+        move || settings.borrow().drain_timeout
+    }
+
+    /// Stops every upstream and waits for every task.
+    async fn stop(self) {
+        tracing::info!("stopping upstreams");
+        self.shutdown.cancel();
+        self.hub.shutdown().await;
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// Runs the daemon with the HTTP and admin listeners until a shutdown signal.
+pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(), ServeError> {
+    let daemon_settings = loaded.config.daemon.clone();
+    // Bind before starting anything, so a taken port fails fast and leaves nothing behind.
+    let mcp_listener = bind(daemon_settings.listen).await?;
+    let admin_listener = bind(daemon_settings.admin_listen).await?;
+    let mcp_address = local_address(&mcp_listener, daemon_settings.listen);
+    let admin_address = local_address(&admin_listener, daemon_settings.admin_listen);
+    write_runtime_file(&daemon_settings.state_dir, mcp_address, admin_address).await?;
+    let upstreams = loaded.config.upstreams.len();
+
+    let daemon = Daemon::start(loaded, notifier.clone()).await?;
+    let hub = daemon.hub.clone();
+    let shutdown = daemon.shutdown.clone();
     let front = HttpFront::new(
         hub.clone(),
         mcp_address,
-        config.daemon.session_idle_timeout,
+        daemon.settings.clone(),
         shutdown.clone(),
     );
-    tracing::info!(%mcp_address, %admin_address, upstreams = config.upstreams.len(), "plexus serving on http://{mcp_address}/mcp");
+    tracing::info!(%mcp_address, %admin_address, upstreams, "plexus serving on http://{mcp_address}/mcp");
     if let Some(notifier) = &notifier {
         // The listeners are bound and daemon.json is written: clients can connect.
         notifier.ready();
-        tokio::spawn(systemd::watchdog_loop(notifier.clone(), shutdown.clone()));
+        daemon
+            .tasks
+            .spawn(systemd::watchdog_loop(notifier.clone(), shutdown.clone()));
         let notifier = notifier.clone();
         hub.on_status(Box::new(move |configured, ready| {
             notifier.status(&systemd::upstream_status(configured, ready));
@@ -81,16 +152,20 @@ pub async fn serve_http(
             mcp_listener,
             move |request| front.clone().handle(request),
             shutdown.clone(),
-            config.daemon.drain_timeout,
+            daemon.drain_timeout(),
         ))
     };
     let admin_front = {
-        let hub = hub.clone();
+        let admin = Arc::new(Admin {
+            hub: hub.clone(),
+            control: daemon.control.clone(),
+            loopback: admin_address.ip().is_loopback(),
+        });
         tokio::spawn(listener::serve(
             admin_listener,
-            move |request| admin::handle(hub.clone(), request),
+            move |request| admin::handle(admin.clone(), request),
             shutdown.clone(),
-            Duration::from_secs(1),
+            || Duration::from_secs(1),
         ))
     };
     shutdown.cancelled().await;
@@ -101,36 +176,29 @@ pub async fn serve_http(
     let _ = mcp_front.await;
     front.close_all();
     let _ = admin_front.await;
-    tracing::info!("stopping upstreams");
-    hub.shutdown().await;
-    let _ = std::fs::remove_file(config.daemon.state_dir.join(RUNTIME_FILE));
+    let state_dir = daemon_settings.state_dir;
+    daemon.stop().await;
+    let _ = tokio::fs::remove_file(state_dir.join(RUNTIME_FILE)).await;
     tracing::info!("plexus stopped");
     Ok(())
 }
 
-/// Runs the daemon for one client on stdin/stdout, until its input ends or `shutdown`.
-pub async fn serve_stdio(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
-    let metrics = Arc::new(Metrics::new()?);
-    let hub = Hub::new(&config, metrics);
-    hub.apply(
-        ConfigDiff::between(&BTreeMap::new(), &config.upstreams),
-        config.daemon.drain_timeout,
-    )
-    .await;
-    tracing::info!(
-        upstreams = config.upstreams.len(),
-        "plexus serving one client on stdio"
-    );
+/// Runs the daemon for one client on stdin/stdout, until its input ends or a
+/// shutdown signal.
+pub async fn serve_stdio(loaded: Loaded) -> Result<(), ServeError> {
+    let upstreams = loaded.config.upstreams.len();
+    let daemon = Daemon::start(loaded, None).await?;
+    tracing::info!(upstreams, "plexus serving one client on stdio");
     stdio_front::serve(
-        hub.clone(),
+        daemon.hub.clone(),
         tokio::io::stdin(),
         tokio::io::stdout(),
-        shutdown,
-        config.daemon.drain_timeout,
+        daemon.shutdown.clone(),
+        daemon.drain_timeout(),
     )
     .await;
     tracing::info!("stdio client gone; stopping upstreams");
-    hub.shutdown().await;
+    daemon.stop().await;
     Ok(())
 }
 
@@ -144,9 +212,9 @@ fn local_address(listener: &TcpListener, configured: SocketAddr) -> SocketAddr {
     listener.local_addr().unwrap_or(configured)
 }
 
-/// Writes `{pid, listen, admin_listen}` atomically, so `plexus connect` and tests
-/// find a daemon bound to port 0.
-fn write_runtime_file(
+/// Writes `{pid, listen, admin_listen}` atomically, so `plexus connect`, `plexus
+/// reload` and tests find a daemon bound to port 0.
+async fn write_runtime_file(
     state_dir: &Path,
     listen: SocketAddr,
     admin: SocketAddr,
@@ -158,6 +226,9 @@ fn write_runtime_file(
         "admin_listen": admin.to_string(),
         "url": format!("http://{listen}/mcp"),
     });
-    crate::catalog_host::write_atomically(&path, &body)
+    let target = path.clone();
+    tokio::task::spawn_blocking(move || crate::catalog_host::write_atomically(&target, &body))
+        .await
+        .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())))
         .map_err(|source| ServeError::StateDir { path, source })
 }

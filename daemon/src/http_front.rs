@@ -13,13 +13,14 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::DaemonSettings;
 use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
-use crate::listener::Body;
+use crate::listener::{is_loopback_host, Body};
 use crate::session::{CloseOnDrop, Handled, Session};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -74,7 +75,7 @@ impl HttpFront {
     pub fn new(
         hub: Arc<Hub>,
         listen: SocketAddr,
-        session_idle_timeout: Duration,
+        settings: watch::Receiver<DaemonSettings>,
         shutdown: CancellationToken,
     ) -> Arc<HttpFront> {
         let front = Arc::new(HttpFront {
@@ -84,10 +85,9 @@ impl HttpFront {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown,
         });
-        tokio::spawn(expire_idle_sessions(
-            Arc::downgrade(&front),
-            session_idle_timeout,
-        ));
+        front
+            .hub
+            .spawn(expire_idle_sessions(Arc::downgrade(&front), settings));
         front
     }
 
@@ -604,14 +604,22 @@ fn sse_event(message: &Value) -> Bytes {
 
 /// Ends sessions whose clients went away without a DELETE, so their per-session
 /// upstreams do not run forever.
-async fn expire_idle_sessions(front: std::sync::Weak<HttpFront>, timeout: Duration) {
-    let period = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+async fn expire_idle_sessions(
+    front: std::sync::Weak<HttpFront>,
+    settings: watch::Receiver<DaemonSettings>,
+) {
+    let Some(shutdown) = front.upgrade().map(|front| front.shutdown.clone()) else {
+        return;
+    };
     loop {
-        tokio::time::sleep(period).await;
-        let Some(front) = front.upgrade() else { return };
-        if front.shutdown.is_cancelled() {
-            return;
+        // Read each round: a reload may change it.
+        let timeout = settings.borrow().session_idle_timeout;
+        let period = (timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.cancelled() => return,
         }
+        let Some(front) = front.upgrade() else { return };
         let idle: Vec<String> = front
             .sessions
             .iter()
@@ -665,23 +673,6 @@ impl Rejection {
 fn new_session_id() -> String {
     let bits: u128 = rand::random();
     format!("{bits:032x}")
-}
-
-/// `localhost`, `127.0.0.1` or `[::1]`, with an optional port.
-fn is_loopback_host(host: &str) -> bool {
-    let host = host.trim_end_matches('/');
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        host.rsplit_once(':').map_or(host, |(name, port)| {
-            if port.bytes().all(|b| b.is_ascii_digit()) {
-                name
-            } else {
-                host
-            }
-        })
-    };
-    matches!(name, "localhost" | "127.0.0.1" | "::1")
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<Body> {

@@ -17,12 +17,13 @@ use tokio_util::sync::CancellationToken;
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Serves `handler` on every accepted connection until `shutdown`, then waits up
-/// to `drain` for open connections to finish their current exchange.
+/// to `drain()` (read then: a reload may have changed it) for open connections to
+/// finish their current exchange.
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
     shutdown: CancellationToken,
-    drain: Duration,
+    drain: impl Fn() -> Duration,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -60,6 +61,7 @@ pub async fn serve<H, F>(
         });
     }
     drop(listener);
+    let drain = drain();
     if tokio::time::timeout(drain, graceful.shutdown())
         .await
         .is_err()
@@ -69,4 +71,22 @@ pub async fn serve<H, F>(
             "HTTP connections still open after the drain deadline"
         );
     }
+}
+
+/// `localhost`, `127.0.0.1` or `[::1]`, with an optional port: the Host and Origin
+/// a browser page cannot forge for a loopback listener (DNS rebinding).
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_end_matches('/');
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        })
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1")
 }

@@ -6,6 +6,7 @@ mod app;
 mod bridge;
 mod catalog_host;
 mod config;
+mod control;
 mod era;
 mod fanout;
 mod http_front;
@@ -14,6 +15,7 @@ mod jsonrpc;
 mod listener;
 mod logging;
 mod metrics;
+mod reload_command;
 mod session;
 mod stdio_front;
 mod systemd;
@@ -25,11 +27,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use tokio::signal::unix::{signal, SignalKind};
-use tokio_util::sync::CancellationToken;
 
 /// EX_USAGE: the configuration is wrong.
 const EXIT_BAD_CONFIG: u8 = 64;
+/// EX_UNAVAILABLE: no daemon answered.
+const EXIT_UNAVAILABLE: u8 = 69;
 
 #[derive(Parser)]
 #[command(
@@ -58,12 +60,21 @@ enum Command {
         #[arg(long, short, default_value = "config.toml")]
         config: PathBuf,
     },
+    /// Ask the running daemon to reload its configuration; prints the outcome as
+    /// JSON (exit 0 when applied, 1 when rejected or partial, 69 when no daemon answers).
+    Reload {
+        /// The configuration file the daemon runs (it names the admin listener).
+        #[arg(long, short, default_value = "config.toml")]
+        config: PathBuf,
+        /// The admin listener, when the file cannot tell.
+        #[arg(long)]
+        admin: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let environment = |key: &str| std::env::var(key).ok();
     match cli.command {
         Command::CheckConfig { config } => match config::load(&config, &environment) {
             Ok(loaded) => {
@@ -81,33 +92,31 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
+        Command::Reload { config, admin } => reload(&config, admin.as_deref()),
         Command::Serve { config, stdio } => {
-            let loaded = match config::load(&config, &environment) {
+            let (loaded, sha256) = match config::read(&config, &environment) {
                 Ok(loaded) => loaded,
                 Err(error) => {
                     tracing::error!("{error}");
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(error) => {
-                    tracing::error!(%error, "cannot start the async runtime");
-                    return ExitCode::FAILURE;
-                }
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
             };
             // Read before the runtime starts; None unless systemd started us (Type=notify).
             let notifier = systemd::Notifier::from_environment(&environment).map(Arc::new);
+            let loaded = app::Loaded {
+                config: loaded,
+                path: config,
+                sha256,
+                environment,
+            };
             let outcome = runtime.block_on(async move {
-                let shutdown = CancellationToken::new();
-                tokio::spawn(shutdown_on_signal(shutdown.clone()));
                 if stdio {
-                    app::serve_stdio(loaded, shutdown).await
+                    app::serve_stdio(loaded).await
                 } else {
-                    app::serve_http(loaded, shutdown, notifier).await
+                    app::serve_http(loaded, notifier).await
                 }
             });
             match outcome {
@@ -121,6 +130,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// The process environment, as config expansion reads it.
+fn environment(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime),
+        Err(error) => {
+            tracing::error!(%error, "cannot start the async runtime");
+            None
+        }
+    }
+}
+
+/// `plexus reload`: the daemon's JSON answer on stdout.
+fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(reload_command::reload(config, admin, &environment)) {
+        Ok((status, body)) => {
+            println!("{}", body.trim_end());
+            let applied = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|answer| answer.get("outcome")?.as_str().map(|o| o == "applied"))
+                .unwrap_or(false);
+            if status == 200 && applied {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_UNAVAILABLE)
+        }
+    }
+}
+
 /// Logs go to stderr: in stdio mode stdout is the protocol.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PLEXUS_LOG")
@@ -130,28 +182,4 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-}
-
-async fn shutdown_on_signal(shutdown: CancellationToken) {
-    let (Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM received"),
-            _ = interrupt.recv() => tracing::info!("SIGINT received"),
-            _ = hangup.recv() => {
-                // Without a handler SIGHUP would kill the daemon; reloading is not built yet.
-                tracing::warn!("SIGHUP received: configuration reload is not supported yet; keeping the running config");
-                continue;
-            }
-        }
-        break;
-    }
-    shutdown.cancel();
 }

@@ -27,7 +27,7 @@ pub async fn serve<R, W>(
     input: R,
     output: W,
     shutdown: CancellationToken,
-    drain: std::time::Duration,
+    drain: impl Fn() -> std::time::Duration,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -117,7 +117,10 @@ pub async fn serve<R, W>(
         }
     }
     requests.close();
-    if tokio::time::timeout(drain, requests.wait()).await.is_err() {
+    if tokio::time::timeout(drain(), requests.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("requests still running after the drain deadline; cancelling them");
     }
     session.close();

@@ -74,13 +74,6 @@ impl ConfigDiff {
             .collect();
         diff
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty()
-            && self.removed.is_empty()
-            && self.restarted.is_empty()
-            && self.updated.is_empty()
-    }
 }
 
 /// The daemon keys whose change waits for a restart: the listeners are bound and
@@ -160,7 +153,10 @@ mod tests {
         assert_eq!(names(&diff.updated), ["beta"]);
         assert_eq!(names(&diff.added), ["epsilon"]);
         assert_eq!(diff.removed, ["delta"]);
-        assert!(ConfigDiff::between(&old.upstreams, &old.upstreams).is_empty());
+        assert_eq!(
+            ConfigDiff::between(&old.upstreams, &old.upstreams),
+            ConfigDiff::default()
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use adapters::{HttpEndpoint, LaunchSpec};
 use serde::Deserialize;
 
 pub use diff::{daemon_keys_needing_restart, ConfigDiff};
-pub use validate::parse;
+pub use validate::{default_state_dir, parse};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7464";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7465";
@@ -180,6 +180,8 @@ pub enum ConfigError {
     Invalid {
         path: PathBuf,
         issues: Vec<ConfigIssue>,
+        /// Of the file as read, so a watcher need not reject the same bytes twice.
+        sha256: String,
     },
 }
 
@@ -197,9 +199,30 @@ pub fn load(
     path: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    read(path, environment).map(|(config, _)| config)
+}
+
+/// Like [`load`], and also the SHA-256 (hex) of the file's bytes, which names the
+/// version of the file in force.
+pub fn read(
+    path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Config, String), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
+    })?;
+    let sha256 = hex_sha256(&bytes);
+    let invalid = |issues| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        issues,
+        sha256: sha256.clone(),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| {
+        invalid(vec![ConfigIssue {
+            key: "(file)".into(),
+            message: "not valid UTF-8".into(),
+        }])
     })?;
     // Relative paths in the file are relative to the file, wherever plexus runs from.
     let parent = path
@@ -207,8 +230,14 @@ pub fn load(
         .filter(|parent| !parent.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let base = std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf());
-    parse(&text, &base, environment).map_err(|issues| ConfigError::Invalid {
-        path: path.to_path_buf(),
-        issues,
-    })
+    let config = parse(&text, &base, environment).map_err(invalid)?;
+    Ok((config, sha256))
+}
+
+pub fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }

@@ -24,10 +24,14 @@ pub fn parse(
         message,
     };
     let mut document: toml::Table = toml::from_str(text).map_err(|error| {
-        vec![issue(
-            "(file)",
-            format!("not valid TOML: {}", error.message()),
-        )]
+        let line = error
+            .span()
+            .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+        let at = line
+            .map(|line| format!(" at line {line}"))
+            .unwrap_or_default();
+        let reason = error.message().replace('\n', " ");
+        vec![issue("(file)", format!("not valid TOML{at}: {reason}"))]
     })?;
 
     // Sections are deserialized one by one so that one bad upstream does not hide another's errors.

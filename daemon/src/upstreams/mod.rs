@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use instance::{client_identity, Caller, Instance, Upstream, UpstreamState};
+pub use instance::{Caller, Instance, Upstream, UpstreamState};
 pub use supervise::empty_listing;
 
 use crate::config::{ConfigDiff, UpstreamConfig};
@@ -142,7 +142,7 @@ impl UpstreamSet {
     pub async fn apply(
         &self,
         diff: ConfigDiff,
-        hooks: &dyn SetHooks,
+        hooks: &(dyn SetHooks + Sync),
         drain_timeout: Duration,
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
@@ -204,7 +204,7 @@ impl UpstreamSet {
     async fn replace(
         &self,
         config: UpstreamConfig,
-        hooks: &dyn SetHooks,
+        hooks: &(dyn SetHooks + Sync),
         drain_timeout: Duration,
     ) -> Result<String, (String, String)> {
         let name = config.name.clone();

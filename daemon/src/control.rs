@@ -1,0 +1,473 @@
+//! The control path. Every input that changes what the daemon runs (SIGTERM and
+//! SIGINT, SIGHUP, the config file watcher, the admin listener and through it
+//! `plexus reload`) is one [`Control`] on one channel, handled by one loop that
+//! owns the current [`Config`]. Reloads that arrive while one runs coalesce into
+//! one more.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, daemon_keys_needing_restart, Config, ConfigDiff, DaemonSettings};
+use crate::hub::Hub;
+use crate::systemd::{self, Notifier};
+
+/// What the control loop is asked to do.
+pub enum Control {
+    Shutdown {
+        cause: &'static str,
+    },
+    Reload {
+        cause: ReloadCause,
+        reply: Option<oneshot::Sender<ReloadReport>>,
+    },
+    /// Start an upstream again now (even from `failed`); the reply says whether it exists.
+    Restart {
+        upstream: String,
+        reply: oneshot::Sender<bool>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadCause {
+    Signal,
+    FileChanged,
+    Admin,
+}
+
+impl ReloadCause {
+    fn label(self) -> &'static str {
+        match self {
+            ReloadCause::Signal => "SIGHUP",
+            ReloadCause::FileChanged => "the file changed",
+            ReloadCause::Admin => "POST /reload",
+        }
+    }
+}
+
+/// What a reload did, as `POST /reload` and `plexus reload` show it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReloadReport {
+    /// `applied`, `partial` (an upstream's new configuration could not start and
+    /// its old instance serves on) or `rejected` (nothing changed).
+    pub outcome: &'static str,
+    pub config: PathBuf,
+    pub sha256: String,
+    pub errors: Vec<String>,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub restarted: Vec<String>,
+    pub updated: Vec<String>,
+    pub failed: Vec<FailedUpstream>,
+    pub needs_restart: Vec<&'static str>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailedUpstream {
+    pub upstream: String,
+    pub error: String,
+}
+
+/// Sends [`Control`]s to the loop.
+#[derive(Clone)]
+pub struct ControlHandle(mpsc::Sender<Control>);
+
+impl ControlHandle {
+    /// Reloads and waits for the outcome; None if the daemon is stopping.
+    pub async fn reload(&self, cause: ReloadCause) -> Option<ReloadReport> {
+        let (reply, answer) = oneshot::channel();
+        let reply = Some(reply);
+        self.0.send(Control::Reload { cause, reply }).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// Asks for a reload without waiting for it.
+    pub fn request_reload(&self, cause: ReloadCause) {
+        let _ = self.0.try_send(Control::Reload { cause, reply: None });
+    }
+
+    pub async fn restart(&self, upstream: &str) -> bool {
+        let (reply, answer) = oneshot::channel();
+        let upstream = upstream.to_string();
+        if self
+            .0
+            .send(Control::Restart { upstream, reply })
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
+
+    pub async fn shutdown(&self, cause: &'static str) {
+        let _ = self.0.send(Control::Shutdown { cause }).await;
+    }
+}
+
+/// How many control inputs may wait; more SIGHUPs than this coalesce anyway.
+const INBOX: usize = 64;
+
+pub fn channel() -> (ControlHandle, mpsc::Receiver<Control>) {
+    let (sender, receiver) = mpsc::channel(INBOX);
+    (ControlHandle(sender), receiver)
+}
+
+/// The loop that owns the current configuration.
+pub struct ControlLoop {
+    pub path: PathBuf,
+    pub environment: fn(&str) -> Option<String>,
+    pub current: Config,
+    pub sha256: String,
+    pub hub: Arc<Hub>,
+    /// The daemon settings in force, for the fronts that read them live.
+    pub settings: watch::Sender<DaemonSettings>,
+    pub notifier: Option<Arc<Notifier>>,
+    pub shutdown: CancellationToken,
+}
+
+impl ControlLoop {
+    /// Starts the configured upstreams: the diff from nothing.
+    pub async fn start(&self) {
+        let startup = ConfigDiff::between(&BTreeMap::new(), &self.current.upstreams);
+        self.hub
+            .apply(startup, self.current.daemon.drain_timeout)
+            .await;
+        let metrics = self.hub.metrics();
+        metrics.config_loaded(&self.sha256);
+        metrics.config_last_reload_timestamp.set(unix_now());
+        metrics.config_last_reload_successful.set(1);
+    }
+
+    /// Serves control inputs until shutdown.
+    pub async fn run(mut self, mut inbox: mpsc::Receiver<Control>) {
+        let mut last_read = self.sha256.clone();
+        let mut queued: Option<(ReloadCause, Vec<oneshot::Sender<ReloadReport>>)> = None;
+        loop {
+            let (cause, replies) = match queued.take() {
+                Some(queued) => queued,
+                None => {
+                    let message = tokio::select! {
+                        message = inbox.recv() => message,
+                        _ = self.shutdown.cancelled() => return,
+                    };
+                    match message {
+                        None => return self.stop("the control channel closed"),
+                        Some(Control::Shutdown { cause }) => return self.stop(cause),
+                        Some(Control::Restart { upstream, reply }) => {
+                            let _ = reply.send(self.hub.retry(&upstream));
+                            continue;
+                        }
+                        Some(Control::Reload { cause, reply }) => {
+                            (cause, reply.into_iter().collect())
+                        }
+                    }
+                }
+            };
+            let hub = self.hub.clone();
+            let shutdown = self.shutdown.clone();
+            let mut more: Option<(ReloadCause, Vec<oneshot::Sender<ReloadReport>>)> = None;
+            let report = {
+                let reload = self.reload(cause, &mut last_read);
+                tokio::pin!(reload);
+                loop {
+                    tokio::select! {
+                        report = &mut reload => break report,
+                        _ = shutdown.cancelled() => return,
+                        message = inbox.recv() => match message {
+                            Some(Control::Reload { cause, reply }) => {
+                                let entry = more.get_or_insert_with(|| (cause, Vec::new()));
+                                // A request that waits for an answer must not be skipped
+                                // as an unchanged file.
+                                if cause != ReloadCause::FileChanged {
+                                    entry.0 = cause;
+                                }
+                                entry.1.extend(reply);
+                            }
+                            Some(Control::Restart { upstream, reply }) => {
+                                let _ = reply.send(hub.retry(&upstream));
+                            }
+                            Some(Control::Shutdown { cause }) => {
+                                tracing::info!("{cause}: shutting down");
+                                shutdown.cancel();
+                                return;
+                            }
+                            None => {
+                                shutdown.cancel();
+                                return;
+                            }
+                        },
+                    }
+                }
+            };
+            if let Some(report) = report {
+                for reply in replies {
+                    let _ = reply.send(report.clone());
+                }
+            }
+            queued = more;
+        }
+    }
+
+    fn stop(&self, cause: &str) {
+        tracing::info!("{cause}: shutting down");
+        self.shutdown.cancel();
+    }
+
+    /// Reads, validates and applies the file; None when the watcher saw no new bytes.
+    async fn reload(&mut self, cause: ReloadCause, last_read: &mut String) -> Option<ReloadReport> {
+        let path = self.path.clone();
+        let environment = self.environment;
+        let read = tokio::task::spawn_blocking(move || config::read(&path, &environment))
+            .await
+            .unwrap_or_else(|error| {
+                Err(config::ConfigError::Read {
+                    path: self.path.clone(),
+                    source: std::io::Error::other(error.to_string()),
+                })
+            });
+        let sha256 = match &read {
+            Ok((_, sha256)) | Err(config::ConfigError::Invalid { sha256, .. }) => sha256.clone(),
+            Err(config::ConfigError::Read { .. }) => String::new(),
+        };
+        // The watcher hears every change in the directory; only new bytes matter.
+        if cause == ReloadCause::FileChanged && (sha256.is_empty() || sha256 == *last_read) {
+            return None;
+        }
+        last_read.clone_from(&sha256);
+        if let Some(notifier) = &self.notifier {
+            notifier.reloading();
+        }
+        tracing::info!(cause = cause.label(), config = %self.path.display(), "reloading the configuration");
+        let report = match read {
+            Ok((config, sha256)) => self.apply(config, sha256).await,
+            Err(error) => {
+                tracing::error!("configuration rejected, the running one stays: {error}");
+                let errors = match &error {
+                    config::ConfigError::Invalid { issues, .. } => {
+                        issues.iter().map(ToString::to_string).collect()
+                    }
+                    config::ConfigError::Read { .. } => vec![format!("(file): {error}")],
+                };
+                self.report("rejected", sha256, errors)
+            }
+        };
+        self.hub
+            .metrics()
+            .reload_finished(report.outcome, unix_now());
+        if let Some(notifier) = &self.notifier {
+            notifier.ready();
+            notifier.status(&reload_status(&report, &self.hub));
+        }
+        Some(report)
+    }
+
+    async fn apply(&mut self, mut config: Config, sha256: String) -> ReloadReport {
+        let needs_restart = daemon_keys_needing_restart(&self.current.daemon, &config.daemon);
+        for key in &needs_restart {
+            tracing::warn!(
+                key,
+                "this setting changes only when plexus restarts; the running value stays"
+            );
+        }
+        // What cannot change live keeps its running value.
+        config.daemon.listen = self.current.daemon.listen;
+        config.daemon.admin_listen = self.current.daemon.admin_listen;
+        config.daemon.state_dir = self.current.daemon.state_dir.clone();
+
+        let diff = ConfigDiff::between(&self.current.upstreams, &config.upstreams);
+        let applied = self.hub.apply(diff, config.daemon.drain_timeout).await;
+        self.hub.apply_daemon_settings(&config.daemon);
+        self.settings.send_replace(config.daemon.clone());
+        // An upstream whose new configuration could not start runs its old one, so the
+        // next reload tries again.
+        for (name, _) in &applied.failed {
+            if let Some(old) = self.current.upstreams.get(name) {
+                config.upstreams.insert(name.clone(), old.clone());
+            }
+        }
+        self.current = config;
+        self.sha256.clone_from(&sha256);
+        self.hub.metrics().config_loaded(&sha256);
+
+        let outcome = if applied.failed.is_empty() {
+            "applied"
+        } else {
+            "partial"
+        };
+        tracing::info!(
+            outcome,
+            added = ?applied.added,
+            removed = ?applied.removed,
+            restarted = ?applied.restarted,
+            updated = ?applied.updated,
+            failed = applied.failed.len(),
+            "configuration reloaded"
+        );
+        let mut report = self.report(outcome, sha256, Vec::new());
+        report.added = applied.added;
+        report.removed = applied.removed;
+        report.restarted = applied.restarted;
+        report.updated = applied.updated;
+        report.failed = applied
+            .failed
+            .into_iter()
+            .map(|(upstream, error)| FailedUpstream { upstream, error })
+            .collect();
+        report.needs_restart = needs_restart;
+        report
+    }
+
+    fn report(&self, outcome: &'static str, sha256: String, errors: Vec<String>) -> ReloadReport {
+        ReloadReport {
+            outcome,
+            config: self.path.clone(),
+            sha256,
+            errors,
+            added: Vec::new(),
+            removed: Vec::new(),
+            restarted: Vec::new(),
+            updated: Vec::new(),
+            failed: Vec::new(),
+            needs_restart: Vec::new(),
+        }
+    }
+}
+
+/// systemd's STATUS line after a reload.
+fn reload_status(report: &ReloadReport, hub: &Hub) -> String {
+    let states = hub.states();
+    let ready = states
+        .iter()
+        .filter(|(_, state)| *state == crate::upstreams::UpstreamState::Ready)
+        .count();
+    let upstreams = systemd::upstream_status(states.len(), ready);
+    match report.outcome {
+        "rejected" => format!("configuration rejected, running the previous one; {upstreams}"),
+        outcome => format!("configuration reloaded ({outcome}); {upstreams}"),
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// SIGTERM and SIGINT shut down; SIGHUP reloads.
+pub async fn forward_signals(control: ControlHandle, shutdown: CancellationToken) {
+    let (Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = terminate.recv() => return control.shutdown("SIGTERM received").await,
+            _ = interrupt.recv() => return control.shutdown("SIGINT received").await,
+            _ = hangup.recv() => control.request_reload(ReloadCause::Signal),
+        }
+    }
+}
+
+/// How long the directory must stay quiet before a change is read: editors write
+/// a file in several steps.
+pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Watches the config file's directory (editors and ConfigMaps replace the file
+/// rather than write it) and asks for a reload once changes settle. The returned
+/// watcher must be kept: dropping it stops the watch.
+pub fn watch_config(
+    path: &Path,
+    control: ControlHandle,
+    shutdown: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let directory = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let (changes, quiet) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match event {
+            // Reads (inotify's open and close) change nothing.
+            Ok(event) if event.kind.is_access() => {}
+            Ok(_) => {
+                let _ = changes.send(());
+            }
+            Err(error) => tracing::warn!(%error, "the config watcher reported an error"),
+        }
+    })?;
+    watcher.watch(&directory, notify::RecursiveMode::NonRecursive)?;
+    tracing::info!(directory = %directory.display(), "watching the configuration for changes");
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = debounce(quiet, WATCH_DEBOUNCE, || control.request_reload(ReloadCause::FileChanged)) => {}
+            _ = shutdown.cancelled() => {}
+        }
+    });
+    Ok(watcher)
+}
+
+/// Calls `settled` once events stop arriving for `quiet`, for every burst.
+async fn debounce(
+    mut events: mpsc::UnboundedReceiver<()>,
+    quiet: Duration,
+    mut settled: impl FnMut(),
+) {
+    while events.recv().await.is_some() {
+        loop {
+            match tokio::time::timeout(quiet, events.recv()).await {
+                Ok(Some(())) => continue,
+                Ok(None) => return settled(),
+                Err(_) => break,
+            }
+        }
+        settled();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_changes_is_one_reload_after_a_quiet_spell() {
+        let (changes, quiet) = mpsc::unbounded_channel();
+        let fired = Arc::new(AtomicUsize::new(0));
+        let counter = fired.clone();
+        let task = tokio::spawn(debounce(quiet, WATCH_DEBOUNCE, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        // An editor's save: several events within a few milliseconds.
+        for _ in 0..5 {
+            changes.send(()).ok();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(fired.load(Ordering::SeqCst), 0, "still settling");
+        tokio::time::sleep(WATCH_DEBOUNCE + Duration::from_millis(10)).await;
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        // A later, separate change is a second reload.
+        changes.send(()).ok();
+        tokio::time::sleep(WATCH_DEBOUNCE * 2).await;
+        assert_eq!(fired.load(Ordering::SeqCst), 2);
+        drop(changes);
+        task.await.ok();
+        assert_eq!(fired.load(Ordering::SeqCst), 2);
+    }
+}

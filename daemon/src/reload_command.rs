@@ -1,0 +1,130 @@
+//! `plexus reload`: asks the running daemon (found through the admin listener the
+//! config file names, or the `daemon.json` in its state directory) to reload, and
+//! prints the outcome.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+use crate::app::RUNTIME_FILE;
+use crate::config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadCommandError {
+    #[error("cannot find the daemon's admin listener: {0}")]
+    NoAddress(String),
+    #[error("cannot reach the daemon at {address}: {reason}")]
+    Unreachable { address: String, reason: String },
+}
+
+/// How long the daemon may take to answer: a changed upstream is warmed first.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// POSTs `/reload` and returns the daemon's HTTP status and JSON answer.
+pub async fn reload(
+    config_path: &Path,
+    admin: Option<&str>,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<(u16, String), ReloadCommandError> {
+    let address = match admin {
+        Some(address) => address.to_string(),
+        None => admin_address(config_path, environment)?,
+    };
+    let unreachable = |reason: String| ReloadCommandError::Unreachable {
+        address: address.clone(),
+        reason,
+    };
+    let stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .map_err(|error| unreachable(error.to_string()))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|error| unreachable(error.to_string()))?;
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/reload")
+        .header(http::header::HOST, &address)
+        .body(Empty::<Bytes>::new())
+        .map_err(|error| unreachable(error.to_string()))?;
+    let exchange = async {
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, hyper::Error>((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, exchange)
+        .await
+        .map_err(|_| unreachable("no answer in time".into()))?
+        .map_err(|error| unreachable(error.to_string()))
+}
+
+/// The admin address: `[daemon] admin_listen` unless it is absent or port 0 (then
+/// the running daemon's `daemon.json`). The file is read leniently: the point of
+/// a reload may be to report that the file is broken.
+fn admin_address(
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, ReloadCommandError> {
+    let text = std::fs::read_to_string(config_path).map_err(|error| {
+        ReloadCommandError::NoAddress(format!("cannot read {}: {error}", config_path.display()))
+    })?;
+    let admin_listen = daemon_key(&text, "admin_listen")
+        .unwrap_or_else(|| config::DEFAULT_ADMIN_LISTEN.to_string());
+    if let Ok(address) = admin_listen.parse::<SocketAddr>() {
+        if address.port() != 0 {
+            return Ok(address.to_string());
+        }
+    }
+    let base = config_path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let state_dir = match daemon_key(&text, "state_dir") {
+        Some(dir) => base.join(PathBuf::from(dir)),
+        None => config::default_state_dir(environment),
+    };
+    let runtime = state_dir.join(RUNTIME_FILE);
+    let body = std::fs::read_to_string(&runtime).map_err(|error| {
+        ReloadCommandError::NoAddress(format!(
+            "{} names no fixed admin port and {} cannot be read ({error}); is the daemon running?",
+            config_path.display(),
+            runtime.display()
+        ))
+    })?;
+    serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|value| value.get("admin_listen")?.as_str().map(str::to_string))
+        .ok_or_else(|| {
+            ReloadCommandError::NoAddress(format!("{} has no admin_listen", runtime.display()))
+        })
+}
+
+/// A string key of `[daemon]`: from the parsed TOML, or, when the file does not
+/// parse, from a line of the form `key = "value"`.
+fn daemon_key(text: &str, key: &str) -> Option<String> {
+    match toml::from_str::<toml::Table>(text) {
+        Ok(table) => table.get("daemon")?.get(key)?.as_str().map(str::to_string),
+        Err(_) => text.lines().find_map(|line| {
+            let (name, value) = line.split_once('=')?;
+            (name.trim() == key).then(|| value.trim().trim_matches('"').to_string())
+        }),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_keys_are_found_in_good_and_broken_files() {
+        let good = "[daemon]\nadmin_listen = \"127.0.0.1:9\"\n";
+        assert_eq!(daemon_key(good, "admin_listen").unwrap(), "127.0.0.1:9");
+        let broken = "[daemon]\nadmin_listen = \"127.0.0.1:9\"\n[upstreams.a\n";
+        assert_eq!(daemon_key(broken, "admin_listen").unwrap(), "127.0.0.1:9");
+        assert_eq!(daemon_key(good, "state_dir"), None);
+    }
+}
