@@ -8,14 +8,41 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use adapters::{Reply, UpstreamConnection};
 use dashmap::DashMap;
-use registry::Route;
+use registry::{Catalog, Route};
 use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, watch};
+use tokio_util::task::TaskTracker;
 
-use crate::hub::Hub;
+use crate::catalog_host::CatalogHost;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
-use crate::session::Session;
-use crate::upstreams::{Caller, Instance, Upstream};
+use crate::progress::ProgressRoutes;
+use crate::tasks::TaskRoutes;
+use crate::upstreams::{Caller, Instance, Upstream, UpstreamSet};
+
+/// What the fan-out needs of a downstream session (implemented by `Session`).
+pub trait Client: Send + Sync {
+    fn id(&self) -> u64;
+    /// The scope of one 2026-07-28 request rather than a connected client.
+    fn is_scope(&self) -> bool;
+    fn log_level(&self) -> Option<LogLevel>;
+    fn has_capability(&self, path: &[&str]) -> bool;
+    fn is_subscribed(&self, uri: &str) -> bool;
+    /// A message of plexus's own for the client (logs, updates, list changes).
+    fn notify(&self, message: Value);
+    fn outbound(&self) -> &mpsc::Sender<Value>;
+    /// Sends an upstream's request to the client on `sink`; false if it cannot take it.
+    fn forward_to_client(
+        &self,
+        sink: &mpsc::Sender<Value>,
+        connection: UpstreamConnection,
+        upstream_id: Value,
+        method: &str,
+        params: Option<Value>,
+    ) -> bool;
+    /// An upstream withdrew one of its requests.
+    fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value);
+}
 
 /// A request an upstream sent, as plexus routes it.
 struct UpstreamRequest<'a> {
@@ -27,10 +54,18 @@ struct UpstreamRequest<'a> {
     origin: Option<u64>,
 }
 
-/// Shared state for routing upstream messages to sessions.
-#[derive(Default)]
+/// Routing of upstream messages to sessions, and what plexus keeps upstream on
+/// the sessions' behalf.
 pub struct Fanout {
-    sessions: DashMap<u64, Weak<Session>>,
+    upstreams: Arc<UpstreamSet>,
+    catalog: Arc<CatalogHost>,
+    progress: Arc<ProgressRoutes>,
+    task_routes: Arc<TaskRoutes>,
+    tasks: TaskTracker,
+    /// The level plexus sets on upstreams: the most verbose any session asked for
+    /// (instances that become ready read it from here).
+    log_level: watch::Sender<Option<LogLevel>>,
+    sessions: DashMap<u64, Weak<dyn Client>>,
     /// Subscribers per (upstream, original URI): subscribe upstream on the first, unsubscribe after the last.
     subscriptions: Mutex<HashMap<(String, String), usize>>,
     /// Upstream connections that asked a session for its roots, told when they change.
@@ -42,6 +77,47 @@ pub struct Fanout {
 }
 
 impl Fanout {
+    pub fn new(
+        upstreams: Arc<UpstreamSet>,
+        catalog: Arc<CatalogHost>,
+        progress: Arc<ProgressRoutes>,
+        task_routes: Arc<TaskRoutes>,
+        tasks: TaskTracker,
+        log_level: watch::Sender<Option<LogLevel>>,
+    ) -> Fanout {
+        Fanout {
+            upstreams,
+            catalog,
+            progress,
+            task_routes,
+            tasks,
+            log_level,
+            sessions: DashMap::new(),
+            subscriptions: Mutex::new(HashMap::new()),
+            roots_askers: Mutex::new(HashMap::new()),
+            elicitations: DashMap::new(),
+            roots_for_nobody: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn upstreams(&self) -> Arc<std::collections::BTreeMap<String, Arc<Upstream>>> {
+        self.upstreams.snapshot()
+    }
+
+    fn upstream_named(&self, name: &str) -> Result<Arc<Upstream>, RelayError> {
+        self.upstreams
+            .get(name)
+            .ok_or_else(|| RelayError::Unavailable {
+                upstream: name.to_string(),
+                state: "removed".into(),
+                retry_after_ms: None,
+            })
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.current()
+    }
+
     /// Purges what is kept under a removed upstream's name.
     pub fn forget_upstream(&self, name: &str) {
         self.subscriptions
@@ -102,23 +178,17 @@ fn error(code: i64, message: String) -> Reply {
     Reply::Error(json!({"code": code, "message": message}))
 }
 
-impl Hub {
-    pub fn register_session(&self, session: &Arc<Session>) {
-        self.fanout
-            .sessions
-            .insert(session.id(), Arc::downgrade(session));
+impl Fanout {
+    pub fn register_session(&self, session: Weak<dyn Client>, id: u64) {
+        self.sessions.insert(id, session);
     }
 
-    fn session(&self, id: u64) -> Option<Arc<Session>> {
-        self.fanout
-            .sessions
-            .get(&id)
-            .and_then(|weak| weak.upgrade())
+    fn session(&self, id: u64) -> Option<Arc<dyn Client>> {
+        self.sessions.get(&id).and_then(|weak| weak.upgrade())
     }
 
-    fn live_sessions(&self) -> Vec<Arc<Session>> {
-        self.fanout
-            .sessions
+    fn live_sessions(&self) -> Vec<Arc<dyn Client>> {
+        self.sessions
             .iter()
             .filter_map(|entry| entry.value().upgrade())
             .collect()
@@ -126,28 +196,26 @@ impl Hub {
 
     /// Forgets a session: its subscriptions are released and its own instances stopped.
     pub fn end_session(self: &Arc<Self>, session: u64, subscriptions: Vec<String>) {
-        self.fanout.sessions.remove(&session);
-        self.fanout
-            .roots_askers
+        self.task_routes.forget_session(session);
+        self.sessions.remove(&session);
+        self.roots_askers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&session);
-        self.fanout
-            .elicitations
-            .retain(|_, owner| *owner != session);
+        self.elicitations.retain(|_, owner| *owner != session);
         for upstream in self.upstreams().values() {
             upstream.end_session(session);
         }
         let catalog = self.catalog();
-        let hub = self.clone();
+        let fanout = self.clone();
         let routes: Vec<Route> = subscriptions
             .iter()
             .filter_map(|uri| catalog.route_resource(uri))
             .collect();
         if !routes.is_empty() {
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 for route in routes {
-                    let _ = hub.subscription(session, &route, false).await;
+                    let _ = fanout.subscription(session, &route, false).await;
                 }
             });
         }
@@ -156,7 +224,7 @@ impl Hub {
     /// Counts a session's subscription to a resource; the first subscribes upstream
     /// and the last unsubscribes.
     pub async fn subscription(
-        self: &Arc<Self>,
+        &self,
         session: u64,
         route: &Route,
         subscribe: bool,
@@ -170,7 +238,6 @@ impl Hub {
         }
         let send = {
             let mut counts = self
-                .fanout
                 .subscriptions
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -194,7 +261,6 @@ impl Hub {
         if upstream.speaks_per_request() {
             // 2026-07-28 has no resources/subscribe: the upstream's listen stream names the URIs.
             let uris = self
-                .fanout
                 .subscriptions
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -217,7 +283,6 @@ impl Hub {
                 if subscribe {
                     // Not subscribed after all: the next subscriber tries again.
                     let mut counts = self
-                        .fanout
                         .subscriptions
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner);
@@ -324,7 +389,7 @@ impl Hub {
         let method = message.get("method").and_then(Value::as_str).unwrap_or("");
         let params = message.get("params").cloned().unwrap_or(Value::Null);
         match method {
-            "notifications/progress" => self.route_progress(message),
+            "notifications/progress" => self.progress.route(message),
             "notifications/message" => {
                 let Some(level) = params
                     .get("level")
@@ -372,7 +437,7 @@ impl Hub {
                 let Some(id) = params.get("elicitationId").and_then(Value::as_str) else {
                     return;
                 };
-                if let Some((_, session)) = self.fanout.elicitations.remove(id) {
+                if let Some((_, session)) = self.elicitations.remove(id) {
                     if let Some(session) = self.session(session) {
                         session.notify(message.clone());
                     }
@@ -385,7 +450,7 @@ impl Hub {
                     Some(crate::tasks::expose_task_id(upstream, id))
                 });
                 if let Some(id) = params.get("taskId").and_then(Value::as_str) {
-                    owner = self.task_owner(id);
+                    owner = self.task_routes.owner(id);
                 }
                 if let Some(session) = owner.and_then(|id| self.session(id)) {
                     session.notify(jsonrpc::notification(method, Some(params)));
@@ -494,7 +559,6 @@ impl Hub {
         }
         if method == "roots/list" {
             let mut askers = self
-                .fanout
                 .roots_askers
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -509,8 +573,7 @@ impl Hub {
                 .and_then(|p| p.get("elicitationId"))
                 .and_then(Value::as_str)
             {
-                self.fanout
-                    .elicitations
+                self.elicitations
                     .insert(elicitation.to_string(), session.id());
             }
         }
@@ -539,7 +602,7 @@ impl Hub {
             [] => {
                 // No call in flight: the request can only be for the one connected
                 // client able to answer it, if there is exactly one.
-                let able: Vec<Arc<Session>> = self
+                let able: Vec<Arc<dyn Client>> = self
                     .live_sessions()
                     .into_iter()
                     // A 2026-07-28 request's scope can only be asked through its own request.
@@ -551,8 +614,7 @@ impl Hub {
                         // Asked before any client could answer (many servers ask right after
                         // connecting): answer for now, and tell the upstream when a client
                         // with roots arrives, so it asks again.
-                        self.fanout
-                            .roots_for_nobody
+                        self.roots_for_nobody
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .push((name.to_string(), connection.clone()));
@@ -593,9 +655,9 @@ impl Hub {
 
     /// A client finished initializing: upstreams that were told "no roots" before any
     /// client could answer are told the roots changed, so they ask this one.
-    pub fn client_initialized(&self, session: &Session) {
+    pub fn client_initialized(&self, session: &dyn Client) {
         for connection in self.roots_waiters(session) {
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 let _ = connection
                     .notify("notifications/roots/list_changed", None)
                     .await;
@@ -606,7 +668,7 @@ impl Hub {
     /// A 2026-07-28 request from a client with roots: upstreams told "no roots" are
     /// told the roots changed before the request goes out, so the roots request
     /// they send next arrives while this request is in flight and reaches this client.
-    pub async fn offer_roots(&self, scope: &Session) {
+    pub async fn offer_roots(&self, scope: &dyn Client) {
         for connection in self.roots_waiters(scope) {
             let _ = connection
                 .notify("notifications/roots/list_changed", None)
@@ -614,12 +676,11 @@ impl Hub {
         }
     }
 
-    fn roots_waiters(&self, session: &Session) -> Vec<UpstreamConnection> {
+    fn roots_waiters(&self, session: &dyn Client) -> Vec<UpstreamConnection> {
         if !session.has_capability(&["roots"]) {
             return Vec::new();
         }
-        self.fanout
-            .roots_for_nobody
+        self.roots_for_nobody
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain(..)
@@ -630,7 +691,6 @@ impl Hub {
     /// A client's roots changed: tell the upstreams that asked it.
     pub fn roots_changed(&self, session: u64) {
         let askers = self
-            .fanout
             .roots_askers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -638,7 +698,7 @@ impl Hub {
             .cloned()
             .unwrap_or_default();
         for (_, connection) in askers {
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 let _ = connection
                     .notify("notifications/roots/list_changed", None)
                     .await;

@@ -21,7 +21,7 @@ use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
 use crate::listener::{is_loopback_host, Body};
-use crate::session::{CloseOnDrop, Handled, Session};
+use crate::session::{CloseOnDrop, Continuations, Handled, Session};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
@@ -69,6 +69,8 @@ pub struct HttpFront {
     loopback: bool,
     max_body_bytes: usize,
     shutdown: CancellationToken,
+    /// 2026-07-28 requests paused on input from their clients.
+    paused: Arc<Continuations>,
 }
 
 impl HttpFront {
@@ -84,6 +86,7 @@ impl HttpFront {
             loopback: listen.ip().is_loopback(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown,
+            paused: Arc::new(Continuations::default()),
         });
         front
             .hub
@@ -110,6 +113,8 @@ impl HttpFront {
             entry.value().session.close();
         }
         self.sessions.clear();
+        // Paused calls will not be retried now: release them and their upstream requests.
+        self.paused.clear();
         self.hub
             .metrics()
             .sessions_active
@@ -333,7 +338,7 @@ impl HttpFront {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);
         }
-        let session = Session::stateless(self.hub.clone());
+        let session = Session::stateless(self.hub.clone(), self.paused.clone());
         if accepts_event_stream(headers) {
             return answer_on_stream(session, message, true).await;
         }
@@ -345,7 +350,7 @@ impl HttpFront {
     }
 
     fn open_session(&self) -> Arc<HttpSession> {
-        let (session, events) = Session::new(self.hub.clone());
+        let (session, events) = Session::new(self.hub.clone(), self.paused.clone());
         let http_session = Arc::new(HttpSession {
             session,
             events: Mutex::new(Some(events)),

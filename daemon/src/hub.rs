@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use adapters::{ConnectionError, Reply};
-use dashmap::DashMap;
 use registry::{Catalog, CatalogOptions, ToolFilter};
-use serde_json::{Map, Value};
+use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,40 +18,30 @@ use tokio_util::task::TaskTracker;
 use crate::catalog_host::CatalogHost;
 use crate::config::{Config, ConfigDiff, DaemonSettings};
 use crate::fanout::Fanout;
-use crate::jsonrpc::{self, RelayError};
-use crate::logging::LogLevel;
+use crate::jsonrpc::RelayError;
 use crate::metrics::Metrics;
+use crate::progress::ProgressRoutes;
+use crate::tasks::TaskRoutes;
 use crate::upstreams::{
     empty_listing, ApplyReport, SetHooks, Supervision, SupervisorEvent, Upstream, UpstreamSet,
     UpstreamState,
 };
 
 pub struct Hub {
-    upstreams: UpstreamSet,
-    catalog: CatalogHost,
+    upstreams: Arc<UpstreamSet>,
+    catalog: Arc<CatalogHost>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
-    /// Progress tokens plexus gave upstreams, to the session and token they stand for.
-    progress: DashMap<String, ProgressRoute>,
-    next_token: AtomicU64,
+    /// Progress tokens plexus gave upstreams, to the call and token they stand for.
+    progress: Arc<ProgressRoutes>,
     next_session: AtomicU64,
     /// Called with (configured, ready) whenever an upstream's state changes.
     status_listener: Mutex<Option<StatusListener>>,
-    /// The level plexus sets on upstreams: the most verbose any session asked for.
-    pub(crate) log_level: watch::Sender<Option<LogLevel>>,
     /// Routing of upstream messages to sessions.
-    pub(crate) fanout: Fanout,
+    pub fanout: Arc<Fanout>,
     /// Task ids handed to clients, to their upstream and creating session.
-    pub(crate) task_routes: DashMap<String, crate::tasks::TaskRoute>,
-    /// 2026-07-28 requests paused on input from their client, by `requestState`.
-    pub(crate) continuations: DashMap<String, crate::bridge::Continuation>,
-}
-
-struct ProgressRoute {
-    sink: mpsc::Sender<Value>,
-    client_token: Value,
-    activity: Arc<Notify>,
+    pub task_routes: Arc<TaskRoutes>,
 }
 
 /// What a relayed request carries besides its method and params.
@@ -96,24 +85,33 @@ impl Hub {
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
         };
+        let upstreams = Arc::new(UpstreamSet::new(supervision));
+        let catalog = Arc::new(CatalogHost::new(
+            catalog_options(&config.daemon),
+            config.daemon.state_dir.join("catalog"),
+            metrics.clone(),
+        ));
+        let progress = Arc::new(ProgressRoutes::default());
+        let task_routes = Arc::new(TaskRoutes::default());
+        let fanout = Arc::new(Fanout::new(
+            upstreams.clone(),
+            catalog.clone(),
+            progress.clone(),
+            task_routes.clone(),
+            tasks.clone(),
+            log_level,
+        ));
         let hub = Arc::new(Hub {
-            upstreams: UpstreamSet::new(supervision),
-            catalog: CatalogHost::new(
-                catalog_options(&config.daemon),
-                config.daemon.state_dir.join("catalog"),
-                metrics.clone(),
-            ),
+            upstreams,
+            catalog,
             metrics,
             shutdown,
             tasks,
-            progress: DashMap::new(),
-            next_token: AtomicU64::new(0),
+            progress,
             next_session: AtomicU64::new(0),
             status_listener: Mutex::new(None),
-            log_level,
-            fanout: Fanout::default(),
-            task_routes: DashMap::new(),
-            continuations: DashMap::new(),
+            fanout,
+            task_routes,
         });
         hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
         hub
@@ -143,8 +141,6 @@ impl Hub {
     /// task has ended.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        // Paused calls will not be retried now: release them and their upstream requests.
-        self.continuations.clear();
         self.tasks.close();
         self.tasks.wait().await;
     }
@@ -249,7 +245,7 @@ impl Hub {
                 self.catalog.install(generation, listing);
             }
             SupervisorEvent::Notification { upstream, message } => {
-                self.route_notification(&upstream, &message)
+                self.fanout.route_notification(&upstream, &message)
             }
             SupervisorEvent::Request {
                 upstream,
@@ -259,9 +255,13 @@ impl Hub {
                 origin,
             } => {
                 let id = message.get("id").cloned().unwrap_or(Value::Null);
-                if let Some(reply) =
-                    self.route_upstream_request(&upstream, &instance, &connection, message, origin)
-                {
+                if let Some(reply) = self.fanout.route_upstream_request(
+                    &upstream,
+                    &instance,
+                    &connection,
+                    message,
+                    origin,
+                ) {
                     self.tasks.spawn(async move {
                         if connection.respond(id, reply).await.is_err() {
                             tracing::debug!(upstream = %connection.upstream(), "upstream closed before plexus answered it");
@@ -343,7 +343,7 @@ impl Hub {
         // Upstreams negotiated their revision once; the per-request fields are the client's.
         crate::era::strip_request_meta(&mut params);
         // The client's progress token never reaches a shared upstream: plexus's own does.
-        let progress = self.rewrite_progress_token(&mut params, call.related);
+        let progress = self.progress.register(&mut params, call.related);
         // The request gets its upstream-side id first, so whatever the upstream sends
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.
@@ -374,9 +374,7 @@ impl Hub {
                 }
             }
         };
-        if let Some(route) = progress {
-            self.progress.remove(&route.token);
-        }
+        drop(progress);
         match outcome {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
@@ -407,51 +405,77 @@ impl Hub {
         }
     }
 
-    fn rewrite_progress_token(
-        &self,
-        params: &mut Option<Value>,
-        sink: &mpsc::Sender<Value>,
-    ) -> Option<RegisteredProgress> {
-        let meta = params.as_mut()?.get_mut("_meta")?.as_object_mut()?;
-        let client_token = meta.remove("progressToken")?;
-        let token = format!(
-            "plexus-{}",
-            self.next_token.fetch_add(1, Ordering::Relaxed) + 1
-        );
-        meta.insert("progressToken".into(), Value::String(token.clone()));
-        let activity = Arc::new(Notify::new());
-        self.progress.insert(
-            token.clone(),
-            ProgressRoute {
-                sink: sink.clone(),
-                client_token,
-                activity: activity.clone(),
-            },
-        );
-        Some(RegisteredProgress { token, activity })
+    /// `tasks/get`, `tasks/result`, `tasks/cancel`: routed by the task id.
+    pub async fn forward_task_request(
+        self: &Arc<Self>,
+        method: &str,
+        params: Option<Value>,
+        call: CallContext<'_>,
+    ) -> Result<Reply, RelayError> {
+        let Some(Value::Object(mut params)) = params else {
+            return Err(RelayError::InvalidParams("params must be an object".into()));
+        };
+        let exposed = params
+            .get("taskId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RelayError::InvalidParams("`taskId` must be a string".into()))?
+            .to_string();
+        let (upstream, original) = self
+            .task_routes
+            .route(&exposed, |name| self.upstreams.get(name).is_some())
+            .ok_or_else(|| RelayError::InvalidParams(format!("unknown task `{exposed}`")))?;
+        params.insert("taskId".into(), Value::String(original));
+        let session = call.session;
+        let reply = self
+            .forward(&upstream, method, Some(Value::Object(params)), call)
+            .await?;
+        Ok(self.task_routes.expose(&upstream, Some(session), reply))
     }
 
-    /// Sends an upstream's progress notification to the session whose call it is
-    /// about, under that client's own token.
-    pub fn route_progress(&self, message: &Value) {
-        let Some(params) = message.get("params").and_then(Value::as_object) else {
-            return;
-        };
-        let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
-            return;
-        };
-        let Some(route) = self.progress.get(token) else {
-            tracing::debug!(token, "progress for a call that is no longer in flight");
-            return;
-        };
-        let mut params: Map<String, Value> = params.clone();
-        params.insert("progressToken".into(), route.client_token.clone());
-        route.activity.notify_one();
-        let notification =
-            jsonrpc::notification("notifications/progress", Some(Value::Object(params)));
-        if route.sink.try_send(notification).is_err() {
-            tracing::debug!("session's outbound queue is full; progress dropped");
+    /// `tasks/list`: every upstream that lists tasks, merged, ids exposed.
+    pub async fn list_tasks(self: &Arc<Self>, call: CallContext<'_>) -> Result<Reply, RelayError> {
+        let mut tasks = Vec::new();
+        let listing: Vec<String> = self
+            .upstreams()
+            .values()
+            .filter(|upstream| {
+                upstream
+                    .known_capabilities()
+                    .get("tasks")
+                    .and_then(|tasks| tasks.get("list"))
+                    .is_some()
+            })
+            .map(|upstream| upstream.name().to_string())
+            .collect();
+        for upstream in listing {
+            let context = CallContext {
+                session: call.session,
+                owner: call.owner,
+                tool: None,
+                related: call.related,
+                headers: &[],
+            };
+            match self
+                .forward(&upstream, "tasks/list", Some(json!({})), context)
+                .await
+            {
+                Ok(reply) => {
+                    if let Reply::Result(mut result) =
+                        self.task_routes.expose(&upstream, None, reply)
+                    {
+                        if let Some(Value::Array(found)) = result.get_mut("tasks").map(Value::take)
+                        {
+                            tasks.extend(found);
+                        }
+                    }
+                }
+                // One upstream being down leaves the others' tasks listed.
+                Err(error) => {
+                    tracing::debug!(upstream, %error, "listing an upstream's tasks failed")
+                }
+            }
         }
+        Ok(Reply::Result(json!({ "tasks": tasks })))
     }
 
     /// Upstream names and the states of their shared instances.
@@ -491,11 +515,6 @@ impl Hub {
 
 /// Hears (upstreams configured, upstreams ready) at every state change.
 pub type StatusListener = Box<dyn Fn(usize, usize) + Send + Sync>;
-
-struct RegisteredProgress {
-    token: String,
-    activity: Arc<Notify>,
-}
 
 async fn wait_for(activity: Option<&Notify>) {
     match activity {
@@ -555,6 +574,6 @@ impl SetHooks for Hub {
         self.catalog.remove(name, generation);
         self.metrics.forget_upstream(name);
         self.fanout.forget_upstream(name);
-        self.task_routes.retain(|_, route| route.upstream != name);
+        self.task_routes.forget_upstream(name);
     }
 }

@@ -3,7 +3,6 @@
 
 mod admin;
 mod app;
-mod bridge;
 mod catalog_host;
 mod config;
 mod control;
@@ -15,6 +14,7 @@ mod jsonrpc;
 mod listener;
 mod logging;
 mod metrics;
+mod progress;
 mod reload_command;
 mod session;
 mod stdio_front;

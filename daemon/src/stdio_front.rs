@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
-use crate::session::{Handled, Session};
+use crate::session::{Continuations, Handled, Session};
 
 /// Longest line accepted from the client.
 pub const MAX_CLIENT_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -32,7 +32,8 @@ pub async fn serve<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (session, mut events) = Session::new(hub.clone());
+    let paused = Arc::new(Continuations::default());
+    let (session, mut events) = Session::new(hub.clone(), paused.clone());
     let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
     metrics_gauge.inc();
     let (replies, mut outgoing) = mpsc::channel::<Value>(256);
@@ -124,6 +125,8 @@ pub async fn serve<R, W>(
         tracing::warn!("requests still running after the drain deadline; cancelling them");
     }
     session.close();
+    // Paused calls will not be retried now: release them and their upstream requests.
+    paused.clear();
     requests.wait().await;
     drop(replies);
     let _ = writer.await;

@@ -2,13 +2,11 @@
 //! recorded with the session that created them, and rewritten in every result and
 //! notification that carries one.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use adapters::Reply;
-use serde_json::{json, Value};
-
-use crate::hub::{CallContext, Hub};
-use crate::jsonrpc::RelayError;
+use dashmap::DashMap;
+use serde_json::Value;
 
 /// Where a task's id appears in results and notifications.
 const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
@@ -47,113 +45,14 @@ pub fn rewrite_task_ids(value: &mut Value, rewrite: &dyn Fn(&str) -> Option<Stri
     }
 }
 
-impl Hub {
-    /// Records the tasks a result created (for `session`) and exposes their ids.
-    pub fn expose_tasks(&self, upstream: &str, session: Option<u64>, reply: Reply) -> Reply {
-        let Reply::Result(mut result) = reply else {
-            return reply;
-        };
-        rewrite_task_ids(&mut result, &|id| {
-            let exposed = expose_task_id(upstream, id);
-            self.task_routes
-                .entry(exposed.clone())
-                .or_insert_with(|| TaskRoute {
-                    upstream: upstream.to_string(),
-                    original: id.to_string(),
-                    session,
-                });
-            Some(exposed)
-        });
-        Reply::Result(result)
-    }
-
-    /// The upstream and original id behind an exposed task id.
-    pub fn route_task(&self, exposed: &str) -> Option<(String, String)> {
-        if let Some(route) = self.task_routes.get(exposed) {
-            return Some((route.upstream.clone(), route.original.clone()));
-        }
-        // A task listed before plexus restarted: the prefix names a known upstream.
-        let (upstream, original) = exposed.split_once(':')?;
-        self.upstream_named(upstream).ok()?;
-        Some((upstream.to_string(), original.to_string()))
-    }
-
-    /// The session that created a task, for its status notifications.
-    pub fn task_owner(&self, exposed: &str) -> Option<u64> {
-        self.task_routes
-            .get(exposed)
-            .and_then(|route| route.session)
-    }
-
-    /// `tasks/get`, `tasks/result`, `tasks/cancel`: routed by the task id.
-    pub async fn forward_task_request(
-        self: &Arc<Self>,
-        method: &str,
-        params: Option<Value>,
-        call: CallContext<'_>,
-    ) -> Result<Reply, RelayError> {
-        let Some(Value::Object(mut params)) = params else {
-            return Err(RelayError::InvalidParams("params must be an object".into()));
-        };
-        let exposed = params
-            .get("taskId")
-            .and_then(Value::as_str)
-            .ok_or_else(|| RelayError::InvalidParams("`taskId` must be a string".into()))?
-            .to_string();
-        let (upstream, original) = self
-            .route_task(&exposed)
-            .ok_or_else(|| RelayError::InvalidParams(format!("unknown task `{exposed}`")))?;
-        params.insert("taskId".into(), Value::String(original));
-        let session = call.session;
-        let reply = self
-            .forward(&upstream, method, Some(Value::Object(params)), call)
-            .await?;
-        Ok(self.expose_tasks(&upstream, Some(session), reply))
-    }
-
-    /// `tasks/list`: every upstream that lists tasks, merged, ids exposed.
-    pub async fn list_tasks(self: &Arc<Self>, call: CallContext<'_>) -> Result<Reply, RelayError> {
-        let mut tasks = Vec::new();
-        let listing: Vec<String> = self
-            .upstreams()
-            .values()
-            .filter(|upstream| {
-                upstream
-                    .known_capabilities()
-                    .get("tasks")
-                    .and_then(|tasks| tasks.get("list"))
-                    .is_some()
-            })
-            .map(|upstream| upstream.name().to_string())
-            .collect();
-        for upstream in listing {
-            let context = CallContext {
-                session: call.session,
-                owner: call.owner,
-                tool: None,
-                related: call.related,
-                headers: &[],
-            };
-            match self
-                .forward(&upstream, "tasks/list", Some(json!({})), context)
-                .await
-            {
-                Ok(reply) => {
-                    if let Reply::Result(mut result) = self.expose_tasks(&upstream, None, reply) {
-                        if let Some(Value::Array(found)) = result.get_mut("tasks").map(Value::take)
-                        {
-                            tasks.extend(found);
-                        }
-                    }
-                }
-                // One upstream being down leaves the others' tasks listed.
-                Err(error) => {
-                    tracing::debug!(upstream, %error, "listing an upstream's tasks failed")
-                }
-            }
-        }
-        Ok(Reply::Result(json!({ "tasks": tasks })))
-    }
+/// Task ids handed to clients, to their upstream and creating session. Bounded:
+/// past [`MAX_TASK_ROUTES`] the oldest tenth is dropped (their ids still route by
+/// their upstream prefix; only status notifications lose their session), and
+/// routes are purged with their session and with their upstream.
+#[derive(Default)]
+pub struct TaskRoutes {
+    routes: DashMap<String, TaskRoute>,
+    next: AtomicU64,
 }
 
 /// Where an exposed task id leads.
@@ -161,11 +60,99 @@ pub struct TaskRoute {
     pub upstream: String,
     pub original: String,
     pub session: Option<u64>,
+    /// Insertion order, for pruning the oldest.
+    order: u64,
+}
+
+pub const MAX_TASK_ROUTES: usize = 10_000;
+
+impl TaskRoutes {
+    /// Records the tasks a result created (for `session`) and exposes their ids.
+    pub fn expose(&self, upstream: &str, session: Option<u64>, reply: Reply) -> Reply {
+        let Reply::Result(mut result) = reply else {
+            return reply;
+        };
+        rewrite_task_ids(&mut result, &|id| {
+            let exposed = expose_task_id(upstream, id);
+            self.routes
+                .entry(exposed.clone())
+                .or_insert_with(|| TaskRoute {
+                    upstream: upstream.to_string(),
+                    original: id.to_string(),
+                    session,
+                    order: self.next.fetch_add(1, Ordering::Relaxed),
+                });
+            Some(exposed)
+        });
+        if self.routes.len() > MAX_TASK_ROUTES {
+            self.prune();
+        }
+        Reply::Result(result)
+    }
+
+    fn prune(&self) {
+        let mut orders: Vec<u64> = self.routes.iter().map(|route| route.order).collect();
+        orders.sort_unstable();
+        let cut = orders[orders.len() / 10];
+        self.routes.retain(|_, route| route.order > cut);
+    }
+
+    /// The upstream and original id behind an exposed task id; `known` says which
+    /// upstream names exist (a task listed before plexus restarted routes by its prefix).
+    pub fn route(&self, exposed: &str, known: impl Fn(&str) -> bool) -> Option<(String, String)> {
+        if let Some(route) = self.routes.get(exposed) {
+            return Some((route.upstream.clone(), route.original.clone()));
+        }
+        let (upstream, original) = exposed.split_once(':')?;
+        known(upstream).then(|| (upstream.to_string(), original.to_string()))
+    }
+
+    /// The session that created a task, for its status notifications.
+    pub fn owner(&self, exposed: &str) -> Option<u64> {
+        self.routes.get(exposed).and_then(|route| route.session)
+    }
+
+    pub fn forget_session(&self, session: u64) {
+        self.routes
+            .retain(|_, route| route.session != Some(session));
+    }
+
+    pub fn forget_upstream(&self, name: &str) {
+        self.routes.retain(|_, route| route.upstream != name);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    #[test]
+    fn routes_are_bounded_and_purged() {
+        let routes = TaskRoutes::default();
+        for n in 0..=MAX_TASK_ROUTES {
+            let reply = Reply::Result(json!({"task": {"taskId": format!("t{n}")}}));
+            routes.expose("up", Some(n as u64 % 2), reply);
+        }
+        assert!(routes.len() <= MAX_TASK_ROUTES, "{}", routes.len());
+        assert!(routes.owner("up:t0").is_none(), "the oldest went first");
+        assert_eq!(routes.owner(&format!("up:t{MAX_TASK_ROUTES}")), Some(0));
+        // Unrecorded ids still route by their upstream prefix.
+        assert_eq!(
+            routes.route("up:t0", |name| name == "up"),
+            Some(("up".into(), "t0".into()))
+        );
+        routes.forget_session(0);
+        assert!(routes.owner(&format!("up:t{MAX_TASK_ROUTES}")).is_none());
+        routes.forget_upstream("up");
+        assert_eq!(routes.len(), 0);
+    }
 
     #[test]
     fn task_ids_are_rewritten_wherever_they_appear() {

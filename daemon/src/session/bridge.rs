@@ -12,23 +12,68 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adapters::Reply;
+use dashmap::DashMap;
 use registry::Kind;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
+use super::{CloseOnDrop, InputNeeded, ScopeChannels, Session};
 use crate::era::{self, RequestMeta};
-use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
-use crate::session::{CloseOnDrop, InputNeeded, ScopeChannels, Session};
 
 /// Marks a `requestState` plexus issued, as opposed to one an upstream issued.
 const STATE_PREFIX: &str = "plexus.";
 /// How long a paused call waits for the client's retry before it is cancelled.
 pub const CONTINUATION_TTL: Duration = Duration::from_secs(600);
 
+/// Requests paused on input from a 2026-07-28 client, by `requestState`; each
+/// is dropped (and its upstream call cancelled) when not retried within
+/// [`CONTINUATION_TTL`].
+#[derive(Default)]
+pub struct Continuations {
+    paused: DashMap<String, Continuation>,
+    /// Cancelled by `clear`: the expiry timers end with the front.
+    closed: CancellationToken,
+}
+
+impl Continuations {
+    fn take(&self, state: &str) -> Option<Continuation> {
+        self.paused
+            .remove(state)
+            .map(|(_, continuation)| continuation)
+    }
+
+    fn keep(self: &Arc<Self>, state: String, continuation: Continuation, ttl: bool) {
+        self.paused.insert(state.clone(), continuation);
+        if !ttl {
+            return;
+        }
+        let expiring = Arc::downgrade(self);
+        let closed = self.closed.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(CONTINUATION_TTL) => {}
+                _ = closed.cancelled() => return,
+            }
+            if let Some(paused) = expiring.upgrade() {
+                if paused.paused.remove(&state).is_some() {
+                    tracing::info!("a paused request was not retried in time; cancelled");
+                }
+            }
+        });
+    }
+
+    /// Releases every paused call and its upstream requests (the front is closing).
+    pub fn clear(&self) {
+        self.closed.cancel();
+        self.paused.clear();
+    }
+}
+
 /// A request paused on input from a 2026-07-28 client.
-pub struct Continuation {
+struct Continuation {
     scope: Arc<Session>,
     task: JoinHandle<Result<Reply, RelayError>>,
     channels: ScopeChannels,
@@ -71,6 +116,7 @@ pub async fn serve(
     related: &mpsc::Sender<Value>,
 ) -> Result<Reply, RelayError> {
     let hub = parent.hub().clone();
+    let paused = parent.paused().clone();
     let state = params
         .as_ref()
         .and_then(|p| p.get("requestState"))
@@ -78,7 +124,7 @@ pub async fn serve(
         .filter(|state| state.starts_with(STATE_PREFIX))
         .map(str::to_string);
     if let Some(state) = state {
-        let (_, mut continuation) = hub.continuations.remove(&state).ok_or_else(|| {
+        let mut continuation = paused.take(&state).ok_or_else(|| {
             RelayError::InvalidParams("`requestState` is unknown or has expired".into())
         })?;
         if continuation.method != method || continuation.target != target_of(method, &params) {
@@ -87,7 +133,7 @@ pub async fn serve(
                 "`requestState` belongs to a `{}` request, not this one",
                 continuation.method
             );
-            hub.continuations.insert(state, continuation);
+            paused.keep(state, continuation, false);
             return Err(RelayError::InvalidParams(message));
         }
         let responses = params
@@ -98,18 +144,19 @@ pub async fn serve(
             .unwrap_or_default();
         continuation.answer(responses).await;
         let token = progress_token(&params);
-        return continuation.drive(&hub, related, token).await;
+        return continuation.drive(&paused, related, token).await;
     }
     let target = target_of(method, &params);
     let first_token = progress_token(&params);
     let (scope, channels) = parent.scope(meta);
     if scope.log_level().is_some_and(|wanted| {
-        hub.current_log_level()
+        hub.fanout
+            .current_log_level()
             .is_none_or(|current| wanted < current)
     }) {
-        hub.log_levels_changed().await;
+        hub.fanout.log_levels_changed().await;
     }
-    hub.offer_roots(&scope).await;
+    hub.fanout.offer_roots(&*scope).await;
     let task = {
         let scope = scope.clone();
         let method = method.to_string();
@@ -128,7 +175,7 @@ pub async fn serve(
         target,
         first_token: first_token.clone(),
     }
-    .drive(&hub, related, first_token)
+    .drive(&paused, related, first_token)
     .await
 }
 
@@ -149,13 +196,13 @@ impl Continuation {
     /// log messages to the current attempt's stream meanwhile.
     async fn drive(
         mut self,
-        hub: &Arc<Hub>,
+        paused: &Arc<Continuations>,
         related: &mpsc::Sender<Value>,
         token: Option<Value>,
     ) -> Result<Reply, RelayError> {
         if !self.pending.is_empty() {
             // The retry left some requests unanswered: ask for them again.
-            return Ok(self.pause(hub));
+            return Ok(self.pause(paused));
         }
         loop {
             tokio::select! {
@@ -176,7 +223,7 @@ impl Continuation {
                     while let Ok(more) = self.channels.inputs.try_recv() {
                         self.add_pending(more);
                     }
-                    return Ok(self.pause(hub));
+                    return Ok(self.pause(paused));
                 }
                 Some(message) = self.channels.events.recv() => {
                     if let Some(message) = self.for_attempt(message, token.as_ref()) {
@@ -208,7 +255,7 @@ impl Continuation {
     }
 
     /// Stores the call and answers the attempt with what it needs.
-    fn pause(self, hub: &Arc<Hub>) -> Reply {
+    fn pause(self, paused: &Arc<Continuations>) -> Reply {
         let mut requests = Map::new();
         for (key, input) in &self.pending {
             let mut request = Map::new();
@@ -220,17 +267,7 @@ impl Continuation {
         }
         let bits: u128 = rand::random();
         let state = format!("{STATE_PREFIX}{bits:032x}");
-        hub.continuations.insert(state.clone(), self);
-        let expiring = Arc::downgrade(hub);
-        let key = state.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(CONTINUATION_TTL).await;
-            if let Some(hub) = expiring.upgrade() {
-                if hub.continuations.remove(&key).is_some() {
-                    tracing::info!("a paused request was not retried in time; cancelled");
-                }
-            }
-        });
+        paused.keep(state.clone(), self, true);
         Reply::Result(json!({
             "resultType": "input_required",
             "inputRequests": requests,
@@ -305,7 +342,7 @@ pub async fn listen(
             if !scope.lock_subscriptions().insert(uri.to_string()) {
                 continue;
             }
-            match hub.subscription(scope.id(), &route, true).await {
+            match hub.fanout.subscription(scope.id(), &route, true).await {
                 Ok(()) => uris.push(Value::String(uri.to_string())),
                 Err(error) => {
                     tracing::debug!(%error, uri, "a listen stream's subscription was refused");

@@ -2,6 +2,10 @@
 //! answers the lifecycle and list methods from the catalog snapshot and routes
 //! everything else to the owning upstream by table lookup.
 
+mod bridge;
+
+pub use bridge::Continuations;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::era::{self, RequestMeta};
+use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
@@ -95,6 +100,8 @@ pub struct Session {
     inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
     /// A session the HTTP front makes for one request that came without one.
     stateless: bool,
+    /// The front's 2026-07-28 requests paused on input from their client.
+    paused: Arc<Continuations>,
 }
 
 /// What a request scope delivers: messages for the client, and upstream requests.
@@ -113,17 +120,22 @@ pub enum Handled {
 
 impl Session {
     /// Creates a session; messages plexus sends on its own (list changes) arrive on the receiver.
-    pub fn new(hub: Arc<Hub>) -> (Arc<Session>, mpsc::Receiver<Value>) {
-        let (session, receiver) = Session::build(hub, None, None, false);
-        session.hub.register_session(&session);
-        tokio::spawn(announce_catalog_changes(session.clone()));
+    pub fn new(hub: Arc<Hub>, paused: Arc<Continuations>) -> (Arc<Session>, mpsc::Receiver<Value>) {
+        let (session, receiver) = Session::build(hub, paused, None, None, false);
+        session.register();
+        session.hub.spawn(announce_catalog_changes(session.clone()));
         (session, receiver)
+    }
+
+    fn register(self: &Arc<Self>) {
+        let weak: std::sync::Weak<dyn Client> = Arc::downgrade(self) as _;
+        self.hub.fanout.register_session(weak, self.id);
     }
 
     /// A session for one HTTP request that came without a session: a 2026-07-28
     /// client's. It announces nothing; each request in it gets its own scope.
-    pub fn stateless(hub: Arc<Hub>) -> Arc<Session> {
-        Session::build(hub, None, None, true).0
+    pub fn stateless(hub: Arc<Hub>, paused: Arc<Continuations>) -> Arc<Session> {
+        Session::build(hub, paused, None, None, true).0
     }
 
     /// The scope of one 2026-07-28 request: it carries that request's declared
@@ -132,7 +144,13 @@ impl Session {
     pub fn scope(&self, meta: RequestMeta) -> (Arc<Session>, ScopeChannels) {
         let (inputs, input_receiver) = mpsc::unbounded_channel();
         let owner = (!self.stateless).then_some(self.owner);
-        let (scope, events) = Session::build(self.hub.clone(), owner, Some(inputs), false);
+        let (scope, events) = Session::build(
+            self.hub.clone(),
+            self.paused.clone(),
+            owner,
+            Some(inputs),
+            false,
+        );
         *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(era::MODERN_VERSION.to_string()),
             capabilities: meta.capabilities,
@@ -141,7 +159,7 @@ impl Session {
             .log_level
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = meta.log_level;
-        scope.hub.register_session(&scope);
+        scope.register();
         (
             scope,
             ScopeChannels {
@@ -153,6 +171,7 @@ impl Session {
 
     fn build(
         hub: Arc<Hub>,
+        paused: Arc<Continuations>,
         owner: Option<u64>,
         inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
         stateless: bool,
@@ -173,12 +192,17 @@ impl Session {
             next_client_bound: AtomicU64::new(0),
             inputs,
             stateless,
+            paused,
         });
         (session, receiver)
     }
 
     pub fn hub(&self) -> &Arc<Hub> {
         &self.hub
+    }
+
+    pub fn paused(&self) -> &Arc<Continuations> {
+        &self.paused
     }
 
     /// A request scope of a 2026-07-28 client: it cannot be sent requests.
@@ -193,7 +217,7 @@ impl Session {
         }
         self.closed.cancel();
         let subscriptions: Vec<String> = self.lock_subscriptions().drain().collect();
-        self.hub.end_session(self.id, subscriptions);
+        self.hub.fanout.end_session(self.id, subscriptions);
         // Upstreams waiting on this client learn it is gone instead of waiting out their deadline.
         let pending: Vec<_> = self
             .client_bound
@@ -341,7 +365,7 @@ impl Session {
 
     fn handle_notification(&self, method: &str, params: Option<Value>) {
         match method {
-            "notifications/initialized" => self.hub.client_initialized(self),
+            "notifications/initialized" => self.hub.fanout.client_initialized(self),
             "notifications/cancelled" => {
                 let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
                     return;
@@ -356,7 +380,7 @@ impl Session {
                     token.cancel();
                 }
             }
-            "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
+            "notifications/roots/list_changed" => self.hub.fanout.roots_changed(self.id),
             other => tracing::debug!(method = other, "client notification ignored"),
         }
     }
@@ -618,15 +642,15 @@ impl Session {
         let meta = era::parse_meta(params.as_ref())?;
         match method {
             "server/discover" => Ok(Reply::Result(era::discover_result(
-                self.hub.capabilities(),
+                self.hub.fanout.capabilities(),
                 self.instructions(),
             ))),
-            "subscriptions/listen" => crate::bridge::listen(self, id, params, meta, related).await,
+            "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
             // Replaced in this revision by `_meta` log levels and `subscriptions/listen`.
             "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
                 Err(RelayError::MethodNotFound(method.to_string()))
             }
-            _ => crate::bridge::serve(self, method, params, meta, related).await,
+            _ => bridge::serve(self, method, params, meta, related).await,
         }
     }
 
@@ -707,7 +731,7 @@ impl Session {
                     .log_level
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = Some(level);
-                self.hub.log_levels_changed().await;
+                self.hub.fanout.log_levels_changed().await;
                 Ok(Reply::Result(json!({})))
             }
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -723,7 +747,10 @@ impl Session {
                     self.lock_subscriptions().remove(&uri)
                 };
                 if changed {
-                    self.hub.subscription(self.id, &route, subscribe).await?;
+                    self.hub
+                        .fanout
+                        .subscription(self.id, &route, subscribe)
+                        .await?;
                 }
                 Ok(Reply::Result(json!({})))
             }
@@ -810,7 +837,9 @@ impl Session {
             .await?;
         // A task-augmented call answers with a task whose id must name its upstream.
         Ok(if is_tool {
-            self.hub.expose_tasks(&route.upstream, Some(self.id), reply)
+            self.hub
+                .task_routes
+                .expose(&route.upstream, Some(self.id), reply)
         } else {
             reply
         })
@@ -844,7 +873,7 @@ impl Session {
         };
         json!({
             "protocolVersion": version,
-            "capabilities": self.hub.capabilities(),
+            "capabilities": self.hub.fanout.capabilities(),
             "serverInfo": {"name": "plexus", "version": env!("CARGO_PKG_VERSION")},
             "instructions": self.instructions(),
         })
@@ -993,6 +1022,43 @@ async fn announce_catalog_changes(session: Arc<Session>) {
             }
         }
         last = current;
+    }
+}
+
+impl Client for Session {
+    fn id(&self) -> u64 {
+        Session::id(self)
+    }
+    fn is_scope(&self) -> bool {
+        Session::is_scope(self)
+    }
+    fn log_level(&self) -> Option<LogLevel> {
+        Session::log_level(self)
+    }
+    fn has_capability(&self, path: &[&str]) -> bool {
+        Session::has_capability(self, path)
+    }
+    fn is_subscribed(&self, uri: &str) -> bool {
+        Session::is_subscribed(self, uri)
+    }
+    fn notify(&self, message: Value) {
+        Session::notify(self, message)
+    }
+    fn outbound(&self) -> &mpsc::Sender<Value> {
+        Session::outbound(self)
+    }
+    fn forward_to_client(
+        &self,
+        sink: &mpsc::Sender<Value>,
+        connection: UpstreamConnection,
+        upstream_id: Value,
+        method: &str,
+        params: Option<Value>,
+    ) -> bool {
+        Session::forward_to_client(self, sink, connection, upstream_id, method, params)
+    }
+    fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value) {
+        Session::withdraw_client_bound(self, upstream, upstream_id)
     }
 }
 
