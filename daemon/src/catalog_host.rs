@@ -29,6 +29,10 @@ struct Listings {
     floor: BTreeMap<String, u64>,
     /// Warnings already logged, so each is logged once, not at every rebuild.
     reported: HashSet<String>,
+    /// While a reload changes several upstreams, one snapshot is published at the
+    /// end, so each session hears one `list_changed` per kind.
+    held: bool,
+    dirty: bool,
 }
 
 impl CatalogHost {
@@ -39,6 +43,8 @@ impl CatalogHost {
                 by_upstream: BTreeMap::new(),
                 floor: BTreeMap::new(),
                 reported: HashSet::new(),
+                held: false,
+                dirty: false,
             }),
             catalog: watch::channel(Arc::new(Catalog::empty())).0,
             directory,
@@ -119,7 +125,25 @@ impl CatalogHost {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Defers publishing until [`CatalogHost::release`].
+    pub fn hold(&self) {
+        self.lock().held = true;
+    }
+
+    /// Publishes what changed while held, as one snapshot.
+    pub fn release(&self) {
+        let mut state = self.lock();
+        state.held = false;
+        if std::mem::take(&mut state.dirty) {
+            self.rebuild(&mut state);
+        }
+    }
+
     fn rebuild(&self, state: &mut Listings) {
+        if state.held {
+            state.dirty = true;
+            return;
+        }
         let ordered: Vec<UpstreamListing> = state.by_upstream.values().cloned().collect();
         let (catalog, warnings) = Catalog::build(&ordered, &state.options);
         for warning in warnings {

@@ -570,6 +570,14 @@ impl SetHooks for Hub {
         );
     }
 
+    fn batch(&self, open: bool) {
+        if open {
+            self.catalog.hold();
+        } else {
+            self.catalog.release();
+        }
+    }
+
     fn removed(&self, name: &str, generation: u64) {
         self.catalog.remove(name, generation);
         self.metrics.forget_upstream(name);

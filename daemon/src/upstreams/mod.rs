@@ -77,6 +77,8 @@ pub trait SetHooks {
     fn updated(&self, upstream: &Arc<Upstream>);
     /// The upstream of `generation` left the set for good: purge its name.
     fn removed(&self, name: &str, generation: u64);
+    /// Several changes follow (`true`) or are done (`false`): announce them as one.
+    fn batch(&self, open: bool);
 }
 
 /// What one `apply` did, upstream by upstream.
@@ -152,6 +154,7 @@ impl UpstreamSet {
             .chain(&diff.updated)
             .map(|config| config.name.clone())
             .collect();
+        hooks.batch(true);
         for name in diff.removed {
             let mut removed = None;
             self.update(|set| removed = set.remove(&name));
@@ -179,6 +182,8 @@ impl UpstreamSet {
             let known = hooks.entered(&upstream);
             upstream.start(known);
         }
+        // Replacements wait for their successors, each announced when it is ready.
+        hooks.batch(false);
         let replacements = diff
             .restarted
             .into_iter()
