@@ -78,8 +78,6 @@ impl Notifier {
     /// A configuration reload has begun; send [`Notifier::ready`] when it is done.
     /// MONOTONIC_USEC lets `Type=notify-reload` (systemd 253+) match this message
     /// to the reload it asked for.
-    // Not called yet: config reload on SIGHUP arrives in a later release.
-    #[allow(dead_code)]
     pub fn reloading(&self) {
         match clock_gettime(ClockId::CLOCK_MONOTONIC) {
             Ok(now) => {

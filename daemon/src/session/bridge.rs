@@ -96,7 +96,7 @@ impl Drop for Continuation {
         for (_, input) in self.pending.drain(..) {
             let error =
                 json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
-            tokio::spawn(async move {
+            self.scope.hub().spawn(async move {
                 let _ = input
                     .connection
                     .respond(input.upstream_id, Reply::Error(error))

@@ -228,7 +228,7 @@ impl Session {
         for (_, request) in pending {
             let error =
                 json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client session ended"});
-            tokio::spawn(request.answer(Reply::Error(error)));
+            self.hub.spawn(request.answer(Reply::Error(error)));
         }
         for (_, token) in self
             .in_flight
