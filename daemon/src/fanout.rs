@@ -614,10 +614,13 @@ impl Fanout {
                         // Asked before any client could answer (many servers ask right after
                         // connecting): answer for now, and tell the upstream when a client
                         // with roots arrives, so it asks again.
-                        self.roots_for_nobody
+                        let mut waiting = self
+                            .roots_for_nobody
                             .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push((name.to_string(), connection.clone()));
+                            .unwrap_or_else(PoisonError::into_inner);
+                        // One entry per upstream, however often it asks: its latest connection.
+                        waiting.retain(|(upstream, _)| upstream != name);
+                        waiting.push((name.to_string(), connection.clone()));
                         Err(Reply::Result(json!({"roots": []})))
                     }
                     _ => Err(error(
