@@ -25,7 +25,7 @@ pub struct Admin {
 }
 
 pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
-    if let Err(refusal) = admin.check_host(request.headers()) {
+    if let Some(refusal) = admin.refuse_host(request.headers()) {
         return refusal;
     }
     let path = request.uri().path();
@@ -98,12 +98,13 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
 }
 
 impl Admin {
-    /// One `Host`, and on a loopback listener a loopback one.
-    fn check_host(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+    /// The answer to a request without exactly one `Host`, or (on a loopback
+    /// listener) without a loopback one.
+    fn refuse_host(&self, headers: &HeaderMap) -> Option<Response<Body>> {
         let mut hosts = headers.get_all(header::HOST).iter();
         let host = hosts.next();
         if hosts.next().is_some() {
-            return Err(text(
+            return Some(text(
                 StatusCode::BAD_REQUEST,
                 "text/plain",
                 "more than one Host header\n".into(),
@@ -112,14 +113,13 @@ impl Admin {
         let loopback_host = host
             .and_then(|host| host.to_str().ok())
             .is_some_and(is_loopback_host);
-        if self.loopback && !loopback_host {
-            return Err(text(
+        (self.loopback && !loopback_host).then(|| {
+            text(
                 StatusCode::FORBIDDEN,
                 "text/plain",
                 "host not allowed\n".into(),
-            ));
-        }
-        Ok(())
+            )
+        })
     }
 }
 
