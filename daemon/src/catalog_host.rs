@@ -60,6 +60,15 @@ impl CatalogHost {
         self.catalog.subscribe()
     }
 
+    /// Whether a listing of `name` from the configuration of `generation` is still
+    /// wanted: no newer one of that name has published, and it was not removed.
+    pub fn accepts(&self, name: &str, generation: u64) -> bool {
+        self.lock()
+            .floor
+            .get(name)
+            .is_none_or(|floor| generation >= *floor)
+    }
+
     /// Installs a listing from the upstream configuration of `generation`, unless a
     /// newer one of that name has published since; returns whether it was installed.
     pub fn install(&self, generation: u64, listing: UpstreamListing) -> bool {

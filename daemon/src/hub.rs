@@ -241,8 +241,11 @@ impl Hub {
                 listing,
                 capabilities,
             } => {
-                self.catalog.save(&listing, capabilities);
-                self.catalog.install(generation, listing);
+                // A removed or replaced upstream's late listing is neither kept nor shown.
+                if self.catalog.accepts(&listing.upstream, generation) {
+                    self.catalog.save(&listing, capabilities);
+                    self.catalog.install(generation, listing);
+                }
             }
             SupervisorEvent::Notification { upstream, message } => {
                 self.fanout.route_notification(&upstream, &message)

@@ -140,7 +140,7 @@ impl UpstreamSet {
     /// Brings the set to a new configuration: removed upstreams leave (and drain),
     /// in-place changes apply, added ones start, and changed ones are replaced by a
     /// new instance once it is ready (the old one serves until then, and on if the
-    /// new one fails). An unchanged upstream that had failed is started afresh.
+    /// new one fails). An upstream that had failed is started afresh.
     pub async fn apply(
         &self,
         diff: ConfigDiff,
@@ -148,12 +148,6 @@ impl UpstreamSet {
         drain_timeout: Duration,
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
-        let touched: Vec<String> = diff
-            .restarted
-            .iter()
-            .chain(&diff.updated)
-            .map(|config| config.name.clone())
-            .collect();
         hooks.batch(true);
         for name in diff.removed {
             let mut removed = None;
@@ -194,10 +188,9 @@ impl UpstreamSet {
                 Err(failure) => report.failed.push(failure),
             }
         }
+        // A reload is the operator's word that a failed upstream may try again.
         for upstream in self.snapshot().values() {
-            if !touched.iter().any(|name| name == upstream.name())
-                && upstream.shared.state() == UpstreamState::Failed
-            {
+            if upstream.shared.state() == UpstreamState::Failed {
                 tracing::info!(upstream = %upstream.name(), "reload: starting a failed upstream afresh");
                 upstream.shared.retry();
             }
