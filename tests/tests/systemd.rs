@@ -225,6 +225,39 @@ async fn serve_notifies_ready_status_watchdog_and_stopping() -> anyhow::Result<(
         .with_context(|| format!("WATCHDOG=1: {}", log()))?;
 
     let pid = child.id().context("plexus exited early")?;
+    // A reload (what `systemctl reload` asks with SIGHUP under Type=notify-reload):
+    // RELOADING=1 with the monotonic clock, then READY=1 and a STATUS line.
+    let already = notifications.lines.len();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+        nix::sys::signal::Signal::SIGHUP,
+    )?;
+    notifications
+        .wait_for(Duration::from_secs(10), |line| {
+            line.starts_with("STATUS=configuration reloaded (applied)")
+        })
+        .await
+        .with_context(|| format!("STATUS after the reload: {}", log()))?;
+    let after: Vec<&String> = notifications.lines[already..].iter().collect();
+    let reloading = after
+        .iter()
+        .position(|line| *line == "RELOADING=1")
+        .with_context(|| format!("RELOADING=1 after SIGHUP: {after:?}"))?;
+    let usec = after
+        .get(reloading + 1)
+        .and_then(|line| line.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|value| value.parse::<u64>().ok())
+        .with_context(|| format!("MONOTONIC_USEC with RELOADING=1: {after:?}"))?;
+    ensure!(usec > 0);
+    let ready = after
+        .iter()
+        .rposition(|line| *line == "READY=1")
+        .with_context(|| format!("READY=1 after the reload: {after:?}"))?;
+    ensure!(
+        reloading < ready,
+        "READY=1 must follow RELOADING=1: {after:?}"
+    );
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(pid)?),
         nix::sys::signal::Signal::SIGTERM,
