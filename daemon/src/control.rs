@@ -113,6 +113,10 @@ impl ControlHandle {
 
 /// How many control inputs may wait; more SIGHUPs than this coalesce anyway.
 const INBOX: usize = 64;
+/// Reload requests closer together than this are one reload.
+const RELOAD_QUIET: Duration = Duration::from_millis(100);
+/// However long a burst lasts, a reload starts after this.
+const RELOAD_GATHER_MAX: Duration = Duration::from_secs(1);
 
 pub fn channel() -> (ControlHandle, mpsc::Receiver<Control>) {
     let (sender, receiver) = mpsc::channel(INBOX);
@@ -165,7 +169,13 @@ impl ControlLoop {
                             continue;
                         }
                         Some(Control::Reload { cause, reply }) => {
-                            (cause, reply.into_iter().collect())
+                            let mut request = (cause, reply.into_iter().collect());
+                            // A burst (a storm of SIGHUPs, a script's several writes)
+                            // becomes one reload.
+                            if !self.gather(&mut inbox, &mut request).await {
+                                return;
+                            }
+                            request
                         }
                     }
                 }
@@ -212,6 +222,45 @@ impl ControlLoop {
                 }
             }
             queued = more;
+        }
+    }
+
+    /// Folds the reload requests that follow within [`RELOAD_QUIET`] of each other
+    /// (for at most [`RELOAD_GATHER_MAX`]) into `request`; false on shutdown.
+    async fn gather(
+        &self,
+        inbox: &mut mpsc::Receiver<Control>,
+        request: &mut (ReloadCause, Vec<oneshot::Sender<ReloadReport>>),
+    ) -> bool {
+        let until = tokio::time::Instant::now() + RELOAD_GATHER_MAX;
+        loop {
+            let quiet = tokio::time::Instant::now() + RELOAD_QUIET;
+            let message = tokio::select! {
+                message = inbox.recv() => message,
+                _ = tokio::time::sleep_until(quiet.min(until)) => return true,
+                _ = self.shutdown.cancelled() => return false,
+            };
+            match message {
+                Some(Control::Reload { cause, reply }) => {
+                    // A requester who waits for an answer must not be skipped as an
+                    // unchanged file.
+                    if cause != ReloadCause::FileChanged {
+                        request.0 = cause;
+                    }
+                    request.1.extend(reply);
+                }
+                Some(Control::Restart { upstream, reply }) => {
+                    let _ = reply.send(self.hub.retry(&upstream));
+                }
+                Some(Control::Shutdown { cause }) => {
+                    self.stop(cause);
+                    return false;
+                }
+                None => {
+                    self.stop("the control channel closed");
+                    return false;
+                }
+            }
         }
     }
 
