@@ -154,6 +154,26 @@ async fn plexus_reload(daemon: &Daemon) -> anyhow::Result<(i32, Value)> {
     Ok((output.status.code().unwrap_or(-1), report))
 }
 
+/// A ready daemon on `sections`; the tests' turn is held while the guard lives.
+async fn started(sections: &str) -> anyhow::Result<(tokio::sync::MutexGuard<'static, ()>, Daemon)> {
+    let turn = SERIAL.lock().await;
+    check_built()?;
+    let daemon = Daemon::start(DAEMON, sections).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    Ok((turn, daemon))
+}
+
+/// A client that hears list changes, once the catalog lists `tool`.
+async fn watching(daemon: &Daemon, tool: &str) -> anyhow::Result<(TestClient, Client)> {
+    let handler = TestClient::default();
+    let client = http_client(&daemon.url, handler.clone()).await?;
+    until_tools(&client, daemon, |names| {
+        names.iter().any(|name| name == tool)
+    })
+    .await?;
+    Ok((handler, client))
+}
+
 fn check_built() -> anyhow::Result<()> {
     ensure!(
         fixture_binary().exists() && plexus_binary().exists(),
@@ -164,16 +184,8 @@ fn check_built() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstreams_are_added_and_removed_with_a_call_in_flight() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
-    let daemon = Daemon::start(DAEMON, &fixture("alpha", "")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
-    let handler = TestClient::default();
-    let client = http_client(&daemon.url, handler.clone()).await?;
-    until_tools(&client, &daemon, |names| {
-        names.contains(&"alpha__echo".into())
-    })
-    .await?;
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
+    let (handler, client) = watching(&daemon, "alpha__echo").await?;
     let alpha = pid_of("alpha")?;
 
     // Added: started as at boot, announced, and callable.
@@ -245,11 +257,8 @@ async fn upstreams_are_added_and_removed_with_a_call_in_flight() -> anyhow::Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_upstream_is_replaced_while_another_call_runs() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
     let sections = fixture("alpha", "") + &fixture("beta", "");
-    let daemon = Daemon::start(DAEMON, &sections).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let (_turn, daemon) = started(&sections).await?;
     let client = http_client(&daemon.url, TestClient::default()).await?;
     let (alpha, beta) = (pid_of("alpha")?, pid_of("beta")?);
 
@@ -293,10 +302,7 @@ async fn a_changed_upstream_is_replaced_while_another_call_runs() -> anyhow::Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_command_that_fails_leaves_the_old_instance_serving() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
-    let daemon = Daemon::start(DAEMON, &fixture("alpha", "")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
     let alpha = pid_of("alpha")?;
     let broken = "[upstreams.alpha]\ncommand = \"/nonexistent/plexus-fixture\"\nargs = [\"--name\", \"alpha\"]\n";
     std::fs::write(
@@ -329,11 +335,8 @@ async fn a_new_command_that_fails_leaves_the_old_instance_serving() -> anyhow::R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_files_are_rejected_and_change_nothing() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
     let sections = fixture("alpha", "");
-    let daemon = Daemon::start(DAEMON, &sections).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let (_turn, daemon) = started(&sections).await?;
     let alpha = pid_of("alpha")?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let good = config_text(&daemon, &sections);
@@ -386,10 +389,7 @@ async fn invalid_files_are_rejected_and_change_nothing() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_sighups_while_the_file_changes_coalesces() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
-    let daemon = Daemon::start(DAEMON, &fixture("alpha", "")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
     let alpha = pid_of("alpha")?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.pid().context("pid")?)?);
     let before = reloads(&daemon, "applied").await? + reloads(&daemon, "rejected").await?;
@@ -439,16 +439,8 @@ async fn a_burst_of_sighups_while_the_file_changes_coalesces() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_editors_rename_over_save_and_a_prefix_change_apply_in_place() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
-    let daemon = Daemon::start(DAEMON, &fixture("alpha", "")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
-    let handler = TestClient::default();
-    let client = http_client(&daemon.url, handler.clone()).await?;
-    until_tools(&client, &daemon, |names| {
-        names.contains(&"alpha__echo".into())
-    })
-    .await?;
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
+    let (handler, client) = watching(&daemon, "alpha__echo").await?;
     let alpha = pid_of("alpha")?;
 
     // Written to a temporary file and renamed over the config: no signal, no command.
@@ -491,10 +483,7 @@ async fn an_editors_rename_over_save_and_a_prefix_change_apply_in_place() -> any
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plexus_reload_reports_good_and_bad_files() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
-    let daemon = Daemon::start(DAEMON, &fixture("alpha", "")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
     let (code, report) = plexus_reload(&daemon).await?;
     ensure!(code == 0, "exit {code}: {report}");
     ensure!(report["outcome"] == "applied", "{report}");
@@ -543,10 +532,7 @@ async fn plexus_reload_reports_good_and_bad_files() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_refuses_cross_origin_and_foreign_hosts() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    check_built()?;
-    let daemon = Daemon::start(DAEMON, &fixture("alpha", "")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
     let alpha = pid_of("alpha")?;
     let http = reqwest::Client::new();
     for path in ["/reload", "/upstreams/alpha/restart"] {
