@@ -174,13 +174,7 @@ impl Hub {
 
     /// The upstream of that name, or the error a call to it gets.
     pub fn upstream_named(&self, name: &str) -> Result<Arc<Upstream>, RelayError> {
-        self.upstreams
-            .get(name)
-            .ok_or_else(|| RelayError::Unavailable {
-                upstream: name.to_string(),
-                state: "removed".into(),
-                retry_after_ms: None,
-            })
+        self.upstreams.named(name)
     }
 
     /// Registers who hears about state changes (systemd's STATUS line).

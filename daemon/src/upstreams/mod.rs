@@ -26,6 +26,7 @@ pub use instance::{Caller, Instance, Upstream, UpstreamState};
 pub use supervise::empty_listing;
 
 use crate::config::{ConfigDiff, UpstreamConfig};
+use crate::jsonrpc::RelayError;
 use crate::logging::LogLevel;
 
 /// What a supervisor reports. Listings and states carry the generation of the
@@ -117,6 +118,15 @@ impl UpstreamSet {
 
     pub fn get(&self, name: &str) -> Option<Arc<Upstream>> {
         self.snapshot().get(name).cloned()
+    }
+
+    /// The upstream of that name, or the error a call to it gets.
+    pub fn named(&self, name: &str) -> Result<Arc<Upstream>, RelayError> {
+        self.get(name).ok_or_else(|| RelayError::Unavailable {
+            upstream: name.to_string(),
+            state: "removed".into(),
+            retry_after_ms: None,
+        })
     }
 
     /// Whether `generation` is the one serving under `name` now.
