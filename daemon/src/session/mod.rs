@@ -3,8 +3,11 @@
 //! everything else to the owning upstream by table lookup.
 
 mod bridge;
+mod client_bound;
 
 pub use bridge::Continuations;
+
+use client_bound::ClientBound;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use adapters::{Reply, UpstreamConnection};
 use registry::{Catalog, Kind};
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::era::{self, RequestMeta};
@@ -32,40 +35,6 @@ pub struct ClientHello {
     pub protocol_version: Option<String>,
     pub capabilities: Value,
 }
-
-/// A request sent to this client, awaiting its answer.
-enum ClientBound {
-    /// An upstream's request, answered to the upstream under its own id.
-    Upstream {
-        connection: UpstreamConnection,
-        upstream_id: Value,
-    },
-    /// plexus's own (a 2026-07-28 upstream's input request), answered here.
-    Local(oneshot::Sender<Reply>),
-}
-
-impl ClientBound {
-    async fn answer(self, reply: Reply) {
-        match self {
-            ClientBound::Upstream {
-                connection,
-                upstream_id,
-            } => {
-                if connection.respond(upstream_id, reply).await.is_err() {
-                    tracing::debug!("the upstream went away before the client answered it");
-                }
-            }
-            ClientBound::Local(answer) => {
-                let _ = answer.send(reply);
-            }
-        }
-    }
-}
-
-/// How long plexus waits for a client to answer a question of its own.
-const CLIENT_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-/// Input-required rounds a call may take before plexus gives up on it.
-const MAX_INPUT_ROUNDS: usize = 10;
 
 /// A request an upstream sent while serving a 2026-07-28 client's request: it
 /// becomes an input request in that request's result.
@@ -385,23 +354,6 @@ impl Session {
         }
     }
 
-    /// Passes a client's answer to the upstream that asked, under the upstream's id.
-    async fn answer_client_bound(&self, id: &Value, reply: Reply) {
-        let key = id
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| id.to_string());
-        let request = self
-            .client_bound
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
-        match request {
-            Some(request) => request.answer(reply).await,
-            None => tracing::debug!(%id, "a response to no request plexus sent"),
-        }
-    }
-
     /// Whether the client declared a capability in `initialize` (`sampling`, `elicitation`, `roots`).
     pub fn has_capability(&self, path: &[&str]) -> bool {
         let hello = self.hello.lock().unwrap_or_else(PoisonError::into_inner);
@@ -413,194 +365,6 @@ impl Session {
             }
         }
         true
-    }
-
-    /// Sends an upstream's request to this client under a fresh id; the client's
-    /// answer goes back to the upstream under the upstream's own id.
-    pub fn forward_to_client(
-        &self,
-        sink: &mpsc::Sender<Value>,
-        connection: UpstreamConnection,
-        upstream_id: Value,
-        method: &str,
-        params: Option<Value>,
-    ) -> bool {
-        if let Some(inputs) = &self.inputs {
-            return inputs
-                .send(InputNeeded {
-                    connection,
-                    upstream_id,
-                    method: method.to_string(),
-                    params,
-                })
-                .is_ok();
-        }
-        let target = ClientBound::Upstream {
-            connection,
-            upstream_id,
-        };
-        self.send_client_bound(sink, target, method, params)
-            .is_some()
-    }
-
-    /// Sends a request to the client under a fresh id, remembering where its answer goes.
-    fn send_client_bound(
-        &self,
-        sink: &mpsc::Sender<Value>,
-        target: ClientBound,
-        method: &str,
-        params: Option<Value>,
-    ) -> Option<String> {
-        let id = format!(
-            "plexus-{}-{}",
-            self.id,
-            self.next_client_bound.fetch_add(1, Ordering::Relaxed) + 1
-        );
-        let mut message = json!({"jsonrpc": "2.0", "id": id, "method": method});
-        if let Some(params) = params {
-            message["params"] = params;
-        }
-        self.client_bound
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id.clone(), target);
-        if sink.try_send(message).is_err() {
-            self.client_bound
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&id);
-            return None;
-        }
-        Some(id)
-    }
-
-    /// Asks the client something on plexus's own behalf and waits for the answer.
-    async fn ask_client(
-        &self,
-        sink: &mpsc::Sender<Value>,
-        method: &str,
-        params: Option<Value>,
-    ) -> Result<Reply, RelayError> {
-        let (answer, answered) = oneshot::channel();
-        let id = self
-            .send_client_bound(sink, ClientBound::Local(answer), method, params)
-            .ok_or_else(|| {
-                RelayError::InvalidRequest("the client's queue is full or closed".into())
-            })?;
-        match tokio::time::timeout(CLIENT_ANSWER_TIMEOUT, answered).await {
-            Ok(Ok(reply)) => Ok(reply),
-            _ => {
-                self.client_bound
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&id);
-                Err(RelayError::InvalidRequest(format!(
-                    "the client did not answer `{method}`"
-                )))
-            }
-        }
-    }
-
-    /// Relays a request that may need client input: a 2026-07-28 upstream answers
-    /// with an input-required result. A 2026-07-28 client gets it as it is (its
-    /// retry carries the upstream's state back); a handshake-era client is asked
-    /// each input request as a real request, and plexus retries for it.
-    async fn forward_with_input(
-        &self,
-        upstream: &str,
-        method: &str,
-        params: Value,
-        call: CallContext<'_>,
-    ) -> Result<Reply, RelayError> {
-        let mut reply = self
-            .hub
-            .forward(upstream, method, Some(params.clone()), call)
-            .await?;
-        if self.is_scope() {
-            return Ok(reply);
-        }
-        for _ in 0..MAX_INPUT_ROUNDS {
-            let Reply::Result(result) = &mut reply else {
-                return Ok(reply);
-            };
-            if result.get("resultType").and_then(Value::as_str) != Some("input_required") {
-                // The handshake era has no result types.
-                if let Some(object) = result.as_object_mut() {
-                    if object.get("resultType").and_then(Value::as_str) == Some("complete") {
-                        object.remove("resultType");
-                    }
-                }
-                return Ok(reply);
-            }
-            let requests = result
-                .get("inputRequests")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
-            let mut responses = Map::new();
-            for (key, request) in requests {
-                let asked = request.get("method").and_then(Value::as_str).unwrap_or("");
-                let asked_params = request.get("params").cloned();
-                if let Some(capability) =
-                    crate::fanout::required_capability(asked, asked_params.as_ref())
-                {
-                    if !self.has_capability(&capability) {
-                        return Err(RelayError::InvalidRequest(format!(
-                            "upstream `{upstream}` needs `{asked}`, and this client did not declare the `{}` capability",
-                            capability.join(".")
-                        )));
-                    }
-                }
-                match self.ask_client(call.related, asked, asked_params).await? {
-                    Reply::Result(answer) => {
-                        responses.insert(key, answer);
-                    }
-                    // The client refused: the call ends with its answer.
-                    Reply::Error(error) => return Ok(Reply::Error(error)),
-                }
-            }
-            let mut retry = params.clone();
-            if let Some(object) = retry.as_object_mut() {
-                object.insert("inputResponses".into(), Value::Object(responses));
-                match result.get("requestState") {
-                    Some(state) => object.insert("requestState".into(), state.clone()),
-                    None => object.remove("requestState"),
-                };
-            }
-            reply = self
-                .hub
-                .forward(upstream, method, Some(retry), call)
-                .await?;
-        }
-        Err(RelayError::InvalidRequest(format!(
-            "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"
-        )))
-    }
-
-    /// An upstream cancelled a request it had sent this client: pass the cancel on.
-    pub fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value) {
-        let mut pending = self
-            .client_bound
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let found = pending
-            .iter()
-            .find(|(_, request)| match request {
-                ClientBound::Upstream {
-                    connection,
-                    upstream_id: id,
-                } => &**connection.upstream() == upstream && id == upstream_id,
-                ClientBound::Local(_) => false,
-            })
-            .map(|(id, _)| id.clone());
-        if let Some(id) = found {
-            pending.remove(&id);
-            drop(pending);
-            self.notify(jsonrpc::notification(
-                "notifications/cancelled",
-                Some(json!({"requestId": id, "reason": "the upstream withdrew its request"})),
-            ));
-        }
     }
 
     /// Sends a message outside any request's stream (logging, resource updates).
