@@ -1,10 +1,11 @@
 //! The plexus catalog: names and namespacing, route tables, immutable catalog snapshots
-//! and pagination cursors. Pure and synchronous: no I/O, no clock, no logging; problems
+//! pagination cursors, and schema fingerprints with drift classification. Pure and synchronous: no I/O, no clock, no logging; problems
 //! come back as [`CatalogWarning`] data.
 
 pub mod catalog;
 pub mod cursor;
 pub mod filter;
+pub mod fingerprint;
 pub mod headers;
 pub mod names;
 pub mod uris;

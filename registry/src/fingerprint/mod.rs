@@ -1,0 +1,160 @@
+//! Schema fingerprints and drift classification. Every entry an upstream lists
+//! gets two hashes, taken from the entry exactly as the upstream sent it: a
+//! *compatibility* hash over what callers depend on (its identity, required
+//! parameters and parameter types, local `$ref`s resolved) and a *security* hash
+//! over the whole definition in canonical JSON (RFC 8785), so that any change a
+//! model could read counts. Two listings of one upstream are compared field by
+//! field into classified changes.
+
+mod classify;
+mod shape;
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::Kind;
+
+pub use classify::{classify, Change, ChangeClass};
+
+/// The two hashes of one entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryFingerprint {
+    /// The tool or prompt name, the resource URI, or the template's URI template.
+    pub identity: String,
+    pub compatibility: String,
+    pub security: String,
+}
+
+/// One upstream's listing as received, with what it said of itself.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ListingSnapshot {
+    pub server_name: Option<String>,
+    pub server_version: Option<String>,
+    pub instructions: Option<String>,
+    pub tools: Vec<Value>,
+    pub prompts: Vec<Value>,
+    pub resources: Vec<Value>,
+    pub resource_templates: Vec<Value>,
+}
+
+impl ListingSnapshot {
+    pub fn entries(&self, kind: Kind) -> &[Value] {
+        match kind {
+            Kind::Tools => &self.tools,
+            Kind::Prompts => &self.prompts,
+            Kind::Resources => &self.resources,
+            Kind::ResourceTemplates => &self.resource_templates,
+        }
+    }
+}
+
+/// The member that names an entry of `kind`.
+pub fn identity(kind: Kind, entry: &Value) -> Option<&str> {
+    let key = match kind {
+        Kind::Tools | Kind::Prompts => "name",
+        Kind::Resources => "uri",
+        Kind::ResourceTemplates => "uriTemplate",
+    };
+    entry.get(key)?.as_str()
+}
+
+/// Both hashes of an entry; None when it has no identity.
+pub fn fingerprint(kind: Kind, entry: &Value) -> Option<EntryFingerprint> {
+    Some(EntryFingerprint {
+        identity: identity(kind, entry)?.to_string(),
+        compatibility: compatibility_hash(kind, entry),
+        security: security_hash(entry),
+    })
+}
+
+/// SHA-256 of the entry in RFC 8785 canonical JSON: key order and whitespace do
+/// not count, every member and every value does.
+pub fn security_hash(entry: &Value) -> String {
+    hex_sha256(&canonical(entry))
+}
+
+/// SHA-256 over what a caller depends on: the identity, required parameters and
+/// parameter types (with local `$ref`s resolved), in canonical JSON.
+pub fn compatibility_hash(kind: Kind, entry: &Value) -> String {
+    hex_sha256(&canonical(&compatibility_summary(kind, entry)))
+}
+
+/// What the compatibility hash is taken over.
+pub fn compatibility_summary(kind: Kind, entry: &Value) -> Value {
+    let identity = identity(kind, entry).unwrap_or_default();
+    match kind {
+        Kind::Tools => {
+            let schema = entry.get("inputSchema").cloned().unwrap_or(Value::Null);
+            json!({"name": identity, "input": shape::of_schema(&schema)})
+        }
+        Kind::Prompts => {
+            let arguments: BTreeSet<(String, bool)> = prompt_arguments(entry)
+                .into_iter()
+                .map(|(name, required, _)| (name, required))
+                .collect();
+            json!({"name": identity, "arguments": arguments.into_iter().collect::<Vec<_>>()})
+        }
+        Kind::Resources => json!({"uri": identity}),
+        Kind::ResourceTemplates => json!({"uriTemplate": identity}),
+    }
+}
+
+/// A fingerprint of one upstream's whole catalog: every entry's identity and
+/// security hash, and the server's name, version and instructions. A rename or a
+/// removed entry changes it.
+pub fn catalog_fingerprint(snapshot: &ListingSnapshot) -> String {
+    let mut entries = BTreeSet::new();
+    for kind in Kind::ALL {
+        for entry in snapshot.entries(kind) {
+            if let Some(print) = fingerprint(kind, entry) {
+                entries.insert((kind.label(), print.identity, print.security));
+            }
+        }
+    }
+    let summary = json!({
+        "server": {
+            "name": snapshot.server_name,
+            "version": snapshot.server_version,
+            "instructions": snapshot.instructions,
+        },
+        "entries": entries.into_iter().collect::<Vec<_>>(),
+    });
+    hex_sha256(&canonical(&summary))
+}
+
+/// A prompt's arguments as (name, required, the argument itself).
+fn prompt_arguments(entry: &Value) -> Vec<(String, bool, Value)> {
+    entry
+        .get("arguments")
+        .and_then(Value::as_array)
+        .map(|arguments| {
+            arguments
+                .iter()
+                .filter_map(|argument| {
+                    let name = argument.get("name")?.as_str()?.to_string();
+                    let required = argument.get("required").and_then(Value::as_bool) == Some(true);
+                    Some((name, required, argument.clone()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn canonical(value: &Value) -> Vec<u8> {
+    // Serialising a `Value` cannot fail (its keys are strings); an empty input
+    // would still hash deterministically.
+    serde_json_canonicalizer::to_vec(value).unwrap_or_default()
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
