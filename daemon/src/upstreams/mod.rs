@@ -22,8 +22,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use instance::{Caller, Instance, Upstream, UpstreamState};
-pub use supervise::empty_listing;
+pub use instance::{client_identity, Caller, Instance, Upstream, UpstreamState};
+pub use supervise::{empty_listing, fetch_listing, open_connection, DISCOVER_PROBE_TIMEOUT};
 
 use crate::config::{ConfigDiff, UpstreamConfig};
 use crate::jsonrpc::RelayError;

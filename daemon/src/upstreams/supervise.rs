@@ -8,6 +8,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use adapters::handshake::{self, ServerHello};
+use adapters::stdio::ConnectionStats;
 use adapters::{
     ConnectionError, HttpOptions, Reply, StdioOptions, UpstreamConnection, UpstreamEvent,
 };
@@ -144,30 +145,9 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let config = &upstream.config();
     let name = instance.name.clone();
     let (events_tx, events) = mpsc::channel(256);
-    let connection = match &config.launch {
-        Launch::Stdio(spec) => {
-            let options = StdioOptions {
-                max_message_bytes: config.max_message_bytes,
-                stop_grace: config.stop_grace,
-                stats: upstream.stats.clone(),
-                ..StdioOptions::default()
-            };
-            UpstreamConnection::spawn_stdio(name.clone(), spec, &options, events_tx)
-                .map_err(|error| error.to_string())
-        }
-        Launch::Http(endpoint) => {
-            let options = HttpOptions {
-                max_message_bytes: config.max_message_bytes,
-                connect_timeout: config.init_timeout.min(HTTP_CONNECT_TIMEOUT),
-                stats: upstream.stats.clone(),
-            };
-            let connecting =
-                UpstreamConnection::connect_http(name.clone(), endpoint, &options, events_tx);
-            tokio::select! {
-                connected = connecting => connected.map_err(|error| error.to_string()),
-                _ = instance.stop.cancelled() => return RunEnd::Stopped,
-            }
-        }
+    let connection = tokio::select! {
+        connected = open_connection(&name, config, upstream.stats.clone(), events_tx) => connected,
+        _ = instance.stop.cancelled() => return RunEnd::Stopped,
     };
     let connection = match connection {
         Ok(connection) => connection,
@@ -274,6 +254,38 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     set_state(instance, upstream, UpstreamState::Stopping).await;
     connection.shutdown().await;
     end
+}
+
+/// Starts the upstream's process, or connects to its URL; what it sends on its
+/// own arrives on `events`.
+pub async fn open_connection(
+    name: &Arc<str>,
+    config: &UpstreamConfig,
+    stats: Arc<ConnectionStats>,
+    events: mpsc::Sender<UpstreamEvent>,
+) -> Result<UpstreamConnection, String> {
+    match &config.launch {
+        Launch::Stdio(spec) => {
+            let options = StdioOptions {
+                max_message_bytes: config.max_message_bytes,
+                stop_grace: config.stop_grace,
+                stats,
+                ..StdioOptions::default()
+            };
+            UpstreamConnection::spawn_stdio(name.clone(), spec, &options, events)
+                .map_err(|error| error.to_string())
+        }
+        Launch::Http(endpoint) => {
+            let options = HttpOptions {
+                max_message_bytes: config.max_message_bytes,
+                connect_timeout: config.init_timeout.min(HTTP_CONNECT_TIMEOUT),
+                stats,
+            };
+            UpstreamConnection::connect_http(name.clone(), endpoint, &options, events)
+                .await
+                .map_err(|error| error.to_string())
+        }
+    }
 }
 
 /// A 2026-07-28 upstream sends list changes and resource updates only on a
@@ -457,7 +469,7 @@ const MAX_LIST_PAGES: usize = 1000;
 /// How long connecting to an HTTP upstream (and an HTTP+SSE `endpoint` event) may take.
 const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a `server/discover` probe may go unanswered before the upstream counts as handshake era.
-const DISCOVER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DISCOVER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An empty listing of `config`'s upstream, ready to be filled.
 pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {
@@ -473,7 +485,7 @@ pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {
 }
 
 /// Lists every kind the upstream advertised.
-async fn fetch_listing(
+pub async fn fetch_listing(
     connection: &UpstreamConnection,
     config: &UpstreamConfig,
     hello: &ServerHello,
