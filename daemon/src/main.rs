@@ -7,6 +7,7 @@ mod catalog_host;
 mod config;
 mod control;
 mod era;
+mod explore_command;
 mod fanout;
 mod http_front;
 mod hub;
@@ -22,6 +23,7 @@ mod systemd;
 mod tasks;
 mod upstreams;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -60,6 +62,36 @@ enum Command {
         #[arg(long, short, default_value = "config.toml")]
         config: PathBuf,
     },
+    /// List what an upstream (a configured name, or a naked URI such as
+    /// mcp+uvx://pkg or an http(s) URL) serves, without a daemon.
+    Explore {
+        target: String,
+        #[command(flatten)]
+        options: ExploreOptions,
+    },
+    /// One tool's definition, as the upstream sends it.
+    Schema {
+        target: String,
+        tool: String,
+        #[command(flatten)]
+        options: ExploreOptions,
+    },
+    /// Both hashes of every entry and the catalog fingerprint (what plexus pins).
+    Hash {
+        target: String,
+        #[command(flatten)]
+        options: ExploreOptions,
+    },
+    /// Call one tool with JSON arguments and print its result.
+    Call {
+        target: String,
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(default_value = "{}")]
+        arguments: String,
+        #[command(flatten)]
+        options: ExploreOptions,
+    },
     /// Ask the running daemon to reload its configuration; prints the outcome as
     /// JSON (exit 0 when applied, 1 when rejected or partial, 69 when no daemon answers).
     Reload {
@@ -72,9 +104,35 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+struct ExploreOptions {
+    /// Where a configured upstream's name is looked up.
+    #[arg(long, short, default_value = "config.toml")]
+    config: PathBuf,
+    /// Indented JSON, for people.
+    #[arg(long)]
+    pretty: bool,
+}
+
+/// What an explore command asks of its target.
+enum Exploration {
+    Explore,
+    Schema(String),
+    Hash,
+    Call(String, String),
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // The one-shot commands print JSON; only their problems belong in the log.
+    let quiet = matches!(
+        cli.command,
+        Command::Explore { .. }
+            | Command::Schema { .. }
+            | Command::Hash { .. }
+            | Command::Call { .. }
+    );
+    init_tracing(if quiet { "warn" } else { "info" });
     match cli.command {
         Command::CheckConfig { config } => match config::load(&config, &environment) {
             Ok(loaded) => {
@@ -93,6 +151,19 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config, admin } => reload(&config, admin.as_deref()),
+        Command::Explore { target, options } => explore(&target, &options, Exploration::Explore),
+        Command::Schema {
+            target,
+            tool,
+            options,
+        } => explore(&target, &options, Exploration::Schema(tool)),
+        Command::Hash { target, options } => explore(&target, &options, Exploration::Hash),
+        Command::Call {
+            target,
+            tool,
+            arguments,
+            options,
+        } => explore(&target, &options, Exploration::Call(tool, arguments)),
         Command::Serve { config, stdio } => {
             let (loaded, sha256) = match config::read(&config, &environment) {
                 Ok(loaded) => loaded,
@@ -148,6 +219,48 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
+/// The explore commands: JSON on stdout, or a JSON error on stderr and exit 1.
+fn explore(target: &str, options: &ExploreOptions, what: Exploration) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let outcome = runtime.block_on(async {
+        let explored = explore_command::open(target, &options.config, &environment).await?;
+        let answer = match what {
+            Exploration::Explore => Ok(explored.explore()),
+            Exploration::Schema(tool) => explored.schema(&tool),
+            Exploration::Hash => Ok(explored.hash()),
+            Exploration::Call(tool, arguments) => match serde_json::from_str(&arguments) {
+                Ok(arguments @ serde_json::Value::Object(_)) => {
+                    explored.call(&tool, arguments).await
+                }
+                _ => Err(explore_command::ExploreError::Target(format!(
+                    "the arguments must be a JSON object, not `{arguments}`"
+                ))),
+            },
+        };
+        explored.close().await;
+        answer
+    });
+    match outcome {
+        Ok(answer) => {
+            let text = if options.pretty {
+                serde_json::to_string_pretty(&answer)
+            } else {
+                serde_json::to_string(&answer)
+            };
+            // A closed pipe (`| head`) is the reader's choice, not a failure to report.
+            let _ = writeln!(std::io::stdout(), "{}", text.unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let report = serde_json::json!({"error": error.to_string(), "target": target});
+            let _ = writeln!(std::io::stderr(), "{report}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `plexus reload`: the daemon's JSON answer on stdout.
 fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
     let Some(runtime) = runtime() else {
@@ -174,9 +287,9 @@ fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
 }
 
 /// Logs go to stderr: in stdio mode stdout is the protocol.
-fn init_tracing() {
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PLEXUS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,0 +1,222 @@
+//! The explore commands (`explore`, `schema`, `hash`, `call`): a configured
+//! upstream or any naked URI (`mcp+uvx://…`, `mcp+npx://…`, `mcp+python://…`,
+//! `mcp+node://…`, `http(s)://…`) is started, initialized and listed without a
+//! daemon, and stopped when the command ends. Output is JSON for scripts and models.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use adapters::handshake;
+use adapters::stdio::ConnectionStats;
+use adapters::{Reply, UpstreamConnection};
+use registry::fingerprint::{self, ListingSnapshot};
+use registry::Kind;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::config::{self, UpstreamConfig};
+use crate::upstreams::{client_identity, fetch_listing, open_connection, DISCOVER_PROBE_TIMEOUT};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExploreError {
+    #[error("{0}")]
+    Target(String),
+    #[error("upstream `{upstream}` could not be started: {reason}")]
+    Start { upstream: String, reason: String },
+    #[error("upstream `{upstream}` failed: {reason}")]
+    Upstream { upstream: String, reason: String },
+    #[error("upstream `{upstream}` has no tool `{tool}`")]
+    UnknownTool { upstream: String, tool: String },
+}
+
+/// A started and initialized upstream with its listing.
+pub struct Explored {
+    name: String,
+    connection: UpstreamConnection,
+    hello: handshake::ServerHello,
+    snapshot: ListingSnapshot,
+}
+
+/// The upstream a target names: a configured upstream of `config_path`, or a
+/// naked URI or URL, checked by the same rules as the config file.
+fn target_config(
+    target: &str,
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<UpstreamConfig, ExploreError> {
+    if target.contains("://") {
+        let key = if target.starts_with("http://") || target.starts_with("https://") {
+            "url"
+        } else {
+            "uri"
+        };
+        let text = format!(
+            "[upstreams.target]\n{key} = {}\n",
+            toml::Value::from(target)
+        );
+        let base = std::env::current_dir().unwrap_or_else(|_| Path::new(".").to_path_buf());
+        let mut parsed = config::parse(&text, &base, environment).map_err(|issues| {
+            let reasons: Vec<String> = issues.iter().map(|issue| issue.message.clone()).collect();
+            ExploreError::Target(format!("`{target}`: {}", reasons.join("; ")))
+        })?;
+        return parsed
+            .upstreams
+            .remove("target")
+            .ok_or_else(|| ExploreError::Target(format!("`{target}` names no upstream")));
+    }
+    let mut loaded = config::load(config_path, environment)
+        .map_err(|error| ExploreError::Target(error.to_string()))?;
+    loaded.upstreams.remove(target).ok_or_else(|| {
+        ExploreError::Target(format!(
+            "`{target}` is neither an upstream of {} nor a URI (mcp+uvx://…, mcp+npx://…, http(s)://…)",
+            config_path.display()
+        ))
+    })
+}
+
+/// Starts, initializes and lists the target.
+pub async fn open(
+    target: &str,
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Explored, ExploreError> {
+    let config = target_config(target, config_path, environment)?;
+    let name: Arc<str> = Arc::from(config.name.as_str());
+    let (events, mut ignored) = mpsc::channel(256);
+    // What the upstream says on its own (logs, list changes) is not part of the answer.
+    tokio::spawn(async move { while ignored.recv().await.is_some() {} });
+    let connection = open_connection(&name, &config, Arc::new(ConnectionStats::default()), events)
+        .await
+        .map_err(|reason| ExploreError::Start {
+            upstream: config.name.clone(),
+            reason,
+        })?;
+    let failed = |reason: String| ExploreError::Upstream {
+        upstream: config.name.clone(),
+        reason,
+    };
+    let probe = config.init_timeout.min(DISCOVER_PROBE_TIMEOUT);
+    let identity = client_identity();
+    let start = handshake::connect(&connection, &identity, config.protocol.for_adapter(), probe);
+    let hello = match tokio::time::timeout(config.init_timeout, start).await {
+        Ok(Ok(hello)) => hello,
+        Ok(Err(error)) => {
+            connection.shutdown().await;
+            return Err(failed(format!("initialize failed: {error}")));
+        }
+        Err(_) => {
+            connection.shutdown().await;
+            return Err(failed("it did not answer initialize in time".into()));
+        }
+    };
+    let listing = match fetch_listing(&connection, &config, &hello).await {
+        Ok(listing) => listing,
+        Err(error) => {
+            connection.shutdown().await;
+            return Err(failed(format!("listing failed: {error}")));
+        }
+    };
+    let snapshot = ListingSnapshot {
+        server_name: hello
+            .server_info
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        server_version: hello
+            .server_info
+            .get("version")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        instructions: hello.instructions.clone(),
+        tools: listing.tools,
+        prompts: listing.prompts,
+        resources: listing.resources,
+        resource_templates: listing.resource_templates,
+    };
+    Ok(Explored {
+        name: config.name,
+        connection,
+        hello,
+        snapshot,
+    })
+}
+
+impl Explored {
+    /// Stops the upstream (its whole process group, for a stdio one).
+    pub async fn close(self) {
+        self.connection.shutdown().await;
+    }
+
+    fn server(&self) -> Value {
+        json!({
+            "serverInfo": self.hello.server_info,
+            "protocolVersion": self.hello.protocol_version,
+            "capabilities": self.hello.capabilities,
+            "instructions": self.hello.instructions,
+        })
+    }
+
+    /// Everything the upstream lists, with what it said of itself.
+    pub fn explore(&self) -> Value {
+        json!({
+            "server": self.server(),
+            "tools": self.snapshot.tools,
+            "prompts": self.snapshot.prompts,
+            "resources": self.snapshot.resources,
+            "resourceTemplates": self.snapshot.resource_templates,
+        })
+    }
+
+    /// One tool's definition as the upstream sent it.
+    pub fn schema(&self, tool: &str) -> Result<Value, ExploreError> {
+        self.snapshot
+            .tools
+            .iter()
+            .find(|entry| entry.get("name").and_then(Value::as_str) == Some(tool))
+            .cloned()
+            .ok_or_else(|| ExploreError::UnknownTool {
+                upstream: self.name.clone(),
+                tool: tool.to_string(),
+            })
+    }
+
+    /// Both hashes of every entry and the catalog fingerprint: the values plexus pins.
+    pub fn hash(&self) -> Value {
+        let mut entries = Map::new();
+        for kind in Kind::ALL {
+            let hashed: Vec<Value> = self
+                .snapshot
+                .entries(kind)
+                .iter()
+                .filter_map(|entry| fingerprint::fingerprint(kind, entry))
+                .map(|print| {
+                    json!({
+                        "identity": print.identity,
+                        "compatibility": print.compatibility,
+                        "security": print.security,
+                    })
+                })
+                .collect();
+            entries.insert(kind.result_key().to_string(), Value::Array(hashed));
+        }
+        json!({
+            "server": self.hello.server_info,
+            "catalogFingerprint": fingerprint::catalog_fingerprint(&self.snapshot),
+            "entries": entries,
+        })
+    }
+
+    /// Calls a tool and returns the upstream's result (or its error object).
+    pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ExploreError> {
+        self.schema(tool)?;
+        let params = json!({"name": tool, "arguments": arguments});
+        match self.connection.request("tools/call", Some(params)).await {
+            Ok(Reply::Result(result)) => Ok(result),
+            Ok(Reply::Error(error)) => Ok(json!({"error": error})),
+            Err(error) => Err(ExploreError::Upstream {
+                upstream: self.name.clone(),
+                reason: error.to_string(),
+            }),
+        }
+    }
+}
