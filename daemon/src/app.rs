@@ -227,8 +227,11 @@ async fn write_runtime_file(
         "url": format!("http://{listen}/mcp"),
     });
     let target = path.clone();
-    tokio::task::spawn_blocking(move || crate::catalog_host::write_atomically(&target, &body))
-        .await
-        .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())))
-        .map_err(|source| ServeError::StateDir { path, source })
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    tokio::task::spawn_blocking(move || {
+        crate::catalog_host::write_atomically(&target, &bytes, 0o644)
+    })
+    .await
+    .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())))
+    .map_err(|source| ServeError::StateDir { path, source })
 }

@@ -195,7 +195,8 @@ impl CatalogHost {
         let path = self.cache_path(&listing.upstream);
         let upstream = listing.upstream.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(error) = write_atomically(&path, &body) {
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            if let Err(error) = write_atomically(&path, &bytes, 0o644) {
                 tracing::warn!(upstream = %upstream, %error, "could not keep the upstream's listing on disk");
             }
         });
@@ -224,9 +225,11 @@ impl CatalogHost {
     }
 }
 
-/// Writes a file by renaming a complete, synced temporary one over it.
-pub fn write_atomically(path: &Path, body: &Value) -> std::io::Result<()> {
+/// Writes a file by renaming a complete, synced temporary one over it, created
+/// with permissions `mode`.
+pub fn write_atomically(path: &Path, body: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     // Unique per write: two writes of one file may overlap on the blocking pool.
@@ -237,8 +240,13 @@ pub fn write_atomically(path: &Path, body: &Value) -> std::io::Result<()> {
         std::process::id(),
         WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let mut file = std::fs::File::create(&temporary)?;
-    file.write_all(&serde_json::to_vec(body).unwrap_or_default())?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&temporary)?;
+    file.write_all(body)?;
     file.sync_all()?;
     std::fs::rename(&temporary, path)
 }

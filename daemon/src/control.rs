@@ -329,6 +329,7 @@ impl ControlLoop {
         config.daemon.listen = self.current.daemon.listen;
         config.daemon.admin_listen = self.current.daemon.admin_listen;
         config.daemon.state_dir = self.current.daemon.state_dir.clone();
+        config.daemon.pins = self.current.daemon.pins.clone();
 
         let diff = ConfigDiff::between(&self.current.upstreams, &config.upstreams);
         let applied = self.hub.apply(diff, config.daemon.drain_timeout).await;

@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use adapters::handshake::ServerHello;
 use adapters::{ConnectionError, Reply};
-use registry::{Catalog, CatalogOptions, ToolFilter};
+use registry::fingerprint::ListingSnapshot;
+use registry::{Catalog, CatalogOptions, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
@@ -20,6 +22,7 @@ use crate::config::{Config, ConfigDiff, DaemonSettings};
 use crate::fanout::Fanout;
 use crate::jsonrpc::RelayError;
 use crate::metrics::Metrics;
+use crate::pins::Pins;
 use crate::progress::ProgressRoutes;
 use crate::tasks::TaskRoutes;
 use crate::upstreams::{
@@ -42,6 +45,8 @@ pub struct Hub {
     pub fanout: Arc<Fanout>,
     /// Task ids handed to clients, to their upstream and creating session.
     pub task_routes: Arc<TaskRoutes>,
+    /// Each upstream's pinned fingerprints; fresh listings are checked against them.
+    pins: Pins,
 }
 
 /// What a relayed request carries besides its method and params.
@@ -79,11 +84,13 @@ impl Hub {
         let tasks = TaskTracker::new();
         let (events, receiver) = mpsc::channel(EVENT_QUEUE);
         let (log_level, log_level_receiver) = watch::channel(None);
+        let progress = Arc::new(ProgressRoutes::default());
         let supervision = Supervision {
             events,
             log_level: log_level_receiver,
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
+            progress: progress.clone(),
         };
         let upstreams = Arc::new(UpstreamSet::new(supervision));
         let catalog = Arc::new(CatalogHost::new(
@@ -91,7 +98,6 @@ impl Hub {
             config.daemon.state_dir.join("catalog"),
             metrics.clone(),
         ));
-        let progress = Arc::new(ProgressRoutes::default());
         let task_routes = Arc::new(TaskRoutes::default());
         let fanout = Arc::new(Fanout::new(
             upstreams.clone(),
@@ -101,7 +107,9 @@ impl Hub {
             tasks.clone(),
             log_level,
         ));
+        let pins = Pins::load(&config.daemon.pins, metrics.clone());
         let hub = Arc::new(Hub {
+            pins,
             upstreams,
             catalog,
             metrics,
@@ -234,12 +242,17 @@ impl Hub {
                 generation,
                 listing,
                 capabilities,
+                hello,
+                installed,
             } => {
                 // A removed or replaced upstream's late listing is neither kept nor shown.
                 if self.catalog.accepts(&listing.upstream, generation) {
+                    self.pins
+                        .check(&listing.upstream, snapshot_of(&listing, &hello));
                     self.catalog.save(&listing, capabilities);
-                    self.catalog.install(generation, listing);
+                    self.catalog.install(generation, *listing);
                 }
+                let _ = installed.send(());
             }
             SupervisorEvent::Notification { upstream, message } => {
                 self.fanout.route_notification(&upstream, &message)
@@ -517,6 +530,26 @@ async fn wait_for(activity: Option<&Notify>) {
     match activity {
         Some(activity) => activity.notified().await,
         None => std::future::pending().await,
+    }
+}
+
+/// A listing as received, with what the server said of itself: what pins are taken of.
+fn snapshot_of(listing: &UpstreamListing, hello: &ServerHello) -> ListingSnapshot {
+    let text = |key: &str| {
+        hello
+            .server_info
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    ListingSnapshot {
+        server_name: text("name"),
+        server_version: text("version"),
+        instructions: hello.instructions.clone(),
+        tools: listing.tools.clone(),
+        prompts: listing.prompts.clone(),
+        resources: listing.resources.clone(),
+        resource_templates: listing.resource_templates.clone(),
     }
 }
 

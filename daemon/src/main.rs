@@ -15,6 +15,7 @@ mod jsonrpc;
 mod listener;
 mod logging;
 mod metrics;
+mod pins;
 mod progress;
 mod reload_command;
 mod session;

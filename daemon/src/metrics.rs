@@ -38,6 +38,9 @@ pub struct Metrics {
     pub config_last_reload_successful: IntGauge,
     pub config_last_reload_timestamp: Gauge,
     pub config_info: IntGaugeVec,
+    pub schema_changes: IntCounterVec,
+    pub schema_checks: IntCounterVec,
+    pub catalog_fingerprint_info: IntGaugeVec,
 }
 
 impl Metrics {
@@ -147,6 +150,30 @@ impl Metrics {
             ),
             &["sha256"],
         )?;
+        let schema_changes = IntCounterVec::new(
+            Opts::new(
+                "plexus_schema_changes_total",
+                "Changes found against an upstream's pinned catalog, by class (breaking, security, cosmetic).",
+            ),
+            &["upstream", "class"],
+        )?;
+        let schema_checks = IntCounterVec::new(
+            Opts::new(
+                "plexus_schema_checks_total",
+                "Listings checked against the pins, by outcome (pinned, unchanged, changed, pin_file_unreadable).",
+            ),
+            &["upstream", "outcome"],
+        )?;
+        let catalog_fingerprint_info = IntGaugeVec::new(
+            Opts::new(
+                "plexus_catalog_fingerprint_info",
+                "1, labelled with the fingerprint of the upstream's current catalog.",
+            ),
+            &["upstream", "fingerprint"],
+        )?;
+        registry.register(Box::new(schema_changes.clone()))?;
+        registry.register(Box::new(schema_checks.clone()))?;
+        registry.register(Box::new(catalog_fingerprint_info.clone()))?;
         registry.register(Box::new(config_reloads.clone()))?;
         registry.register(Box::new(config_last_reload_successful.clone()))?;
         registry.register(Box::new(config_last_reload_timestamp.clone()))?;
@@ -181,6 +208,9 @@ impl Metrics {
             config_last_reload_successful,
             config_last_reload_timestamp,
             config_info,
+            schema_changes,
+            schema_checks,
+            catalog_fingerprint_info,
         })
     }
 
@@ -195,6 +225,17 @@ impl Metrics {
         forget(&self.upstream_pending, name);
         forget(&self.upstream_session_instances, name);
         forget(&self.upstream_dropped_lines, name);
+        forget(&self.schema_changes, name);
+        forget(&self.schema_checks, name);
+        forget(&self.catalog_fingerprint_info, name);
+    }
+
+    /// The one fingerprint series of `upstream`: its current catalog's.
+    pub fn catalog_fingerprint(&self, upstream: &str, fingerprint: &str) {
+        forget(&self.catalog_fingerprint_info, upstream);
+        self.catalog_fingerprint_info
+            .with_label_values(&[upstream, fingerprint])
+            .set(1);
     }
 
     /// Records a load of the file whose hash is `sha256` (the previous hash's series goes).

@@ -92,6 +92,9 @@ pub fn daemon_keys_needing_restart(
     if old.state_dir != new.state_dir {
         keys.push("daemon.state_dir");
     }
+    if old.pins != new.pins {
+        keys.push("daemon.pins");
+    }
     keys
 }
 

@@ -37,6 +37,8 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pin file's name beside the config, unless `[daemon] pins` names another.
+pub const DEFAULT_PINS_FILE: &str = "plexus.lock";
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A validated configuration.
@@ -59,6 +61,8 @@ pub struct DaemonSettings {
     pub drain_timeout: Duration,
     /// HTTP sessions silent this long (and with no event stream open) are ended.
     pub session_idle_timeout: Duration,
+    /// The pin file: each upstream's fingerprints and the definitions they were taken from.
+    pub pins: PathBuf,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -28,6 +28,7 @@ pub(super) struct RawDaemon {
     pub state_dir: Option<PathBuf>,
     pub drain_timeout: Option<String>,
     pub session_idle_timeout: Option<String>,
+    pub pins: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

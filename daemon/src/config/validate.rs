@@ -145,7 +145,9 @@ fn validate_daemon(
         Some(dir) => base.join(dir),
         None => default_state_dir(environment),
     };
+    let pins = base.join(raw.pins.unwrap_or_else(|| PathBuf::from(DEFAULT_PINS_FILE)));
     DaemonSettings {
+        pins,
         listen,
         admin_listen,
         name_budget,

@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use adapters::handshake::ServerHello;
 use adapters::UpstreamConnection;
 use registry::UpstreamListing;
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -28,6 +29,7 @@ pub use supervise::{empty_listing, fetch_listing, open_connection, DISCOVER_PROB
 use crate::config::{ConfigDiff, UpstreamConfig};
 use crate::jsonrpc::RelayError;
 use crate::logging::LogLevel;
+use crate::progress::ProgressRoutes;
 
 /// What a supervisor reports. Listings and states carry the generation of the
 /// upstream configuration that produced them, so a draining predecessor can never
@@ -42,8 +44,13 @@ pub enum SupervisorEvent {
     /// The shared instance was listed (at start or after a `list_changed`).
     Listing {
         generation: u64,
-        listing: UpstreamListing,
+        listing: Box<UpstreamListing>,
         capabilities: Value,
+        /// What the server said of itself when it was initialized.
+        hello: Box<ServerHello>,
+        /// Told once the listing is in the catalog: an instance is ready only when
+        /// what it serves is listed.
+        installed: oneshot::Sender<()>,
     },
     /// A notification the upstream sent on its own (progress, logs, updates, ...).
     Notification { upstream: Arc<str>, message: Value },
@@ -67,6 +74,8 @@ pub struct Supervision {
     pub log_level: watch::Receiver<Option<LogLevel>>,
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
+    /// Where upstream progress goes, without a detour through the pump.
+    pub progress: Arc<ProgressRoutes>,
 }
 
 /// The tables that hang off upstream names, told when the set changes.

@@ -14,7 +14,7 @@ use adapters::{
 };
 use registry::{Kind, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -366,6 +366,10 @@ async fn serve_events(
                 if method.ends_with("/list_changed") {
                     // Coalesced: many notifications while a listing runs cause one more listing.
                     refresh.notify_one();
+                } else if method == "notifications/progress" {
+                    // Straight to the call's stream: its last progress must not trail
+                    // its result, which takes the connection's own path.
+                    upstream.supervision.progress.route(&message);
                 } else {
                     upstream
                         .report(SupervisorEvent::Notification {
@@ -450,13 +454,18 @@ async fn publish_listing(
     let config = upstream.config();
     match fetch_listing(connection, &config, hello).await {
         Ok(listing) => {
+            let (installed, listed) = oneshot::channel();
             upstream
                 .report(SupervisorEvent::Listing {
                     generation: upstream.generation(),
-                    listing,
+                    listing: Box::new(listing),
                     capabilities: upstream.known_capabilities(),
+                    hello: Box::new(hello.clone()),
+                    installed,
                 })
-                .await
+                .await;
+            // Gone only when the pump is (shutdown), or the listing was refused.
+            let _ = listed.await;
         }
         Err(error) => {
             tracing::warn!(upstream = %config.name, %error, "listing the upstream's catalog failed")
