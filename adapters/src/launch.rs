@@ -23,6 +23,36 @@ pub enum Launcher {
     Command { program: String },
 }
 
+impl Launcher {
+    /// The package spec of a `uvx` or `npx` upstream that names no exact version
+    /// (none, or `@latest`): whatever the registry serves next is what runs.
+    pub fn unversioned_package(&self) -> Option<&str> {
+        let (package, versioned) = match self {
+            Launcher::Uvx { package, .. } => {
+                // `pkg==1.2`, `pkg@1.2`; ranges and bare names float.
+                let version = package
+                    .split_once("==")
+                    .or_else(|| package.split_once('@'))
+                    .map(|(_, version)| version.trim());
+                (package, version)
+            }
+            Launcher::Npx { package } => {
+                // `@scope/name@1.2` or `name@1.2`; a leading `@` is the scope's.
+                let version = package
+                    .get(1..)
+                    .and_then(|rest| rest.rsplit_once('@'))
+                    .map(|(_, version)| version.trim());
+                (package, version)
+            }
+            _ => return None,
+        };
+        match versioned {
+            Some(version) if !version.is_empty() && version != "latest" => None,
+            _ => Some(package),
+        }
+    }
+}
+
 /// A fully resolved child process description: a program and its argv, never a shell line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchSpec {
@@ -276,6 +306,36 @@ fn not_installed(program: &str) -> LaunchError {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packages_without_an_exact_version_are_named() {
+        let uvx = |package: &str| Launcher::Uvx {
+            package: package.into(),
+            command: None,
+        };
+        let npx = |package: &str| Launcher::Npx {
+            package: package.into(),
+        };
+        for floating in [
+            uvx("mcp-server-time"),
+            uvx("mcp-server-time@latest"),
+            npx("@modelcontextprotocol/server-everything"),
+            npx("server-everything@latest"),
+        ] {
+            assert!(floating.unversioned_package().is_some(), "{floating:?}");
+        }
+        for pinned in [
+            uvx("mcp-server-time==2026.10.19"),
+            uvx("mcp-server-time@2026.10.19"),
+            npx("@modelcontextprotocol/server-everything@2026.8.31"),
+            npx("left-pad@1.3.0"),
+            Launcher::Python {
+                script: "server.py".into(),
+            },
+        ] {
+            assert!(pinned.unversioned_package().is_none(), "{pinned:?}");
+        }
+    }
 
     fn spec_of(uri: &str) -> (String, Vec<String>) {
         let (launcher, args) = parse_naked_uri(uri).unwrap();

@@ -162,6 +162,7 @@ impl CatalogHost {
                     CatalogWarning::Collision { .. } => "collision",
                     CatalogWarning::InvalidEntry { .. } => "invalid_entry",
                     CatalogWarning::SchemaPatched { .. } => "schema_patched",
+                    CatalogWarning::Shadowing { .. } => "tool_shadowing",
                 };
                 self.metrics
                     .catalog_warnings

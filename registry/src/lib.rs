@@ -8,8 +8,12 @@ pub mod filter;
 pub mod fingerprint;
 pub mod headers;
 pub mod names;
+pub mod quarantine;
 pub mod uris;
 
-pub use catalog::{Catalog, CatalogOptions, CatalogWarning, Kind, Page, Route, UpstreamListing};
+pub use catalog::{
+    Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, UpstreamListing,
+};
 pub use cursor::CursorError;
 pub use filter::ToolFilter;
+pub use quarantine::Quarantine;

@@ -36,6 +36,8 @@ pub const DEFAULT_RESTART_BACKOFF_MAX: Duration = Duration::from_secs(60);
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often an upstream's catalog is listed again and checked against its pin.
+pub const DEFAULT_SCHEMA_CHECK_INTERVAL: Duration = Duration::from_secs(600);
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The pin file's name beside the config, unless `[daemon] pins` names another.
 pub const DEFAULT_PINS_FILE: &str = "plexus.lock";
@@ -93,6 +95,37 @@ pub struct UpstreamConfig {
     pub health_interval: Duration,
     pub health_timeout: Duration,
     pub stop_grace: Duration,
+    /// What the first sight of the upstream's catalog does.
+    pub pin: PinMode,
+    /// What a catalog that differs from its pin does.
+    pub on_schema_change: SchemaPolicy,
+    /// How often the catalog is listed again and checked against its pin; zero
+    /// turns the schedule off.
+    pub schema_check_interval: Duration,
+    /// The `uvx`/`npx` package spec, when it names no exact version (warned about at start).
+    pub unversioned_package: Option<String>,
+}
+
+/// What the first sight of an upstream's catalog does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinMode {
+    /// Trust on first use: pinned as seen, and exposed.
+    Tofu,
+    /// Nothing is exposed until an operator approves it (`plexus pins approve`).
+    Strict,
+}
+
+/// What plexus does when an upstream's catalog differs from its pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemaPolicy {
+    /// Changed and new entries are hidden, and calls to them refused (-33006), until approved.
+    Block,
+    /// Exposed as they are; the change is logged and counted.
+    Warn,
+    /// Exposed, not reported, and never held (not even by an unreadable pin file).
+    Ignore,
 }
 
 /// How plexus reaches an upstream.

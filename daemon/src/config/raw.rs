@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{Protocol, Share, Start};
+use super::{PinMode, Protocol, SchemaPolicy, Share, Start};
 
 /// The `transport` key of a `url` upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -74,4 +74,7 @@ pub(super) struct RawUpstream {
     pub health_interval: Option<String>,
     pub health_timeout: Option<String>,
     pub stop_grace: Option<String>,
+    pub pin: Option<PinMode>,
+    pub on_schema_change: Option<SchemaPolicy>,
+    pub schema_check_interval: Option<String>,
 }

@@ -252,6 +252,11 @@ fn validate_upstream(
     );
     let health_timeout = duration("health_timeout", raw.health_timeout, DEFAULT_HEALTH_TIMEOUT);
     let stop_grace = duration("stop_grace", raw.stop_grace, DEFAULT_STOP_GRACE);
+    let schema_check_interval = duration(
+        "schema_check_interval",
+        raw.schema_check_interval,
+        DEFAULT_SCHEMA_CHECK_INTERVAL,
+    );
     let mut tool_timeouts = BTreeMap::new();
     for (tool, text) in raw.tool_timeouts {
         if let Some(timeout) =
@@ -364,8 +369,10 @@ fn validate_upstream(
     if issues.len() > before {
         return None;
     }
+    let mut unversioned_package = None;
     let launch = match launch? {
         LaunchForm::Stdio((launcher, mut args)) => {
+            unversioned_package = launcher.unversioned_package().map(str::to_string);
             args.extend(raw.args);
             let cwd = Some(
                 raw.cwd
@@ -410,6 +417,10 @@ fn validate_upstream(
         health_interval: health_interval?,
         health_timeout: health_timeout?,
         stop_grace: stop_grace?,
+        pin: raw.pin.unwrap_or(PinMode::Tofu),
+        on_schema_change: raw.on_schema_change.unwrap_or(SchemaPolicy::Block),
+        schema_check_interval: schema_check_interval?,
+        unversioned_package,
     })
 }
 

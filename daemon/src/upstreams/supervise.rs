@@ -490,6 +490,8 @@ pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {
         prompts: Vec::new(),
         resources: Vec::new(),
         resource_templates: Vec::new(),
+        instructions: None,
+        quarantine: Default::default(),
     }
 }
 

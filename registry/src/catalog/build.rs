@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::entry::{check_entry, exposed_entry, EntryCheck, SchemaFix};
 use super::{
-    digest_entries, Catalog, CatalogOptions, CatalogWarning, Kind, Route, UnprefixedTemplate,
+    digest_entries, Catalog, CatalogOptions, CatalogWarning, Held, Kind, Route, TemplateHead,
     UpstreamListing,
 };
 use crate::{names, uris};
@@ -32,6 +32,20 @@ pub(super) fn build(
         namespace_conflicts,
     };
     for listing in listings {
+        if let Some(reason) = &listing.quarantine.whole {
+            builder
+                .catalog
+                .held_upstreams
+                .insert(listing.upstream.clone(), reason.clone());
+        }
+        if let Some(text) = &listing.instructions {
+            if !listing.quarantine.instructions {
+                builder
+                    .catalog
+                    .instructions
+                    .insert(listing.upstream.clone(), text.clone());
+            }
+        }
         for kind in Kind::ALL {
             for (index, entry) in listing.listed(kind).iter().enumerate() {
                 builder.add_entry(listing, kind, index, entry);
@@ -46,7 +60,75 @@ pub(super) fn build(
     for kind in Kind::ALL {
         catalog.digests[kind.index()] = digest_entries(catalog.entries(kind));
     }
+    let mut warnings = warnings;
+    warnings.extend(shadowing(&catalog, listings));
     (catalog, warnings)
+}
+
+/// Tools whose model-facing text names another upstream's prefix (`{prefix}__…`) or
+/// one of its exposed tools: a description steering calls to another server's tool
+/// is a known attack, so each is reported.
+fn shadowing(catalog: &Catalog, listings: &[UpstreamListing]) -> Vec<CatalogWarning> {
+    let routes = &catalog.routes[Kind::Tools.index()];
+    let prefixes: HashMap<&str, &Arc<str>> = listings
+        .iter()
+        .filter(|listing| !listing.prefix.is_empty())
+        .map(|listing| (listing.prefix.as_str(), &listing.upstream))
+        .collect();
+    let mut warnings = Vec::new();
+    for entry in catalog.entries(Kind::Tools) {
+        let Some(route) = entry
+            .get("name")
+            .and_then(Value::as_str)
+            .and_then(|name| routes.get(name))
+        else {
+            continue;
+        };
+        let mut mentions = std::collections::BTreeSet::new();
+        let mut texts = Vec::new();
+        model_facing_text(entry, &mut texts);
+        for word in texts.iter().flat_map(|text| {
+            text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        }) {
+            let names_other = routes
+                .get(word)
+                .is_some_and(|other| other.upstream != route.upstream)
+                || word.split_once("__").is_some_and(|(prefix, _)| {
+                    prefixes
+                        .get(prefix)
+                        .is_some_and(|other| **other != route.upstream)
+                });
+            if names_other {
+                mentions.insert(word.to_string());
+            }
+        }
+        if !mentions.is_empty() {
+            warnings.push(CatalogWarning::Shadowing {
+                upstream: route.upstream.clone(),
+                tool: route.original.clone(),
+                mentions: mentions.into_iter().collect(),
+            });
+        }
+    }
+    warnings
+}
+
+/// Every `description` and `title` inside an entry, at any depth.
+fn model_facing_text<'a>(value: &'a Value, texts: &mut Vec<&'a str>) {
+    match value {
+        Value::Object(object) => {
+            for (key, member) in object {
+                match member {
+                    Value::String(text) if key == "description" || key == "title" => {
+                        texts.push(text)
+                    }
+                    _ => model_facing_text(member, texts),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| model_facing_text(item, texts)),
+        _ => {}
+    }
 }
 
 /// The snapshot being filled and what it has to report.
@@ -138,6 +220,24 @@ impl Builder {
             upstream: listing.upstream.clone(),
             original,
         };
+        if let Some(change) = listing.quarantine.holds(kind, &route.original) {
+            // Held back: not listed, not routed, but known, so a caller learns why.
+            if kind == Kind::ResourceTemplates {
+                catalog.templates.push(TemplateHead {
+                    literal_head: uris::template_literal_head(&exposed_key).to_string(),
+                    upstream: listing.upstream.clone(),
+                    unprefixed: listing.prefix.is_empty(),
+                    held: Some(change.clone()),
+                });
+            }
+            catalog.held[kind.index()]
+                .entry(exposed_key)
+                .or_insert_with(|| Held {
+                    route,
+                    change: change.clone(),
+                });
+            return;
+        }
         match catalog.routes[kind.index()].entry(exposed_key.clone()) {
             Entry::Occupied(kept) => {
                 warnings.push(CatalogWarning::Collision {
@@ -171,15 +271,16 @@ impl Builder {
             }
         }
         catalog.entries[kind.index()].push(exposed_entry(kind, entry, &exposed_key, schema_fix));
-        remember_for_resource_routing(catalog, listing, kind, route);
+        remember_for_resource_routing(catalog, listing, kind, &exposed_key, route);
     }
 }
 
-/// Feeds steps 3 and 4 of the resource routing rule in [`crate::uris`].
+/// Feeds steps 2 to 4 of the resource routing rule in [`crate::uris`].
 fn remember_for_resource_routing(
     catalog: &mut Catalog,
     listing: &UpstreamListing,
     kind: Kind,
+    exposed_key: &str,
     route: Route,
 ) {
     match kind {
@@ -197,13 +298,15 @@ fn remember_for_resource_routing(
                 slot.insert(Some(route));
             }
         },
-        Kind::ResourceTemplates if listing.prefix.is_empty() => {
-            let literal_head = uris::template_literal_head(&route.original);
+        Kind::ResourceTemplates => {
+            let literal_head = uris::template_literal_head(exposed_key);
             // An empty head would match every URI and shadow steps that can decide better.
             if !literal_head.is_empty() {
-                catalog.unprefixed_templates.push(UnprefixedTemplate {
+                catalog.templates.push(TemplateHead {
                     literal_head: literal_head.to_string(),
                     upstream: route.upstream,
+                    unprefixed: listing.prefix.is_empty(),
+                    held: None,
                 });
             }
         }

@@ -55,6 +55,13 @@ impl Kind {
         }
     }
 
+    /// The kind whose [`Kind::label`] (or [`Kind::result_key`]) is `text`.
+    pub fn from_label(text: &str) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.label() == text || kind.result_key() == text)
+    }
+
     /// What one entry is called in a sentence.
     pub(crate) fn entry_noun(self) -> &'static str {
         match self {

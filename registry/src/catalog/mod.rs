@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 use crate::cursor::{self, CursorError};
 use crate::filter::ToolFilter;
 use crate::headers::ParamHeader;
+use crate::quarantine::Quarantine;
 use crate::uris;
 
 pub use kind::Kind;
@@ -37,6 +38,10 @@ pub struct UpstreamListing {
     pub prompts: Vec<Value>,
     pub resources: Vec<Value>,
     pub resource_templates: Vec<Value>,
+    /// What the server told clients about itself at initialization.
+    pub instructions: Option<String>,
+    /// Entries (and instructions) held back until approved.
+    pub quarantine: Quarantine,
 }
 
 impl UpstreamListing {
@@ -81,11 +86,24 @@ pub struct Page<'a> {
     pub next_cursor: Option<String>,
 }
 
-/// The template of an upstream with prefix `""`, for routing reads of its expansions.
+/// A resource template's exposed literal head, for routing (or refusing) reads of
+/// the URIs expanded from it.
 #[derive(Clone, Debug)]
-struct UnprefixedTemplate {
+struct TemplateHead {
     literal_head: String,
     upstream: Arc<str>,
+    /// Its upstream has prefix `""`, so its URIs carry no namespace.
+    unprefixed: bool,
+    /// The change holding it back, if it is held.
+    held: Option<Arc<Value>>,
+}
+
+/// An entry held back from the catalog, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    pub route: Route,
+    /// The change that holds it: its class and fields (see the daemon's pins).
+    pub change: Arc<Value>,
 }
 
 /// An immutable snapshot of everything plexus exposes; share it behind an `Arc`.
@@ -98,7 +116,13 @@ pub struct Catalog {
     routes: [HashMap<String, Route>; 4],
     upstreams_by_namespace: HashMap<String, Arc<str>>,
     namespaces_by_upstream: HashMap<Arc<str>, String>,
-    unprefixed_templates: Vec<UnprefixedTemplate>,
+    templates: Vec<TemplateHead>,
+    /// Held entries per kind, by the exposed name, URI or template they would have.
+    held: [HashMap<String, Held>; 4],
+    /// Upstreams held back whole, with why.
+    held_upstreams: HashMap<Arc<str>, Arc<Value>>,
+    /// The instructions of each upstream whose instructions are not held.
+    instructions: HashMap<Arc<str>, String>,
     /// Original resource URI -> its route, or `None` when several upstreams list it.
     echoed_originals: HashMap<String, Option<Route>>,
     page_size: usize,
@@ -126,7 +150,10 @@ impl Catalog {
             routes: Default::default(),
             upstreams_by_namespace: HashMap::new(),
             namespaces_by_upstream: HashMap::new(),
-            unprefixed_templates: Vec::new(),
+            templates: Vec::new(),
+            held: Default::default(),
+            held_upstreams: HashMap::new(),
+            instructions: HashMap::new(),
             echoed_originals: HashMap::new(),
             page_size: page_size.max(1),
             param_headers: HashMap::new(),
@@ -177,10 +204,14 @@ impl Catalog {
         self.routes[Kind::ResourceTemplates.index()].get(exposed_uri_template)
     }
 
-    /// Routes a resource read by the four steps documented in [`crate::uris`].
+    /// Routes a resource read by the four steps documented in [`crate::uris`]; a URI
+    /// that is held back (see [`Catalog::held`]) has no route.
     pub fn route_resource(&self, exposed_uri: &str) -> Option<Route> {
         if let Some(route) = self.routes[Kind::Resources.index()].get(exposed_uri) {
             return Some(route.clone());
+        }
+        if self.held_resource(exposed_uri).is_some() {
+            return None;
         }
         if let Some((namespace, original)) = uris::split_namespace(exposed_uri) {
             if let Some(upstream) = self.upstreams_by_namespace.get(namespace) {
@@ -192,40 +223,96 @@ impl Catalog {
                 }
             }
         }
-        if let Some(upstream) = self.unprefixed_template_upstream(exposed_uri) {
+        if let Some(template) = self.unprefixed_template(exposed_uri) {
             return Some(Route {
-                upstream,
+                upstream: template.upstream.clone(),
                 original: exposed_uri.to_string(),
             });
         }
         self.echoed_originals.get(exposed_uri).cloned().flatten()
     }
 
-    /// The upstream of the unprefixed template with the longest literal head that starts
-    /// `uri`, unless equally long heads of different upstreams make it ambiguous.
-    fn unprefixed_template_upstream(&self, uri: &str) -> Option<Arc<str>> {
-        let mut best: Option<(usize, &Arc<str>)> = None;
+    /// Why a name, URI or template of `kind` that has no route is held back, if it
+    /// is: a held entry, an entry of an upstream held whole, or a URI expanded from
+    /// a held template.
+    pub fn held(&self, kind: Kind, exposed: &str) -> Option<&Arc<Value>> {
+        if let Some(held) = self.held[kind.index()].get(exposed) {
+            return Some(&held.change);
+        }
+        match kind {
+            Kind::Resources => self.held_resource(exposed),
+            Kind::ResourceTemplates => self.held_resource(exposed),
+            Kind::Tools | Kind::Prompts => None,
+        }
+    }
+
+    /// Held entries of `kind` by exposed name, URI or template.
+    pub fn held_entries(&self, kind: Kind) -> &HashMap<String, Held> {
+        &self.held[kind.index()]
+    }
+
+    /// What a resource URI would be read from, when that is held: a held resource,
+    /// a namespace of an upstream held whole, or the best-matching template when
+    /// that template is held.
+    fn held_resource(&self, uri: &str) -> Option<&Arc<Value>> {
+        if let Some(held) = self.held[Kind::Resources.index()].get(uri) {
+            return Some(&held.change);
+        }
+        let namespaced = uris::split_namespace(uri)
+            .and_then(|(namespace, _)| self.upstreams_by_namespace.get(namespace));
+        if let Some(upstream) = namespaced {
+            if let Some(reason) = self.held_upstreams.get(upstream) {
+                return Some(reason);
+            }
+        }
+        let template = match namespaced {
+            Some(upstream) => self.best_template(uri, |t| t.upstream == *upstream),
+            None => self.best_template(uri, |t| t.unprefixed),
+        }?;
+        template.held.as_ref()
+    }
+
+    /// The unprefixed, exposed template with the longest literal head that starts `uri`.
+    fn unprefixed_template(&self, uri: &str) -> Option<&TemplateHead> {
+        self.best_template(uri, |t| t.unprefixed)
+            .filter(|template| template.held.is_none())
+    }
+
+    /// Among the templates `eligible` picks, the one with the longest literal head
+    /// that starts `uri`; None when equally long heads of different upstreams make it
+    /// ambiguous. Of equally long heads of one upstream, an exposed one wins.
+    fn best_template(
+        &self,
+        uri: &str,
+        eligible: impl Fn(&TemplateHead) -> bool,
+    ) -> Option<&TemplateHead> {
+        let mut best: Option<&TemplateHead> = None;
         let mut ambiguous = false;
-        for template in &self.unprefixed_templates {
+        for template in self.templates.iter().filter(|t| eligible(t)) {
             if !uri.starts_with(&template.literal_head) {
                 continue;
             }
             let head_length = template.literal_head.len();
             match best {
-                Some((best_length, _)) if head_length < best_length => {}
-                Some((best_length, best_upstream)) if head_length == best_length => {
-                    ambiguous |= *best_upstream != template.upstream;
+                Some(current) if head_length < current.literal_head.len() => {}
+                Some(current) if head_length == current.literal_head.len() => {
+                    ambiguous |= current.upstream != template.upstream;
+                    if current.held.is_some() && template.held.is_none() {
+                        best = Some(template);
+                    }
                 }
                 _ => {
-                    best = Some((head_length, &template.upstream));
+                    best = Some(template);
                     ambiguous = false;
                 }
             }
         }
-        match best {
-            Some((_, upstream)) if !ambiguous => Some(upstream.clone()),
-            _ => None,
-        }
+        best.filter(|_| !ambiguous)
+    }
+
+    /// The instructions of `upstream`, unless they are held back.
+    pub fn instructions(&self, upstream: &str) -> Option<&str> {
+        self.instructions.get(upstream).map(String::as_str)
     }
 
     /// The URI a client sees for `original_uri` of `upstream` (for URIs in content and

@@ -17,6 +17,8 @@ pub(crate) fn listing(upstream: &str, prefix: &str) -> UpstreamListing {
         prompts: Vec::new(),
         resources: Vec::new(),
         resource_templates: Vec::new(),
+        instructions: None,
+        quarantine: Default::default(),
     }
 }
 

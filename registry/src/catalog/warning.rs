@@ -23,6 +23,12 @@ pub enum CatalogWarning {
     },
     /// A tool's `inputSchema` lacked `"type": "object"`, which plexus added.
     SchemaPatched { upstream: Arc<str>, tool: String },
+    /// A tool's description or title names another upstream's prefix or exposed tools.
+    Shadowing {
+        upstream: Arc<str>,
+        tool: String,
+        mentions: Vec<String>,
+    },
 }
 
 impl fmt::Display for CatalogWarning {
@@ -58,6 +64,16 @@ impl fmt::Display for CatalogWarning {
                 formatter,
                 "tool `{tool}` of upstream `{upstream}` has an inputSchema without \
                  \"type\": \"object\"; plexus added it so clients accept the tool list"
+            ),
+            CatalogWarning::Shadowing {
+                upstream,
+                tool,
+                mentions,
+            } => write!(
+                formatter,
+                "tool `{tool}` of upstream `{upstream}` names another upstream's tools in its \
+                 description ({}): a description can steer a model's calls to another server",
+                mentions.join(", ")
             ),
         }
     }

@@ -7,6 +7,7 @@
 //! field into classified changes.
 
 mod classify;
+mod hold;
 mod shape;
 
 use std::collections::BTreeSet;
@@ -18,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::Kind;
 
 pub use classify::{classify, Change, ChangeClass};
+pub use hold::{drift, summary};
 
 /// The two hashes of one entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

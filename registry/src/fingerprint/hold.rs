@@ -1,0 +1,76 @@
+//! Which entries of a fresh listing differ from what was pinned: each entry whose
+//! security hash is not the pinned one (changed or new) is held, with a summary of
+//! its classified changes that a caller is shown.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{classify, fingerprint, Change, ChangeClass, ListingSnapshot};
+use crate::{Kind, Quarantine};
+
+/// The entries of `observed` that differ from `pinned`, and whether the instructions
+/// do; entries `pinned` has and `observed` lacks hold nothing (nothing is left to hide).
+pub fn drift(pinned: &ListingSnapshot, observed: &ListingSnapshot) -> Quarantine {
+    let changes = classify(pinned, observed);
+    let mut by_entry: BTreeMap<(Kind, &str), Vec<&Change>> = BTreeMap::new();
+    for change in &changes {
+        if let Some(kind) = Kind::from_label(&change.kind) {
+            by_entry
+                .entry((kind, change.identity.as_str()))
+                .or_default()
+                .push(change);
+        }
+    }
+    let mut entries = HashMap::new();
+    for kind in Kind::ALL {
+        let pinned_hashes: HashMap<String, String> = pinned
+            .entries(kind)
+            .iter()
+            .filter_map(|entry| fingerprint(kind, entry))
+            .map(|print| (print.identity, print.security))
+            .collect();
+        for entry in observed.entries(kind) {
+            let Some(print) = fingerprint(kind, entry) else {
+                continue;
+            };
+            if pinned_hashes.get(&print.identity) == Some(&print.security) {
+                continue;
+            }
+            let change = summary(
+                by_entry
+                    .get(&(kind, print.identity.as_str()))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+            );
+            entries.insert((kind, print.identity), Arc::new(change));
+        }
+    }
+    Quarantine {
+        whole: None,
+        entries,
+        instructions: pinned.instructions != observed.instructions,
+    }
+}
+
+/// `{"class", "fields": [{"path", "reason", "class"}]}`: what a held entry's caller
+/// is told. An entry whose hash changed without a classified field (a change the
+/// walk does not name) still counts, as a security change of the whole entry.
+pub fn summary(changes: &[&Change]) -> Value {
+    let class = changes
+        .iter()
+        .map(|change| change.class)
+        .max()
+        .unwrap_or(ChangeClass::Security)
+        .max(ChangeClass::Security);
+    let mut fields: Vec<Value> = changes
+        .iter()
+        .filter(|change| change.class != ChangeClass::Cosmetic)
+        .map(|change| json!({"path": change.path, "reason": change.reason, "class": change.class}))
+        .collect();
+    if fields.is_empty() {
+        fields.push(json!({"path": "", "reason": "definition_changed", "class": "security"}));
+    }
+    json!({"class": class, "fields": fields})
+}
