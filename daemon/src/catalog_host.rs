@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use registry::{Catalog, CatalogOptions, CatalogWarning, Kind, ToolFilter, UpstreamListing};
+use registry::{
+    Catalog, CatalogOptions, CatalogWarning, Kind, Quarantine, ToolFilter, UpstreamListing,
+};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -71,7 +73,14 @@ impl CatalogHost {
 
     /// Installs a listing from the upstream configuration of `generation`, unless a
     /// newer one of that name has published since; returns whether it was installed.
-    pub fn install(&self, generation: u64, listing: UpstreamListing) -> bool {
+    /// `quarantine` says what of it is held back; it is asked under the catalog's
+    /// lock, so a concurrent approval cannot be overtaken by an older judgement.
+    pub fn install(
+        &self,
+        generation: u64,
+        mut listing: UpstreamListing,
+        quarantine: impl FnOnce(&UpstreamListing) -> Quarantine,
+    ) -> bool {
         let mut state = self.lock();
         let name = listing.upstream.to_string();
         if state
@@ -83,9 +92,48 @@ impl CatalogHost {
             return false;
         }
         state.floor.insert(name.clone(), generation);
+        listing.quarantine = quarantine(&listing);
+        self.count_held(&listing);
         state.by_upstream.insert(name, listing);
         self.rebuild(&mut state);
         true
+    }
+
+    /// Judges again what of an upstream's installed listing is held (after an
+    /// approval, a reset, or a policy change) and publishes the result if it changed.
+    pub fn update_quarantine(
+        &self,
+        name: &str,
+        quarantine: impl FnOnce(&UpstreamListing) -> Quarantine,
+    ) {
+        let mut state = self.lock();
+        let Some(listing) = state.by_upstream.get_mut(name) else {
+            return;
+        };
+        let judged = quarantine(listing);
+        if judged == listing.quarantine {
+            return;
+        }
+        listing.quarantine = judged;
+        self.count_held(listing);
+        self.rebuild(&mut state);
+    }
+
+    fn count_held(&self, listing: &UpstreamListing) {
+        let held: usize = Kind::ALL
+            .into_iter()
+            .map(|kind| {
+                let identities = listing
+                    .listed(kind)
+                    .iter()
+                    .filter_map(|entry| registry::fingerprint::identity(kind, entry));
+                listing.quarantine.count(kind, identities)
+            })
+            .sum();
+        self.metrics
+            .quarantined_entries
+            .with_label_values(&[&listing.upstream])
+            .set(held as i64);
     }
 
     /// Takes an upstream out of the catalog; listings of `generation` or older that

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use adapters::{Reply, UpstreamConnection};
 use dashmap::DashMap;
-use registry::{Catalog, Route};
+use registry::{Catalog, Kind, Route};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
@@ -210,7 +210,11 @@ impl Fanout {
         let fanout = self.clone();
         let routes: Vec<Route> = subscriptions
             .iter()
-            .filter_map(|uri| catalog.route_resource(uri))
+            .filter_map(|uri| {
+                catalog
+                    .route_resource(uri)
+                    .or_else(|| catalog.held(Kind::Resources, uri).map(|held| held.route))
+            })
             .collect();
         if !routes.is_empty() {
             self.tasks.spawn(async move {

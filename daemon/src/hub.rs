@@ -22,7 +22,7 @@ use crate::config::{Config, ConfigDiff, DaemonSettings};
 use crate::fanout::Fanout;
 use crate::jsonrpc::RelayError;
 use crate::metrics::Metrics;
-use crate::pins::Pins;
+use crate::pins::{Pins, Policy};
 use crate::progress::ProgressRoutes;
 use crate::tasks::TaskRoutes;
 use crate::upstreams::{
@@ -125,11 +125,62 @@ impl Hub {
         hub
     }
 
-    /// Brings the upstreams to a new configuration (see `UpstreamSet::apply`).
+    /// Brings the upstreams to a new configuration (see `UpstreamSet::apply`), and
+    /// judges every upstream's catalog again under its (possibly new) pin policy; a pin
+    /// file that could not be read is read again.
     pub async fn apply(&self, diff: ConfigDiff, drain_timeout: Duration) -> ApplyReport {
         let report = self.upstreams.apply(diff, self, drain_timeout).await;
+        for (name, snapshot) in self.pins.reread_if_unreadable() {
+            self.pins.observe(&name, snapshot, self.policy(&name));
+        }
+        for name in self.upstreams().keys() {
+            self.requarantine(name);
+        }
         self.report_status();
         report
+    }
+
+    /// The pin policy of the upstream `name` (the default one if it is gone).
+    fn policy(&self, name: &str) -> Policy {
+        match self.upstreams.get(name) {
+            Some(upstream) => Policy::of(&upstream.config()),
+            None => Policy {
+                strict: false,
+                on_change: crate::config::SchemaPolicy::Block,
+            },
+        }
+    }
+
+    /// Judges again what of `name`'s installed listing is held, and publishes it.
+    fn requarantine(&self, name: &str) {
+        let policy = self.policy(name);
+        self.catalog.update_quarantine(name, |listing| {
+            self.pins.evaluate(name, &listed_snapshot(listing), policy)
+        });
+    }
+
+    /// The pins: the file as it stands (status and diff read it).
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    /// Approves what is pending for `upstream` (all of it, or the entries named
+    /// `name`); what was held and is now approved is listed at once.
+    pub fn approve_pin(
+        &self,
+        upstream: &str,
+        name: Option<&str>,
+    ) -> Result<crate::pins::file::Approval, crate::pins::file::PinError> {
+        let approval = self.pins.approve(upstream, name)?;
+        self.requarantine(upstream);
+        Ok(approval)
+    }
+
+    /// Forgets `upstream`'s pin: its current listing is a first sight again.
+    pub fn reset_pin(&self, upstream: &str) -> Result<(), crate::pins::file::PinError> {
+        self.pins.reset(upstream, self.policy(upstream))?;
+        self.requarantine(upstream);
+        Ok(())
     }
 
     /// Settings of the daemon that apply live: the catalog's naming budget and page size.
@@ -247,10 +298,13 @@ impl Hub {
             } => {
                 // A removed or replaced upstream's late listing is neither kept nor shown.
                 if self.catalog.accepts(&listing.upstream, generation) {
-                    self.pins
-                        .check(&listing.upstream, snapshot_of(&listing, &hello));
+                    let snapshot = snapshot_of(&listing, &hello);
+                    let name = listing.upstream.clone();
+                    let policy = self.policy(&name);
                     self.catalog.save(&listing, capabilities);
-                    self.catalog.install(generation, *listing);
+                    self.catalog.install(generation, *listing, |_| {
+                        self.pins.observe(&name, snapshot, policy)
+                    });
                 }
                 let _ = installed.send(());
             }
@@ -546,6 +600,17 @@ fn snapshot_of(listing: &UpstreamListing, hello: &ServerHello) -> ListingSnapsho
         server_name: text("name"),
         server_version: text("version"),
         instructions: hello.instructions.clone(),
+        ..listed_snapshot(listing)
+    }
+}
+
+/// A listing's entries and instructions, without the server's name and version
+/// (a listing kept from an earlier run has none).
+fn listed_snapshot(listing: &UpstreamListing) -> ListingSnapshot {
+    ListingSnapshot {
+        server_name: None,
+        server_version: None,
+        instructions: listing.instructions.clone(),
         tools: listing.tools.clone(),
         prompts: listing.prompts.clone(),
         resources: listing.resources.clone(),
@@ -578,13 +643,21 @@ impl SetHooks for Hub {
             return true;
         }
         let config = upstream.config();
+        if let Some(package) = &config.unversioned_package {
+            tracing::warn!(upstream = %name, package = %package, "the package names no exact version: whatever the registry serves next will run (pin it, e.g. `{package}@1.2.3`; the version running is recorded in the pin file)");
+        }
         if !config.enabled {
             return false;
         }
         match self.catalog.load(empty_listing(&config)) {
             Some((listing, capabilities)) => {
                 upstream.remember_capabilities(capabilities);
-                self.catalog.install(upstream.generation(), listing);
+                // Kept from an earlier run: held as the pins say until it is listed afresh.
+                let policy = Policy::of(&config);
+                self.catalog
+                    .install(upstream.generation(), listing, |listing| {
+                        self.pins.evaluate(name, &listed_snapshot(listing), policy)
+                    });
                 true
             }
             None => false,
@@ -598,6 +671,7 @@ impl SetHooks for Hub {
             &config.prefix,
             ToolFilter::new(config.allow_tools.clone(), config.deny_tools.clone()),
         );
+        self.requarantine(upstream.name());
     }
 
     fn batch(&self, open: bool) {
@@ -613,5 +687,6 @@ impl SetHooks for Hub {
         self.metrics.forget_upstream(name);
         self.fanout.forget_upstream(name);
         self.task_routes.forget_upstream(name);
+        self.pins.forget(name);
     }
 }

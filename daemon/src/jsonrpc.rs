@@ -16,6 +16,7 @@ pub const UPSTREAM_TIMEOUT: i64 = -33002;
 pub const UPSTREAM_FAILED: i64 = -33003;
 pub const OVERLOADED: i64 = -33004;
 pub const MESSAGE_TOO_LARGE: i64 = -33005;
+pub const QUARANTINED: i64 = -33006;
 pub const SHUTTING_DOWN: i64 = -33007;
 /// 2026-07-28: the HTTP headers do not match the body, or required ones are missing.
 pub const HEADER_MISMATCH: i64 = -32020;
@@ -72,6 +73,67 @@ pub enum RelayError {
     },
     #[error("header mismatch: {0}")]
     HeaderMismatch(String),
+    /// An entry held back because its schema changed (or was never approved).
+    #[error("{noun} `{name}` of upstream `{upstream}` is quarantined: {why}")]
+    Quarantined {
+        noun: &'static str,
+        name: String,
+        upstream: String,
+        original: String,
+        why: String,
+        change: std::sync::Arc<Value>,
+    },
+}
+
+impl RelayError {
+    /// The refusal of `exposed` (a name or URI of `kind`), held back by the pins.
+    pub fn quarantined(kind: registry::Kind, exposed: &str, held: registry::Held) -> RelayError {
+        let registry::Held { route, change } = held;
+        let class = change
+            .get("class")
+            .and_then(Value::as_str)
+            .unwrap_or("security");
+        let upstream = route.upstream.to_string();
+        let why = match class {
+            "unapproved" => format!(
+                "nothing of the upstream is approved yet (pin = \"strict\"); \
+                 approve it with `plexus pins approve {upstream}`"
+            ),
+            "pin_file_unreadable" => format!(
+                "the pin file cannot be read ({}); mend it and reload the configuration",
+                change
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown reason")
+            ),
+            _ => {
+                let reasons: Vec<&str> = change
+                    .get("fields")
+                    .and_then(Value::as_array)
+                    .map(|fields| {
+                        fields
+                            .iter()
+                            .filter_map(|field| field.get("reason").and_then(Value::as_str))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "its definition changed since it was pinned ({class}: {}); review it with \
+                     `plexus pins diff {upstream}` and approve it with `plexus pins approve {upstream}/{}`",
+                    reasons.join(", "),
+                    route.original
+                )
+            }
+        };
+        RelayError::Quarantined {
+            noun: kind.entry_noun(),
+            name: exposed.to_string(),
+            upstream,
+            original: route.original,
+            why,
+            change,
+        }
+    }
 }
 
 impl RelayError {
@@ -92,6 +154,7 @@ impl RelayError {
             RelayError::ShuttingDown | RelayError::Drained { .. } => SHUTTING_DOWN,
             RelayError::UnsupportedVersion { .. } => UNSUPPORTED_PROTOCOL_VERSION,
             RelayError::HeaderMismatch(_) => HEADER_MISMATCH,
+            RelayError::Quarantined { .. } => QUARANTINED,
         }
     }
 
@@ -113,6 +176,7 @@ impl RelayError {
             RelayError::Drained { .. } => "upstream_removed",
             RelayError::UnsupportedVersion { .. } => "unsupported_version",
             RelayError::HeaderMismatch(_) => "header_mismatch",
+            RelayError::Quarantined { .. } => "quarantined",
         }
     }
 
@@ -153,6 +217,22 @@ impl RelayError {
                 None,
             ),
             RelayError::UnknownResource(uri) => return Some(json!({ "uri": uri })),
+            RelayError::Quarantined {
+                upstream,
+                original,
+                change,
+                ..
+            } => {
+                return Some(json!({
+                    "kind": "quarantined",
+                    "upstream": upstream,
+                    "state": "quarantined",
+                    "retryable": false,
+                    "retry_after_ms": null,
+                    "entry": original,
+                    "change": &**change,
+                }))
+            }
             RelayError::UnsupportedVersion {
                 requested,
                 supported,

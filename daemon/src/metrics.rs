@@ -41,6 +41,7 @@ pub struct Metrics {
     pub schema_changes: IntCounterVec,
     pub schema_checks: IntCounterVec,
     pub catalog_fingerprint_info: IntGaugeVec,
+    pub quarantined_entries: IntGaugeVec,
 }
 
 impl Metrics {
@@ -160,7 +161,7 @@ impl Metrics {
         let schema_checks = IntCounterVec::new(
             Opts::new(
                 "plexus_schema_checks_total",
-                "Listings checked against the pins, by outcome (pinned, unchanged, changed, pin_file_unreadable).",
+                "Listings checked against the pins, by outcome (pinned, unchanged, changed, unapproved, pin_file_unreadable).",
             ),
             &["upstream", "outcome"],
         )?;
@@ -171,6 +172,14 @@ impl Metrics {
             ),
             &["upstream", "fingerprint"],
         )?;
+        let quarantined_entries = IntGaugeVec::new(
+            Opts::new(
+                "plexus_quarantined_entries",
+                "Entries of an upstream held back until approved (changed or new since pinned, or never approved).",
+            ),
+            &["upstream"],
+        )?;
+        registry.register(Box::new(quarantined_entries.clone()))?;
         registry.register(Box::new(schema_changes.clone()))?;
         registry.register(Box::new(schema_checks.clone()))?;
         registry.register(Box::new(catalog_fingerprint_info.clone()))?;
@@ -211,6 +220,7 @@ impl Metrics {
             schema_changes,
             schema_checks,
             catalog_fingerprint_info,
+            quarantined_entries,
         })
     }
 
@@ -228,6 +238,7 @@ impl Metrics {
         forget(&self.schema_changes, name);
         forget(&self.schema_checks, name);
         forget(&self.catalog_fingerprint_info, name);
+        forget(&self.quarantined_entries, name);
     }
 
     /// The one fingerprint series of `upstream`: its current catalog's.

@@ -438,7 +438,7 @@ impl Session {
                 let (params, name) = take_string(params, "name")?;
                 let route = catalog
                     .route_tool(&name)
-                    .ok_or_else(|| RelayError::UnknownTool(name.clone()))?;
+                    .ok_or_else(|| unrouted(&catalog, Kind::Tools, &name))?;
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let headers: Vec<(String, String)> = catalog
                     .param_headers(&name)
@@ -459,7 +459,7 @@ impl Session {
                 let (params, name) = take_string(params, "name")?;
                 let route = catalog
                     .route_prompt(&name)
-                    .ok_or_else(|| RelayError::UnknownPrompt(name.clone()))?;
+                    .ok_or_else(|| unrouted(&catalog, Kind::Prompts, &name))?;
                 self.forward_named(method, params, route, &[], related)
                     .await
             }
@@ -468,7 +468,7 @@ impl Session {
                 let (params, uri) = take_string(params, "uri")?;
                 let route = catalog
                     .route_resource(&uri)
-                    .ok_or_else(|| RelayError::UnknownResource(uri.clone()))?;
+                    .ok_or_else(|| unrouted(&catalog, Kind::Resources, &uri))?;
                 let params = with_string(params, "uri", &route.original);
                 let call = self.call_context(None, related);
                 let reply = self
@@ -501,10 +501,16 @@ impl Session {
             "resources/subscribe" | "resources/unsubscribe" => {
                 let catalog = self.hub.catalog();
                 let (_, uri) = take_string(params, "uri")?;
-                let route = catalog
-                    .route_resource(&uri)
-                    .ok_or_else(|| RelayError::UnknownResource(uri.clone()))?;
                 let subscribe = method == "resources/subscribe";
+                // A held resource cannot be subscribed to; one subscribed before it
+                // was held can still be let go.
+                let route = match catalog.route_resource(&uri) {
+                    Some(route) => route,
+                    None => match catalog.held(Kind::Resources, &uri) {
+                        Some(held) if !subscribe => held.route,
+                        _ => return Err(unrouted(&catalog, Kind::Resources, &uri)),
+                    },
+                };
                 let changed = if subscribe {
                     self.lock_subscriptions().insert(uri.clone())
                 } else {
@@ -550,7 +556,7 @@ impl Session {
                 let route = catalog
                     .route_prompt(name)
                     .cloned()
-                    .ok_or_else(|| RelayError::UnknownPrompt(name.to_string()))?;
+                    .ok_or_else(|| unrouted(&catalog, Kind::Prompts, name))?;
                 ("name", route)
             }
             "ref/resource" => {
@@ -562,7 +568,7 @@ impl Session {
                     .route_template(uri)
                     .cloned()
                     .or_else(|| catalog.route_resource(uri))
-                    .ok_or_else(|| RelayError::UnknownResource(uri.to_string()))?;
+                    .ok_or_else(|| unrouted(&catalog, Kind::ResourceTemplates, uri))?;
                 ("uri", route)
             }
             other => {
@@ -647,12 +653,14 @@ impl Session {
     fn instructions(&self) -> String {
         let mut lines =
             vec!["plexus aggregates these MCP servers; names carry their prefix:".to_string()];
+        // From the snapshot: instructions changed since they were pinned are held back.
+        let catalog = self.hub.catalog();
         for upstream in self.hub.upstreams().values() {
             if !upstream.config().enabled {
                 continue;
             }
             let mut line = format!("- {}", upstream.name());
-            if let Some(text) = upstream.shared.hello().and_then(|hello| hello.instructions) {
+            if let Some(text) = catalog.instructions(upstream.name()) {
                 line.push_str(": ");
                 line.push_str(text.trim());
             }
@@ -676,6 +684,21 @@ impl Session {
             result.insert("nextCursor".into(), Value::String(next));
         }
         Ok(Value::Object(result))
+    }
+}
+
+/// The error for a name or URI that routes nowhere: held back by the pins (-33006,
+/// with the change), or unknown.
+fn unrouted(catalog: &registry::Catalog, kind: Kind, key: &str) -> RelayError {
+    match catalog.held(kind, key) {
+        Some(held) => RelayError::quarantined(kind, key, held),
+        None => match kind {
+            Kind::Tools => RelayError::UnknownTool(key.to_string()),
+            Kind::Prompts => RelayError::UnknownPrompt(key.to_string()),
+            Kind::Resources | Kind::ResourceTemplates => {
+                RelayError::UnknownResource(key.to_string())
+            }
+        },
     }
 }
 

@@ -502,6 +502,7 @@ pub async fn fetch_listing(
     hello: &ServerHello,
 ) -> Result<UpstreamListing, handshake::HandshakeError> {
     let mut listing = empty_listing(config);
+    listing.instructions = hello.instructions.clone();
     for kind in Kind::ALL {
         let capability = match kind {
             Kind::Tools => "tools",

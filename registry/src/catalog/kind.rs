@@ -63,7 +63,7 @@ impl Kind {
     }
 
     /// What one entry is called in a sentence.
-    pub(crate) fn entry_noun(self) -> &'static str {
+    pub fn entry_noun(self) -> &'static str {
         match self {
             Kind::Tools => "tool",
             Kind::Prompts => "prompt",

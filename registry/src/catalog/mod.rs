@@ -45,7 +45,8 @@ pub struct UpstreamListing {
 }
 
 impl UpstreamListing {
-    fn listed(&self, kind: Kind) -> &[Value] {
+    /// The entries of `kind` as the upstream listed them.
+    pub fn listed(&self, kind: Kind) -> &[Value] {
         match kind {
             Kind::Tools => &self.tools,
             Kind::Prompts => &self.prompts,
@@ -234,14 +235,13 @@ impl Catalog {
 
     /// Why a name, URI or template of `kind` that has no route is held back, if it
     /// is: a held entry, an entry of an upstream held whole, or a URI expanded from
-    /// a held template.
-    pub fn held(&self, kind: Kind, exposed: &str) -> Option<&Arc<Value>> {
+    /// a held template. The route names the upstream and its own name or URI.
+    pub fn held(&self, kind: Kind, exposed: &str) -> Option<Held> {
         if let Some(held) = self.held[kind.index()].get(exposed) {
-            return Some(&held.change);
+            return Some(held.clone());
         }
         match kind {
-            Kind::Resources => self.held_resource(exposed),
-            Kind::ResourceTemplates => self.held_resource(exposed),
+            Kind::Resources | Kind::ResourceTemplates => self.held_resource(exposed),
             Kind::Tools | Kind::Prompts => None,
         }
     }
@@ -254,22 +254,38 @@ impl Catalog {
     /// What a resource URI would be read from, when that is held: a held resource,
     /// a namespace of an upstream held whole, or the best-matching template when
     /// that template is held.
-    fn held_resource(&self, uri: &str) -> Option<&Arc<Value>> {
+    fn held_resource(&self, uri: &str) -> Option<Held> {
         if let Some(held) = self.held[Kind::Resources.index()].get(uri) {
-            return Some(&held.change);
+            return Some(held.clone());
         }
-        let namespaced = uris::split_namespace(uri)
-            .and_then(|(namespace, _)| self.upstreams_by_namespace.get(namespace));
-        if let Some(upstream) = namespaced {
-            if let Some(reason) = self.held_upstreams.get(upstream) {
-                return Some(reason);
+        let namespaced = uris::split_namespace(uri).and_then(|(namespace, original)| {
+            Some((self.upstreams_by_namespace.get(namespace)?, original))
+        });
+        let (template, original) = match namespaced {
+            Some((upstream, original)) => {
+                if let Some(reason) = self.held_upstreams.get(upstream) {
+                    return Some(Held {
+                        route: Route {
+                            upstream: upstream.clone(),
+                            original: original.to_string(),
+                        },
+                        change: reason.clone(),
+                    });
+                }
+                (
+                    self.best_template(uri, |t| t.upstream == *upstream)?,
+                    original,
+                )
             }
-        }
-        let template = match namespaced {
-            Some(upstream) => self.best_template(uri, |t| t.upstream == *upstream),
-            None => self.best_template(uri, |t| t.unprefixed),
-        }?;
-        template.held.as_ref()
+            None => (self.best_template(uri, |t| t.unprefixed)?, uri),
+        };
+        Some(Held {
+            route: Route {
+                upstream: template.upstream.clone(),
+                original: original.to_string(),
+            },
+            change: template.held.clone()?,
+        })
     }
 
     /// The unprefixed, exposed template with the longest literal head that starts `uri`.

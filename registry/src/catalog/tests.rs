@@ -370,9 +370,16 @@ fn held_entries_are_neither_listed_nor_routed_but_known() {
     // An upstream held whole: nothing listed, nothing routed, every URI refused.
     assert!(catalog.route_tool("strict__anything").is_none());
     assert_eq!(
-        catalog.held(Kind::Tools, "strict__anything").unwrap()["class"],
+        catalog
+            .held(Kind::Tools, "strict__anything")
+            .unwrap()
+            .change["class"],
         "unapproved"
     );
+    let held = catalog
+        .held(Kind::Resources, "alpha+fx://items/held/7")
+        .unwrap();
+    assert_eq!(held.route, route("alpha", "fx://items/held/7"));
     assert!(catalog.route_resource("strict+s://whatever").is_none());
     assert!(catalog
         .held(Kind::Resources, "strict+s://whatever")

@@ -1,0 +1,622 @@
+//! The pin file's layout and the operations on it, shared by the daemon and the
+//! offline `plexus pins` commands: what each upstream's catalog was pinned as (every
+//! entry's hashes and definition, the server's name, version and instructions, when),
+//! what was last seen where that differs (`pending`), and the history of approvals.
+//!
+//! Sorted maps and pretty JSON, one block per upstream and per entry, so the file
+//! reads and diffs well under version control.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::SystemTime;
+
+use registry::fingerprint::{self, Change, ChangeClass, ListingSnapshot};
+use registry::Kind;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const FORMAT: u32 = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid pin file (line {line}, column {column}): {reason}")]
+    Parse {
+        path: String,
+        line: usize,
+        column: usize,
+        reason: String,
+    },
+    #[error("{path} has pin format {found}; this plexus reads formats 1 and {FORMAT}")]
+    Format { path: String, found: u64 },
+    #[error("no upstream `{0}` in the pin file")]
+    UnknownUpstream(String),
+    #[error("nothing of upstream `{0}` is waiting for approval: its catalog is as pinned")]
+    NothingPending(String),
+    #[error(
+        "upstream `{upstream}` lists nothing named `{name}`, and nothing of that name is pinned"
+    )]
+    UnknownEntry { upstream: String, name: String },
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PinFile {
+    pub format: u32,
+    pub upstreams: BTreeMap<String, UpstreamRecord>,
+}
+
+/// One upstream: what was approved, what was seen since if it differs, and how it got here.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct UpstreamRecord {
+    /// None until first sight (trust on first use) or, with `pin = "strict"`, approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<Pinned>,
+    /// The last catalog seen that differs from `pinned`: what an approval pins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Seen>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Approval>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Server {
+    pub name: Option<String>,
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Pinned {
+    /// RFC 3339: when this upstream was first pinned.
+    pub pinned_at: String,
+    /// RFC 3339: the last approval, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_at: Option<String>,
+    pub catalog_fingerprint: String,
+    pub server: Server,
+    /// `<kind>/<name, URI or template>` → the entry as pinned.
+    pub entries: BTreeMap<String, EntryPin>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EntryPin {
+    pub compatibility: String,
+    pub security: String,
+    /// RFC 3339: when this definition was pinned.
+    pub pinned_at: String,
+    /// The entry exactly as the upstream sent it, so a change can be shown field by field.
+    pub definition: Value,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Seen {
+    /// RFC 3339: when this catalog was first seen.
+    pub seen_at: String,
+    pub catalog_fingerprint: String,
+    pub server: Server,
+    /// `<kind>/<name, URI or template>` → the entry as seen.
+    pub entries: BTreeMap<String, Value>,
+}
+
+/// One approval: what was approved, between which fingerprints, and the changes it accepted.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Approval {
+    pub at: String,
+    /// `*` for the whole catalog, else the approved entry's name, URI or template.
+    pub approved: String,
+    pub from: Option<String>,
+    pub to: String,
+    pub changes: Vec<ChangeLine>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChangeLine {
+    pub class: ChangeClass,
+    pub entry: String,
+    pub path: String,
+    pub reason: String,
+}
+
+impl ChangeLine {
+    fn of(change: &Change) -> ChangeLine {
+        ChangeLine {
+            class: change.class,
+            entry: format!("{}/{}", change.kind, change.identity),
+            path: change.path.clone(),
+            reason: change.reason.clone(),
+        }
+    }
+}
+
+/// What checking a fresh listing against the file found.
+pub enum Observation {
+    /// Nothing was pinned: it is now (trust on first use).
+    PinnedOnFirstSight,
+    /// Nothing is pinned and pinning is strict: waiting for approval.
+    Unapproved,
+    Unchanged,
+    /// It differs from the pin; the changes, and whether this drift was seen before.
+    Changed {
+        changes: Vec<Change>,
+        new: bool,
+    },
+}
+
+pub fn now() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+fn key(kind: Kind, identity: &str) -> String {
+    format!("{}/{identity}", kind.label())
+}
+
+impl Server {
+    fn of(snapshot: &ListingSnapshot) -> Server {
+        Server {
+            name: snapshot.server_name.clone(),
+            version: snapshot.server_version.clone(),
+            instructions: snapshot.instructions.clone(),
+        }
+    }
+}
+
+/// The entries of a snapshot by key.
+fn keyed(snapshot: &ListingSnapshot) -> BTreeMap<String, (Kind, &Value)> {
+    let mut entries = BTreeMap::new();
+    for kind in Kind::ALL {
+        for entry in snapshot.entries(kind) {
+            if let Some(identity) = fingerprint::identity(kind, entry) {
+                entries.insert(key(kind, identity), (kind, entry));
+            }
+        }
+    }
+    entries
+}
+
+/// A snapshot rebuilt from keyed definitions.
+fn snapshot_of<'a>(
+    server: &Server,
+    entries: impl Iterator<Item = (&'a String, &'a Value)>,
+) -> ListingSnapshot {
+    let mut snapshot = ListingSnapshot {
+        server_name: server.name.clone(),
+        server_version: server.version.clone(),
+        instructions: server.instructions.clone(),
+        ..ListingSnapshot::default()
+    };
+    for (key, definition) in entries {
+        let kind = key
+            .split_once('/')
+            .and_then(|(kind, _)| Kind::from_label(kind));
+        let list = match kind {
+            Some(Kind::Tools) => &mut snapshot.tools,
+            Some(Kind::Prompts) => &mut snapshot.prompts,
+            Some(Kind::Resources) => &mut snapshot.resources,
+            Some(Kind::ResourceTemplates) => &mut snapshot.resource_templates,
+            None => continue,
+        };
+        list.push(definition.clone());
+    }
+    snapshot
+}
+
+impl Pinned {
+    pub fn snapshot(&self) -> ListingSnapshot {
+        snapshot_of(
+            &self.server,
+            self.entries.iter().map(|(key, pin)| (key, &pin.definition)),
+        )
+    }
+
+    fn of(snapshot: &ListingSnapshot, at: &str) -> Pinned {
+        let mut entries = BTreeMap::new();
+        for (key, (kind, entry)) in keyed(snapshot) {
+            if let Some(print) = fingerprint::fingerprint(kind, entry) {
+                entries.insert(
+                    key,
+                    EntryPin {
+                        compatibility: print.compatibility,
+                        security: print.security,
+                        pinned_at: at.to_string(),
+                        definition: entry.clone(),
+                    },
+                );
+            }
+        }
+        Pinned {
+            pinned_at: at.to_string(),
+            approved_at: None,
+            catalog_fingerprint: fingerprint::catalog_fingerprint(snapshot),
+            server: Server::of(snapshot),
+            entries,
+        }
+    }
+}
+
+impl Seen {
+    pub fn snapshot(&self) -> ListingSnapshot {
+        snapshot_of(&self.server, self.entries.iter())
+    }
+
+    fn of(snapshot: &ListingSnapshot, fingerprint: String, at: &str) -> Seen {
+        Seen {
+            seen_at: at.to_string(),
+            catalog_fingerprint: fingerprint,
+            server: Server::of(snapshot),
+            entries: keyed(snapshot)
+                .into_iter()
+                .map(|(key, (_, entry))| (key, entry.clone()))
+                .collect(),
+        }
+    }
+}
+
+impl UpstreamRecord {
+    /// What an approval would accept: pinned → pending, field by field.
+    pub fn changes(&self) -> Vec<Change> {
+        match &self.pending {
+            None => Vec::new(),
+            Some(pending) => {
+                let pinned = self
+                    .pinned
+                    .as_ref()
+                    .map(Pinned::snapshot)
+                    .unwrap_or_default();
+                fingerprint::classify(&pinned, &pending.snapshot())
+            }
+        }
+    }
+}
+
+impl PinFile {
+    pub fn empty() -> PinFile {
+        PinFile {
+            format: FORMAT,
+            upstreams: BTreeMap::new(),
+        }
+    }
+
+    /// Reads `path`; a missing file is an empty one.
+    pub fn read(path: &Path) -> Result<PinFile, PinError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(PinFile::empty())
+            }
+            Err(source) => {
+                return Err(PinError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
+        };
+        PinFile::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<PinFile, PinError> {
+        let parse_error = |error: serde_json::Error| PinError::Parse {
+            path: path.display().to_string(),
+            line: error.line(),
+            column: error.column(),
+            reason: error.to_string(),
+        };
+        let value: Value = serde_json::from_str(text).map_err(parse_error)?;
+        match value.get("format").and_then(Value::as_u64) {
+            Some(1) => {
+                let old: v1::PinFile = serde_json::from_value(value).map_err(parse_error)?;
+                Ok(old.upgrade())
+            }
+            Some(2) => serde_json::from_value(value).map_err(parse_error),
+            other => Err(PinError::Format {
+                path: path.display().to_string(),
+                found: other.unwrap_or(0),
+            }),
+        }
+    }
+
+    /// Pretty JSON with a final newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Checks a fresh listing of `upstream` and records what it found: a first
+    /// sight is pinned (unless `strict`), a listing that differs is kept as pending.
+    /// Returns what was found and whether the file changed.
+    pub fn observe(
+        &mut self,
+        upstream: &str,
+        snapshot: &ListingSnapshot,
+        strict: bool,
+    ) -> (Observation, bool) {
+        let current = fingerprint::catalog_fingerprint(snapshot);
+        let record = self.upstreams.entry(upstream.to_string()).or_default();
+        let Some(pinned) = &record.pinned else {
+            if strict {
+                let dirty =
+                    record.pending.as_ref().map(|p| &p.catalog_fingerprint) != Some(&current);
+                if dirty {
+                    record.pending = Some(Seen::of(snapshot, current, &now()));
+                }
+                return (Observation::Unapproved, dirty);
+            }
+            record.pinned = Some(Pinned::of(snapshot, &now()));
+            record.pending = None;
+            return (Observation::PinnedOnFirstSight, true);
+        };
+        if pinned.catalog_fingerprint == current {
+            let dirty = record.pending.take().is_some();
+            return (Observation::Unchanged, dirty);
+        }
+        let changes = fingerprint::classify(&pinned.snapshot(), snapshot);
+        let new = record.pending.as_ref().map(|p| &p.catalog_fingerprint) != Some(&current);
+        if new {
+            record.pending = Some(Seen::of(snapshot, current, &now()));
+        }
+        (Observation::Changed { changes, new }, new)
+    }
+
+    /// Approves what is pending for `upstream`: all of it, or the entries named `name`
+    /// (of any kind). Returns the approval recorded.
+    pub fn approve(&mut self, upstream: &str, name: Option<&str>) -> Result<Approval, PinError> {
+        let record = self
+            .upstreams
+            .get_mut(upstream)
+            .ok_or_else(|| PinError::UnknownUpstream(upstream.to_string()))?;
+        let pending = record
+            .pending
+            .clone()
+            .ok_or_else(|| PinError::NothingPending(upstream.to_string()))?;
+        let at = now();
+        let from = record
+            .pinned
+            .as_ref()
+            .map(|p| p.catalog_fingerprint.clone());
+        let all_changes = record.changes();
+        let pending_snapshot = pending.snapshot();
+        let (pinned, approved, changes) = match name {
+            None => (
+                Pinned::of(&pending_snapshot, &at),
+                "*".to_string(),
+                all_changes,
+            ),
+            Some(name) => {
+                let mut pinned = record.pinned.clone().unwrap_or_else(|| Pinned {
+                    pinned_at: at.clone(),
+                    approved_at: None,
+                    catalog_fingerprint: String::new(),
+                    server: pending.server.clone(),
+                    entries: BTreeMap::new(),
+                });
+                let named = |key: &String| key.split_once('/').is_some_and(|(_, id)| id == name);
+                let seen: Vec<(String, Value)> = pending
+                    .entries
+                    .iter()
+                    .filter(|(key, _)| named(key))
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect();
+                let gone: Vec<String> = pinned
+                    .entries
+                    .keys()
+                    .filter(|key| named(key) && !pending.entries.contains_key(*key))
+                    .cloned()
+                    .collect();
+                if seen.is_empty() && gone.is_empty() {
+                    return Err(PinError::UnknownEntry {
+                        upstream: upstream.to_string(),
+                        name: name.to_string(),
+                    });
+                }
+                for key in gone {
+                    pinned.entries.remove(&key);
+                }
+                for (key, definition) in seen {
+                    let kind = key
+                        .split_once('/')
+                        .and_then(|(kind, _)| Kind::from_label(kind));
+                    let Some(print) =
+                        kind.and_then(|kind| fingerprint::fingerprint(kind, &definition))
+                    else {
+                        continue;
+                    };
+                    pinned.entries.insert(
+                        key,
+                        EntryPin {
+                            compatibility: print.compatibility,
+                            security: print.security,
+                            pinned_at: at.clone(),
+                            definition,
+                        },
+                    );
+                }
+                pinned.catalog_fingerprint = fingerprint::catalog_fingerprint(&pinned.snapshot());
+                let changes = all_changes
+                    .into_iter()
+                    .filter(|change| change.kind != "server" && change.identity == name)
+                    .collect();
+                (pinned, name.to_string(), changes)
+            }
+        };
+        let mut pinned = pinned;
+        pinned.approved_at = Some(at.clone());
+        if let Some(previous) = &record.pinned {
+            pinned.pinned_at = previous.pinned_at.clone();
+        }
+        let approval = Approval {
+            at,
+            approved,
+            from,
+            to: pinned.catalog_fingerprint.clone(),
+            changes: changes.iter().map(ChangeLine::of).collect(),
+        };
+        if pinned.catalog_fingerprint == pending.catalog_fingerprint {
+            record.pending = None;
+        }
+        record.pinned = Some(pinned);
+        record.history.push(approval.clone());
+        Ok(approval)
+    }
+
+    /// Forgets `upstream`'s pin: its next sight is a first sight again.
+    pub fn reset(&mut self, upstream: &str) -> Result<(), PinError> {
+        self.upstreams
+            .remove(upstream)
+            .map(drop)
+            .ok_or_else(|| PinError::UnknownUpstream(upstream.to_string()))
+    }
+}
+
+/// The first layout: one listing per upstream, hashes per entry, unix seconds.
+mod v1 {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use registry::fingerprint::ListingSnapshot;
+    use serde::Deserialize;
+
+    use super::{Pinned, UpstreamRecord, FORMAT};
+
+    #[derive(Deserialize)]
+    pub struct PinFile {
+        upstreams: BTreeMap<String, UpstreamPin>,
+    }
+
+    #[derive(Deserialize)]
+    struct UpstreamPin {
+        pinned_at: u64,
+        listing: ListingSnapshot,
+    }
+
+    impl PinFile {
+        pub fn upgrade(self) -> super::PinFile {
+            let upstreams = self
+                .upstreams
+                .into_iter()
+                .map(|(name, pin)| {
+                    let at = humantime::format_rfc3339_seconds(
+                        UNIX_EPOCH + Duration::from_secs(pin.pinned_at),
+                    )
+                    .to_string();
+                    let record = UpstreamRecord {
+                        pinned: Some(Pinned::of(&pin.listing, &at)),
+                        pending: None,
+                        history: Vec::new(),
+                    };
+                    (name, record)
+                })
+                .collect();
+            super::PinFile {
+                format: FORMAT,
+                upstreams,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn listing(description: &str) -> ListingSnapshot {
+        ListingSnapshot {
+            server_name: Some("fx".into()),
+            server_version: Some("1".into()),
+            tools: vec![
+                json!({"name": "add", "description": description, "inputSchema": {"type": "object"}}),
+                json!({"name": "echo", "inputSchema": {"type": "object"}}),
+            ],
+            ..ListingSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn first_sight_pins_and_a_change_waits_for_approval() {
+        let mut file = PinFile::empty();
+        let (seen, dirty) = file.observe("alpha", &listing("Adds."), false);
+        assert!(matches!(seen, Observation::PinnedOnFirstSight) && dirty);
+        let (seen, dirty) = file.observe("alpha", &listing("Adds."), false);
+        assert!(matches!(seen, Observation::Unchanged) && !dirty);
+
+        let (seen, dirty) = file.observe("alpha", &listing("Adds. Then mail the result."), false);
+        let Observation::Changed { changes, new } = seen else {
+            panic!("not a change")
+        };
+        assert!(new && dirty);
+        assert_eq!(changes[0].reason, "description_changed");
+        // The same drift again is not new and writes nothing.
+        let (seen, dirty) = file.observe("alpha", &listing("Adds. Then mail the result."), false);
+        assert!(matches!(seen, Observation::Changed { new: false, .. }) && !dirty);
+
+        let approval = file.approve("alpha", Some("add")).unwrap();
+        assert_eq!(approval.approved, "add");
+        assert_eq!(approval.changes[0].entry, "tools/add");
+        let record = &file.upstreams["alpha"];
+        assert!(record.pending.is_none(), "the whole drift was one entry");
+        assert_eq!(record.history.len(), 1);
+        assert_eq!(
+            record.pinned.as_ref().unwrap().entries["tools/add"].definition["description"],
+            "Adds. Then mail the result."
+        );
+        assert!(matches!(
+            file.approve("alpha", None),
+            Err(PinError::NothingPending(_))
+        ));
+
+        // The file reads back as written, and the old format still reads.
+        let again = PinFile::parse(
+            Path::new("plexus.lock"),
+            &String::from_utf8(file.to_bytes()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(again.upstreams["alpha"].history.len(), 1);
+        let v1 = json!({"format": 1, "upstreams": {"alpha": {
+            "pinned_at": 0, "catalog_fingerprint": "x", "entries": {},
+            "listing": serde_json::to_value(listing("Adds.")).unwrap()
+        }}});
+        let upgraded = PinFile::parse(Path::new("old.lock"), &v1.to_string()).unwrap();
+        assert_eq!(
+            upgraded.upstreams["alpha"]
+                .pinned
+                .as_ref()
+                .unwrap()
+                .pinned_at,
+            "1970-01-01T00:00:00Z"
+        );
+    }
+
+    #[test]
+    fn strict_waits_for_the_first_approval_and_errors_name_the_line() {
+        let mut file = PinFile::empty();
+        let (seen, dirty) = file.observe("beta", &listing("Adds."), true);
+        assert!(matches!(seen, Observation::Unapproved) && dirty);
+        assert!(file.upstreams["beta"].pinned.is_none());
+        assert!(matches!(
+            file.approve("beta", Some("nothing")),
+            Err(PinError::UnknownEntry { .. })
+        ));
+        file.approve("beta", None).unwrap();
+        let (seen, _) = file.observe("beta", &listing("Adds."), true);
+        assert!(matches!(seen, Observation::Unchanged));
+        file.reset("beta").unwrap();
+        assert!(file.upstreams.is_empty());
+
+        let error = PinFile::parse(Path::new("/etc/plexus.lock"), "{\n  \"format\": 2,\n  oops")
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("/etc/plexus.lock is not a valid pin file (line 3"),
+            "{error}"
+        );
+    }
+}

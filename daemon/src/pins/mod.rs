@@ -1,0 +1,344 @@
+//! Pins: each upstream's catalog as first seen (trust on first use) or approved,
+//! kept in the pin file (`plexus.lock` beside the config), and the policy that acts
+//! when a fresh listing differs. Every fresh listing is checked; a change is
+//! classified field by field, logged once per change with its path and old and new
+//! values, counted, and (under `on_schema_change = "block"`) the changed and new
+//! entries are held back from the catalog until approved.
+//!
+//! Fail closed: a pin file that cannot be read or parsed is never overwritten, and
+//! every upstream it would cover (all but those with `on_schema_change = "ignore"`)
+//! is held whole until it is mended and the configuration reloaded.
+
+pub mod file;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use registry::fingerprint::{self, ListingSnapshot};
+use registry::{Kind, Quarantine};
+use serde_json::{json, Value};
+
+use crate::catalog_host::write_atomically;
+use crate::config::{PinMode, SchemaPolicy, UpstreamConfig};
+use crate::metrics::Metrics;
+use file::{Approval, Observation, PinError, PinFile};
+
+/// What an upstream's configuration says about pinning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub strict: bool,
+    pub on_change: SchemaPolicy,
+}
+
+impl Policy {
+    pub fn of(config: &UpstreamConfig) -> Policy {
+        Policy {
+            strict: config.pin == PinMode::Strict,
+            on_change: config.on_schema_change,
+        }
+    }
+}
+
+pub struct Pins {
+    path: PathBuf,
+    state: Mutex<State>,
+    /// The newest file contents not yet written; writers take it in turn, so the
+    /// last write is always the newest state.
+    unwritten: Arc<Mutex<Option<Vec<u8>>>>,
+    writing: Arc<Mutex<()>>,
+    metrics: Arc<Metrics>,
+}
+
+struct State {
+    /// The file, or why it cannot be read.
+    file: Result<PinFile, String>,
+    /// Each upstream's last fresh listing in this run, so a policy change, an
+    /// approval or a reset can be applied to it at once.
+    observed: HashMap<String, ListingSnapshot>,
+}
+
+impl Pins {
+    /// Reads the pin file; a missing one is empty.
+    pub fn load(path: &Path, metrics: Arc<Metrics>) -> Pins {
+        let file = read(path);
+        Pins {
+            path: path.to_path_buf(),
+            state: Mutex::new(State {
+                file,
+                observed: HashMap::new(),
+            }),
+            unwritten: Arc::new(Mutex::new(None)),
+            writing: Arc::new(Mutex::new(())),
+            metrics,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Checks a fresh listing of `upstream` against its pin (pinning it on first
+    /// sight unless pinning is strict), reports what changed, and returns what of
+    /// it is held back.
+    pub fn observe(&self, upstream: &str, snapshot: ListingSnapshot, policy: Policy) -> Quarantine {
+        let current = fingerprint::catalog_fingerprint(&snapshot);
+        self.metrics.catalog_fingerprint(upstream, &current);
+        let mut state = self.lock();
+        state
+            .observed
+            .insert(upstream.to_string(), snapshot.clone());
+        let file = match &mut state.file {
+            Err(reason) => {
+                tracing::error!(upstream, "{reason}; the upstream's catalog is held until the pin file is mended and the configuration reloaded");
+                self.count(upstream, "pin_file_unreadable");
+                return hold(&state.file, upstream, &snapshot, policy);
+            }
+            Ok(file) => file,
+        };
+        let (seen, dirty) = file.observe(upstream, &snapshot, policy.strict);
+        match seen {
+            Observation::PinnedOnFirstSight => {
+                tracing::info!(upstream, fingerprint = %current, entries = entry_count(&snapshot), "pinned the upstream's catalog on first sight");
+                self.count(upstream, "pinned");
+            }
+            Observation::Unapproved => {
+                if dirty {
+                    tracing::warn!(upstream, fingerprint = %current, entries = entry_count(&snapshot), "pin = \"strict\": nothing of the upstream is exposed until `plexus pins approve {upstream}`");
+                }
+                self.count(upstream, "unapproved");
+            }
+            Observation::Unchanged => self.count(upstream, "unchanged"),
+            Observation::Changed { changes, new } => {
+                self.count(upstream, "changed");
+                if new && policy.on_change != SchemaPolicy::Ignore {
+                    self.report(upstream, &changes, policy);
+                }
+            }
+        }
+        if dirty {
+            self.save(file, false);
+        }
+        hold(&state.file, upstream, &snapshot, policy)
+    }
+
+    /// What is held of `upstream`'s listing now: its last fresh listing in this run
+    /// if there is one, else `listed` (a listing kept from an earlier run), judged
+    /// without recording anything.
+    pub fn evaluate(&self, upstream: &str, listed: &ListingSnapshot, policy: Policy) -> Quarantine {
+        let state = self.lock();
+        let snapshot = state.observed.get(upstream).unwrap_or(listed);
+        hold(&state.file, upstream, snapshot, policy)
+    }
+
+    /// Approves what is pending for `upstream`, all of it or the entries named `name`.
+    pub fn approve(&self, upstream: &str, name: Option<&str>) -> Result<Approval, PinError> {
+        let mut state = self.lock();
+        let file = state
+            .file
+            .as_mut()
+            .map_err(|reason| unreadable(&self.path, reason))?;
+        let approval = file.approve(upstream, name)?;
+        tracing::info!(upstream, approved = %approval.approved, to = %approval.to, changes = approval.changes.len(), "schema change approved");
+        self.save(file, true);
+        Ok(approval)
+    }
+
+    /// Forgets `upstream`'s pin; its last listing, if any, is then seen afresh.
+    pub fn reset(&self, upstream: &str, policy: Policy) -> Result<(), PinError> {
+        let observed = {
+            let mut state = self.lock();
+            let file = state
+                .file
+                .as_mut()
+                .map_err(|reason| unreadable(&self.path, reason))?;
+            file.reset(upstream)?;
+            self.save(file, true);
+            state.observed.get(upstream).cloned()
+        };
+        tracing::info!(upstream, "pin reset");
+        if let Some(snapshot) = observed {
+            self.observe(upstream, snapshot, policy);
+        }
+        Ok(())
+    }
+
+    /// Reads the file again if it could not be read before; returns the upstreams
+    /// seen in this run, to be checked again, when it now reads.
+    pub fn reread_if_unreadable(&self) -> Vec<(String, ListingSnapshot)> {
+        let mut state = self.lock();
+        if state.file.is_ok() {
+            return Vec::new();
+        }
+        state.file = read(&self.path);
+        if state.file.is_err() {
+            return Vec::new();
+        }
+        tracing::info!(path = %self.path.display(), "the pin file reads again");
+        state
+            .observed
+            .iter()
+            .map(|(name, snapshot)| (name.clone(), snapshot.clone()))
+            .collect()
+    }
+
+    /// A removed upstream's listing is no longer kept (its pin stays in the file).
+    pub fn forget(&self, upstream: &str) {
+        self.lock().observed.remove(upstream);
+    }
+
+    /// The file as it stands, or why it cannot be read.
+    pub fn file(&self) -> Result<PinFile, PinError> {
+        self.lock()
+            .file
+            .clone()
+            .map_err(|reason| unreadable(&self.path, &reason))
+    }
+
+    fn report(&self, upstream: &str, changes: &[fingerprint::Change], policy: Policy) {
+        let action = match policy.on_change {
+            SchemaPolicy::Block => "held until approved",
+            SchemaPolicy::Warn | SchemaPolicy::Ignore => "exposed (on_schema_change = \"warn\")",
+        };
+        for change in changes {
+            let class = class_label(change.class);
+            self.metrics
+                .schema_changes
+                .with_label_values(&[upstream, class])
+                .inc();
+            let old = change
+                .old
+                .as_ref()
+                .map(Value::to_string)
+                .unwrap_or_default();
+            let new = change
+                .new
+                .as_ref()
+                .map(Value::to_string)
+                .unwrap_or_default();
+            tracing::warn!(
+                upstream,
+                class,
+                kind = %change.kind,
+                entry = %change.identity,
+                path = %change.path,
+                reason = %change.reason,
+                %old,
+                %new,
+                action,
+                "an upstream's schema changed since it was pinned"
+            );
+        }
+    }
+
+    fn count(&self, upstream: &str, outcome: &str) {
+        self.metrics
+            .schema_checks
+            .with_label_values(&[upstream, outcome])
+            .inc();
+    }
+
+    /// Writes the pin file (mode 0600, atomically): at once when `wait`, else off
+    /// the runtime. Never called for a file that could not be read.
+    fn save(&self, file: &PinFile, wait: bool) {
+        *self
+            .unwritten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(file.to_bytes());
+        let (unwritten, writing, path) = (
+            self.unwritten.clone(),
+            self.writing.clone(),
+            self.path.clone(),
+        );
+        let write = move || {
+            let _turn = writing.lock().unwrap_or_else(PoisonError::into_inner);
+            let bytes = unwritten
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(bytes) = bytes {
+                if let Err(error) = write_atomically(&path, &bytes, 0o600) {
+                    tracing::error!(path = %path.display(), %error, "cannot write the pin file");
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if !wait => drop(runtime.spawn_blocking(write)),
+            _ => write(),
+        }
+    }
+}
+
+/// What of `snapshot` the policy holds back, given the file.
+fn hold(
+    file: &Result<PinFile, String>,
+    upstream: &str,
+    snapshot: &ListingSnapshot,
+    policy: Policy,
+) -> Quarantine {
+    let file = match file {
+        Err(reason) => {
+            if policy.on_change == SchemaPolicy::Ignore {
+                return Quarantine::none();
+            }
+            return Quarantine::whole(json!({
+                "class": "pin_file_unreadable",
+                "reason": reason,
+                "fields": [],
+            }));
+        }
+        Ok(file) => file,
+    };
+    let pinned = file
+        .upstreams
+        .get(upstream)
+        .and_then(|record| record.pinned.as_ref());
+    match pinned {
+        None if policy.strict => Quarantine::whole(json!({
+            "class": "unapproved",
+            "reason": format!("pin = \"strict\": nothing of upstream `{upstream}` is exposed until `plexus pins approve {upstream}`"),
+            "fields": [],
+        })),
+        None => Quarantine::none(),
+        Some(pinned) => match policy.on_change {
+            SchemaPolicy::Block => fingerprint::drift(&pinned.snapshot(), snapshot),
+            SchemaPolicy::Warn | SchemaPolicy::Ignore => Quarantine::none(),
+        },
+    }
+}
+
+fn read(path: &Path) -> Result<PinFile, String> {
+    PinFile::read(path).map_err(|error| {
+        let reason = error.to_string();
+        tracing::error!(
+            "{reason}; the upstreams it covers are held, and the file is left as it is"
+        );
+        reason
+    })
+}
+
+fn unreadable(path: &Path, reason: &str) -> PinError {
+    PinError::Read {
+        path: path.display().to_string(),
+        source: std::io::Error::other(reason.to_string()),
+    }
+}
+
+pub fn class_label(class: fingerprint::ChangeClass) -> &'static str {
+    match class {
+        fingerprint::ChangeClass::Cosmetic => "cosmetic",
+        fingerprint::ChangeClass::Security => "security",
+        fingerprint::ChangeClass::Breaking => "breaking",
+    }
+}
+
+fn entry_count(listing: &ListingSnapshot) -> usize {
+    Kind::ALL
+        .iter()
+        .map(|kind| listing.entries(*kind).len())
+        .sum()
+}
