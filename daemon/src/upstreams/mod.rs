@@ -8,6 +8,7 @@
 mod instance;
 mod limiter;
 mod restart;
+mod schedule;
 mod supervise;
 
 use std::collections::BTreeMap;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::instance::{client_identity, Instance, Upstream, UpstreamState};
 use super::restart::{RestartDecision, RestartPolicy};
+use super::schedule;
 use super::SupervisorEvent;
 use crate::config::{Launch, UpstreamConfig};
 
@@ -439,9 +440,14 @@ async fn refresh_on_demand(
     hello: ServerHello,
     refresh: Arc<Notify>,
 ) {
+    let mut last = Instant::now();
     loop {
-        refresh.notified().await;
+        // Read each time: a reload changes the interval without a restart.
+        let interval = upstream.config().schema_check_interval;
+        let check = schedule::next_check(&refresh, interval, last).await;
+        tracing::debug!(upstream = %upstream.name(), ?check, "listing the upstream's catalog again");
         publish_listing(&connection, &upstream, &hello).await;
+        last = Instant::now();
     }
 }
 
