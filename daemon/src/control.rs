@@ -27,11 +27,27 @@ pub enum Control {
         cause: ReloadCause,
         reply: Option<oneshot::Sender<ReloadReport>>,
     },
+    /// Something answered at once, between or during reloads.
+    Act(Action),
+}
+
+/// A control input the loop answers at once, whatever else it is doing.
+pub enum Action {
     /// Start an upstream again now (even from `failed`); the reply says whether it exists.
     Restart {
         upstream: String,
         reply: oneshot::Sender<bool>,
     },
+}
+
+impl Action {
+    fn run(self, hub: &Hub) {
+        match self {
+            Action::Restart { upstream, reply } => {
+                let _ = reply.send(hub.retry(&upstream));
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +113,7 @@ impl ControlHandle {
         let upstream = upstream.to_string();
         if self
             .0
-            .send(Control::Restart { upstream, reply })
+            .send(Control::Act(Action::Restart { upstream, reply }))
             .await
             .is_err()
         {
@@ -164,8 +180,8 @@ impl ControlLoop {
                     match message {
                         None => return self.stop("the control channel closed"),
                         Some(Control::Shutdown { cause }) => return self.stop(cause),
-                        Some(Control::Restart { upstream, reply }) => {
-                            let _ = reply.send(self.hub.retry(&upstream));
+                        Some(Control::Act(action)) => {
+                            action.run(&self.hub);
                             continue;
                         }
                         Some(Control::Reload { cause, reply }) => {
@@ -200,9 +216,7 @@ impl ControlLoop {
                                 }
                                 entry.1.extend(reply);
                             }
-                            Some(Control::Restart { upstream, reply }) => {
-                                let _ = reply.send(hub.retry(&upstream));
-                            }
+                            Some(Control::Act(action)) => action.run(&hub),
                             Some(Control::Shutdown { cause }) => {
                                 tracing::info!("{cause}: shutting down");
                                 shutdown.cancel();
@@ -249,9 +263,7 @@ impl ControlLoop {
                     }
                     request.1.extend(reply);
                 }
-                Some(Control::Restart { upstream, reply }) => {
-                    let _ = reply.send(self.hub.retry(&upstream));
-                }
+                Some(Control::Act(action)) => action.run(&self.hub),
                 Some(Control::Shutdown { cause }) => {
                     self.stop(cause);
                     return false;
