@@ -2,6 +2,7 @@
 //! (exit 64 when it is invalid), run, and drain on SIGTERM or SIGINT.
 
 mod admin;
+mod admin_client;
 mod app;
 mod catalog_host;
 mod config;
@@ -17,7 +18,6 @@ mod logging;
 mod metrics;
 mod pins;
 mod progress;
-mod reload_command;
 mod session;
 mod stdio_front;
 mod systemd;
@@ -267,7 +267,7 @@ fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(reload_command::reload(config, admin, &environment)) {
+    match runtime.block_on(admin_client::reload(config, admin, &environment)) {
         Ok((status, body)) => {
             println!("{}", body.trim_end());
             let applied = serde_json::from_str::<serde_json::Value>(&body)

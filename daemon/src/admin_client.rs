@@ -1,20 +1,20 @@
-//! `plexus reload`: asks the running daemon (found through the admin listener the
-//! config file names, or the `daemon.json` in its state directory) to reload, and
-//! prints the outcome.
+//! The client side of the admin listener, for `plexus reload` and `plexus pins`: the
+//! running daemon is found through the admin listener the config file names, or the
+//! `daemon.json` in its state directory.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 use crate::app::RUNTIME_FILE;
 use crate::config;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReloadCommandError {
+pub enum AdminClientError {
     #[error("cannot find the daemon's admin listener: {0}")]
     NoAddress(String),
     #[error("cannot reach the daemon at {address}: {reason}")]
@@ -29,25 +29,39 @@ pub async fn reload(
     config_path: &Path,
     admin: Option<&str>,
     environment: &dyn Fn(&str) -> Option<String>,
-) -> Result<(u16, String), ReloadCommandError> {
+) -> Result<(u16, String), AdminClientError> {
     let address = match admin {
         Some(address) => address.to_string(),
         None => admin_address(config_path, environment)?,
     };
-    let unreachable = |reason: String| ReloadCommandError::Unreachable {
-        address: address.clone(),
+    request(&address, http::Method::POST, "/reload", None).await
+}
+
+/// One request to the admin listener at `address`: the HTTP status and the body.
+pub async fn request(
+    address: &str,
+    method: http::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(u16, String), AdminClientError> {
+    let unreachable = |reason: String| AdminClientError::Unreachable {
+        address: address.to_string(),
         reason,
     };
-    let stream = tokio::net::TcpStream::connect(&address)
+    let stream = tokio::net::TcpStream::connect(address)
         .await
         .map_err(|error| unreachable(error.to_string()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|error| unreachable(error.to_string()))?;
     tokio::spawn(connection);
-    let request = hyper::Request::post("/reload")
-        .header(http::header::HOST, &address)
-        .body(Empty::<Bytes>::new())
+    let bytes = body.map(|body| body.to_string()).unwrap_or_default();
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, address)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(bytes)))
         .map_err(|error| unreachable(error.to_string()))?;
     let exchange = async {
         let response = sender.send_request(request).await?;
@@ -64,12 +78,12 @@ pub async fn reload(
 /// The admin address: `[daemon] admin_listen` unless it is absent or port 0 (then
 /// the running daemon's `daemon.json`). The file is read leniently: the point of
 /// a reload may be to report that the file is broken.
-fn admin_address(
+pub fn admin_address(
     config_path: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, ReloadCommandError> {
+) -> Result<String, AdminClientError> {
     let text = std::fs::read_to_string(config_path).map_err(|error| {
-        ReloadCommandError::NoAddress(format!("cannot read {}: {error}", config_path.display()))
+        AdminClientError::NoAddress(format!("cannot read {}: {error}", config_path.display()))
     })?;
     let admin_listen = daemon_key(&text, "admin_listen")
         .unwrap_or_else(|| config::DEFAULT_ADMIN_LISTEN.to_string());
@@ -88,7 +102,7 @@ fn admin_address(
     };
     let runtime = state_dir.join(RUNTIME_FILE);
     let body = std::fs::read_to_string(&runtime).map_err(|error| {
-        ReloadCommandError::NoAddress(format!(
+        AdminClientError::NoAddress(format!(
             "{} names no fixed admin port and {} cannot be read ({error}); is the daemon running?",
             config_path.display(),
             runtime.display()
@@ -98,7 +112,7 @@ fn admin_address(
         .ok()
         .and_then(|value| value.get("admin_listen")?.as_str().map(str::to_string))
         .ok_or_else(|| {
-            ReloadCommandError::NoAddress(format!("{} has no admin_listen", runtime.display()))
+            AdminClientError::NoAddress(format!("{} has no admin_listen", runtime.display()))
         })
 }
 
