@@ -181,7 +181,8 @@ pub fn parse_naked_uri(uri: &str) -> Result<(Launcher, Vec<String>), LaunchError
     Ok((parsed, args))
 }
 
-fn percent_decode(text: &str) -> Result<String, String> {
+/// Decodes `%XX` escapes (and `+` as a space is not assumed: URIs, not forms).
+pub fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut index = 0;

@@ -1,6 +1,7 @@
-//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, and the
-//! mutating endpoints `POST /reload` and `POST /upstreams/<name>/restart`, which go
-//! through the control path.
+//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, the pins
+//! (`GET /pins`, `GET /pins/diff[?upstream=NAME]`), and the mutating endpoints
+//! `POST /reload`, `POST /upstreams/<name>/restart`, `POST /pins/approve` and
+//! `POST /pins/reset`, which go through the control path.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde_json::{json, Map, Value};
 
-use crate::control::{ControlHandle, ReloadCause};
+use crate::control::{Action, ControlHandle, ReloadCause};
 use crate::hub::Hub;
 use crate::listener::{is_loopback_host, Body};
 use crate::upstreams::UpstreamState;
@@ -28,7 +29,8 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
     if let Some(refusal) = admin.refuse_host(request.headers()) {
         return refusal;
     }
-    let path = request.uri().path();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
     if request.method() == Method::POST {
         // A web page can send a cross-origin POST; an operator's tools send no Origin.
         if request.headers().contains_key(header::ORIGIN) {
@@ -37,6 +39,9 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
                 "text/plain",
                 "cross-origin requests may not change the daemon\n".into(),
             );
+        }
+        if path == "/pins/approve" || path == "/pins/reset" {
+            return pins_action(&admin, &path, request.into_body()).await;
         }
         if path == "/reload" {
             return match admin.control.reload(ReloadCause::Admin).await {
@@ -78,11 +83,18 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "use GET, POST /reload or POST /upstreams/<name>/restart\n".into(),
+            "use GET, POST /reload, POST /upstreams/<name>/restart, POST /pins/approve or POST /pins/reset\n".into(),
         );
     }
     let hub = &admin.hub;
-    match path {
+    match path.as_str() {
+        "/pins" => json_answer(hub.pins_status()),
+        "/pins/diff" => {
+            let upstream = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("upstream="));
+            json_answer(hub.pins_diff(upstream.filter(|name| !name.is_empty())))
+        }
         "/metrics" => {
             hub.refresh_metrics();
             text(
@@ -121,6 +133,79 @@ impl Admin {
             )
         })
     }
+}
+
+/// The most an admin request body may hold.
+const ADMIN_BODY_LIMIT: usize = 64 * 1024;
+
+/// `POST /pins/approve` (`{"upstream", "name"?}`) and `POST /pins/reset` (`{"upstream"}`),
+/// through the control path.
+async fn pins_action(admin: &Admin, path: &str, body: Incoming) -> Response<Body> {
+    let limited = http_body_util::Limited::new(body, ADMIN_BODY_LIMIT);
+    let bytes = match limited.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return error_answer(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read the body: {error}"),
+            )
+        }
+    };
+    let request: Value = match serde_json::from_slice(&bytes) {
+        Ok(request) => request,
+        Err(error) => {
+            return error_answer(
+                StatusCode::BAD_REQUEST,
+                &format!("the body is not JSON: {error}"),
+            )
+        }
+    };
+    let Some(upstream) = request
+        .get("upstream")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return error_answer(StatusCode::BAD_REQUEST, "the body names no `upstream`");
+    };
+    let name = request
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let answer = if path == "/pins/approve" {
+        admin
+            .control
+            .pins(|reply| Action::ApprovePin {
+                upstream,
+                name,
+                reply,
+            })
+            .await
+    } else {
+        admin
+            .control
+            .pins(|reply| Action::ResetPin { upstream, reply })
+            .await
+    };
+    match answer {
+        Some(Ok(outcome)) => text(StatusCode::OK, "application/json", outcome.to_string()),
+        Some(Err(error)) => error_answer(StatusCode::CONFLICT, &error),
+        None => error_answer(StatusCode::SERVICE_UNAVAILABLE, "plexus is shutting down"),
+    }
+}
+
+fn json_answer<E: std::fmt::Display>(outcome: Result<Value, E>) -> Response<Body> {
+    match outcome {
+        Ok(value) => text(StatusCode::OK, "application/json", value.to_string()),
+        Err(error) => error_answer(StatusCode::CONFLICT, &error.to_string()),
+    }
+}
+
+fn error_answer(status: StatusCode, error: &str) -> Response<Body> {
+    text(
+        status,
+        "application/json",
+        json!({ "error": error }).to_string(),
+    )
 }
 
 /// Ready when every enabled upstream is serving or startable on demand; the body

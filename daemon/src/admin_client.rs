@@ -17,6 +17,8 @@ use crate::config;
 pub enum AdminClientError {
     #[error("cannot find the daemon's admin listener: {0}")]
     NoAddress(String),
+    #[error("no daemon listens at {address}: {reason}")]
+    NotListening { address: String, reason: String },
     #[error("cannot reach the daemon at {address}: {reason}")]
     Unreachable { address: String, reason: String },
 }
@@ -50,7 +52,10 @@ pub async fn request(
     };
     let stream = tokio::net::TcpStream::connect(address)
         .await
-        .map_err(|error| unreachable(error.to_string()))?;
+        .map_err(|error| AdminClientError::NotListening {
+            address: address.to_string(),
+            reason: error.to_string(),
+        })?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|error| unreachable(error.to_string()))?;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -38,6 +39,18 @@ pub enum Action {
         upstream: String,
         reply: oneshot::Sender<bool>,
     },
+    /// Approve what is pending for an upstream (all of it, or the entries named
+    /// `name`); the reply is the approval recorded, or why there is none.
+    ApprovePin {
+        upstream: String,
+        name: Option<String>,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    /// Forget an upstream's pin, so its catalog is a first sight again.
+    ResetPin {
+        upstream: String,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
 }
 
 impl Action {
@@ -45,6 +58,24 @@ impl Action {
         match self {
             Action::Restart { upstream, reply } => {
                 let _ = reply.send(hub.retry(&upstream));
+            }
+            Action::ApprovePin {
+                upstream,
+                name,
+                reply,
+            } => {
+                let outcome = hub
+                    .approve_pin(&upstream, name.as_deref())
+                    .map(|approval| json!({"upstream": upstream, "approval": approval}))
+                    .map_err(|error| error.to_string());
+                let _ = reply.send(outcome);
+            }
+            Action::ResetPin { upstream, reply } => {
+                let outcome = hub
+                    .reset_pin(&upstream)
+                    .map(|()| json!({"upstream": upstream, "reset": true}))
+                    .map_err(|error| error.to_string());
+                let _ = reply.send(outcome);
             }
         }
     }
@@ -120,6 +151,16 @@ impl ControlHandle {
             return false;
         }
         answer.await.unwrap_or(false)
+    }
+
+    /// Sends an action that answers with a result; None if the daemon is stopping.
+    pub async fn pins(
+        &self,
+        action: impl FnOnce(oneshot::Sender<Result<Value, String>>) -> Action,
+    ) -> Option<Result<Value, String>> {
+        let (reply, answer) = oneshot::channel();
+        self.0.send(Control::Act(action(reply))).await.ok()?;
+        answer.await.ok()
     }
 
     pub async fn shutdown(&self, cause: &'static str) {

@@ -29,6 +29,44 @@ pub enum ExploreError {
     UnknownTool { upstream: String, tool: String },
 }
 
+/// The seed's call form, a naked URI whose query names the tool:
+/// `mcp+uvx://pkg/cmd?command=run&tool=search&gene=BRAF`. What precedes `tool=` in
+/// the query stays with the launch; what follows it are the tool's arguments.
+/// Returns the target without them, the tool, and the arguments as written.
+pub fn split_tool_query(
+    target: &str,
+) -> Result<Option<(String, String, Vec<(String, String)>)>, ExploreError> {
+    let Some((base, query)) = target.split_once('?') else {
+        return Ok(None);
+    };
+    let pairs: Vec<&str> = query.split('&').filter(|pair| !pair.is_empty()).collect();
+    let Some(at) = pairs.iter().position(|pair| pair.starts_with("tool=")) else {
+        return Ok(None);
+    };
+    let decode = |text: &str| {
+        adapters::percent_decode(text)
+            .map_err(|reason| ExploreError::Target(format!("`{target}`: {reason}")))
+    };
+    let tool = decode(&pairs[at]["tool=".len()..])?;
+    if tool.is_empty() {
+        return Err(ExploreError::Target(format!(
+            "`{target}` names an empty tool"
+        )));
+    }
+    let mut arguments = Vec::new();
+    for pair in &pairs[at + 1..] {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        arguments.push((decode(key)?, decode(value)?));
+    }
+    let launch = pairs[..at].join("&");
+    let target = if launch.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{launch}")
+    };
+    Ok(Some((target, tool, arguments)))
+}
+
 /// A started and initialized upstream with its listing.
 pub struct Explored {
     name: String,
@@ -206,6 +244,30 @@ impl Explored {
         })
     }
 
+    /// Arguments written as text (the query form) typed by the tool's schema: a
+    /// parameter declared `string` stays text, others are read as JSON when they parse.
+    pub fn typed_arguments(
+        &self,
+        tool: &str,
+        pairs: &[(String, String)],
+    ) -> Result<Value, ExploreError> {
+        let schema = self.schema(tool)?;
+        let properties = schema.pointer("/inputSchema/properties");
+        let mut arguments = Map::new();
+        for (key, text) in pairs {
+            let declared = properties
+                .and_then(|properties| properties.get(key))
+                .and_then(|property| property.get("type"))
+                .and_then(Value::as_str);
+            let value = match declared {
+                Some("string") => Value::String(text.clone()),
+                _ => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone())),
+            };
+            arguments.insert(key.clone(), value);
+        }
+        Ok(Value::Object(arguments))
+    }
+
     /// Calls a tool and returns the upstream's result (or its error object).
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ExploreError> {
         self.schema(tool)?;
@@ -218,5 +280,38 @@ impl Explored {
                 reason: error.to_string(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tool_and_its_arguments_end_the_query() {
+        let (target, tool, arguments) = split_tool_query(
+            "mcp+uvx://biomcp-python/biomcp?command=run&tool=search&gene=BRAF&note=a%20b",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(target, "mcp+uvx://biomcp-python/biomcp?command=run");
+        assert_eq!(tool, "search");
+        assert_eq!(
+            arguments,
+            [
+                ("gene".to_string(), "BRAF".to_string()),
+                ("note".to_string(), "a b".to_string())
+            ]
+        );
+        let (target, tool, _) = split_tool_query("mcp+python://./s.py?tool=fetch")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (target.as_str(), tool.as_str()),
+            ("mcp+python://./s.py", "fetch")
+        );
+        assert!(split_tool_query("mcp+npx://pkg?flag=1").unwrap().is_none());
+        assert!(split_tool_query("mcp+npx://pkg?tool=").is_err());
     }
 }

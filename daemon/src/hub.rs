@@ -159,9 +159,25 @@ impl Hub {
         });
     }
 
-    /// The pins: the file as it stands (status and diff read it).
-    pub fn pins(&self) -> &Pins {
-        &self.pins
+    /// Where each upstream's pin stands, with how many of its entries are held now.
+    pub fn pins_status(&self) -> Result<Value, crate::pins::file::PinError> {
+        let file = self.pins.file()?;
+        let catalog = self.catalog();
+        let mut held: BTreeMap<&str, usize> = BTreeMap::new();
+        for kind in registry::Kind::ALL {
+            for entry in catalog.held_entries(kind).values() {
+                *held.entry(&entry.route.upstream).or_default() += 1;
+            }
+        }
+        let mut status =
+            crate::pins::view::status(&file, &|name, _| Some(held.get(name).copied().unwrap_or(0)));
+        status["file"] = json!(self.pins.path().display().to_string());
+        Ok(status)
+    }
+
+    /// What approving would accept, field by field.
+    pub fn pins_diff(&self, upstream: Option<&str>) -> Result<Value, crate::pins::file::PinError> {
+        crate::pins::view::diff(&self.pins.file()?, upstream)
     }
 
     /// Approves what is pending for `upstream` (all of it, or the entries named

@@ -17,6 +17,7 @@ mod listener;
 mod logging;
 mod metrics;
 mod pins;
+mod pins_command;
 mod progress;
 mod session;
 mod stdio_front;
@@ -83,10 +84,12 @@ enum Command {
         #[command(flatten)]
         options: ExploreOptions,
     },
-    /// Call one tool with JSON arguments and print its result.
+    /// Call one tool with JSON arguments and print its result. The tool and its
+    /// arguments may instead end a naked URI's query: `mcp+uvx://pkg?tool=NAME&arg=value`.
     Call {
         target: String,
-        tool: String,
+        /// Omitted when the target's query names `tool=`.
+        tool: Option<String>,
         /// The arguments, a JSON object.
         #[arg(default_value = "{}")]
         arguments: String,
@@ -103,6 +106,33 @@ enum Command {
         #[arg(long)]
         admin: Option<String>,
     },
+    /// Schema pins: where each upstream stands, what changed, approve or reset. Asks
+    /// the running daemon, or works on the pin file when none runs.
+    Pins {
+        #[command(subcommand)]
+        action: PinsAction,
+        /// The configuration file (it names the pin file and the admin listener).
+        #[arg(long, short, default_value = "config.toml", global = true)]
+        config: PathBuf,
+        /// The admin listener, when the file cannot tell.
+        #[arg(long, global = true)]
+        admin: Option<String>,
+        /// JSON, for scripts.
+        #[arg(long, global = true)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum PinsAction {
+    /// Each upstream's pin: pinned, changed (waiting for approval) or unapproved.
+    Status,
+    /// Field by field, what changed since each upstream was pinned.
+    Diff { upstream: Option<String> },
+    /// Pin what was seen: UPSTREAM for its whole catalog, UPSTREAM/NAME for one entry.
+    Approve { target: String },
+    /// Forget an upstream's pin: its catalog is pinned afresh when next seen.
+    Reset { upstream: String },
 }
 
 #[derive(clap::Args)]
@@ -120,7 +150,13 @@ enum Exploration {
     Explore,
     Schema(String),
     Hash,
-    Call(String, String),
+    Call(String, CallArguments),
+}
+
+enum CallArguments {
+    Json(String),
+    /// From the target's query, typed by the tool's schema.
+    Query(Vec<(String, String)>),
 }
 
 fn main() -> ExitCode {
@@ -132,6 +168,7 @@ fn main() -> ExitCode {
             | Command::Schema { .. }
             | Command::Hash { .. }
             | Command::Call { .. }
+            | Command::Pins { .. }
     );
     init_tracing(if quiet { "warn" } else { "info" });
     match cli.command {
@@ -152,6 +189,20 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config, admin } => reload(&config, admin.as_deref()),
+        Command::Pins {
+            action,
+            config,
+            admin,
+            json,
+        } => {
+            let command = match action {
+                PinsAction::Status => pins_command::PinsCommand::Status,
+                PinsAction::Diff { upstream } => pins_command::PinsCommand::Diff(upstream),
+                PinsAction::Approve { target } => pins_command::PinsCommand::Approve(target),
+                PinsAction::Reset { upstream } => pins_command::PinsCommand::Reset(upstream),
+            };
+            pins(&command, &config, admin.as_deref(), json)
+        }
         Command::Explore { target, options } => explore(&target, &options, Exploration::Explore),
         Command::Schema {
             target,
@@ -161,10 +212,36 @@ fn main() -> ExitCode {
         Command::Hash { target, options } => explore(&target, &options, Exploration::Hash),
         Command::Call {
             target,
-            tool,
+            tool: Some(tool),
             arguments,
             options,
-        } => explore(&target, &options, Exploration::Call(tool, arguments)),
+        } => explore(
+            &target,
+            &options,
+            Exploration::Call(tool, CallArguments::Json(arguments)),
+        ),
+        Command::Call {
+            target,
+            tool: None,
+            options,
+            ..
+        } => match explore_command::split_tool_query(&target) {
+            Ok(Some((target, tool, pairs))) => explore(
+                &target,
+                &options,
+                Exploration::Call(tool, CallArguments::Query(pairs)),
+            ),
+            Ok(None) => {
+                let report = serde_json::json!({"error": "name the tool: `plexus call TARGET TOOL '{json}'`, or end a naked URI's query with `tool=NAME&arg=value…`", "target": target});
+                let _ = writeln!(std::io::stderr(), "{report}");
+                ExitCode::FAILURE
+            }
+            Err(error) => {
+                let report = serde_json::json!({"error": error.to_string(), "target": target});
+                let _ = writeln!(std::io::stderr(), "{report}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve { config, stdio } => {
             let (loaded, sha256) = match config::read(&config, &environment) {
                 Ok(loaded) => loaded,
@@ -231,14 +308,22 @@ fn explore(target: &str, options: &ExploreOptions, what: Exploration) -> ExitCod
             Exploration::Explore => Ok(explored.explore()),
             Exploration::Schema(tool) => explored.schema(&tool),
             Exploration::Hash => Ok(explored.hash()),
-            Exploration::Call(tool, arguments) => match serde_json::from_str(&arguments) {
-                Ok(arguments @ serde_json::Value::Object(_)) => {
-                    explored.call(&tool, arguments).await
+            Exploration::Call(tool, CallArguments::Query(pairs)) => {
+                match explored.typed_arguments(&tool, &pairs) {
+                    Ok(arguments) => explored.call(&tool, arguments).await,
+                    Err(error) => Err(error),
                 }
-                _ => Err(explore_command::ExploreError::Target(format!(
-                    "the arguments must be a JSON object, not `{arguments}`"
-                ))),
-            },
+            }
+            Exploration::Call(tool, CallArguments::Json(arguments)) => {
+                match serde_json::from_str(&arguments) {
+                    Ok(arguments @ serde_json::Value::Object(_)) => {
+                        explored.call(&tool, arguments).await
+                    }
+                    _ => Err(explore_command::ExploreError::Target(format!(
+                        "the arguments must be a JSON object, not `{arguments}`"
+                    ))),
+                }
+            }
         };
         explored.close().await;
         answer
@@ -283,6 +368,39 @@ fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
         Err(error) => {
             eprintln!("{error}");
             ExitCode::from(EXIT_UNAVAILABLE)
+        }
+    }
+}
+
+/// `plexus pins …`: text for people (JSON with `--json`) on stdout; exit 1 when
+/// refused (nothing pending, an unknown name, an unreadable pin file), 64 when the
+/// configuration cannot be read.
+fn pins(
+    command: &pins_command::PinsCommand,
+    config: &std::path::Path,
+    admin: Option<&str>,
+    json: bool,
+) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(pins_command::run(command, config, admin, &environment)) {
+        Ok(answer) => {
+            let text = if json {
+                format!("{}\n", answer.body)
+            } else {
+                pins_command::render(command, &answer)
+            };
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(pins_command::PinsCommandError::Config(error)) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(1)
         }
     }
 }

@@ -1,0 +1,198 @@
+//! `plexus pins status | diff [UPSTREAM] | approve UPSTREAM[/NAME] | reset UPSTREAM`:
+//! against the running daemon (its admin listener, through the control path, so an
+//! approval is listed to connected sessions at once), or, when no daemon runs, against
+//! the pin file itself.
+
+use std::path::Path;
+
+use http::Method;
+use registry::fingerprint;
+use serde_json::{json, Value};
+
+use crate::admin_client::{self, AdminClientError};
+use crate::catalog_host::write_atomically;
+use crate::config::{self, SchemaPolicy};
+use crate::pins::file::{PinError, PinFile, UpstreamRecord};
+use crate::pins::{view, Policy};
+
+pub enum PinsCommand {
+    Status,
+    Diff(Option<String>),
+    /// `UPSTREAM` or `UPSTREAM/NAME` (a tool or prompt name, a resource URI or template).
+    Approve(String),
+    Reset(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinsCommandError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Pins(#[from] PinError),
+    #[error("the daemon refused: {0}")]
+    Refused(String),
+    #[error(transparent)]
+    Daemon(AdminClientError),
+}
+
+/// Where the answer came from, and the answer (JSON).
+pub struct Answer {
+    pub live: bool,
+    pub body: Value,
+}
+
+pub async fn run(
+    command: &PinsCommand,
+    config_path: &Path,
+    admin: Option<&str>,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Answer, PinsCommandError> {
+    let address = match admin {
+        Some(address) => Some(address.to_string()),
+        None => admin_client::admin_address(config_path, environment).ok(),
+    };
+    if let Some(address) = address {
+        match live(command, &address).await {
+            Ok(body) => return Ok(Answer { live: true, body }),
+            // Nobody listens: the file is ours to read and change.
+            Err(PinsCommandError::Daemon(AdminClientError::NotListening { .. })) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    offline(command, config_path, environment).map(|body| Answer { live: false, body })
+}
+
+fn split_target(target: &str) -> (&str, Option<&str>) {
+    // Upstream names are `[a-z0-9-]`: the first `/` ends one (a URI's own follow).
+    match target.split_once('/') {
+        Some((upstream, name)) if !name.is_empty() => (upstream, Some(name)),
+        _ => (target.trim_end_matches('/'), None),
+    }
+}
+
+async fn live(command: &PinsCommand, address: &str) -> Result<Value, PinsCommandError> {
+    let (method, path, body) = match command {
+        PinsCommand::Status => (Method::GET, "/pins".to_string(), None),
+        PinsCommand::Diff(None) => (Method::GET, "/pins/diff".to_string(), None),
+        PinsCommand::Diff(Some(upstream)) => {
+            (Method::GET, format!("/pins/diff?upstream={upstream}"), None)
+        }
+        PinsCommand::Approve(target) => {
+            let (upstream, name) = split_target(target);
+            (
+                Method::POST,
+                "/pins/approve".to_string(),
+                Some(json!({"upstream": upstream, "name": name})),
+            )
+        }
+        PinsCommand::Reset(upstream) => (
+            Method::POST,
+            "/pins/reset".to_string(),
+            Some(json!({ "upstream": upstream })),
+        ),
+    };
+    let (status, text) = admin_client::request(address, method, &path, body.as_ref())
+        .await
+        .map_err(PinsCommandError::Daemon)?;
+    let answer: Value =
+        serde_json::from_str(&text).unwrap_or_else(|_| json!({"error": text.trim()}));
+    if status == 200 {
+        Ok(answer)
+    } else {
+        let error = answer["error"].as_str().unwrap_or("no reason given");
+        Err(PinsCommandError::Refused(format!(
+            "{error} (HTTP {status})"
+        )))
+    }
+}
+
+fn offline(
+    command: &PinsCommand,
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Value, PinsCommandError> {
+    let config = config::load(config_path, environment)
+        .map_err(|error| PinsCommandError::Config(error.to_string()))?;
+    let path = &config.daemon.pins;
+    let mut file = PinFile::read(path)?;
+    let write = |file: &PinFile| {
+        write_atomically(path, &file.to_bytes(), 0o600).map_err(|source| PinError::Read {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let mut answer = match command {
+        PinsCommand::Status => {
+            let held = |name: &str, record: &UpstreamRecord| {
+                let policy = Policy::of(config.upstreams.get(name)?);
+                Some(held_by_policy(record, policy))
+            };
+            view::status(&file, &held)
+        }
+        PinsCommand::Diff(upstream) => view::diff(&file, upstream.as_deref())?,
+        PinsCommand::Approve(target) => {
+            let (upstream, name) = split_target(target);
+            let approval = file.approve(upstream, name)?;
+            write(&file)?;
+            json!({"upstream": upstream, "approval": approval})
+        }
+        PinsCommand::Reset(upstream) => {
+            file.reset(upstream)?;
+            write(&file)?;
+            json!({"upstream": upstream, "reset": true})
+        }
+    };
+    answer["file"] = json!(path.display().to_string());
+    Ok(answer)
+}
+
+/// How many entries the daemon would hold back, judged from the file.
+fn held_by_policy(record: &UpstreamRecord, policy: Policy) -> usize {
+    match (&record.pinned, &record.pending) {
+        (None, Some(pending)) if policy.strict => pending.entries.len(),
+        (Some(pinned), Some(pending)) if policy.on_change == SchemaPolicy::Block => {
+            fingerprint::drift(&pinned.snapshot(), &pending.snapshot())
+                .entries
+                .len()
+        }
+        _ => 0,
+    }
+}
+
+/// The answer for people.
+pub fn render(command: &PinsCommand, answer: &Answer) -> String {
+    let body = &answer.body;
+    let source = if answer.live {
+        "the running daemon".to_string()
+    } else {
+        format!(
+            "{} (no daemon running)",
+            body["file"].as_str().unwrap_or("the pin file")
+        )
+    };
+    match command {
+        PinsCommand::Status => format!("{}from {source}\n", view::status_text(body)),
+        PinsCommand::Diff(_) => view::diff_text(body),
+        PinsCommand::Approve(_) => {
+            let approval = &body["approval"];
+            let changes = approval["changes"].as_array().map_or(0, Vec::len);
+            let approved = match approval["approved"].as_str() {
+                Some("*") | None => "the whole catalog".to_string(),
+                Some(name) => format!("`{name}`"),
+            };
+            let effect = if answer.live {
+                "it is listed to connected clients now"
+            } else {
+                "the daemon exposes it when it next starts"
+            };
+            format!(
+                "approved {approved} of upstream `{}` ({changes} change{}) in {source}; {effect}\n",
+                body["upstream"].as_str().unwrap_or("?"),
+                if changes == 1 { "" } else { "s" },
+            )
+        }
+        PinsCommand::Reset(upstream) => format!(
+            "forgot the pin of upstream `{upstream}` in {source}; its catalog is pinned afresh when next seen\n"
+        ),
+    }
+}
