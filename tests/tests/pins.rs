@@ -1,26 +1,142 @@
-//! Pins against a real daemon and the fixture: the first sight of an upstream is
-//! pinned to a private file; a schema changed across a daemon restart is found,
-//! classified and counted; a corrupt pin file is never overwritten.
+//! Pins against a real daemon and the fixture: first sight is pinned to a private
+//! file; every kind of drift (across a daemon restart and at runtime through
+//! `list_changed`) is found, classified, held back on every path under `block`
+//! until `plexus pins approve` (live and offline), while the rest of the upstream
+//! keeps working; `warn`, `ignore` and `strict` behave as named; a corrupt pin file
+//! fails closed; `plexus hash` equals what the daemon pins.
 
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context};
-use plexus_tests::{eventually, fixture_upstream, Daemon};
-use serde_json::Value;
+use anyhow::{bail, ensure, Context};
+use plexus_tests::answering::AnsweringClient;
+use plexus_tests::{eventually, fixture_upstream, plexus_binary, Daemon, RawHttpSession};
+use rmcp::model::{ProtocolVersion, SubscriptionFilter};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientLifecycleMode, ClientServiceExt};
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(20);
 
 fn alpha(schema: &str) -> String {
     fixture_upstream("alpha", "", &["--name", "pinned", "--add-schema", schema])
+}
+
+/// The fixture as `name`, drifting as `drift_file` says, with extra config keys.
+fn drifting(name: &str, drift_file: &Path, extra: &str) -> String {
+    fixture_upstream(
+        name,
+        extra,
+        &["--drift-file", &drift_file.display().to_string()],
+    )
+}
+
+/// Calls `tool` until plexus refuses it as quarantined (the drift has been seen).
+async fn refused_until_quarantined(
+    session: &mut RawHttpSession,
+    tool: &str,
+    daemon: &Daemon,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = call(session, tool, json!({})).await?;
+        if answer["error"]["code"] == -33006 {
+            return Ok(answer);
+        }
+        if Instant::now() > deadline {
+            bail!("{tool} was never quarantined: {answer}\n{}", daemon.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn metrics(daemon: &Daemon) -> anyhow::Result<String> {
     Ok(daemon.admin_get("/metrics").await?.1)
 }
 
+/// `plexus pins ARGS --config <the daemon's config>`: exit code, stdout, stderr.
+async fn pins(dir: &Path, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let output = tokio::process::Command::new(plexus_binary())
+        .arg("pins")
+        .args(args)
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .output()
+        .await?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+/// The names (or URIs) a list method returns.
+async fn listed(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Vec<String>> {
+    let (method, key, field) = match kind {
+        "tools" => ("tools/list", "tools", "name"),
+        "prompts" => ("prompts/list", "prompts", "name"),
+        "resources" => ("resources/list", "resources", "uri"),
+        _ => (
+            "resources/templates/list",
+            "resourceTemplates",
+            "uriTemplate",
+        ),
+    };
+    let answer = session.request(method, json!({})).await?;
+    let entries = answer["result"][key]
+        .as_array()
+        .with_context(|| format!("{method}: {answer}"))?;
+    Ok(entries
+        .iter()
+        .filter_map(|entry| entry[field].as_str().map(str::to_string))
+        .collect())
+}
+
+/// Lists `kind` until `wanted` holds of the names.
+async fn listed_until(
+    session: &mut RawHttpSession,
+    kind: &str,
+    wanted: impl Fn(&[String]) -> bool,
+    daemon: &Daemon,
+) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let names = listed(session, kind).await?;
+        if wanted(&names) {
+            return Ok(names);
+        }
+        if Instant::now() > deadline {
+            bail!("{kind} never became as wanted: {names:?}\n{}", daemon.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn call(session: &mut RawHttpSession, tool: &str, arguments: Value) -> anyhow::Result<Value> {
+    session
+        .request("tools/call", json!({"name": tool, "arguments": arguments}))
+        .await
+}
+
+/// The error of a refusal by quarantine, checked to name the upstream and the class.
+fn quarantined<'a>(answer: &'a Value, class: &str) -> anyhow::Result<&'a Value> {
+    let error = &answer["error"];
+    ensure!(error["code"] == -33006, "not quarantined: {answer}");
+    ensure!(error["data"]["kind"] == "quarantined", "{answer}");
+    ensure!(error["data"]["retryable"] == false, "{answer}");
+    ensure!(error["data"]["change"]["class"] == class, "class: {answer}");
+    Ok(&error["data"]["change"])
+}
+
+fn has(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| n == name)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_sight_is_pinned_and_a_later_change_is_classified() -> anyhow::Result<()> {
+async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::Result<()> {
     let daemon = Daemon::start("", &alpha("v1")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    daemon.wait_ready(WAIT).await?;
     let pin_path = daemon.dir.path().join("plexus.lock");
     ensure!(
         eventually(Duration::from_secs(10), || pin_path.exists()).await,
@@ -30,7 +146,8 @@ async fn first_sight_is_pinned_and_a_later_change_is_classified() -> anyhow::Res
     let mode = std::fs::metadata(&pin_path)?.permissions().mode() & 0o777;
     ensure!(mode == 0o600, "pin file mode {mode:o}");
     let pinned: Value = serde_json::from_str(&std::fs::read_to_string(&pin_path)?)?;
-    let entry = &pinned["upstreams"]["alpha"]["entries"]["tools/add"];
+    let record = &pinned["upstreams"]["alpha"]["pinned"];
+    let entry = &record["entries"]["tools/add"];
     ensure!(
         entry["security"].as_str().is_some_and(|h| h.len() == 64)
             && entry["compatibility"]
@@ -39,8 +156,15 @@ async fn first_sight_is_pinned_and_a_later_change_is_classified() -> anyhow::Res
         "{pinned}"
     );
     ensure!(
-        pinned["upstreams"]["alpha"]["listing"]["server_name"] == "pinned",
-        "the pin keeps what it pinned: {pinned}"
+        entry["definition"]["name"] == "add",
+        "the definition is kept: {pinned}"
+    );
+    ensure!(record["server"]["name"] == "pinned", "{pinned}");
+    ensure!(
+        record["pinned_at"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z')),
+        "{pinned}"
     );
     let text = metrics(&daemon).await?;
     ensure!(
@@ -51,20 +175,40 @@ async fn first_sight_is_pinned_and_a_later_change_is_classified() -> anyhow::Res
         text.contains("plexus_catalog_fingerprint_info{fingerprint=\""),
         "{text}"
     );
-    let before = std::fs::read_to_string(&pin_path)?;
 
     // The upstream comes back with `add` requiring a third parameter.
     let (status, dir) = daemon.stop_keeping_state().await?;
     ensure!(status.success());
     let daemon = Daemon::start_in(dir, "", &alpha("v2")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = listed_until(
+        &mut session,
+        "tools",
+        |names| !has(names, "alpha__add") && has(names, "alpha__echo"),
+        &daemon,
+    )
+    .await?;
+    ensure!(has(&tools, "alpha__whoami"), "{tools:?}");
+    let answer = call(&mut session, "alpha__add", json!({"a": 1, "b": 2, "c": 3})).await?;
+    let change = quarantined(&answer, "breaking")?;
     ensure!(
-        eventually(Duration::from_secs(10), || daemon
-            .log()
-            .contains("an upstream's schema changed since it was pinned"))
-        .await,
-        "no drift reported: {}",
-        daemon.log()
+        change["fields"].as_array().is_some_and(|fields| fields
+            .iter()
+            .any(|f| f["path"] == "/inputSchema/required" && f["reason"] == "required_added")),
+        "{answer}"
+    );
+    ensure!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("plexus pins approve alpha/add")),
+        "{answer}"
+    );
+    // The rest of the upstream works.
+    let echoed = call(&mut session, "alpha__echo", json!({"text": "still here"})).await?;
+    ensure!(
+        echoed["result"]["content"][0]["text"] == "still here",
+        "{echoed}"
     );
     let log = daemon.log();
     let drift = log
@@ -72,33 +216,467 @@ async fn first_sight_is_pinned_and_a_later_change_is_classified() -> anyhow::Res
         .find(|line| line.contains("schema changed") && line.contains("required_added"))
         .with_context(|| format!("no required_added change: {log}"))?;
     ensure!(
-        drift.contains("breaking") && drift.contains("/inputSchema/required"),
+        drift.contains("breaking")
+            && drift.contains("/inputSchema/required")
+            && drift.contains("entry=add"),
         "{drift}"
     );
-    ensure!(drift.contains("entry=add"), "{drift}");
     let text = metrics(&daemon).await?;
     ensure!(
         text.contains(r#"plexus_schema_changes_total{class="breaking",upstream="alpha"}"#),
         "{text}"
     );
     ensure!(
-        text.contains(r#"plexus_schema_checks_total{outcome="changed",upstream="alpha"}"#),
+        text.contains(r#"plexus_quarantined_entries{upstream="alpha"} 1"#),
         "{text}"
     );
-    // The pin stays what was first seen until it is approved.
-    ensure!(std::fs::read_to_string(&pin_path)? == before);
+    // The status and the diff, from the running daemon.
+    let (code, out, err) = pins(daemon.dir.path(), &["status", "--json"]).await?;
+    ensure!(code == 0, "{out} {err}");
+    let status: Value = serde_json::from_str(&out)?;
+    ensure!(
+        status["upstreams"]["alpha"]["state"] == "changed",
+        "{status}"
+    );
+    ensure!(status["upstreams"]["alpha"]["held"] == 1, "{status}");
+    let (code, out, err) = pins(daemon.dir.path(), &["diff", "alpha"]).await?;
+    ensure!(code == 0, "{err}");
+    ensure!(
+        out.contains("breaking  tools/add  /inputSchema/required  required_added")
+            && out.contains("+ \"c\"")
+            && out.contains("plexus pins approve alpha/add"),
+        "{out}"
+    );
+
+    // Approved offline, with no daemon running: the next start exposes it.
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success());
+    let (code, out, err) = pins(dir.path(), &["approve", "alpha/add"]).await?;
+    ensure!(code == 0, "{out} {err}");
+    ensure!(out.contains("no daemon running"), "{out}");
+    let approved: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("plexus.lock"))?)?;
+    let history = &approved["upstreams"]["alpha"]["history"];
+    ensure!(history[0]["approved"] == "add", "{approved}");
+    ensure!(
+        history[0]["changes"][0]["reason"] == "required_added",
+        "{approved}"
+    );
+    let (code, _, err) = pins(dir.path(), &["approve", "alpha/add"]).await?;
+    ensure!(
+        code == 1 && err.contains("nothing of upstream `alpha` is waiting"),
+        "{err}"
+    );
+
+    let daemon = Daemon::start_in(dir, "", &alpha("v2")).await?;
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    listed_until(
+        &mut session,
+        "tools",
+        |names| has(names, "alpha__add"),
+        &daemon,
+    )
+    .await?;
+    let answer = call(&mut session, "alpha__add", json!({"a": 1, "b": 2, "c": 3})).await?;
+    ensure!(answer["result"]["content"][0]["text"] == "6", "{answer}");
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_corrupt_pin_file_is_reported_and_left_alone() -> anyhow::Result<()> {
+async fn every_runtime_drift_is_classified_held_and_approved_live() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "")?;
+    let daemon = Daemon::start("", &drifting("alpha", &drift_file, "")).await?;
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    listed_until(
+        &mut session,
+        "tools",
+        |names| has(names, "alpha__echo"),
+        &daemon,
+    )
+    .await?;
+
+    // Each step adds one drift to those already approved: (drift, the exposed tool it
+    // holds, its class, a path or reason its change names).
+    let steps = [
+        (
+            "rename-required",
+            "alpha__add",
+            "breaking",
+            "required_added",
+        ),
+        ("description", "alpha__echo", "security", "/description"),
+        (
+            "nested-description",
+            "alpha__ask",
+            "security",
+            "/inputSchema/properties/kind/description",
+        ),
+        (
+            "optional-param",
+            "alpha__echo",
+            "security",
+            "optional_parameter_added",
+        ),
+        ("annotation", "alpha__whoami", "security", "/annotations"),
+        ("new-tool", "alpha__exfiltrate", "security", "entry_added"),
+        ("rename-tool", "alpha__who_am_i", "security", "entry_added"),
+    ];
+    let mut drifts: Vec<&str> = Vec::new();
+    for (drift, tool, class, named) in steps {
+        drifts.push(drift);
+        std::fs::write(&drift_file, drifts.join(","))?;
+        let answer = refused_until_quarantined(&mut session, tool, &daemon)
+            .await
+            .with_context(|| format!("{drift} was not held"))?;
+        let change = quarantined(&answer, class).with_context(|| drift.to_string())?;
+        let tools = listed(&mut session, "tools").await?;
+        ensure!(
+            !has(&tools, tool),
+            "{drift}: a held tool is listed: {tools:?}"
+        );
+        // Unchanged entries of the same upstream keep working.
+        ensure!(has(&tools, "alpha__sleep"), "{drift}: {tools:?}");
+        ensure!(
+            change["fields"].as_array().is_some_and(|fields| fields
+                .iter()
+                .any(|f| f["path"] == named || f["reason"] == named)),
+            "{drift}: {answer}"
+        );
+        let slept = call(&mut session, "alpha__sleep", json!({"ms": 1})).await?;
+        ensure!(slept.get("result").is_some(), "{drift}: {slept}");
+
+        // The diff names it; approving that one entry, live, lists it again at once.
+        let (code, out, err) = pins(daemon.dir.path(), &["diff", "alpha", "--json"]).await?;
+        ensure!(code == 0, "{err}");
+        let diff: Value = serde_json::from_str(&out)?;
+        let original = tool.trim_start_matches("alpha__");
+        ensure!(
+            diff["upstreams"]["alpha"]["changes"]
+                .as_array()
+                .is_some_and(|changes| changes
+                    .iter()
+                    .any(|c| c["identity"] == original && c["class"] == class)),
+            "{drift}: {diff}"
+        );
+        let (code, out, err) = pins(
+            daemon.dir.path(),
+            &["approve", &format!("alpha/{original}")],
+        )
+        .await?;
+        ensure!(code == 0, "{drift}: {out} {err}");
+        ensure!(out.contains("listed to connected clients now"), "{out}");
+        let tools = listed(&mut session, "tools").await?;
+        ensure!(
+            has(&tools, tool),
+            "{drift}: approved but not listed: {tools:?}"
+        );
+    }
+    let log = daemon.log();
+    for reason in [
+        "required_removed",
+        "description_changed",
+        "optional_parameter_added",
+        "entry_added",
+    ] {
+        ensure!(
+            log.lines()
+                .any(|line| line.contains("schema changed") && line.contains(reason)),
+            "{reason} not logged\n{log}"
+        );
+    }
+
+    // A removed tool: nothing left to hide, a breaking change to approve.
+    drifts.push("remove-tool");
+    std::fs::write(&drift_file, drifts.join(","))?;
+    listed_until(
+        &mut session,
+        "tools",
+        |names| !has(names, "alpha__fail"),
+        &daemon,
+    )
+    .await?;
+    let (code, out, _) = pins(daemon.dir.path(), &["diff", "alpha"]).await?;
+    ensure!(
+        code == 0 && out.contains("breaking  tools/fail  (whole entry)  entry_removed"),
+        "{out}"
+    );
+    let (code, out, err) = pins(daemon.dir.path(), &["approve", "alpha"]).await?;
+    ensure!(code == 0, "{out} {err}");
+    let (_, out, _) = pins(daemon.dir.path(), &["status", "--json"]).await?;
+    let status: Value = serde_json::from_str(&out)?;
+    ensure!(
+        status["upstreams"]["alpha"]["state"] == "pinned",
+        "{status}"
+    );
+    ensure!(status["upstreams"]["alpha"]["held"] == 0, "{status}");
+    ensure!(status["upstreams"]["alpha"]["approvals"] == 8, "{status}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_prompts_resources_and_templates_are_refused_on_every_path() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "")?;
+    // --conformance: the fixture also serves subscriptions (of its `test://` resources).
+    let section = fixture_upstream(
+        "alpha",
+        "",
+        &[
+            "--conformance",
+            "--drift-file",
+            &drift_file.display().to_string(),
+        ],
+    );
+    let daemon = Daemon::start("", &section).await?;
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    listed_until(
+        &mut session,
+        "prompts",
+        |names| has(names, "alpha__greet"),
+        &daemon,
+    )
+    .await?;
+
+    std::fs::write(&drift_file, "prompt,resource,template")?;
+    listed_until(
+        &mut session,
+        "prompts",
+        |names| !has(names, "alpha__greet"),
+        &daemon,
+    )
+    .await?;
+    let resources = listed_until(
+        &mut session,
+        "resources",
+        |uris| !has(uris, "alpha+fixture://text"),
+        &daemon,
+    )
+    .await?;
+    ensure!(has(&resources, "alpha+fixture://blob"), "{resources:?}");
+    let templates = listed(&mut session, "templates").await?;
+    ensure!(
+        !has(&templates, "alpha+fixture://items/{id}"),
+        "{templates:?}"
+    );
+
+    let answer = session
+        .request("prompts/get", json!({"name": "alpha__greet"}))
+        .await?;
+    quarantined(&answer, "security").context("prompts/get")?;
+    let answer = session
+        .request("resources/read", json!({"uri": "alpha+fixture://text"}))
+        .await?;
+    quarantined(&answer, "security").context("resources/read")?;
+    let answer = session
+        .request("resources/read", json!({"uri": "alpha+fixture://items/7"}))
+        .await?;
+    quarantined(&answer, "security").context("a held template's read")?;
+    let answer = session
+        .request("resources/read", json!({"uri": "alpha+fixture://blob"}))
+        .await?;
+    ensure!(
+        answer.get("result").is_some(),
+        "an unchanged resource: {answer}"
+    );
+    let answer = session
+        .request("completion/complete", json!({"ref": {"type": "ref/prompt", "name": "alpha__greet"}, "argument": {"name": "name", "value": "a"}}))
+        .await?;
+    quarantined(&answer, "security").context("completion of a prompt")?;
+    let answer = session
+        .request("completion/complete", json!({"ref": {"type": "ref/resource", "uri": "alpha+fixture://items/{id}"}, "argument": {"name": "id", "value": "1"}}))
+        .await?;
+    quarantined(&answer, "security").context("completion of a template")?;
+    let answer = session
+        .request(
+            "resources/subscribe",
+            json!({"uri": "alpha+fixture://text"}),
+        )
+        .await?;
+    quarantined(&answer, "security").context("resources/subscribe")?;
+
+    // The 2026-07-28 paths: a request without a session, and a listen stream.
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let response = reqwest::Client::new()
+        .post(&daemon.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "prompts/get")
+        .header("mcp-name", "alpha__greet")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "prompts/get", "params": {"name": "alpha__greet", "_meta": meta}}).to_string())
+        .send()
+        .await?;
+    let (_, answer, _) = plexus_tests::answer_of(response).await?;
+    quarantined(&answer, "security").context("a 2026-07-28 prompts/get")?;
+    let client = AnsweringClient::named("listener")
+        .modern()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await?;
+    let mut filter = SubscriptionFilter::new();
+    filter.resource_subscriptions = Some(vec![
+        "alpha+fixture://text".into(),
+        "alpha+test://watched-resource".into(),
+    ]);
+    let subscription = client.peer().listen(filter).await?;
+    ensure!(
+        subscription.acknowledged().resource_subscriptions
+            == Some(vec!["alpha+test://watched-resource".to_string()]),
+        "a held resource was subscribed on a listen stream: {:?}",
+        subscription.acknowledged()
+    );
+    drop(subscription);
+    client.cancel().await?;
+
+    // Approving the whole upstream brings everything back.
+    let (code, out, err) = pins(daemon.dir.path(), &["approve", "alpha"]).await?;
+    ensure!(code == 0, "{out} {err}");
+    let answer = session
+        .request(
+            "prompts/get",
+            json!({"name": "alpha__greet", "arguments": {"name": "pins"}}),
+        )
+        .await?;
+    ensure!(answer.get("result").is_some(), "{answer}");
+    let answer = session
+        .request("resources/read", json!({"uri": "alpha+fixture://items/7"}))
+        .await?;
+    ensure!(answer.get("result").is_some(), "{answer}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warn_ignore_and_strict_behave_as_named() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (warned_file, ignored_file) = (dir.path().join("warned"), dir.path().join("ignored"));
+    std::fs::write(&warned_file, "")?;
+    std::fs::write(&ignored_file, "")?;
+    let sections = [
+        drifting("warned", &warned_file, "on_schema_change = \"warn\""),
+        drifting("ignored", &ignored_file, "on_schema_change = \"ignore\""),
+        fixture_upstream("strict", "pin = \"strict\"", &[]),
+        // Never started: only its floating version is warned about.
+        "[upstreams.floating]\nnpx = \"@modelcontextprotocol/server-everything\"\nenabled = false\n".to_string(),
+    ]
+    .join("\n");
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = listed_until(
+        &mut session,
+        "tools",
+        |names| has(names, "warned__echo") && has(names, "ignored__echo"),
+        &daemon,
+    )
+    .await?;
+    // Strict: nothing of it is exposed before approval, on any path.
+    ensure!(
+        !tools.iter().any(|name| name.starts_with("strict__")),
+        "{tools:?}"
+    );
+    let answer = call(&mut session, "strict__echo", json!({"text": "x"})).await?;
+    quarantined(&answer, "unapproved")?;
+    let answer = session
+        .request("resources/read", json!({"uri": "strict+fixture://items/1"}))
+        .await?;
+    quarantined(&answer, "unapproved")?;
+    let (_, out, _) = pins(daemon.dir.path(), &["status"]).await?;
+    ensure!(
+        out.lines()
+            .any(|line| line.starts_with("strict") && line.contains("unapproved")),
+        "{out}"
+    );
+    ensure!(
+        daemon.log().contains("the package names no exact version"),
+        "{}",
+        daemon.log()
+    );
+
+    std::fs::write(&warned_file, "description")?;
+    std::fs::write(&ignored_file, "description")?;
+    let description = |answer: &Value, tool: &str| {
+        answer["result"]["tools"]
+            .as_array()
+            .and_then(|tools| tools.iter().find(|t| t["name"] == tool))
+            .and_then(|t| t["description"].as_str())
+            .map(str::to_string)
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = session.request("tools/list", json!({})).await?;
+        let changed = |tool| description(&answer, tool).is_some_and(|d| d.contains("id_rsa"));
+        if changed("warned__echo") && changed("ignored__echo") {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "changes were not exposed: {answer}\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = call(&mut session, "warned__echo", json!({"text": "warned"})).await?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "warned",
+        "{answer}"
+    );
+    let log = daemon.log();
+    ensure!(
+        log.lines().any(
+            |l| l.contains("schema changed") && l.contains("upstream=\"warned\"")
+                || l.contains("schema changed") && l.contains("upstream=warned")
+        ),
+        "warn did not alert\n{log}"
+    );
+    ensure!(
+        !log.lines()
+            .any(|l| l.contains("schema changed") && l.contains("ignored")),
+        "ignore alerted\n{log}"
+    );
+    let text = metrics(&daemon).await?;
+    ensure!(
+        text.contains(r#"plexus_schema_checks_total{outcome="changed",upstream="ignored"}"#),
+        "{text}"
+    );
+
+    let (code, out, err) = pins(daemon.dir.path(), &["approve", "strict"]).await?;
+    ensure!(code == 0, "{out} {err}");
+    let tools = listed(&mut session, "tools").await?;
+    ensure!(has(&tools, "strict__echo"), "{tools:?}");
+    let answer = call(&mut session, "strict__echo", json!({"text": "approved"})).await?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "approved",
+        "{answer}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_pin_file_fails_closed_until_mended() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let pin_path = dir.path().join("plexus.lock");
-    let corrupt = "{\n  \"format\": 1,\n  \"upstreams\": { oops\n";
+    let corrupt = "{\n  \"format\": 2,\n  \"upstreams\": { oops\n";
     std::fs::write(&pin_path, corrupt)?;
     let daemon = Daemon::start_in(dir, "", &alpha("v1")).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
+    daemon.wait_ready(WAIT).await?;
     ensure!(
         eventually(Duration::from_secs(10), || daemon
             .log()
@@ -107,6 +685,17 @@ async fn a_corrupt_pin_file_is_reported_and_left_alone() -> anyhow::Result<()> {
         "the error does not name the line: {}",
         daemon.log()
     );
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = listed(&mut session, "tools").await?;
+    ensure!(tools.is_empty(), "a corrupt pin file exposed {tools:?}");
+    let answer = call(&mut session, "alpha__echo", json!({"text": "x"})).await?;
+    let change = quarantined(&answer, "pin_file_unreadable")?;
+    ensure!(
+        change["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("line 3")),
+        "{answer}"
+    );
     let text = metrics(&daemon).await?;
     ensure!(
         text.contains(
@@ -114,9 +703,83 @@ async fn a_corrupt_pin_file_is_reported_and_left_alone() -> anyhow::Result<()> {
         ),
         "{text}"
     );
+    let (code, _, err) = pins(daemon.dir.path(), &["approve", "alpha"]).await?;
+    ensure!(code == 1 && err.contains("line 3"), "{err}");
     ensure!(
         std::fs::read_to_string(&pin_path)? == corrupt,
         "the pin file was overwritten"
+    );
+
+    // Mended (here: removed) and reloaded, the upstream is pinned afresh and exposed.
+    std::fs::remove_file(&pin_path)?;
+    let output = tokio::process::Command::new(plexus_binary())
+        .args(["reload", "--config"])
+        .arg(daemon.dir.path().join("config.toml"))
+        .output()
+        .await?;
+    ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    listed_until(
+        &mut session,
+        "tools",
+        |names| has(names, "alpha__echo"),
+        &daemon,
+    )
+    .await?;
+    ensure!(
+        eventually(Duration::from_secs(10), || pin_path.exists()).await,
+        "not pinned after the mend: {}",
+        daemon.log()
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plexus_hash_equals_what_the_daemon_pinned() -> anyhow::Result<()> {
+    let section =
+        "[upstreams.time]\nuvx = \"mcp-server-time@2026.10.19\"\ninit_timeout = \"120s\"\n";
+    let daemon = Daemon::start("", section).await?;
+    daemon.wait_ready(Duration::from_secs(120)).await?;
+    let pin_path = daemon.dir.path().join("plexus.lock");
+    ensure!(
+        eventually(Duration::from_secs(10), || pin_path.exists()).await,
+        "no pin file: {}",
+        daemon.log()
+    );
+    let output = tokio::process::Command::new(plexus_binary())
+        .args(["hash", "time", "--config"])
+        .arg(daemon.dir.path().join("config.toml"))
+        .output()
+        .await?;
+    ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let hashed: Value = serde_json::from_slice(&output.stdout)?;
+    let pinned: Value = serde_json::from_str(&std::fs::read_to_string(&pin_path)?)?;
+    let record = &pinned["upstreams"]["time"]["pinned"];
+    ensure!(
+        hashed["catalogFingerprint"] == record["catalog_fingerprint"],
+        "hash {} != pinned {}",
+        hashed["catalogFingerprint"],
+        record["catalog_fingerprint"]
+    );
+    for tool in hashed["entries"]["tools"].as_array().context("tools")? {
+        let name = tool["identity"].as_str().context("identity")?;
+        let pin = &record["entries"][format!("tools/{name}")];
+        ensure!(
+            tool["security"] == pin["security"] && tool["compatibility"] == pin["compatibility"],
+            "{name}: {tool} vs {pin}"
+        );
+    }
+    ensure!(
+        record["server"]["version"].is_string(),
+        "the resolved version is pinned: {record}"
     );
     ensure!(daemon.stop().await?.success());
     Ok(())

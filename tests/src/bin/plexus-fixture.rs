@@ -2,6 +2,8 @@
 
 #[path = "../fixture/conformance.rs"]
 mod conformance;
+#[path = "../fixture/drift.rs"]
+mod drift;
 #[path = "../fixture/filter.rs"]
 mod filter;
 #[path = "../fixture/http.rs"]
@@ -76,6 +78,10 @@ struct Cli {
     /// With --http: append one JSON line per HTTP request (method, path, MCP headers) to PATH.
     #[arg(long, value_name = "PATH", requires = "http")]
     request_log: Option<PathBuf>,
+    /// Change what is listed by the drift names PATH holds (read at every list, and
+    /// watched: a change sends list_changed). See `drift.rs` for the names.
+    #[arg(long, value_name = "PATH", conflicts_with = "http")]
+    drift_file: Option<PathBuf>,
 }
 
 const DEFAULT_NAME: &str = "fixture";
@@ -195,6 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             tokio::io::stdout(),
             name.clone(),
             cli.banner,
+            cli.drift_file.clone(),
         ));
 
         let stdin_eof = Arc::new(AtomicBool::new(false));
