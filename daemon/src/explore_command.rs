@@ -33,9 +33,7 @@ pub enum ExploreError {
 /// `mcp+uvx://pkg/cmd?command=run&tool=search&gene=BRAF`. What precedes `tool=` in
 /// the query stays with the launch; what follows it are the tool's arguments.
 /// Returns the target without them, the tool, and the arguments as written.
-pub fn split_tool_query(
-    target: &str,
-) -> Result<Option<(String, String, Vec<(String, String)>)>, ExploreError> {
+pub fn split_tool_query(target: &str) -> Result<Option<ToolQuery>, ExploreError> {
     let Some((base, query)) = target.split_once('?') else {
         return Ok(None);
     };
@@ -64,7 +62,20 @@ pub fn split_tool_query(
     } else {
         format!("{base}?{launch}")
     };
-    Ok(Some((target, tool, arguments)))
+    Ok(Some(ToolQuery {
+        target,
+        tool,
+        arguments,
+    }))
+}
+
+/// A naked URI's query that names a tool: what `plexus call` needs without a TOOL.
+pub struct ToolQuery {
+    /// The URI with only its launch arguments.
+    pub target: String,
+    pub tool: String,
+    /// `key=value` pairs after `tool=`, decoded, untyped.
+    pub arguments: Vec<(String, String)>,
 }
 
 /// A started and initialized upstream with its listing.
@@ -290,7 +301,11 @@ mod tests {
 
     #[test]
     fn the_tool_and_its_arguments_end_the_query() {
-        let (target, tool, arguments) = split_tool_query(
+        let ToolQuery {
+            target,
+            tool,
+            arguments,
+        } = split_tool_query(
             "mcp+uvx://biomcp-python/biomcp?command=run&tool=search&gene=BRAF&note=a%20b",
         )
         .unwrap()
@@ -304,11 +319,11 @@ mod tests {
                 ("note".to_string(), "a b".to_string())
             ]
         );
-        let (target, tool, _) = split_tool_query("mcp+python://./s.py?tool=fetch")
+        let query = split_tool_query("mcp+python://./s.py?tool=fetch")
             .unwrap()
             .unwrap();
         assert_eq!(
-            (target.as_str(), tool.as_str()),
+            (query.target.as_str(), query.tool.as_str()),
             ("mcp+python://./s.py", "fetch")
         );
         assert!(split_tool_query("mcp+npx://pkg?flag=1").unwrap().is_none());

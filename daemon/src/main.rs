@@ -226,10 +226,10 @@ fn main() -> ExitCode {
             options,
             ..
         } => match explore_command::split_tool_query(&target) {
-            Ok(Some((target, tool, pairs))) => explore(
-                &target,
+            Ok(Some(query)) => explore(
+                &query.target,
                 &options,
-                Exploration::Call(tool, CallArguments::Query(pairs)),
+                Exploration::Call(query.tool, CallArguments::Query(query.arguments)),
             ),
             Ok(None) => {
                 let report = serde_json::json!({"error": "name the tool: `plexus call TARGET TOOL '{json}'`, or end a naked URI's query with `tool=NAME&arg=value…`", "target": target});

@@ -656,6 +656,30 @@ async fn warn_ignore_and_strict_behave_as_named() -> anyhow::Result<()> {
         "{text}"
     );
 
+    // A reload re-reads the policy without restarting the upstream: `block` now holds
+    // the change `warn` let through.
+    let config_path = daemon.dir.path().join("config.toml");
+    let config = std::fs::read_to_string(&config_path)?;
+    std::fs::write(
+        &config_path,
+        config.replace(
+            "on_schema_change = \"warn\"",
+            "on_schema_change = \"block\"",
+        ),
+    )?;
+    let output = tokio::process::Command::new(plexus_binary())
+        .args(["reload", "--config"])
+        .arg(&config_path)
+        .output()
+        .await?;
+    let report: Value = serde_json::from_slice(&output.stdout)?;
+    ensure!(
+        report["updated"] == json!(["warned"]) && report["restarted"] == json!([]),
+        "{report}"
+    );
+    let answer = call(&mut session, "warned__echo", json!({"text": "held"})).await?;
+    quarantined(&answer, "security").context("after the policy became block")?;
+
     let (code, out, err) = pins(daemon.dir.path(), &["approve", "strict"]).await?;
     ensure!(code == 0, "{out} {err}");
     let tools = listed(&mut session, "tools").await?;

@@ -159,4 +159,5 @@ fn hex_sha256(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests;
