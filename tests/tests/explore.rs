@@ -81,6 +81,14 @@ async fn a_uvx_server_is_explored_hashed_and_called_by_its_naked_uri() -> anyhow
         plexus(&["call", TIME, "get_current_time", r#"{"timezone":"UTC"}"#]).await?;
     ensure!(code == 0, "call exit {code}");
     ensure!(result["structuredContent"]["timezone"] == "UTC", "{result}");
+    // The seed's form: the tool and its arguments end the URI's query.
+    let in_query = format!("{TIME}?tool=get_current_time&timezone=Europe%2FParis");
+    let (code, result, _) = plexus(&["call", &in_query]).await?;
+    ensure!(code == 0, "call exit {code}");
+    ensure!(
+        result["structuredContent"]["timezone"] == "Europe/Paris",
+        "{result}"
+    );
     ensure!(
         processes_matching("mcp-server-time@2026.10.19").is_empty(),
         "the upstream outlived the command"

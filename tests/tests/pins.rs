@@ -83,14 +83,24 @@ async fn listed(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Vec<
             "uriTemplate",
         ),
     };
-    let answer = session.request(method, json!({})).await?;
-    let entries = answer["result"][key]
-        .as_array()
-        .with_context(|| format!("{method}: {answer}"))?;
-    Ok(entries
-        .iter()
-        .filter_map(|entry| entry[field].as_str().map(str::to_string))
-        .collect())
+    // Every page: held entries are absent from pages too.
+    let mut names = Vec::new();
+    let mut params = json!({});
+    loop {
+        let answer = session.request(method, params).await?;
+        let entries = answer["result"][key]
+            .as_array()
+            .with_context(|| format!("{method}: {answer}"))?;
+        names.extend(
+            entries
+                .iter()
+                .filter_map(|entry| entry[field].as_str().map(str::to_string)),
+        );
+        match answer["result"]["nextCursor"].as_str() {
+            Some(cursor) => params = json!({ "cursor": cursor }),
+            None => return Ok(names),
+        }
+    }
 }
 
 /// Lists `kind` until `wanted` holds of the names.
@@ -251,6 +261,24 @@ async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::R
     // Approved offline, with no daemon running: the next start exposes it.
     let (status, dir) = daemon.stop_keeping_state().await?;
     ensure!(status.success());
+    let (code, out, err) = pins(dir.path(), &["status"]).await?;
+    ensure!(
+        code == 0 && out.contains("no daemon running"),
+        "{out} {err}"
+    );
+    ensure!(
+        out.lines().any(|line| line.starts_with("alpha")
+            && line.contains("changed")
+            && line.contains("1 breaking")),
+        "{out}"
+    );
+    let (code, out, err) = pins(dir.path(), &["diff", "--json"]).await?;
+    ensure!(code == 0, "{err}");
+    let diff: Value = serde_json::from_str(&out)?;
+    ensure!(
+        diff["upstreams"]["alpha"]["changes"][0]["reason"] == "required_added",
+        "{diff}"
+    );
     let (code, out, err) = pins(dir.path(), &["approve", "alpha/add"]).await?;
     ensure!(code == 0, "{out} {err}");
     ensure!(out.contains("no daemon running"), "{out}");
@@ -289,7 +317,8 @@ async fn every_runtime_drift_is_classified_held_and_approved_live() -> anyhow::R
     let dir = tempfile::tempdir()?;
     let drift_file = dir.path().join("drift");
     std::fs::write(&drift_file, "")?;
-    let daemon = Daemon::start("", &drifting("alpha", &drift_file, "")).await?;
+    // Small pages: held entries leave no hole in any page.
+    let daemon = Daemon::start("page_size = 2", &drifting("alpha", &drift_file, "")).await?;
     daemon.wait_ready(WAIT).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     listed_until(
