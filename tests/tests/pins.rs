@@ -103,6 +103,18 @@ async fn listed(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Vec<
     }
 }
 
+/// A session on a ready daemon, once `kind` lists `name`.
+async fn session_listing(
+    daemon: &Daemon,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<RawHttpSession> {
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    listed_until(&mut session, kind, |names| has(names, name), daemon).await?;
+    Ok(session)
+}
+
 /// Lists `kind` until `wanted` holds of the names.
 async fn listed_until(
     session: &mut RawHttpSession,
@@ -297,15 +309,7 @@ async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::R
     );
 
     let daemon = Daemon::start_in(dir, "", &alpha("v2")).await?;
-    daemon.wait_ready(WAIT).await?;
-    let mut session = RawHttpSession::connect(&daemon.url).await?;
-    listed_until(
-        &mut session,
-        "tools",
-        |names| has(names, "alpha__add"),
-        &daemon,
-    )
-    .await?;
+    let mut session = session_listing(&daemon, "tools", "alpha__add").await?;
     let answer = call(&mut session, "alpha__add", json!({"a": 1, "b": 2, "c": 3})).await?;
     ensure!(answer["result"]["content"][0]["text"] == "6", "{answer}");
     ensure!(daemon.stop().await?.success());
@@ -319,15 +323,7 @@ async fn every_runtime_drift_is_classified_held_and_approved_live() -> anyhow::R
     std::fs::write(&drift_file, "")?;
     // Small pages: held entries leave no hole in any page.
     let daemon = Daemon::start("page_size = 2", &drifting("alpha", &drift_file, "")).await?;
-    daemon.wait_ready(WAIT).await?;
-    let mut session = RawHttpSession::connect(&daemon.url).await?;
-    listed_until(
-        &mut session,
-        "tools",
-        |names| has(names, "alpha__echo"),
-        &daemon,
-    )
-    .await?;
+    let mut session = session_listing(&daemon, "tools", "alpha__echo").await?;
 
     // Each step adds one drift to those already approved: (drift, the exposed tool it
     // holds, its class, a path or reason its change names).
@@ -464,15 +460,7 @@ async fn held_prompts_resources_and_templates_are_refused_on_every_path() -> any
         ],
     );
     let daemon = Daemon::start("", &section).await?;
-    daemon.wait_ready(WAIT).await?;
-    let mut session = RawHttpSession::connect(&daemon.url).await?;
-    listed_until(
-        &mut session,
-        "prompts",
-        |names| has(names, "alpha__greet"),
-        &daemon,
-    )
-    .await?;
+    let mut session = session_listing(&daemon, "prompts", "alpha__greet").await?;
 
     std::fs::write(&drift_file, "prompt,resource,template")?;
     listed_until(
