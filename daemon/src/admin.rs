@@ -3,43 +3,42 @@
 //! `POST /reload`, `POST /upstreams/<name>/restart`, `POST /pins/approve` and
 //! `POST /pins/reset`, which go through the control path.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http::{header, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde_json::{json, Map, Value};
 
+use tokio::sync::watch;
+
+use crate::access;
+use crate::config::DaemonSettings;
 use crate::control::{Action, ControlHandle, ReloadCause};
 use crate::hub::Hub;
-use crate::listener::{is_loopback_host, Body};
+use crate::listener::Body;
 use crate::upstreams::UpstreamState;
 
 /// What the admin listener serves with.
 pub struct Admin {
     pub hub: Arc<Hub>,
     pub control: ControlHandle,
-    /// A loopback listener accepts only loopback `Host`s (DNS rebinding).
-    pub loopback: bool,
+    /// Allowed hosts and origins, tokens: read per request.
+    pub settings: watch::Receiver<DaemonSettings>,
+    /// Where this listener is bound: beyond loopback every request needs a token.
+    pub address: SocketAddr,
 }
 
 pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
-    if let Some(refusal) = admin.refuse_host(request.headers()) {
+    if let Some(refusal) = admin.refuse(&request) {
         return refusal;
     }
     let path = request.uri().path().to_string();
     let query = request.uri().query().unwrap_or_default().to_string();
     if request.method() == Method::POST {
-        // A web page can send a cross-origin POST; an operator's tools send no Origin.
-        if request.headers().contains_key(header::ORIGIN) {
-            return text(
-                StatusCode::FORBIDDEN,
-                "text/plain",
-                "cross-origin requests may not change the daemon\n".into(),
-            );
-        }
         if path == "/pins/approve" || path == "/pins/reset" {
             return pins_action(&admin, &path, request.into_body()).await;
         }
@@ -110,26 +109,52 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
 }
 
 impl Admin {
-    /// The answer to a request without exactly one `Host`, or (on a loopback
-    /// listener) without a loopback one.
-    fn refuse_host(&self, headers: &HeaderMap) -> Option<Response<Body>> {
-        let mut hosts = headers.get_all(header::HOST).iter();
-        let host = hosts.next();
-        if hosts.next().is_some() {
-            return Some(text(
-                StatusCode::BAD_REQUEST,
+    /// The answer to a request this listener does not serve: a foreign or duplicated
+    /// `Host` or `Origin`; beyond loopback, no valid bearer token; and for a mutating
+    /// POST, any `Origin` or a `Host` that is not this listener's own (its port).
+    fn refuse(&self, request: &Request<Incoming>) -> Option<Response<Body>> {
+        let headers = request.headers();
+        let settings = self.settings.borrow();
+        let mut checked = access::check_host_and_origin(headers, &settings);
+        if checked.is_ok() && !self.address.ip().is_loopback() {
+            checked = access::authenticate(headers, &settings).map(drop);
+        }
+        if let Err(refusal) = checked {
+            let mut response = text(
+                refusal.status(),
                 "text/plain",
-                "more than one Host header\n".into(),
+                format!("{}\n", refusal.message()),
+            );
+            if let Some(challenge) = refusal.challenge() {
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(challenge),
+                );
+            }
+            return Some(response);
+        }
+        if request.method() != Method::POST {
+            return None;
+        }
+        // A web page can send a cross-origin POST; an operator's tools send no Origin.
+        if headers.contains_key(header::ORIGIN) {
+            return Some(text(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "cross-origin requests may not change the daemon\n".into(),
             ));
         }
-        let loopback_host = host
+        let own_port = headers
+            .get(header::HOST)
             .and_then(|host| host.to_str().ok())
-            .is_some_and(is_loopback_host);
-        (self.loopback && !loopback_host).then(|| {
+            .and_then(|host| host.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse::<u16>().ok())
+            .unwrap_or(80);
+        (own_port != self.address.port()).then(|| {
             text(
                 StatusCode::FORBIDDEN,
                 "text/plain",
-                "host not allowed\n".into(),
+                "a change must name this listener's own host and port\n".into(),
             )
         })
     }

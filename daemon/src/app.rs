@@ -127,12 +127,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
     let daemon = Daemon::start(loaded, notifier.clone()).await?;
     let hub = daemon.hub.clone();
     let shutdown = daemon.shutdown.clone();
-    let front = HttpFront::new(
-        hub.clone(),
-        mcp_address,
-        daemon.settings.clone(),
-        shutdown.clone(),
-    );
+    let front = HttpFront::new(hub.clone(), daemon.settings.clone(), shutdown.clone());
     tracing::info!(%mcp_address, %admin_address, upstreams, "plexus serving on http://{mcp_address}/mcp");
     if let Some(notifier) = &notifier {
         // The listeners are bound and daemon.json is written: clients can connect.
@@ -146,11 +141,17 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
         }));
     }
 
+    // Each listener has its own cap, so a flood of one leaves the other reachable.
+    let limits = listener::ConnectionLimits {
+        max_connections: daemon_settings.max_connections,
+        header_read_timeout: daemon_settings.header_read_timeout,
+    };
     let mcp_front = {
         let front = front.clone();
         tokio::spawn(listener::serve(
             mcp_listener,
             move |request| front.clone().handle(request),
+            limits,
             shutdown.clone(),
             daemon.drain_timeout(),
         ))
@@ -159,11 +160,13 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
         let admin = Arc::new(Admin {
             hub: hub.clone(),
             control: daemon.control.clone(),
-            loopback: admin_address.ip().is_loopback(),
+            settings: daemon.settings.clone(),
+            address: admin_address,
         });
         tokio::spawn(listener::serve(
             admin_listener,
             move |request| admin::handle(admin.clone(), request),
+            limits,
             shutdown.clone(),
             || Duration::from_secs(1),
         ))

@@ -2,7 +2,6 @@
 //! with a JSON body), GET opens the session's event stream, DELETE ends a session.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -16,11 +15,12 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::access::{self, Refusal};
 use crate::config::DaemonSettings;
 use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
-use crate::listener::{is_loopback_host, Body};
+use crate::listener::Body;
 use crate::session::{CloseOnDrop, Continuations, Handled, Session};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -32,6 +32,8 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
 struct HttpSession {
     session: Arc<Session>,
+    /// Who opened it: only the same principal may use it.
+    principal: Arc<str>,
     /// Taken by the open GET stream and put back when it ends.
     events: Mutex<Option<mpsc::Receiver<Value>>>,
     /// When the client last sent anything; idle sessions are ended.
@@ -65,8 +67,9 @@ impl HttpSession {
 pub struct HttpFront {
     hub: Arc<Hub>,
     sessions: DashMap<String, Arc<HttpSession>>,
-    /// Whether the listener is on a loopback address, which enables the Host check.
-    loopback: bool,
+    /// Tokens, allowed hosts and origins, session limits: read per request, so a
+    /// reload applies them at once.
+    settings: watch::Receiver<DaemonSettings>,
     max_body_bytes: usize,
     shutdown: CancellationToken,
     /// 2026-07-28 requests paused on input from their clients.
@@ -76,14 +79,13 @@ pub struct HttpFront {
 impl HttpFront {
     pub fn new(
         hub: Arc<Hub>,
-        listen: SocketAddr,
         settings: watch::Receiver<DaemonSettings>,
         shutdown: CancellationToken,
     ) -> Arc<HttpFront> {
         let front = Arc::new(HttpFront {
             hub,
             sessions: DashMap::new(),
-            loopback: listen.ip().is_loopback(),
+            settings: settings.clone(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown,
             paused: Arc::new(Continuations::default()),
@@ -126,9 +128,15 @@ impl HttpFront {
         if request.uri().path() != "/mcp" {
             return plain(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp");
         }
-        if let Err(rejection) = self.check_host_and_origin(request.headers()) {
-            return rejection.into_response();
-        }
+        let principal = {
+            let settings = self.settings.borrow();
+            access::check_host_and_origin(request.headers(), &settings)
+                .and_then(|()| access::authenticate(request.headers(), &settings))
+        };
+        let principal: Arc<str> = match principal {
+            Ok(principal) => Arc::from(principal),
+            Err(refusal) => return refused(&refusal),
+        };
         if let Some(version) = request.headers().get(PROTOCOL_HEADER) {
             let version = version.to_str().unwrap_or_default();
             if !era::ALL_VERSIONS.contains(&version) {
@@ -142,9 +150,9 @@ impl HttpFront {
             }
         }
         match *request.method() {
-            Method::POST => self.post(request).await,
-            Method::GET => self.get(request.headers()),
-            Method::DELETE => self.delete(request.headers()),
+            Method::POST => self.post(request, principal).await,
+            Method::GET => self.get(request.headers(), &principal),
+            Method::DELETE => self.delete(request.headers(), &principal),
             _ => {
                 let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
                 response
@@ -155,34 +163,13 @@ impl HttpFront {
         }
     }
 
-    /// DNS rebinding defence: a browser page must not reach a loopback daemon.
-    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Rejection> {
-        if let Some(origin) = headers.get(header::ORIGIN) {
-            let allowed = origin.to_str().is_ok_and(|origin| {
-                ["http://", "https://"]
-                    .iter()
-                    .any(|scheme| origin.strip_prefix(scheme).is_some_and(is_loopback_host))
-            });
-            if !allowed {
-                return Err(Rejection::Plain(
-                    StatusCode::FORBIDDEN,
-                    "origin not allowed",
-                ));
-            }
-        }
-        if self.loopback {
-            let allowed = headers
-                .get(header::HOST)
-                .and_then(|host| host.to_str().ok())
-                .is_some_and(is_loopback_host);
-            if !allowed {
-                return Err(Rejection::Plain(StatusCode::FORBIDDEN, "host not allowed"));
-            }
-        }
-        Ok(())
-    }
-
-    fn session_of(&self, headers: &HeaderMap) -> Result<Arc<HttpSession>, Rejection> {
+    /// The session a request names. Another principal's session is unknown to this
+    /// one, exactly like an ended session.
+    fn session_of(
+        &self,
+        headers: &HeaderMap,
+        principal: &str,
+    ) -> Result<Arc<HttpSession>, Rejection> {
         let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
             return Err(Rejection::Json(
                 StatusCode::BAD_REQUEST,
@@ -191,6 +178,7 @@ impl HttpFront {
         };
         self.sessions
             .get(id)
+            .filter(|entry| &*entry.value().principal == principal)
             .map(|entry| {
                 entry.value().touch();
                 entry.value().clone()
@@ -203,7 +191,11 @@ impl HttpFront {
             })
     }
 
-    async fn post(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+    async fn post(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        principal: Arc<str>,
+    ) -> Response<Body> {
         if self.shutdown.is_cancelled() {
             return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
         }
@@ -253,9 +245,12 @@ impl HttpFront {
             return self.post_modern(&parts.headers, message).await;
         }
         let http_session = if is_initialize && !parts.headers.contains_key(SESSION_HEADER) {
-            self.open_session()
+            match self.open_session(principal) {
+                Ok(session) => session,
+                Err(error) => return json_error(StatusCode::TOO_MANY_REQUESTS, &error),
+            }
         } else {
-            match self.session_of(&parts.headers) {
+            match self.session_of(&parts.headers, &principal) {
                 Ok(session) => session,
                 Err(rejection) => return rejection.into_response(),
             }
@@ -349,10 +344,38 @@ impl HttpFront {
         }
     }
 
-    fn open_session(&self) -> Arc<HttpSession> {
+    /// A new session for `principal`, within `max_sessions` in total and per principal.
+    fn open_session(&self, principal: Arc<str>) -> Result<Arc<HttpSession>, RelayError> {
+        let (limit, per_principal) = {
+            let settings = self.settings.borrow();
+            (settings.max_sessions, settings.max_sessions_per_principal)
+        };
+        let open = self.sessions.len();
+        if open >= limit {
+            return Err(RelayError::TooManySessions {
+                open,
+                limit,
+                scope: "in total",
+                key: "max_sessions",
+            });
+        }
+        let theirs = self
+            .sessions
+            .iter()
+            .filter(|entry| entry.value().principal == principal)
+            .count();
+        if theirs >= per_principal {
+            return Err(RelayError::TooManySessions {
+                open: theirs,
+                limit: per_principal,
+                scope: "for this principal",
+                key: "max_sessions_per_principal",
+            });
+        }
         let (session, events) = Session::new(self.hub.clone(), self.paused.clone());
         let http_session = Arc::new(HttpSession {
             session,
+            principal,
             events: Mutex::new(Some(events)),
             last_seen: Mutex::new(std::time::Instant::now()),
         });
@@ -362,7 +385,7 @@ impl HttpFront {
             .sessions_active
             .with_label_values(&["http"])
             .set(self.sessions.len() as i64);
-        http_session
+        Ok(http_session)
     }
 
     fn id_of(&self, wanted: &Arc<HttpSession>) -> Option<String> {
@@ -372,7 +395,7 @@ impl HttpFront {
             .map(|entry| entry.key().clone())
     }
 
-    fn get(&self, headers: &HeaderMap) -> Response<Body> {
+    fn get(&self, headers: &HeaderMap, principal: &str) -> Response<Body> {
         let accepts_events = headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
@@ -383,7 +406,7 @@ impl HttpFront {
                 "GET /mcp needs Accept: text/event-stream",
             );
         }
-        let http_session = match self.session_of(headers) {
+        let http_session = match self.session_of(headers, principal) {
             Ok(session) => session,
             Err(rejection) => return rejection.into_response(),
         };
@@ -420,11 +443,15 @@ impl HttpFront {
         event_stream_response(BodyExt::boxed_unsync(StreamBody::new(body)))
     }
 
-    fn delete(&self, headers: &HeaderMap) -> Response<Body> {
+    fn delete(&self, headers: &HeaderMap, principal: &str) -> Response<Body> {
         let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
             return plain(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id header");
         };
-        if self.remove_session(id) {
+        let theirs = self
+            .sessions
+            .get(id)
+            .is_some_and(|entry| &*entry.value().principal == principal);
+        if theirs && self.remove_session(id) {
             empty(StatusCode::NO_CONTENT)
         } else {
             plain(StatusCode::NOT_FOUND, "unknown or ended session")
@@ -661,17 +688,37 @@ impl Drop for EventStream {
 
 /// Why a request is refused before it reaches a session.
 enum Rejection {
-    Plain(StatusCode, &'static str),
     Json(StatusCode, RelayError),
 }
 
 impl Rejection {
     fn into_response(self) -> Response<Body> {
         match self {
-            Rejection::Plain(status, text) => plain(status, text),
             Rejection::Json(status, error) => json_error(status, &error),
         }
     }
+}
+
+/// A refusal at the door: its status, a JSON-RPC error body, and for 401 the
+/// `WWW-Authenticate` challenge.
+fn refused(refusal: &Refusal) -> Response<Body> {
+    let kind = match refusal {
+        Refusal::BadRequest(_) => "bad_request",
+        Refusal::Forbidden(_) => "forbidden",
+        Refusal::Unauthorized { .. } => "unauthorized",
+    };
+    let error = RelayError::AccessDenied {
+        kind,
+        reason: refusal.message(),
+    };
+    let mut response = json_error(refusal.status(), &error);
+    if let Some(challenge) = refusal.challenge() {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
+    }
+    response
 }
 
 /// 128 random bits, hex: unguessable, and never a credential.
@@ -714,6 +761,7 @@ fn json_error(status: StatusCode, error: &RelayError) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listener::is_loopback_host;
 
     #[test]
     fn loopback_hosts_are_recognised() {

@@ -73,6 +73,20 @@ pub enum RelayError {
     },
     #[error("header mismatch: {0}")]
     HeaderMismatch(String),
+    /// Refused at the door: no valid token, a foreign Host or Origin, a malformed request.
+    #[error("{reason}")]
+    AccessDenied {
+        kind: &'static str,
+        reason: &'static str,
+    },
+    /// Opening one more session would pass `max_sessions` (in total or for the principal).
+    #[error("too many open sessions ({open} of {limit} {scope}); end unused sessions (HTTP DELETE) or raise [daemon] {key}")]
+    TooManySessions {
+        open: usize,
+        limit: usize,
+        scope: &'static str,
+        key: &'static str,
+    },
     /// An entry held back because its schema changed (or was never approved).
     #[error("{noun} `{name}` of upstream `{upstream}` is quarantined: {why}")]
     Quarantined {
@@ -155,6 +169,8 @@ impl RelayError {
             RelayError::UnsupportedVersion { .. } => UNSUPPORTED_PROTOCOL_VERSION,
             RelayError::HeaderMismatch(_) => HEADER_MISMATCH,
             RelayError::Quarantined { .. } => QUARANTINED,
+            RelayError::AccessDenied { .. } => INVALID_REQUEST,
+            RelayError::TooManySessions { .. } => OVERLOADED,
         }
     }
 
@@ -177,6 +193,8 @@ impl RelayError {
             RelayError::UnsupportedVersion { .. } => "unsupported_version",
             RelayError::HeaderMismatch(_) => "header_mismatch",
             RelayError::Quarantined { .. } => "quarantined",
+            RelayError::AccessDenied { kind, .. } => kind,
+            RelayError::TooManySessions { .. } => "too_many_sessions",
         }
     }
 
@@ -217,6 +235,10 @@ impl RelayError {
                 None,
             ),
             RelayError::UnknownResource(uri) => return Some(json!({ "uri": uri })),
+            RelayError::AccessDenied { kind, .. } => return Some(json!({ "kind": kind })),
+            RelayError::TooManySessions { .. } => {
+                ("too_many_sessions", None, None, true, Some(1000))
+            }
             RelayError::Quarantined {
                 upstream,
                 original,

@@ -3,18 +3,30 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// What one listener allows its clients.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Connections open at once; more wait in the kernel's backlog until one ends.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (also between
+    /// requests on a kept-alive connection); then the connection is closed.
+    pub header_read_timeout: Duration,
+}
 
 /// Serves `handler` on every accepted connection until `shutdown`, then waits up
 /// to `drain()` (read then: a reload may have changed it) for open connections to
@@ -22,6 +34,7 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
+    limits: ConnectionLimits,
     shutdown: CancellationToken,
     drain: impl Fn() -> Duration,
 ) where
@@ -29,7 +42,15 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
+        // A slot first: at the cap, new connections are not accepted (and so not
+        // given a descriptor) until one ends.
+        let slot = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
@@ -52,12 +73,15 @@ pub async fn serve<H, F>(
         });
         let connection = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
             .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%peer, %error, "HTTP connection ended with an error");
             }
+            drop(slot);
         });
     }
     drop(listener);

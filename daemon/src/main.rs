@@ -1,6 +1,7 @@
 //! The `plexus` binary: parse the command line, start logging, load the config
 //! (exit 64 when it is invalid), run, and drain on SIGTERM or SIGINT.
 
+mod access;
 mod admin;
 mod admin_client;
 mod app;

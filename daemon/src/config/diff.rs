@@ -95,6 +95,12 @@ pub fn daemon_keys_needing_restart(
     if old.pins != new.pins {
         keys.push("daemon.pins");
     }
+    if old.max_connections != new.max_connections {
+        keys.push("daemon.max_connections");
+    }
+    if old.header_read_timeout != new.header_read_timeout {
+        keys.push("daemon.header_read_timeout");
+    }
     keys
 }
 

@@ -42,6 +42,10 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The pin file's name beside the config, unless `[daemon] pins` names another.
 pub const DEFAULT_PINS_FILE: &str = "plexus.lock";
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_MAX_SESSIONS: usize = 1000;
+pub const DEFAULT_MAX_SESSIONS_PER_PRINCIPAL: usize = 200;
 
 /// A validated configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +69,49 @@ pub struct DaemonSettings {
     pub session_idle_timeout: Duration,
     /// The pin file: each upstream's fingerprints and the definitions they were taken from.
     pub pins: PathBuf,
+    /// Named bearer tokens; none means an open loopback listener (principal `local`).
+    pub auth_tokens: AuthTokens,
+    /// `Host` values accepted besides loopback names (`name` for any port, `name:port`).
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` values accepted besides loopback origins (`https://app.example`).
+    pub allowed_origins: Vec<String>,
+    /// Open connections per listener; more wait to be accepted.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// Open HTTP sessions, in total and per principal.
+    pub max_sessions: usize,
+    pub max_sessions_per_principal: usize,
+}
+
+/// Bearer tokens by name. Their values never appear in logs, errors or `Debug`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct AuthTokens(pub Vec<(String, String)>);
+
+impl fmt::Debug for AuthTokens {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|(name, _)| name.as_str()).collect();
+        write!(formatter, "AuthTokens({names:?})")
+    }
+}
+
+impl AuthTokens {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The name of the token `presented` is, compared in constant time with every
+    /// token (so neither a match nor its position shows in the timing).
+    pub fn principal(&self, presented: &str) -> Option<&str> {
+        use subtle::ConstantTimeEq;
+        let mut found = None;
+        for (name, token) in &self.0 {
+            if bool::from(token.as_bytes().ct_eq(presented.as_bytes())) {
+                found = Some(name.as_str());
+            }
+        }
+        found
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

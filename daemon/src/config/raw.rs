@@ -29,6 +29,16 @@ pub(super) struct RawDaemon {
     pub drain_timeout: Option<String>,
     pub session_idle_timeout: Option<String>,
     pub pins: Option<PathBuf>,
+    #[serde(default)]
+    pub auth_tokens: BTreeMap<String, String>,
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    pub max_connections: Option<usize>,
+    pub header_read_timeout: Option<String>,
+    pub max_sessions: Option<usize>,
+    pub max_sessions_per_principal: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -145,8 +145,97 @@ fn validate_daemon(
         Some(dir) => base.join(dir),
         None => default_state_dir(environment),
     };
+    let header_read_timeout = duration(
+        "header_read_timeout",
+        raw.header_read_timeout,
+        DEFAULT_HEADER_READ_TIMEOUT,
+    );
     let pins = base.join(raw.pins.unwrap_or_else(|| PathBuf::from(DEFAULT_PINS_FILE)));
+    let mut tokens = Vec::new();
+    for (name, value) in raw.auth_tokens {
+        let key = format!("daemon.auth_tokens.{name}");
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            issues.push(ConfigIssue {
+                key,
+                message: "token names use only letters, digits, `-`, `_` and `.`".into(),
+            });
+            continue;
+        }
+        match secret_value(&value, base, environment) {
+            Ok(token) if token.len() >= 16 => tokens.push((name, token)),
+            // The value itself is never repeated.
+            Ok(_) => issues.push(ConfigIssue {
+                key,
+                message: "a token must be at least 16 characters long".into(),
+            }),
+            Err(message) => issues.push(ConfigIssue { key, message }),
+        }
+    }
+    let auth_tokens = AuthTokens(tokens);
+    for (key, address) in [("listen", listen), ("admin_listen", admin_listen)] {
+        if !address.ip().is_loopback() && auth_tokens.is_empty() {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: format!(
+                    "{address} is reachable beyond this machine, and without [daemon] auth_tokens \
+                     anyone who reaches it could use every tool; add auth_tokens (and \
+                     allowed_hosts), or listen on 127.0.0.1"
+                ),
+            });
+        }
+    }
+    for (key, values) in [
+        ("allowed_hosts", &raw.allowed_hosts),
+        ("allowed_origins", &raw.allowed_origins),
+    ] {
+        if values.iter().any(|value| value.trim().is_empty()) {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: "entries must not be empty".into(),
+            });
+        }
+    }
+    let mut at_least_one = |key: &str, value: Option<usize>, default: usize| {
+        let value = value.unwrap_or(default);
+        if value == 0 {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: "must be at least 1".into(),
+            });
+        }
+        value
+    };
+    let max_connections = at_least_one(
+        "max_connections",
+        raw.max_connections,
+        DEFAULT_MAX_CONNECTIONS,
+    );
+    let max_sessions = at_least_one("max_sessions", raw.max_sessions, DEFAULT_MAX_SESSIONS);
+    let max_sessions_per_principal = at_least_one(
+        "max_sessions_per_principal",
+        raw.max_sessions_per_principal,
+        DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+    );
     DaemonSettings {
+        auth_tokens,
+        allowed_hosts: raw
+            .allowed_hosts
+            .into_iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect(),
+        allowed_origins: raw
+            .allowed_origins
+            .into_iter()
+            .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+            .collect(),
+        max_connections,
+        header_read_timeout,
+        max_sessions,
+        max_sessions_per_principal,
         pins,
         listen,
         admin_listen,
@@ -201,7 +290,9 @@ fn validate_upstream(
             });
             None
         }
-        [("url", value)] => url_of(value, &key, issues).map(LaunchForm::Url),
+        [("url", value)] => {
+            url_of(value, &key, issues).map(|(url, basic)| LaunchForm::Url(url, basic))
+        }
         [(form, value)] => launcher_of(form, value, &key, issues).map(LaunchForm::Stdio),
         several => {
             let names: Vec<_> = several.iter().map(|(form, _)| *form).collect();
@@ -333,6 +424,18 @@ fn validate_upstream(
             }),
         }
     }
+    if let Some(LaunchForm::Url(_, Some(_))) = &launch {
+        if headers
+            .iter()
+            .any(|(header, _)| header.eq_ignore_ascii_case("authorization"))
+        {
+            issues.push(ConfigIssue {
+                key: key("url"),
+                message: "has a user and password and `headers` has an Authorization: give one"
+                    .into(),
+            });
+        }
+    }
     // Keys that only mean something for one kind of upstream are errors on the other.
     let misplaced: &[(&str, bool)] = if remote {
         &[
@@ -380,9 +483,16 @@ fn validate_upstream(
             );
             Launch::Stdio(launcher.to_spec(&args, env, cwd))
         }
-        LaunchForm::Url(url) => Launch::Http(HttpEndpoint {
+        LaunchForm::Url(url, basic) => Launch::Http(HttpEndpoint {
             url,
-            headers,
+            headers: match basic {
+                Some(basic) => {
+                    let mut headers = headers;
+                    headers.push(("Authorization".to_string(), basic));
+                    headers
+                }
+                None => headers,
+            },
             transport: match raw.transport.unwrap_or(RawTransport::Auto) {
                 RawTransport::StreamableHttp => HttpTransportKind::StreamableHttp,
                 RawTransport::Sse => HttpTransportKind::Sse,
@@ -427,16 +537,44 @@ fn validate_upstream(
 /// What the one launch form of an upstream says.
 enum LaunchForm {
     Stdio((Launcher, Vec<String>)),
-    Url(String),
+    /// The URL without credentials, and the Basic authorization they make.
+    Url(String, Option<String>),
 }
 
+/// A remote upstream's URL, checked. A password in it (`https://user:pw@host/…`) is
+/// taken out, so the URL can be logged, and becomes Basic authentication, as
+/// clients do with such URLs; the second value is that header's value.
 fn url_of(
     value: &str,
     key: &dyn Fn(&str) -> String,
     issues: &mut Vec<ConfigIssue>,
-) -> Option<String> {
-    match check_url(value.trim()) {
-        Ok(_) => Some(value.trim().to_string()),
+) -> Option<(String, Option<String>)> {
+    let (url, userinfo) = split_userinfo(value.trim());
+    let basic = match userinfo {
+        None => None,
+        Some(userinfo) => {
+            let decoded = adapters::percent_decode(userinfo);
+            match decoded {
+                Ok(credentials) => {
+                    use base64::Engine as _;
+                    let encoded =
+                        base64::engine::general_purpose::STANDARD.encode(credentials.as_bytes());
+                    Some(format!("Basic {encoded}"))
+                }
+                Err(_) => {
+                    issues.push(ConfigIssue {
+                        key: key("url"),
+                        message: format!(
+                            "the user and password in `{url}` are not valid percent-encoding"
+                        ),
+                    });
+                    return None;
+                }
+            }
+        }
+    };
+    match check_url(&url) {
+        Ok(_) => Some((url, basic)),
         Err(error) => {
             issues.push(ConfigIssue {
                 key: key("url"),
@@ -445,6 +583,40 @@ fn url_of(
             None
         }
     }
+}
+
+/// `scheme://user:pw@host/…` → (`scheme://host/…`, `user:pw`); other URLs unchanged.
+fn split_userinfo(url: &str) -> (String, Option<&str>) {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return (url.to_string(), None);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) => (
+            format!("{scheme}://{host}{}", &rest[authority_end..]),
+            Some(userinfo),
+        ),
+        None => (url.to_string(), None),
+    }
+}
+
+/// A secret: `${file:/path}` (the file's content, trimmed; relative to the config),
+/// or text in which each `${NAME}` is expanded. Errors never contain the value.
+fn secret_value(
+    text: &str,
+    base: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    if let Some(path) = text
+        .strip_prefix("${file:")
+        .and_then(|rest| rest.strip_suffix('}'))
+    {
+        let path = base.join(path);
+        return std::fs::read_to_string(&path)
+            .map(|content| content.trim().to_string())
+            .map_err(|error| format!("cannot read {}: {error}", path.display()));
+    }
+    expand_variables(text, environment)
 }
 
 /// Replaces each `${NAME}` with the variable's value (`$${` is a literal `${`).
@@ -549,6 +721,27 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("`{text}` has an unknown unit (use ms, s, m or h)")),
     };
     Ok(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod userinfo_tests {
+    use super::split_userinfo;
+
+    #[test]
+    fn credentials_leave_the_url() {
+        assert_eq!(
+            split_userinfo("https://me:p%40ss@notes.example:8443/mcp?x=1"),
+            (
+                "https://notes.example:8443/mcp?x=1".to_string(),
+                Some("me:p%40ss")
+            )
+        );
+        assert_eq!(
+            split_userinfo("https://notes.example/a@b"),
+            ("https://notes.example/a@b".to_string(), None)
+        );
+    }
 }
 
 #[cfg(test)]
