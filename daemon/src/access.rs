@@ -141,7 +141,7 @@ fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
         .any(|scheme| origin.strip_prefix(scheme).is_some_and(is_loopback_host));
     loopback || {
         let origin = origin.trim_end_matches('/').to_ascii_lowercase();
-        allowed.iter().any(|entry| *entry == origin)
+        allowed.contains(&origin)
     }
 }
 
