@@ -756,3 +756,113 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
     drop(upstream);
     Ok(())
 }
+
+/// A password in a remote upstream's URL becomes Basic authentication and is never
+/// logged; the downstream client's bearer token and cookies never reach an upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_become_basic_auth_and_client_credentials_stay_home() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let requests = dir.path().join("requests.jsonl");
+    let requests_arg = requests.display().to_string();
+    // user `ops`, password `p@ss:word`: Basic b3BzOnBAc3M6d29yZA==
+    let fixture = HttpFixture::start(
+        dir.path(),
+        any_port(),
+        &[
+            "--require-header",
+            "Authorization: Basic b3BzOnBAc3M6d29yZA==",
+            "--request-log",
+            &requests_arg,
+        ],
+    )
+    .await?;
+    let url = format!("http://ops:p%40ss%3Aword@{}/mcp", fixture.addr);
+    let token = "client-bearer-token-0123456789";
+    let daemon = Daemon::start_with_env(
+        "auth_tokens = { laptop = \"${CLIENT_TOKEN}\" }",
+        &remote_section("remote", &url, ""),
+        &[("CLIENT_TOKEN", token)],
+    )
+    .await?;
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ready = loop {
+        let response = client
+            .get(format!("{}/readyz", daemon.admin))
+            .send()
+            .await?;
+        if response.status() == 200 {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        ready,
+        "the upstream never accepted the URL's credentials\n{}",
+        daemon.log()
+    );
+    let post = |body: Value, session: Option<String>| {
+        let mut request = client
+            .post(&daemon.url)
+            .bearer_auth(token)
+            .header("cookie", "plexus-test=cookie-secret")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let initialized = post(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"}}}),
+        None,
+    )
+    .await?;
+    let session = initialized
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let called: Value = post(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "remote__echo", "arguments": {"text": "through"}}}),
+        session,
+    )
+    .await?
+    .json()
+    .await?;
+    ensure!(text_of(&called["result"]) == "through", "{called}");
+    let log = daemon.log();
+    for secret in ["p%40ss", "p@ss", token, "cookie-secret"] {
+        ensure!(
+            !log.contains(secret),
+            "`{secret}` reached plexus's log:\n{log}"
+        );
+    }
+    ensure!(
+        log.contains(&format!("http://{}/mcp", fixture.addr)),
+        "{log}"
+    );
+    ensure!(daemon.stop().await?.success());
+    let seen = request_log(&requests);
+    ensure!(!seen.is_empty(), "the fixture logged no request");
+    for line in &seen {
+        ensure!(
+            line["authorization"] == "Basic b3BzOnBAc3M6d29yZA==",
+            "{line}"
+        );
+        ensure!(
+            line["cookie"].is_null(),
+            "a client's cookie reached the upstream: {line}"
+        );
+    }
+    drop(fixture);
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! The HTTP front facing a network, against a real daemon on loopback: bearer
+//! tokens and principals, Host and Origin rules (duplicates included), sessions
+//! bound to their principal, session caps, the admin listener's mutating endpoints,
+//! slow-header connections, and the config rule for listening beyond loopback.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{fixture_upstream, plexus_binary, Daemon};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const LAPTOP: &str = "laptop-token-0123456789abcdef";
+const CI: &str = "ci-token-from-a-file-0123456789";
+
+fn initialize_body() -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "front-test", "version": "0"}}})
+    .to_string()
+}
+
+/// `host:port` of a URL like `http://127.0.0.1:1234/mcp`.
+fn authority(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// One request written by hand (so headers can be duplicated or forged): the
+/// status and the whole response text.
+async fn raw_request(address: &str, head: &str, body: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(address).await?;
+    let request = format!(
+        "{head}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response)).await??;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("no status line: {text}"))?;
+    Ok((status, text))
+}
+
+/// The JSON body of a raw response.
+fn body_of(text: &str) -> Value {
+    text.split("\r\n\r\n")
+        .nth(1)
+        .and_then(|body| serde_json::from_str(body).ok())
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_refuses_what_it_must_and_serves_the_rest() -> anyhow::Result<()> {
+    let secrets = tempfile::tempdir()?;
+    let ci_file = secrets.path().join("ci.token");
+    std::fs::write(&ci_file, format!("{CI}\n"))?;
+    let daemon_extra = format!(
+        "auth_tokens = {{ laptop = \"${{PLEXUS_TEST_TOKEN}}\", ci = \"${{file:{}}}\" }}\n\
+         allowed_hosts = [\"plexus.example\"]\nallowed_origins = [\"https://app.example\"]\n\
+         max_sessions_per_principal = 4\n",
+        ci_file.display()
+    );
+    let daemon = Daemon::start_with_env(
+        &daemon_extra,
+        &fixture_upstream("fx", "", &[]),
+        &[("PLEXUS_TEST_TOKEN", LAPTOP)],
+    )
+    .await?;
+    let address = authority(&daemon.url);
+    let laptop = format!("Authorization: Bearer {LAPTOP}\r\n");
+    let body = initialize_body();
+
+    // (case, the request line and headers, expected status, text the response holds)
+    let host = format!("Host: {address}\r\n");
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("no token", format!("POST /mcp HTTP/1.1\r\n{host}"), 401, "WWW-Authenticate: Bearer realm=\"plexus\""),
+        ("a wrong token", format!("POST /mcp HTTP/1.1\r\n{host}Authorization: Bearer not-a-token-at-all-000\r\n"), 401, "error=\"invalid_token\""),
+        ("a valid token", format!("POST /mcp HTTP/1.1\r\n{host}{laptop}"), 200, "mcp-session-id"),
+        ("a foreign Host", format!("POST /mcp HTTP/1.1\r\nHost: evil.example\r\n{laptop}"), 403, "host not allowed"),
+        ("a look-alike Host", format!("POST /mcp HTTP/1.1\r\nHost: localhost.evil.example\r\n{laptop}"), 403, "host not allowed"),
+        ("an allowed Host", format!("POST /mcp HTTP/1.1\r\nHost: plexus.example\r\n{laptop}"), 200, "mcp-session-id"),
+        ("a foreign Origin", format!("POST /mcp HTTP/1.1\r\n{host}Origin: https://evil.example\r\n{laptop}"), 403, "origin not allowed"),
+        ("Origin null", format!("POST /mcp HTTP/1.1\r\n{host}Origin: null\r\n{laptop}"), 403, "origin not allowed"),
+        ("an allowed Origin", format!("POST /mcp HTTP/1.1\r\n{host}Origin: https://app.example\r\n{laptop}"), 200, "mcp-session-id"),
+        ("two Origins", format!("POST /mcp HTTP/1.1\r\n{host}Origin: http://localhost\r\nOrigin: https://evil.example\r\n{laptop}"), 400, "more than one Origin"),
+        ("two Hosts", format!("POST /mcp HTTP/1.1\r\n{host}Host: evil.example\r\n{laptop}"), 400, ""),
+        ("an unsupported protocol version", format!("POST /mcp HTTP/1.1\r\n{host}{laptop}MCP-Protocol-Version: 1999-01-01\r\n"), 400, "-32022"),
+    ];
+    for (case, head, status, holds) in cases {
+        let (got, text) = raw_request(&address, &head, &body).await?;
+        ensure!(got == status, "{case}: {got}, wanted {status}\n{text}");
+        // Header names arrive lowercased.
+        ensure!(
+            text.to_ascii_lowercase()
+                .contains(&holds.to_ascii_lowercase()),
+            "{case}: no `{holds}` in\n{text}"
+        );
+        if status == 401 {
+            ensure!(
+                body_of(&text)["error"]["data"]["kind"] == "unauthorized",
+                "{case}: {text}"
+            );
+        }
+    }
+    // An oversized body is refused from its declared length.
+    let (got, text) = raw_request(
+        &address,
+        &format!("POST /mcp HTTP/1.1\r\n{host}{laptop}Content-Length: 5000000\r\n"),
+        "",
+    )
+    .await?;
+    ensure!(got == 413 || got == 400, "oversized: {text}");
+
+    // A session belongs to its principal: another principal's token meets 404.
+    let client = reqwest::Client::new();
+    let open = |token: &'static str| {
+        client
+            .post(&daemon.url)
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.clone())
+            .send()
+    };
+    let response = open(LAPTOP).await?;
+    ensure!(response.status() == 200);
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .context("no session id")?
+        .to_str()?
+        .to_string();
+    let list = |token: &'static str| {
+        client
+            .post(&daemon.url)
+            .bearer_auth(token)
+            .header("mcp-session-id", &session)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).to_string())
+            .send()
+    };
+    ensure!(
+        list(CI).await?.status() == 404,
+        "another principal used the session"
+    );
+    ensure!(list(LAPTOP).await?.status() == 200);
+    let delete = |token: &'static str| {
+        client
+            .delete(&daemon.url)
+            .bearer_auth(token)
+            .header("mcp-session-id", &session)
+            .send()
+    };
+    ensure!(
+        delete(CI).await?.status() == 404,
+        "another principal ended the session"
+    );
+    ensure!(delete(LAPTOP).await?.status() == 204);
+    ensure!(
+        list(LAPTOP).await?.status() == 404,
+        "a deleted session answered"
+    );
+
+    // Sessions per principal: the table opened three, one more fits, then 429.
+    ensure!(open(LAPTOP).await?.status() == 200);
+    let refused = open(LAPTOP).await?;
+    ensure!(refused.status() == 429, "{}", refused.status());
+    let answer: Value = refused.json().await?;
+    ensure!(answer["error"]["code"] == -33004, "{answer}");
+    ensure!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_sessions_per_principal")),
+        "{answer}"
+    );
+    ensure!(
+        open(CI).await?.status() == 200,
+        "another principal is not limited by laptop's sessions"
+    );
+
+    // Tokens never reach the log.
+    let log = daemon.log();
+    ensure!(
+        !log.contains(LAPTOP) && !log.contains(CI),
+        "a token was logged:\n{log}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_guards_its_changes() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let admin = authority(&daemon.admin);
+    let body = r#"{"upstream": "fx"}"#;
+    for (case, head, status) in [
+        (
+            "a cross-origin approval",
+            format!(
+                "POST /pins/approve HTTP/1.1\r\nHost: {admin}\r\nOrigin: http://localhost:3000\r\n"
+            ),
+            403,
+        ),
+        (
+            "a cross-origin reset",
+            format!(
+                "POST /pins/reset HTTP/1.1\r\nHost: {admin}\r\nOrigin: https://evil.example\r\n"
+            ),
+            403,
+        ),
+        (
+            "a restart naming another port",
+            format!("POST /upstreams/fx/restart HTTP/1.1\r\nHost: 127.0.0.1:1\r\n"),
+            403,
+        ),
+        (
+            "two Hosts",
+            format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nHost: {admin}\r\n"),
+            400,
+        ),
+        (
+            "a foreign Host",
+            "GET /metrics HTTP/1.1\r\nHost: evil.example\r\n".to_string(),
+            403,
+        ),
+        (
+            "metrics on loopback",
+            format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\n"),
+            200,
+        ),
+        (
+            "the pins on loopback",
+            format!("GET /pins HTTP/1.1\r\nHost: {admin}\r\n"),
+            200,
+        ),
+    ] {
+        let (got, text) = raw_request(&admin, &head, body).await?;
+        ensure!(got == status, "{case}: {got}, wanted {status}\n{text}");
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "header_read_timeout = \"1s\"",
+        &fixture_upstream("fx", "", &[]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let address = authority(&daemon.url);
+    // Five clients that send one byte of a request every 300 ms, forever.
+    let mut trickles = Vec::new();
+    for _ in 0..5 {
+        let address = address.clone();
+        trickles.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let Ok(mut stream) = TcpStream::connect(&address).await else {
+                return None;
+            };
+            for byte in b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+                .iter()
+                .cycle()
+            {
+                if stream.write_all(&[*byte]).await.is_err() {
+                    return Some(started.elapsed());
+                }
+                let mut probe = [0u8; 256];
+                match tokio::time::timeout(Duration::from_millis(300), stream.read(&mut probe))
+                    .await
+                {
+                    // Closed (0 bytes) or answered: the server gave up on it.
+                    Ok(Ok(_)) | Ok(Err(_)) => return Some(started.elapsed()),
+                    Err(_) => {}
+                }
+                if started.elapsed() > Duration::from_secs(15) {
+                    return None;
+                }
+            }
+            None
+        }));
+    }
+    // Meanwhile an ordinary client is served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut session = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
+    let answer = session
+        .request(
+            "tools/call",
+            json!({"name": "fx__echo", "arguments": {"text": "served"}}),
+        )
+        .await?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "served",
+        "{answer}"
+    );
+    for trickle in trickles {
+        let closed_after = trickle
+            .await?
+            .context("a slow connection was never closed")?;
+        ensure!(
+            closed_after < Duration::from_secs(5),
+            "closed only after {closed_after:?}"
+        );
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listening_beyond_loopback_needs_tokens() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[daemon]\nlisten = \"0.0.0.0:7464\"\n\n[upstreams.fx]\ncommand = \"true\"\n",
+    )?;
+    let output = tokio::process::Command::new(plexus_binary())
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(output.status.code() == Some(64), "{stderr}");
+    ensure!(
+        stderr.contains("daemon.listen") && stderr.contains("auth_tokens"),
+        "{stderr}"
+    );
+    // With a token it is valid.
+    std::fs::write(
+        &config,
+        "[daemon]\nlisten = \"0.0.0.0:7464\"\nauth_tokens = { ops = \"a-long-enough-token-value\" }\n\n[upstreams.fx]\ncommand = \"true\"\n",
+    )?;
+    let output = tokio::process::Command::new(plexus_binary())
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .await?;
+    ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(
+        !String::from_utf8_lossy(&output.stdout).contains("a-long-enough-token-value"),
+        "the token was printed"
+    );
+    Ok(())
+}
