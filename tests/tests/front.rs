@@ -222,7 +222,7 @@ async fn the_admin_listener_guards_its_changes() -> anyhow::Result<()> {
         ),
         (
             "a restart naming another port",
-            format!("POST /upstreams/fx/restart HTTP/1.1\r\nHost: 127.0.0.1:1\r\n"),
+            "POST /upstreams/fx/restart HTTP/1.1\r\nHost: 127.0.0.1:1\r\n".to_string(),
             403,
         ),
         (
