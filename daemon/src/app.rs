@@ -188,7 +188,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
 
 /// Runs the daemon for one client on stdin/stdout, until its input ends or a
 /// shutdown signal.
-pub async fn serve_stdio(loaded: Loaded) -> Result<(), ServeError> {
+pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeError> {
     let upstreams = loaded.config.upstreams.len();
     let daemon = Daemon::start(loaded, None).await?;
     tracing::info!(upstreams, "plexus serving one client on stdio");
@@ -196,6 +196,7 @@ pub async fn serve_stdio(loaded: Loaded) -> Result<(), ServeError> {
         daemon.hub.clone(),
         tokio::io::stdin(),
         tokio::io::stdout(),
+        view.map(|name| Arc::from(name.as_str())),
         daemon.shutdown.clone(),
         daemon.drain_timeout(),
     )

@@ -3,21 +3,44 @@
 //! and the copy of each listing kept on disk so an upstream stays listed while it
 //! restarts.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use registry::{
-    Catalog, CatalogOptions, CatalogWarning, Kind, Quarantine, ToolFilter, UpstreamListing,
+    Catalog, CatalogOptions, CatalogWarning, Kind, Quarantine, ToolFilter, UpstreamListing, View,
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 
+/// One published state of the catalog: the whole, and each view of it, computed
+/// together so a reader never sees a view of another snapshot.
+#[derive(Default)]
+pub struct Snapshot {
+    pub all: Arc<Catalog>,
+    pub views: HashMap<String, Arc<Catalog>>,
+}
+
+impl Snapshot {
+    /// The whole catalog, or the named view (an empty catalog if the view is gone:
+    /// a session whose view was removed by a reload sees nothing).
+    pub fn view(&self, view: Option<&str>) -> Arc<Catalog> {
+        match view {
+            None => self.all.clone(),
+            Some(name) => self
+                .views
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Catalog::empty())),
+        }
+    }
+}
+
 pub struct CatalogHost {
     state: Mutex<Listings>,
-    catalog: watch::Sender<Arc<Catalog>>,
+    catalog: watch::Sender<Arc<Snapshot>>,
     /// Where each upstream's last listing is kept, so it stays listed across restarts.
     directory: PathBuf,
     metrics: Arc<Metrics>,
@@ -25,6 +48,8 @@ pub struct CatalogHost {
 
 struct Listings {
     options: CatalogOptions,
+    /// The configured views, computed with every snapshot.
+    views: BTreeMap<String, View>,
     by_upstream: BTreeMap<String, UpstreamListing>,
     /// The lowest generation whose listing is still accepted, per upstream name: a
     /// replaced or removed upstream's late listing is older and is dropped.
@@ -42,24 +67,43 @@ impl CatalogHost {
         CatalogHost {
             state: Mutex::new(Listings {
                 options,
+                views: BTreeMap::new(),
                 by_upstream: BTreeMap::new(),
                 floor: BTreeMap::new(),
                 reported: HashSet::new(),
                 held: false,
                 dirty: false,
             }),
-            catalog: watch::channel(Arc::new(Catalog::empty())).0,
+            catalog: watch::channel(Arc::new(Snapshot::default())).0,
             directory,
             metrics,
         }
     }
 
     pub fn current(&self) -> Arc<Catalog> {
-        self.catalog.borrow().clone()
+        self.catalog.borrow().all.clone()
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+    /// The whole catalog or one view of it, as published now.
+    pub fn view(&self, view: Option<&str>) -> Arc<Catalog> {
+        self.catalog.borrow().view(view)
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.catalog.subscribe()
+    }
+
+    pub fn has_view(&self, name: &str) -> bool {
+        self.catalog.borrow().views.contains_key(name)
+    }
+
+    /// New view definitions (at start and on reload).
+    pub fn set_views(&self, views: BTreeMap<String, View>) {
+        let mut state = self.lock();
+        if state.views != views {
+            state.views = views;
+            self.rebuild(&mut state);
+        }
     }
 
     /// Whether a listing of `name` from the configuration of `generation` is still
@@ -225,7 +269,15 @@ impl CatalogHost {
                 .with_label_values(&[kind.label()])
                 .set(catalog.len(kind) as i64);
         }
-        self.catalog.send_replace(Arc::new(catalog));
+        let views = state
+            .views
+            .iter()
+            .map(|(name, view)| (name.clone(), Arc::new(catalog.restrict(view))))
+            .collect();
+        self.catalog.send_replace(Arc::new(Snapshot {
+            all: Arc::new(catalog),
+            views,
+        }));
     }
 
     fn cache_path(&self, upstream: &str) -> PathBuf {

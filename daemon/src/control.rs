@@ -196,6 +196,7 @@ pub struct ControlLoop {
 impl ControlLoop {
     /// Starts the configured upstreams: the diff from nothing.
     pub async fn start(&self) {
+        self.hub.apply_views(&self.current.views);
         let startup = ConfigDiff::between(&BTreeMap::new(), &self.current.upstreams);
         self.hub
             .apply(startup, self.current.daemon.drain_timeout)
@@ -384,6 +385,7 @@ impl ControlLoop {
         config.daemon.state_dir = self.current.daemon.state_dir.clone();
         config.daemon.pins = self.current.daemon.pins.clone();
 
+        self.hub.apply_views(&config.views);
         let diff = ConfigDiff::between(&self.current.upstreams, &config.upstreams);
         let applied = self.hub.apply(diff, config.daemon.drain_timeout).await;
         self.hub.apply_daemon_settings(&config.daemon);

@@ -28,6 +28,8 @@ pub trait Client: Send + Sync {
     fn log_level(&self) -> Option<LogLevel>;
     fn has_capability(&self, path: &[&str]) -> bool;
     fn is_subscribed(&self, uri: &str) -> bool;
+    /// Whether the client's view shows this upstream (its logs reach only those that do).
+    fn shows_upstream(&self, upstream: &str) -> bool;
     /// A message of plexus's own for the client (logs, updates, list changes).
     fn notify(&self, message: Value);
     fn outbound(&self) -> &mpsc::Sender<Value>;
@@ -417,7 +419,10 @@ impl Fanout {
                         || source
                             .as_ref()
                             .is_some_and(|source| source.has_call_from(session.id()));
-                    if concerned && session.log_level().is_some_and(|wanted| level >= wanted) {
+                    if concerned
+                        && session.shows_upstream(upstream)
+                        && session.log_level().is_some_and(|wanted| level >= wanted)
+                    {
                         session.notify(message.clone());
                     }
                 }
@@ -713,13 +718,18 @@ impl Fanout {
         }
     }
 
-    /// The capabilities plexus can relay from its upstreams, for `initialize`.
-    pub fn capabilities(&self) -> Value {
+    /// The capabilities plexus can relay from the upstreams `shown` accepts, for
+    /// `initialize` and `server/discover`.
+    pub fn capabilities(&self, shown: impl Fn(&str) -> bool) -> Value {
         let mut logging = false;
         let mut completions = false;
         let mut subscribe = false;
         let mut tasks: Option<Value> = None;
-        for upstream in self.upstreams().values() {
+        for upstream in self
+            .upstreams()
+            .values()
+            .filter(|upstream| shown(upstream.name()))
+        {
             let known = upstream.known_capabilities();
             if let Some(upstream_tasks) = known.get("tasks").filter(|t| t.is_object()) {
                 // The union of what upstreams support; calls route to the one that has it.

@@ -125,9 +125,22 @@ impl HttpFront {
     }
 
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
-        if request.uri().path() != "/mcp" {
-            return plain(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp");
-        }
+        // `/mcp` is the whole catalog, `/mcp/<view>` a view of it.
+        let requested_view = match request.uri().path() {
+            "/mcp" => None,
+            path => match path
+                .strip_prefix("/mcp/")
+                .filter(|name| !name.is_empty() && !name.contains('/'))
+            {
+                Some(name) => Some(name.to_string()),
+                None => {
+                    return plain(
+                        StatusCode::NOT_FOUND,
+                        "not found: the MCP endpoint is /mcp (or /mcp/<view>)",
+                    )
+                }
+            },
+        };
         let principal = {
             let settings = self.settings.borrow();
             access::check_host_and_origin(request.headers(), &settings)
@@ -136,6 +149,11 @@ impl HttpFront {
         let principal: Arc<str> = match principal {
             Ok(principal) => Arc::from(principal),
             Err(refusal) => return refused(&refusal),
+        };
+        // A principal bound to a view sees it whatever the path; an unknown view is 404.
+        let view = match self.hub.view_of(&principal, requested_view.as_deref()) {
+            Ok(view) => view,
+            Err(_) => return plain(StatusCode::NOT_FOUND, "not found: there is no such view"),
         };
         if let Some(version) = request.headers().get(PROTOCOL_HEADER) {
             let version = version.to_str().unwrap_or_default();
@@ -150,7 +168,7 @@ impl HttpFront {
             }
         }
         match *request.method() {
-            Method::POST => self.post(request, principal).await,
+            Method::POST => self.post(request, principal, view).await,
             Method::GET => self.get(request.headers(), &principal),
             Method::DELETE => self.delete(request.headers(), &principal),
             _ => {
@@ -195,6 +213,7 @@ impl HttpFront {
         self: Arc<Self>,
         request: Request<Incoming>,
         principal: Arc<str>,
+        view: Option<Arc<str>>,
     ) -> Response<Body> {
         if self.shutdown.is_cancelled() {
             return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
@@ -242,10 +261,10 @@ impl HttpFront {
         if !is_initialize
             && (modern_header || era::declared_version(message.get("params")).is_some())
         {
-            return self.post_modern(&parts.headers, message).await;
+            return self.post_modern(&parts.headers, message, view).await;
         }
         let http_session = if is_initialize && !parts.headers.contains_key(SESSION_HEADER) {
-            match self.open_session(principal) {
+            match self.open_session(principal, view) {
                 Ok(session) => session,
                 Err(error) => return json_error(StatusCode::TOO_MANY_REQUESTS, &error),
             }
@@ -313,7 +332,12 @@ impl HttpFront {
     }
 
     /// A 2026-07-28 message: no session; the headers must mirror the body.
-    async fn post_modern(&self, headers: &HeaderMap, message: Value) -> Response<Body> {
+    async fn post_modern(
+        &self,
+        headers: &HeaderMap,
+        message: Value,
+        view: Option<Arc<str>>,
+    ) -> Response<Body> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let Some(method) = message.get("method").and_then(Value::as_str) else {
             return json_error(
@@ -326,14 +350,14 @@ impl HttpFront {
             return empty(StatusCode::ACCEPTED);
         }
         let params = message.get("params");
-        let catalog = self.hub.catalog();
+        let catalog = self.hub.catalog_for(view.as_deref());
         let checked = check_mirrored_headers(headers, method, params, &catalog)
             .and_then(|()| era::parse_meta(params).map(drop));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);
         }
-        let session = Session::stateless(self.hub.clone(), self.paused.clone());
+        let session = Session::stateless(self.hub.clone(), self.paused.clone(), view);
         if accepts_event_stream(headers) {
             return answer_on_stream(session, message, true).await;
         }
@@ -345,7 +369,11 @@ impl HttpFront {
     }
 
     /// A new session for `principal`, within `max_sessions` in total and per principal.
-    fn open_session(&self, principal: Arc<str>) -> Result<Arc<HttpSession>, RelayError> {
+    fn open_session(
+        &self,
+        principal: Arc<str>,
+        view: Option<Arc<str>>,
+    ) -> Result<Arc<HttpSession>, RelayError> {
         let (limit, per_principal) = {
             let settings = self.settings.borrow();
             (settings.max_sessions, settings.max_sessions_per_principal)
@@ -372,7 +400,7 @@ impl HttpFront {
                 key: "max_sessions_per_principal",
             });
         }
-        let (session, events) = Session::new(self.hub.clone(), self.paused.clone());
+        let (session, events) = Session::new(self.hub.clone(), self.paused.clone(), view);
         let http_session = Arc::new(HttpSession {
             session,
             principal,

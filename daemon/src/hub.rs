@@ -47,6 +47,8 @@ pub struct Hub {
     pub task_routes: Arc<TaskRoutes>,
     /// Each upstream's pinned fingerprints; fresh listings are checked against them.
     pins: Pins,
+    /// Principal (token name) → the view it is bound to.
+    view_bindings: std::sync::RwLock<BTreeMap<String, String>>,
 }
 
 /// What a relayed request carries besides its method and params.
@@ -120,6 +122,7 @@ impl Hub {
             status_listener: Mutex::new(None),
             fanout,
             task_routes,
+            view_bindings: std::sync::RwLock::new(BTreeMap::new()),
         });
         hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
         hub
@@ -238,8 +241,57 @@ impl Hub {
         self.catalog.current()
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+    pub fn subscribe(&self) -> watch::Receiver<Arc<crate::catalog_host::Snapshot>> {
         self.catalog.subscribe()
+    }
+
+    /// The whole catalog, or the named view of it.
+    pub fn catalog_for(&self, view: Option<&str>) -> Arc<Catalog> {
+        self.catalog.view(view)
+    }
+
+    /// New views and their token bindings (at start and on reload).
+    pub fn apply_views(&self, views: &BTreeMap<String, crate::config::ViewConfig>) {
+        self.catalog.set_views(
+            views
+                .iter()
+                .map(|(name, config)| (name.clone(), config.view.clone()))
+                .collect(),
+        );
+        let bindings = views
+            .iter()
+            .flat_map(|(name, config)| {
+                config
+                    .tokens
+                    .iter()
+                    .map(move |token| (token.clone(), name.clone()))
+            })
+            .collect();
+        *self
+            .view_bindings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = bindings;
+    }
+
+    /// The view a request of `principal` sees: the one its token is bound to, else
+    /// the one its path names (which must exist), else the whole catalog.
+    pub fn view_of(
+        &self,
+        principal: &str,
+        requested: Option<&str>,
+    ) -> Result<Option<Arc<str>>, String> {
+        let bindings = self
+            .view_bindings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(bound) = bindings.get(principal) {
+            return Ok(Some(Arc::from(bound.as_str())));
+        }
+        match requested {
+            None => Ok(None),
+            Some(name) if self.catalog.has_view(name) => Ok(Some(Arc::from(name))),
+            Some(name) => Err(format!("there is no view `{name}`")),
+        }
     }
 
     /// A new downstream session's id.

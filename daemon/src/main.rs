@@ -59,6 +59,9 @@ enum Command {
         /// Serve one client on stdin/stdout instead of the HTTP listeners.
         #[arg(long)]
         stdio: bool,
+        /// With --stdio: serve this view of the catalog (a `[views.NAME]`).
+        #[arg(long, requires = "stdio")]
+        view: Option<String>,
     },
     /// Validate a configuration file and exit (0 when valid).
     CheckConfig {
@@ -243,7 +246,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Serve { config, stdio } => {
+        Command::Serve {
+            config,
+            stdio,
+            view,
+        } => {
             let (loaded, sha256) = match config::read(&config, &environment) {
                 Ok(loaded) => loaded,
                 Err(error) => {
@@ -251,6 +258,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
+            if let Some(name) = view
+                .as_deref()
+                .filter(|name| !loaded.views.contains_key(*name))
+            {
+                tracing::error!(
+                    "{}: there is no view `{name}` ([views.{name}])",
+                    config.display()
+                );
+                return ExitCode::from(EXIT_BAD_CONFIG);
+            }
             let Some(runtime) = runtime() else {
                 return ExitCode::FAILURE;
             };
@@ -264,7 +281,7 @@ fn main() -> ExitCode {
             };
             let outcome = runtime.block_on(async move {
                 if stdio {
-                    app::serve_stdio(loaded).await
+                    app::serve_stdio(loaded, view).await
                 } else {
                     app::serve_http(loaded, notifier).await
                 }

@@ -26,6 +26,7 @@ pub async fn serve<R, W>(
     hub: Arc<Hub>,
     input: R,
     output: W,
+    view: Option<Arc<str>>,
     shutdown: CancellationToken,
     drain: impl Fn() -> std::time::Duration,
 ) where
@@ -33,7 +34,7 @@ pub async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let paused = Arc::new(Continuations::default());
-    let (session, mut events) = Session::new(hub.clone(), paused.clone());
+    let (session, mut events) = Session::new(hub.clone(), paused.clone(), view);
     let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
     metrics_gauge.inc();
     let (replies, mut outgoing) = mpsc::channel::<Value>(256);

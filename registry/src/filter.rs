@@ -3,7 +3,7 @@
 /// Which of an upstream's tools are exposed: all when `allow` is empty, else those matching
 /// an allow glob; a deny glob always wins. Globs match whole names: `*` any run of
 /// characters (also none), `?` exactly one character, everything else itself.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ToolFilter {
     allow: Vec<String>,
     deny: Vec<String>,

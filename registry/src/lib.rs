@@ -12,7 +12,7 @@ pub mod quarantine;
 pub mod uris;
 
 pub use catalog::{
-    Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, UpstreamListing,
+    Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, UpstreamListing, View,
 };
 pub use cursor::CursorError;
 pub use filter::ToolFilter;

@@ -53,6 +53,15 @@ pub struct Config {
     pub daemon: DaemonSettings,
     /// Enabled and disabled upstreams, by name.
     pub upstreams: BTreeMap<String, UpstreamConfig>,
+    /// Named subsets of the catalog, served at `/mcp/<name>`.
+    pub views: BTreeMap<String, ViewConfig>,
+}
+
+/// One view: what it shows, and the tokens whose principals see only it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewConfig {
+    pub view: registry::View,
+    pub tokens: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -88,3 +88,24 @@ pub(super) struct RawUpstream {
     pub on_schema_change: Option<SchemaPolicy>,
     pub schema_check_interval: Option<String>,
 }
+
+/// `[views.<name>]`: a subset of the catalog, by upstream and by glob on exposed names.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawView {
+    pub upstreams: Option<Vec<String>>,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub prompts: Vec<String>,
+    #[serde(default)]
+    pub resources: Vec<String>,
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+    #[serde(default)]
+    pub deny_prompts: Vec<String>,
+    #[serde(default)]
+    pub deny_resources: Vec<String>,
+    #[serde(default)]
+    pub tokens: Vec<String>,
+}

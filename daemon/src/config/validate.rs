@@ -9,8 +9,9 @@ use std::time::Duration;
 use adapters::remote::{check_header, check_url};
 use adapters::{parse_naked_uri, HttpEndpoint, HttpTransportKind, Launcher};
 
-use super::raw::{RawDaemon, RawTransport, RawUpstream};
+use super::raw::{RawDaemon, RawTransport, RawUpstream, RawView};
 use super::*;
+use registry::ToolFilter;
 
 /// Parses and validates configuration text; relative paths resolve against `base`.
 pub fn parse(
@@ -50,10 +51,18 @@ pub fn parse(
             toml::Table::new()
         }
     };
+    let raw_views = match document.remove("views") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(table)) => table,
+        Some(_) => {
+            issues.push(issue("views", "must be a table of views".into()));
+            toml::Table::new()
+        }
+    };
     for key in document.keys() {
         issues.push(issue(
             key,
-            "unknown section (expected `daemon` or `upstreams`)".into(),
+            "unknown section (expected `daemon`, `upstreams` or `views`)".into(),
         ));
     }
 
@@ -78,11 +87,85 @@ pub fn parse(
             upstreams.insert(name, upstream);
         }
     }
+    let views = validate_views(raw_views, &upstreams, &daemon, &mut issues);
     if issues.is_empty() {
-        Ok(Config { daemon, upstreams })
+        Ok(Config {
+            daemon,
+            upstreams,
+            views,
+        })
     } else {
         Err(issues)
     }
+}
+
+/// `[views.<name>]`: names like upstreams', upstreams that exist, tokens that exist
+/// and are bound to one view at most.
+fn validate_views(
+    raw_views: toml::Table,
+    upstreams: &BTreeMap<String, UpstreamConfig>,
+    daemon: &DaemonSettings,
+    issues: &mut Vec<ConfigIssue>,
+) -> BTreeMap<String, ViewConfig> {
+    let mut views = BTreeMap::new();
+    let mut bound: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in raw_views {
+        let key = format!("views.{name}");
+        if !valid_upstream_name(&name) {
+            issues.push(ConfigIssue {
+                key: key.clone(),
+                message: "view names use only lowercase letters, digits and `-`".into(),
+            });
+        }
+        let raw = match value.try_into::<RawView>() {
+            Ok(raw) => raw,
+            Err(error) => {
+                issues.push(ConfigIssue {
+                    key,
+                    message: error.message().to_string(),
+                });
+                continue;
+            }
+        };
+        for upstream in raw.upstreams.iter().flatten() {
+            if !upstreams.contains_key(upstream) {
+                issues.push(ConfigIssue {
+                    key: format!("{key}.upstreams"),
+                    message: format!("there is no upstream `{upstream}`"),
+                });
+            }
+        }
+        for token in &raw.tokens {
+            if !daemon.auth_tokens.0.iter().any(|(known, _)| known == token) {
+                issues.push(ConfigIssue {
+                    key: format!("{key}.tokens"),
+                    message: format!("there is no token `{token}` in [daemon] auth_tokens"),
+                });
+            }
+            if let Some(other) = bound.insert(token.clone(), name.clone()) {
+                issues.push(ConfigIssue {
+                    key: format!("{key}.tokens"),
+                    message: format!("token `{token}` is already bound to view `{other}`"),
+                });
+            }
+        }
+        let restricts_resources = !raw.resources.is_empty() || !raw.deny_resources.is_empty();
+        let view = registry::View {
+            upstreams: raw.upstreams.map(|names| names.into_iter().collect()),
+            tools: ToolFilter::new(raw.tools, raw.deny_tools),
+            prompts: ToolFilter::new(raw.prompts, raw.deny_prompts),
+            resources: ToolFilter::new(raw.resources, raw.deny_resources),
+            restricts_resources,
+        };
+        views.insert(
+            name,
+            ViewConfig {
+                view,
+                tokens: raw.tokens,
+            },
+        );
+    }
+    views
 }
 
 fn valid_upstream_name(name: &str) -> bool {
@@ -759,6 +842,82 @@ mod tests {
             .into_iter()
             .map(|issue| issue.to_string())
             .collect()
+    }
+
+    #[test]
+    fn views_name_upstreams_and_tokens_that_exist() {
+        let issues = issues_of(
+            r#"
+            [daemon]
+            auth_tokens = { ci = "a-token-long-enough-0000", ops = "another-token-long-enough" }
+            [upstreams.alpha]
+            command = "fixture"
+            [views.one]
+            upstreams = ["alpha", "ghost"]
+            tokens = ["ci", "nobody"]
+            [views.two]
+            tokens = ["ci"]
+            [views.Bad]
+            tools = ["*"]
+            [views.three]
+            colour = "red"
+            "#,
+        );
+        for expected in [
+            "views.one.upstreams: there is no upstream `ghost`",
+            "views.one.tokens: there is no token `nobody` in [daemon] auth_tokens",
+            "views.two.tokens: token `ci` is already bound to view `one`",
+            "views.Bad: view names use only lowercase letters, digits and `-`",
+            "views.three: unknown field `colour`",
+        ] {
+            assert!(
+                issues.iter().any(|issue| issue.starts_with(expected)),
+                "{expected} not in {issues:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tokens_are_secrets_and_listening_beyond_loopback_needs_them() {
+        let issues =
+            issues_of("[daemon]\nlisten = \"0.0.0.0:7464\"\nadmin_listen = \"[::]:7465\"\n");
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.starts_with("daemon.listen: 0.0.0.0:7464 is reachable")),
+            "{issues:?}"
+        );
+        assert!(
+            issues.iter().any(|i| i.starts_with("daemon.admin_listen:")),
+            "{issues:?}"
+        );
+        let issues = issues_of("[daemon]\nauth_tokens = { short = \"tiny-secret\" }\n");
+        assert_eq!(
+            issues,
+            ["daemon.auth_tokens.short: a token must be at least 16 characters long"]
+        );
+        assert!(!issues.iter().any(|i| i.contains("tiny-secret")));
+        let config = parse(
+            "[daemon]\nlisten = \"0.0.0.0:1\"\nauth_tokens = { ops = \"${OPS}\" }\n",
+            Path::new("/srv"),
+            &|name| (name == "OPS").then(|| "from-the-environment-0".to_string()),
+        )
+        .unwrap();
+        assert_eq!(
+            config
+                .daemon
+                .auth_tokens
+                .principal("from-the-environment-0"),
+            Some("ops")
+        );
+        assert_eq!(
+            config
+                .daemon
+                .auth_tokens
+                .principal("from-the-environment-1"),
+            None
+        );
+        assert!(!format!("{:?}", config.daemon.auth_tokens).contains("from-the-environment"));
     }
 
     #[test]

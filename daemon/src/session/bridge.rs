@@ -332,7 +332,7 @@ pub async fn listen(
     }
     let (scope, mut channels) = parent.scope(meta);
     let _closing = CloseOnDrop(scope.clone());
-    let catalog = hub.catalog();
+    let catalog = scope.catalog();
     let mut uris = Vec::new();
     if let Some(Value::Array(requested)) = filter.get("resourceSubscriptions") {
         for uri in requested.iter().filter_map(Value::as_str) {
@@ -366,7 +366,7 @@ pub async fn listen(
         return Err(RelayError::InvalidRequest("the client went away".into()));
     }
     let mut catalogs = hub.subscribe();
-    let mut last = catalogs.borrow_and_update().clone();
+    let mut last = catalogs.borrow_and_update().view(scope.view());
     loop {
         tokio::select! {
             _ = hub.stopping() => break,
@@ -374,7 +374,7 @@ pub async fn listen(
                 if changed.is_err() {
                     break;
                 }
-                let current = catalogs.borrow_and_update().clone();
+                let current = catalogs.borrow_and_update().view(scope.view());
                 let mut methods: Vec<&str> = kinds
                     .iter()
                     .filter(|kind| last.digest(**kind) != current.digest(**kind))

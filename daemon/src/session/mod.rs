@@ -71,6 +71,9 @@ pub struct Session {
     stateless: bool,
     /// The front's 2026-07-28 requests paused on input from their client.
     paused: Arc<Continuations>,
+    /// The view of the catalog this client sees (None: all of it). Kept across
+    /// reloads by name: the view's new definition applies at once.
+    view: Option<Arc<str>>,
 }
 
 /// What a request scope delivers: messages for the client, and upstream requests.
@@ -89,8 +92,12 @@ pub enum Handled {
 
 impl Session {
     /// Creates a session; messages plexus sends on its own (list changes) arrive on the receiver.
-    pub fn new(hub: Arc<Hub>, paused: Arc<Continuations>) -> (Arc<Session>, mpsc::Receiver<Value>) {
-        let (session, receiver) = Session::build(hub, paused, None, None, false);
+    pub fn new(
+        hub: Arc<Hub>,
+        paused: Arc<Continuations>,
+        view: Option<Arc<str>>,
+    ) -> (Arc<Session>, mpsc::Receiver<Value>) {
+        let (session, receiver) = Session::build(hub, paused, None, None, false, view);
         session.register();
         session.hub.spawn(announce_catalog_changes(session.clone()));
         (session, receiver)
@@ -103,8 +110,12 @@ impl Session {
 
     /// A session for one HTTP request that came without a session: a 2026-07-28
     /// client's. It announces nothing; each request in it gets its own scope.
-    pub fn stateless(hub: Arc<Hub>, paused: Arc<Continuations>) -> Arc<Session> {
-        Session::build(hub, paused, None, None, true).0
+    pub fn stateless(
+        hub: Arc<Hub>,
+        paused: Arc<Continuations>,
+        view: Option<Arc<str>>,
+    ) -> Arc<Session> {
+        Session::build(hub, paused, None, None, true, view).0
     }
 
     /// The scope of one 2026-07-28 request: it carries that request's declared
@@ -119,6 +130,7 @@ impl Session {
             owner,
             Some(inputs),
             false,
+            self.view.clone(),
         );
         *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(era::MODERN_VERSION.to_string()),
@@ -144,6 +156,7 @@ impl Session {
         owner: Option<u64>,
         inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
         stateless: bool,
+        view: Option<Arc<str>>,
     ) -> (Arc<Session>, mpsc::Receiver<Value>) {
         let (outbound, receiver) = mpsc::channel(64);
         let id = hub.open_session();
@@ -162,12 +175,22 @@ impl Session {
             inputs,
             stateless,
             paused,
+            view,
         });
         (session, receiver)
     }
 
     pub fn hub(&self) -> &Arc<Hub> {
         &self.hub
+    }
+
+    /// The catalog this client sees: its view, or the whole.
+    pub fn catalog(&self) -> Arc<registry::Catalog> {
+        self.hub.catalog_for(self.view.as_deref())
+    }
+
+    pub fn view(&self) -> Option<&str> {
+        self.view.as_deref()
     }
 
     pub fn paused(&self) -> &Arc<Continuations> {
@@ -406,7 +429,7 @@ impl Session {
         let meta = era::parse_meta(params.as_ref())?;
         match method {
             "server/discover" => Ok(Reply::Result(era::discover_result(
-                self.hub.fanout.capabilities(),
+                self.capabilities(),
                 self.instructions(),
             ))),
             "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
@@ -434,7 +457,7 @@ impl Session {
                 .list(Kind::ResourceTemplates, params)
                 .map(Reply::Result),
             "tools/call" => {
-                let catalog = self.hub.catalog();
+                let catalog = self.catalog();
                 let (params, name) = take_string(params, "name")?;
                 let route = catalog
                     .route_tool(&name)
@@ -455,7 +478,7 @@ impl Session {
                     .await
             }
             "prompts/get" => {
-                let catalog = self.hub.catalog();
+                let catalog = self.catalog();
                 let (params, name) = take_string(params, "name")?;
                 let route = catalog
                     .route_prompt(&name)
@@ -464,7 +487,7 @@ impl Session {
                     .await
             }
             "resources/read" => {
-                let catalog = self.hub.catalog();
+                let catalog = self.catalog();
                 let (params, uri) = take_string(params, "uri")?;
                 let route = catalog
                     .route_resource(&uri)
@@ -499,7 +522,7 @@ impl Session {
                 Ok(Reply::Result(json!({})))
             }
             "resources/subscribe" | "resources/unsubscribe" => {
-                let catalog = self.hub.catalog();
+                let catalog = self.catalog();
                 let (_, uri) = take_string(params, "uri")?;
                 let subscribe = method == "resources/subscribe";
                 // A held resource cannot be subscribed to; one subscribed before it
@@ -537,7 +560,7 @@ impl Session {
         let Some(Value::Object(mut params)) = params else {
             return Err(RelayError::InvalidParams("params must be an object".into()));
         };
-        let catalog = self.hub.catalog();
+        let catalog = self.catalog();
         let reference = params
             .get_mut("ref")
             .and_then(Value::as_object_mut)
@@ -643,10 +666,18 @@ impl Session {
         };
         json!({
             "protocolVersion": version,
-            "capabilities": self.hub.fanout.capabilities(),
+            "capabilities": self.capabilities(),
             "serverInfo": {"name": "plexus", "version": env!("CARGO_PKG_VERSION")},
             "instructions": self.instructions(),
         })
+    }
+
+    /// What plexus can relay from the upstreams this client's view shows.
+    fn capabilities(&self) -> Value {
+        let catalog = self.catalog();
+        self.hub
+            .fanout
+            .capabilities(|upstream| catalog.shows_upstream(upstream))
     }
 
     /// Tells the client which upstreams stand behind the names it sees.
@@ -654,9 +685,10 @@ impl Session {
         let mut lines =
             vec!["plexus aggregates these MCP servers; names carry their prefix:".to_string()];
         // From the snapshot: instructions changed since they were pinned are held back.
-        let catalog = self.hub.catalog();
+        let catalog = self.catalog();
         for upstream in self.hub.upstreams().values() {
-            if !upstream.config().enabled {
+            // A view's hidden upstreams are not named at all.
+            if !upstream.config().enabled || !catalog.shows_upstream(upstream.name()) {
                 continue;
             }
             let mut line = format!("- {}", upstream.name());
@@ -670,7 +702,7 @@ impl Session {
     }
 
     fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
-        let catalog = self.hub.catalog();
+        let catalog = self.catalog();
         let cursor = params
             .as_ref()
             .and_then(|p| p.get("cursor"))
@@ -778,13 +810,14 @@ fn expose_content_uris(
 /// Sends one `list_changed` per kind whose content changed, coalescing bursts.
 async fn announce_catalog_changes(session: Arc<Session>) {
     let mut catalogs = session.hub.subscribe();
-    let mut last = catalogs.borrow_and_update().clone();
+    let mut last = catalogs.borrow_and_update().view(session.view());
     loop {
         tokio::select! {
             _ = session.closed.cancelled() => return,
             changed = catalogs.changed() => if changed.is_err() { return },
         }
-        let current = catalogs.borrow_and_update().clone();
+        // Only what changed in this client's view is announced.
+        let current = catalogs.borrow_and_update().view(session.view());
         if session.protocol_version().is_none() {
             // Not initialized yet: it will list what is current when it asks.
             last = current;
@@ -827,6 +860,9 @@ impl Client for Session {
     }
     fn is_subscribed(&self, uri: &str) -> bool {
         Session::is_subscribed(self, uri)
+    }
+    fn shows_upstream(&self, upstream: &str) -> bool {
+        self.view.is_none() || self.catalog().shows_upstream(upstream)
     }
     fn notify(&self, message: Value) {
         Session::notify(self, message)

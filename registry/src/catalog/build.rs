@@ -224,6 +224,7 @@ impl Builder {
             // Held back: not listed, not routed, but known, so a caller learns why.
             if kind == Kind::ResourceTemplates {
                 catalog.templates.push(TemplateHead {
+                    template: exposed_key.clone(),
                     literal_head: uris::template_literal_head(&exposed_key).to_string(),
                     upstream: listing.upstream.clone(),
                     unprefixed: listing.prefix.is_empty(),
@@ -303,6 +304,7 @@ fn remember_for_resource_routing(
             // An empty head would match every URI and shadow steps that can decide better.
             if !literal_head.is_empty() {
                 catalog.templates.push(TemplateHead {
+                    template: exposed_key.to_string(),
                     literal_head: literal_head.to_string(),
                     upstream: route.upstream,
                     unprefixed: listing.prefix.is_empty(),

@@ -9,6 +9,7 @@ mod test_support;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests;
+mod view;
 mod warning;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use crate::quarantine::Quarantine;
 use crate::uris;
 
 pub use kind::Kind;
+pub use view::View;
 pub use warning::CatalogWarning;
 
 /// What one upstream listed, with how it is to be exposed.
@@ -91,6 +93,8 @@ pub struct Page<'a> {
 /// the URIs expanded from it.
 #[derive(Clone, Debug)]
 struct TemplateHead {
+    /// The exposed URI template.
+    template: String,
     literal_head: String,
     upstream: Arc<str>,
     /// Its upstream has prefix `""`, so its URIs carry no namespace.
@@ -124,6 +128,11 @@ pub struct Catalog {
     held_upstreams: HashMap<Arc<str>, Arc<Value>>,
     /// The instructions of each upstream whose instructions are not held.
     instructions: HashMap<Arc<str>, String>,
+    /// In a view: the upstreams it shows (None: every upstream).
+    visible: Option<std::collections::HashSet<Arc<str>>>,
+    /// In a view with resource globs: the URIs it lets be read beyond its listed
+    /// resources and templates.
+    uri_filter: Option<ToolFilter>,
     /// Original resource URI -> its route, or `None` when several upstreams list it.
     echoed_originals: HashMap<String, Option<Route>>,
     page_size: usize,
@@ -155,6 +164,8 @@ impl Catalog {
             held: Default::default(),
             held_upstreams: HashMap::new(),
             instructions: HashMap::new(),
+            visible: None,
+            uri_filter: None,
             echoed_originals: HashMap::new(),
             page_size: page_size.max(1),
             param_headers: HashMap::new(),
@@ -211,7 +222,7 @@ impl Catalog {
         if let Some(route) = self.routes[Kind::Resources.index()].get(exposed_uri) {
             return Some(route.clone());
         }
-        if self.held_resource(exposed_uri).is_some() {
+        if self.held_resource(exposed_uri).is_some() || !self.view_permits_uri(exposed_uri) {
             return None;
         }
         if let Some((namespace, original)) = uris::split_namespace(exposed_uri) {
@@ -324,6 +335,13 @@ impl Catalog {
             }
         }
         best.filter(|_| !ambiguous)
+    }
+
+    /// Whether this catalog (a view, or the whole) shows `upstream` at all.
+    pub fn shows_upstream(&self, upstream: &str) -> bool {
+        self.visible
+            .as_ref()
+            .is_none_or(|visible| visible.contains(upstream))
     }
 
     /// The instructions of `upstream`, unless they are held back.

@@ -412,3 +412,67 @@ fn a_description_naming_another_upstreams_tools_is_reported() {
     assert!(shadowing[0].contains("tool `read` of upstream `notes`"));
     assert!(shadowing[0].contains("mail__anything, mail__send"));
 }
+
+#[test]
+fn a_view_is_a_catalog_of_what_it_shows() {
+    use super::View;
+    use crate::ToolFilter;
+    let mut alpha = listing("alpha", "alpha");
+    alpha.tools = vec![tool("read"), tool("write"), tool("delete")];
+    alpha.prompts = vec![json!({"name": "greet"})];
+    alpha.resources = vec![
+        json!({"uri": "fx://a", "name": "a"}),
+        json!({"uri": "fx://b", "name": "b"}),
+    ];
+    alpha.resource_templates = vec![json!({"uriTemplate": "fx://items/{id}", "name": "item"})];
+    alpha.instructions = Some("alpha says".into());
+    let mut beta = listing("beta", "beta");
+    beta.tools = vec![tool("secret")];
+    beta.resources = vec![json!({"uri": "b://x", "name": "x"})];
+    beta.instructions = Some("beta says".into());
+    let (catalog, _) = build_default(&[alpha, beta]);
+
+    let view = View {
+        upstreams: Some(["alpha".to_string()].into()),
+        tools: ToolFilter::new(vec!["alpha__*".into()], vec!["*delete*".into()]),
+        prompts: ToolFilter::default(),
+        resources: ToolFilter::new(
+            vec!["alpha+fx://a".into(), "alpha+fx://items/*".into()],
+            vec![],
+        ),
+        restricts_resources: true,
+    };
+    let restricted = catalog.restrict(&view);
+    let names: Vec<&str> = restricted
+        .entries(Kind::Tools)
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["alpha__read", "alpha__write"]);
+    assert!(restricted.route_tool("alpha__delete").is_none());
+    assert!(restricted.held(Kind::Tools, "alpha__delete").is_none());
+    assert!(restricted.route_tool("beta__secret").is_none());
+    assert!(restricted.route_prompt("alpha__greet").is_some());
+    // Resources: the listed one the globs allow, a template's URIs, nothing else.
+    assert!(restricted.route_resource("alpha+fx://a").is_some());
+    assert!(restricted.route_resource("alpha+fx://b").is_none());
+    assert!(restricted.route_resource("alpha+fx://items/9").is_some());
+    assert!(restricted.route_resource("beta+b://x").is_none());
+    assert_eq!(restricted.len(Kind::Resources), 1);
+    assert!(restricted.shows_upstream("alpha") && !restricted.shows_upstream("beta"));
+    assert_eq!(restricted.instructions("alpha"), Some("alpha says"));
+    assert_eq!(restricted.instructions("beta"), None);
+    // Digests are the view's own: a change elsewhere leaves them alone.
+    assert_ne!(restricted.digest(Kind::Tools), catalog.digest(Kind::Tools));
+    // A view with no upstream list shows the upstreams it has entries of.
+    let tools_only = View {
+        tools: ToolFilter::new(vec!["beta__*".into()], vec![]),
+        prompts: ToolFilter::new(vec!["none".into()], vec![]),
+        resources: ToolFilter::new(vec!["none".into()], vec![]),
+        restricts_resources: true,
+        ..View::default()
+    };
+    let restricted = catalog.restrict(&tools_only);
+    assert!(restricted.shows_upstream("beta") && !restricted.shows_upstream("alpha"));
+    assert_eq!(restricted.instructions("alpha"), None);
+}

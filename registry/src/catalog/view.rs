@@ -1,0 +1,173 @@
+//! Views: named subsets of a catalog (by upstream and by glob on exposed names and
+//! URIs), computed once per snapshot. A view is itself a catalog, so lists, pages,
+//! routes, held entries and instructions all hold within it; what it hides is
+//! unknown there, exactly as if it did not exist.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::entry::key_field;
+use super::{digest_entries, Catalog, Kind, Route};
+use crate::filter::ToolFilter;
+use crate::uris;
+
+/// What a view shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// The upstreams whose entries it may show; None for every upstream.
+    pub upstreams: Option<BTreeSet<String>>,
+    /// Globs on exposed tool names (allow, then deny).
+    pub tools: ToolFilter,
+    pub prompts: ToolFilter,
+    /// Globs on exposed resource URIs and URI templates.
+    pub resources: ToolFilter,
+    /// Whether `resources` restricts anything (else every URI of a shown upstream reads).
+    pub restricts_resources: bool,
+}
+
+impl View {
+    fn shows_upstream(&self, upstream: &str) -> bool {
+        self.upstreams
+            .as_ref()
+            .is_none_or(|upstreams| upstreams.contains(upstream))
+    }
+
+    fn filter(&self, kind: Kind) -> &ToolFilter {
+        match kind {
+            Kind::Tools => &self.tools,
+            Kind::Prompts => &self.prompts,
+            Kind::Resources | Kind::ResourceTemplates => &self.resources,
+        }
+    }
+
+    fn shows(&self, kind: Kind, exposed: &str, route: &Route) -> bool {
+        self.shows_upstream(&route.upstream) && self.filter(kind).permits(exposed)
+    }
+}
+
+impl Catalog {
+    /// The part of this catalog `view` shows, as a catalog of its own.
+    pub fn restrict(&self, view: &View) -> Catalog {
+        let mut restricted = Catalog::with_page_size(self.page_size);
+        for kind in Kind::ALL {
+            let index = kind.index();
+            for entry in &self.entries[index] {
+                let Some(key) = entry.get(key_field(kind)).and_then(Value::as_str) else {
+                    continue;
+                };
+                let Some(route) = self.routes[index].get(key) else {
+                    continue;
+                };
+                if view.shows(kind, key, route) {
+                    restricted.entries[index].push(entry.clone());
+                    restricted.routes[index].insert(key.to_string(), route.clone());
+                }
+            }
+            restricted.held[index] = self.held[index]
+                .iter()
+                .filter(|(key, held)| view.shows(kind, key, &held.route))
+                .map(|(key, held)| (key.clone(), held.clone()))
+                .collect();
+            restricted.digests[index] = digest_entries(&restricted.entries[index]);
+        }
+        // Shown: the upstreams the view names, or else those with anything in it.
+        let visible: HashSet<Arc<str>> = match &view.upstreams {
+            Some(upstreams) => upstreams
+                .iter()
+                .map(|name| Arc::from(name.as_str()))
+                .collect(),
+            None => restricted
+                .routes
+                .iter()
+                .flat_map(|routes| routes.values().map(|route| route.upstream.clone()))
+                .chain(
+                    restricted
+                        .held
+                        .iter()
+                        .flat_map(|held| held.values().map(|held| held.route.upstream.clone())),
+                )
+                .chain(
+                    self.held_upstreams
+                        .keys()
+                        .filter(|upstream| view.shows_upstream(upstream))
+                        .cloned(),
+                )
+                .collect(),
+        };
+        let shown = |upstream: &Arc<str>| visible.contains(upstream);
+        restricted.instructions = self
+            .instructions
+            .iter()
+            .filter(|(upstream, _)| visible.contains(*upstream))
+            .map(|(upstream, text)| (upstream.clone(), text.clone()))
+            .collect();
+        restricted.upstreams_by_namespace = self
+            .upstreams_by_namespace
+            .iter()
+            .filter(|(_, upstream)| shown(upstream))
+            .map(|(namespace, upstream)| (namespace.clone(), upstream.clone()))
+            .collect();
+        restricted.namespaces_by_upstream = self
+            .namespaces_by_upstream
+            .iter()
+            .filter(|(upstream, _)| shown(upstream))
+            .map(|(upstream, namespace)| (upstream.clone(), namespace.clone()))
+            .collect();
+        restricted.templates = self
+            .templates
+            .iter()
+            .filter(|template| {
+                shown(&template.upstream) && view.resources.permits(&template.template)
+            })
+            .cloned()
+            .collect();
+        restricted.held_upstreams = self
+            .held_upstreams
+            .iter()
+            .filter(|(upstream, _)| shown(upstream))
+            .map(|(upstream, reason)| (upstream.clone(), reason.clone()))
+            .collect();
+        restricted.echoed_originals = self
+            .echoed_originals
+            .iter()
+            .filter_map(|(original, route)| {
+                let route = route.as_ref()?;
+                let exposed = uris::expose(
+                    self.namespaces_by_upstream
+                        .get(&route.upstream)
+                        .map(String::as_str),
+                    original,
+                );
+                view.shows(Kind::Resources, &exposed, route)
+                    .then(|| (original.clone(), Some(route.clone())))
+            })
+            .collect();
+        restricted.param_headers = self
+            .param_headers
+            .iter()
+            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains_key(*tool))
+            .map(|(tool, headers)| (tool.clone(), headers.clone()))
+            .collect();
+        restricted.visible = Some(visible);
+        restricted.uri_filter = view.restricts_resources.then(|| view.resources.clone());
+        restricted
+    }
+
+    /// In a view with resource globs, a URI is read only if the globs allow it or
+    /// one of the view's templates produced it.
+    pub(super) fn view_permits_uri(&self, uri: &str) -> bool {
+        match &self.uri_filter {
+            None => true,
+            Some(filter) => {
+                filter.permits(uri)
+                    || self.templates.iter().any(|template| {
+                        template.held.is_none()
+                            && !template.literal_head.is_empty()
+                            && uri.starts_with(&template.literal_head)
+                    })
+            }
+        }
+    }
+}
