@@ -108,6 +108,8 @@ impl Daemon {
         tracing::info!("stopping upstreams");
         self.shutdown.cancel();
         self.hub.shutdown().await;
+        // Every line of the audit trail is on disk before the process ends.
+        self.hub.audit().flush().await;
         self.tasks.close();
         self.tasks.wait().await;
     }

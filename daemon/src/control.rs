@@ -196,6 +196,10 @@ pub struct ControlLoop {
 impl ControlLoop {
     /// Starts the configured upstreams: the diff from nothing.
     pub async fn start(&self) {
+        self.hub
+            .audit()
+            .configure(self.current.daemon.audit_log.clone())
+            .await;
         self.hub.apply_views(&self.current.views);
         let startup = ConfigDiff::between(&BTreeMap::new(), &self.current.upstreams);
         self.hub
@@ -385,6 +389,11 @@ impl ControlLoop {
         config.daemon.state_dir = self.current.daemon.state_dir.clone();
         config.daemon.pins = self.current.daemon.pins.clone();
 
+        // Reopened at every reload, so a file logrotate moved away is replaced.
+        self.hub
+            .audit()
+            .configure(config.daemon.audit_log.clone())
+            .await;
         self.hub.apply_views(&config.views);
         let diff = ConfigDiff::between(&self.current.upstreams, &config.upstreams);
         let applied = self.hub.apply(diff, config.daemon.drain_timeout).await;

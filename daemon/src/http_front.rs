@@ -21,7 +21,7 @@ use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
 use crate::listener::Body;
-use crate::session::{CloseOnDrop, Continuations, Handled, Session};
+use crate::session::{CloseOnDrop, Continuations, Handled, Identity, Session};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
@@ -261,7 +261,9 @@ impl HttpFront {
         if !is_initialize
             && (modern_header || era::declared_version(message.get("params")).is_some())
         {
-            return self.post_modern(&parts.headers, message, view).await;
+            return self
+                .post_modern(&parts.headers, message, Identity { principal, view })
+                .await;
         }
         let http_session = if is_initialize && !parts.headers.contains_key(SESSION_HEADER) {
             match self.open_session(principal, view) {
@@ -336,7 +338,7 @@ impl HttpFront {
         &self,
         headers: &HeaderMap,
         message: Value,
-        view: Option<Arc<str>>,
+        identity: Identity,
     ) -> Response<Body> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let Some(method) = message.get("method").and_then(Value::as_str) else {
@@ -350,14 +352,14 @@ impl HttpFront {
             return empty(StatusCode::ACCEPTED);
         }
         let params = message.get("params");
-        let catalog = self.hub.catalog_for(view.as_deref());
+        let catalog = self.hub.catalog_for(identity.view.as_deref());
         let checked = check_mirrored_headers(headers, method, params, &catalog)
             .and_then(|()| era::parse_meta(params).map(drop));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);
         }
-        let session = Session::stateless(self.hub.clone(), self.paused.clone(), view);
+        let session = Session::stateless(self.hub.clone(), self.paused.clone(), identity);
         if accepts_event_stream(headers) {
             return answer_on_stream(session, message, true).await;
         }
@@ -400,7 +402,11 @@ impl HttpFront {
                 key: "max_sessions_per_principal",
             });
         }
-        let (session, events) = Session::new(self.hub.clone(), self.paused.clone(), view);
+        let identity = Identity {
+            principal: principal.clone(),
+            view,
+        };
+        let (session, events) = Session::new(self.hub.clone(), self.paused.clone(), identity);
         let http_session = Arc::new(HttpSession {
             session,
             principal,

@@ -49,6 +49,8 @@ pub struct Hub {
     pins: Pins,
     /// Principal (token name) → the view it is bound to.
     view_bindings: std::sync::RwLock<BTreeMap<String, String>>,
+    /// The audit trail.
+    audit: Arc<crate::audit::Audit>,
 }
 
 /// What a relayed request carries besides its method and params.
@@ -109,7 +111,8 @@ impl Hub {
             tasks.clone(),
             log_level,
         ));
-        let pins = Pins::load(&config.daemon.pins, metrics.clone());
+        let audit = crate::audit::Audit::new(metrics.clone());
+        let pins = Pins::load(&config.daemon.pins, metrics.clone(), audit.clone());
         let hub = Arc::new(Hub {
             pins,
             upstreams,
@@ -123,6 +126,7 @@ impl Hub {
             fanout,
             task_routes,
             view_bindings: std::sync::RwLock::new(BTreeMap::new()),
+            audit,
         });
         hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
         hub
@@ -230,6 +234,10 @@ impl Hub {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub fn audit(&self) -> &Arc<crate::audit::Audit> {
+        &self.audit
     }
 
     /// The upstreams now, as one consistent snapshot.

@@ -5,6 +5,7 @@ mod access;
 mod admin;
 mod admin_client;
 mod app;
+mod audit;
 mod catalog_host;
 mod config;
 mod control;

@@ -42,6 +42,7 @@ pub struct Metrics {
     pub schema_checks: IntCounterVec,
     pub catalog_fingerprint_info: IntGaugeVec,
     pub quarantined_entries: IntGaugeVec,
+    pub audit_dropped: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -180,6 +181,11 @@ impl Metrics {
             &["upstream"],
         )?;
         registry.register(Box::new(quarantined_entries.clone()))?;
+        let audit_dropped = prometheus::IntCounter::with_opts(Opts::new(
+            "plexus_audit_dropped_total",
+            "Audit log lines dropped because the writer was behind (a slow disk).",
+        ))?;
+        registry.register(Box::new(audit_dropped.clone()))?;
         registry.register(Box::new(schema_changes.clone()))?;
         registry.register(Box::new(schema_checks.clone()))?;
         registry.register(Box::new(catalog_fingerprint_info.clone()))?;
@@ -221,6 +227,7 @@ impl Metrics {
             schema_checks,
             catalog_fingerprint_info,
             quarantined_entries,
+            audit_dropped,
         })
     }
 

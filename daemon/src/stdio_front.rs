@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
-use crate::session::{Continuations, Handled, Session};
+use crate::session::{Continuations, Handled, Identity, Session};
 
 /// Longest line accepted from the client.
 pub const MAX_CLIENT_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -34,7 +34,7 @@ pub async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let paused = Arc::new(Continuations::default());
-    let (session, mut events) = Session::new(hub.clone(), paused.clone(), view);
+    let (session, mut events) = Session::new(hub.clone(), paused.clone(), Identity::local(view));
     let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
     metrics_gauge.inc();
     let (replies, mut outgoing) = mpsc::channel::<Value>(256);

@@ -91,6 +91,8 @@ pub struct DaemonSettings {
     /// Open HTTP sessions, in total and per principal.
     pub max_sessions: usize,
     pub max_sessions_per_principal: usize,
+    /// Where the audit trail goes (one JSON line per call); None: no trail.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Bearer tokens by name. Their values never appear in logs, errors or `Debug`.

@@ -39,6 +39,7 @@ pub(super) struct RawDaemon {
     pub header_read_timeout: Option<String>,
     pub max_sessions: Option<usize>,
     pub max_sessions_per_principal: Option<usize>,
+    pub audit_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -319,6 +319,7 @@ fn validate_daemon(
         header_read_timeout,
         max_sessions,
         max_sessions_per_principal,
+        audit_log: raw.audit_log.map(|path| base.join(path)),
         pins,
         listen,
         admin_listen,

@@ -49,6 +49,8 @@ pub struct Pins {
     unwritten: Arc<Mutex<Option<Vec<u8>>>>,
     writing: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
+    /// Changes and approvals go into the audit trail too.
+    audit: Arc<crate::audit::Audit>,
 }
 
 struct State {
@@ -61,7 +63,7 @@ struct State {
 
 impl Pins {
     /// Reads the pin file; a missing one is empty.
-    pub fn load(path: &Path, metrics: Arc<Metrics>) -> Pins {
+    pub fn load(path: &Path, metrics: Arc<Metrics>, audit: Arc<crate::audit::Audit>) -> Pins {
         let file = read(path);
         Pins {
             path: path.to_path_buf(),
@@ -72,6 +74,7 @@ impl Pins {
             unwritten: Arc::new(Mutex::new(None)),
             writing: Arc::new(Mutex::new(())),
             metrics,
+            audit,
         }
     }
 
@@ -145,6 +148,13 @@ impl Pins {
             .map_err(|reason| unreadable(&self.path, reason))?;
         let approval = file.approve(upstream, name)?;
         tracing::info!(upstream, approved = %approval.approved, to = %approval.to, changes = approval.changes.len(), "schema change approved");
+        let mut line = serde_json::Map::new();
+        line.insert("upstream".into(), json!(upstream));
+        line.insert("approved".into(), json!(approval.approved));
+        line.insert("from".into(), json!(approval.from));
+        line.insert("to".into(), json!(approval.to));
+        line.insert("changes".into(), json!(approval.changes));
+        self.audit.record("pin_approved", line);
         self.save(file, true);
         Ok(approval)
     }
@@ -162,6 +172,9 @@ impl Pins {
             state.observed.get(upstream).cloned()
         };
         tracing::info!(upstream, "pin reset");
+        let mut line = serde_json::Map::new();
+        line.insert("upstream".into(), json!(upstream));
+        self.audit.record("pin_reset", line);
         if let Some(snapshot) = observed {
             self.observe(upstream, snapshot, policy);
         }
@@ -221,6 +234,17 @@ impl Pins {
                 .as_ref()
                 .map(Value::to_string)
                 .unwrap_or_default();
+            let mut line = serde_json::Map::new();
+            line.insert("upstream".into(), json!(upstream));
+            line.insert("class".into(), json!(class));
+            line.insert(
+                "entry".into(),
+                json!(format!("{}/{}", change.kind, change.identity)),
+            );
+            line.insert("path".into(), json!(change.path));
+            line.insert("reason".into(), json!(change.reason));
+            line.insert("action".into(), json!(action));
+            self.audit.record("schema_change", line);
             tracing::warn!(
                 upstream,
                 class,

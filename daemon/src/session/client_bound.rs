@@ -15,6 +15,9 @@ pub(super) enum ClientBound {
     Upstream {
         connection: UpstreamConnection,
         upstream_id: Value,
+        /// For the audit trail.
+        method: String,
+        sent: std::time::Instant,
     },
     /// plexus's own (a 2026-07-28 upstream's input request), answered here.
     Local(oneshot::Sender<Reply>),
@@ -26,6 +29,7 @@ impl ClientBound {
             ClientBound::Upstream {
                 connection,
                 upstream_id,
+                ..
             } => {
                 if connection.respond(upstream_id, reply).await.is_err() {
                     tracing::debug!("the upstream went away before the client answered it");
@@ -56,7 +60,24 @@ impl Session {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&key);
         match request {
-            Some(request) => request.answer(reply).await,
+            Some(request) => {
+                if let ClientBound::Upstream {
+                    connection,
+                    method,
+                    sent,
+                    ..
+                } = &request
+                {
+                    let answered = Ok(reply.clone());
+                    self.audit_client_request(
+                        Some(connection.upstream()),
+                        method,
+                        *sent,
+                        &answered,
+                    );
+                }
+                request.answer(reply).await
+            }
             None => tracing::debug!(%id, "a response to no request plexus sent"),
         }
     }
@@ -84,6 +105,8 @@ impl Session {
         let target = ClientBound::Upstream {
             connection,
             upstream_id,
+            method: method.to_string(),
+            sent: std::time::Instant::now(),
         };
         self.send_client_bound(sink, target, method, params)
             .is_some()
@@ -197,7 +220,10 @@ impl Session {
                         )));
                     }
                 }
-                match self.ask_client(call.related, asked, asked_params).await? {
+                let sent = std::time::Instant::now();
+                let answered = self.ask_client(call.related, asked, asked_params).await;
+                self.audit_client_request(Some(upstream), asked, sent, &answered);
+                match answered? {
                     Reply::Result(answer) => {
                         responses.insert(key, answer);
                     }
@@ -235,6 +261,7 @@ impl Session {
                 ClientBound::Upstream {
                     connection,
                     upstream_id: id,
+                    ..
                 } => &**connection.upstream() == upstream && id == upstream_id,
                 ClientBound::Local(_) => false,
             })

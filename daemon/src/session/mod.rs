@@ -71,9 +71,27 @@ pub struct Session {
     stateless: bool,
     /// The front's 2026-07-28 requests paused on input from their client.
     paused: Arc<Continuations>,
-    /// The view of the catalog this client sees (None: all of it). Kept across
-    /// reloads by name: the view's new definition applies at once.
-    view: Option<Arc<str>>,
+    /// Its principal, and the view of the catalog it sees (kept across reloads by
+    /// name: the view's new definition applies at once).
+    identity: Identity,
+}
+
+/// Who a session is: the principal that opened it and the view it sees.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub principal: Arc<str>,
+    /// None: the whole catalog.
+    pub view: Option<Arc<str>>,
+}
+
+impl Identity {
+    /// An open loopback listener's or the stdio front's client, seeing `view`.
+    pub fn local(view: Option<Arc<str>>) -> Identity {
+        Identity {
+            principal: Arc::from(crate::access::LOCAL_PRINCIPAL),
+            view,
+        }
+    }
 }
 
 /// What a request scope delivers: messages for the client, and upstream requests.
@@ -95,9 +113,9 @@ impl Session {
     pub fn new(
         hub: Arc<Hub>,
         paused: Arc<Continuations>,
-        view: Option<Arc<str>>,
+        identity: Identity,
     ) -> (Arc<Session>, mpsc::Receiver<Value>) {
-        let (session, receiver) = Session::build(hub, paused, None, None, false, view);
+        let (session, receiver) = Session::build(hub, paused, None, None, false, identity);
         session.register();
         session.hub.spawn(announce_catalog_changes(session.clone()));
         (session, receiver)
@@ -113,9 +131,9 @@ impl Session {
     pub fn stateless(
         hub: Arc<Hub>,
         paused: Arc<Continuations>,
-        view: Option<Arc<str>>,
+        identity: Identity,
     ) -> Arc<Session> {
-        Session::build(hub, paused, None, None, true, view).0
+        Session::build(hub, paused, None, None, true, identity).0
     }
 
     /// The scope of one 2026-07-28 request: it carries that request's declared
@@ -130,7 +148,7 @@ impl Session {
             owner,
             Some(inputs),
             false,
-            self.view.clone(),
+            self.identity.clone(),
         );
         *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(era::MODERN_VERSION.to_string()),
@@ -156,7 +174,7 @@ impl Session {
         owner: Option<u64>,
         inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
         stateless: bool,
-        view: Option<Arc<str>>,
+        identity: Identity,
     ) -> (Arc<Session>, mpsc::Receiver<Value>) {
         let (outbound, receiver) = mpsc::channel(64);
         let id = hub.open_session();
@@ -175,7 +193,7 @@ impl Session {
             inputs,
             stateless,
             paused,
-            view,
+            identity,
         });
         (session, receiver)
     }
@@ -186,11 +204,11 @@ impl Session {
 
     /// The catalog this client sees: its view, or the whole.
     pub fn catalog(&self) -> Arc<registry::Catalog> {
-        self.hub.catalog_for(self.view.as_deref())
+        self.hub.catalog_for(self.view())
     }
 
     pub fn view(&self) -> Option<&str> {
-        self.view.as_deref()
+        self.identity.view.as_deref()
     }
 
     pub fn paused(&self) -> &Arc<Continuations> {
@@ -442,6 +460,96 @@ impl Session {
     }
 
     pub(crate) async fn dispatch(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let audited = matches!(method, "tools/call" | "prompts/get" | "resources/read")
+            && self.hub.audit().enabled();
+        if !audited {
+            return self.dispatch_unaudited(method, params, related).await;
+        }
+        // What the trail says of the request, taken before it is consumed.
+        let catalog = self.catalog();
+        let (name, arguments) = match method {
+            "resources/read" => (params.as_ref().and_then(|p| p.get("uri")), None),
+            _ => (
+                params.as_ref().and_then(|p| p.get("name")),
+                params.as_ref().and_then(|p| p.get("arguments")),
+            ),
+        };
+        let name = name.and_then(Value::as_str).unwrap_or_default().to_string();
+        let route = match method {
+            "tools/call" => catalog.route_tool(&name).cloned(),
+            "prompts/get" => catalog.route_prompt(&name).cloned(),
+            _ => catalog.route_resource(&name),
+        };
+        let arguments = crate::audit::arguments_hash(arguments);
+        let started = std::time::Instant::now();
+        let reply = self.dispatch_unaudited(method, params, related).await;
+        let response_bytes = match &reply {
+            Ok(Reply::Result(result)) => crate::audit::serialized_len(result),
+            Ok(Reply::Error(error)) => crate::audit::serialized_len(error),
+            Err(_) => 0,
+        };
+        let mut line = self.audit_fields();
+        line.insert("method".into(), json!(method));
+        line.insert("name".into(), json!(name));
+        line.insert(
+            "upstream".into(),
+            json!(route.as_ref().map(|r| &*r.upstream)),
+        );
+        line.insert(
+            "original".into(),
+            json!(route.as_ref().map(|r| &r.original)),
+        );
+        line.insert("arguments_sha256".into(), arguments);
+        line.insert("outcome".into(), crate::audit::outcome(&reply));
+        line.insert(
+            "duration_ms".into(),
+            json!(started.elapsed().as_secs_f64() * 1000.0),
+        );
+        line.insert("response_bytes".into(), json!(response_bytes));
+        self.hub.audit().record("request", line);
+        reply
+    }
+
+    /// Who the trail says acted: principal, view and the session's keyed hash.
+    fn audit_fields(&self) -> Map<String, Value> {
+        let mut line = Map::new();
+        line.insert("principal".into(), json!(&*self.identity.principal));
+        line.insert("view".into(), json!(self.view()));
+        line.insert(
+            "session".into(),
+            json!(self.hub.audit().session_tag(self.owner)),
+        );
+        line
+    }
+
+    /// A request this client was sent on an upstream's behalf, and how it answered.
+    pub(crate) fn audit_client_request(
+        &self,
+        upstream: Option<&str>,
+        method: &str,
+        sent: std::time::Instant,
+        reply: &Result<Reply, RelayError>,
+    ) {
+        if !self.hub.audit().enabled() {
+            return;
+        }
+        let mut line = self.audit_fields();
+        line.insert("method".into(), json!(method));
+        line.insert("upstream".into(), json!(upstream));
+        line.insert("outcome".into(), crate::audit::outcome(reply));
+        line.insert(
+            "duration_ms".into(),
+            json!(sent.elapsed().as_secs_f64() * 1000.0),
+        );
+        self.hub.audit().record("client_request", line);
+    }
+
+    async fn dispatch_unaudited(
         &self,
         method: &str,
         params: Option<Value>,
@@ -862,7 +970,7 @@ impl Client for Session {
         Session::is_subscribed(self, uri)
     }
     fn shows_upstream(&self, upstream: &str) -> bool {
-        self.view.is_none() || self.catalog().shows_upstream(upstream)
+        self.identity.view.is_none() || self.catalog().shows_upstream(upstream)
     }
     fn notify(&self, message: Value) {
         Session::notify(self, message)

@@ -1,0 +1,205 @@
+//! The audit trail (`[daemon] audit_log`): one JSON line per tool call, prompt,
+//! resource read and client-bound request relayed, and per schema change and
+//! approval. Arguments are never written, only the SHA-256 of their canonical JSON
+//! (RFC 8785, as the fingerprints); sessions appear as a keyed hash, never their id.
+//!
+//! Lines go through a bounded channel to one writer thread, so a slow disk never
+//! blocks a call: when the channel is full the line is dropped, counted and noted in
+//! the log. The file is opened for appending with mode 0600, each line is written
+//! whole and flushed, and a reload reopens it (after logrotate moved it away).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+/// Lines that may wait for the writer; more are dropped (and counted).
+const QUEUE: usize = 4096;
+
+enum Message {
+    Line(Value),
+    /// Open this file (or none) for the lines that follow.
+    Reopen(Option<PathBuf>),
+    /// Answered once every line before it is written.
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+pub struct Audit {
+    sender: mpsc::Sender<Message>,
+    /// Whether a file is configured: no line is even built otherwise.
+    enabled: AtomicBool,
+    /// Per run: session hashes cannot be linked across restarts or reversed.
+    key: [u8; 32],
+    dropped: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl Audit {
+    /// An audit trail writing nothing until [`Audit::configure`] names a file.
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Audit> {
+        let (sender, receiver) = mpsc::channel(QUEUE);
+        // A thread of its own: blocking file writes never occupy the runtime. It
+        // ends when the last sender (this Audit) is dropped.
+        if let Err(error) = std::thread::Builder::new()
+            .name("plexus-audit".into())
+            .spawn(move || write_lines(receiver))
+        {
+            tracing::error!(%error, "cannot start the audit writer");
+        }
+        Arc::new(Audit {
+            sender,
+            enabled: AtomicBool::new(false),
+            key: rand::random(),
+            dropped: AtomicU64::new(0),
+            metrics,
+        })
+    }
+
+    /// Opens (or reopens) the audit file; None stops auditing. Called at start and
+    /// at every reload, so a file moved away by logrotate is replaced.
+    pub async fn configure(&self, path: Option<PathBuf>) {
+        self.enabled.store(path.is_some(), Ordering::Relaxed);
+        if self.sender.send(Message::Reopen(path)).await.is_err() {
+            tracing::error!("the audit writer is gone");
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// A session as the trail names it: a keyed hash, not its id.
+    pub fn session_tag(&self, session: u64) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(self.key);
+        hasher.update(session.to_be_bytes());
+        hasher.finalize()[..6]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    }
+
+    /// Appends one line (`fields` plus the time), unless the writer is behind.
+    pub fn record(&self, event: &str, fields: Map<String, Value>) {
+        if !self.enabled() {
+            return;
+        }
+        let mut line = Map::with_capacity(fields.len() + 2);
+        line.insert(
+            "time".into(),
+            json!(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+        );
+        line.insert("event".into(), json!(event));
+        line.extend(fields);
+        if self
+            .sender
+            .try_send(Message::Line(Value::Object(line)))
+            .is_err()
+        {
+            self.metrics.audit_dropped.inc();
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            // Noted once, then at every thousandth, so a stuck disk does not flood the log.
+            if dropped == 1 || dropped.is_multiple_of(1000) {
+                tracing::warn!(dropped, "the audit log is behind; lines were dropped");
+            }
+        }
+    }
+
+    /// Waits until every line recorded so far is written (at shutdown).
+    pub async fn flush(&self) {
+        let (done, written) = tokio::sync::oneshot::channel();
+        if self.sender.send(Message::Flush(done)).await.is_ok() {
+            let _ = written.await;
+        }
+    }
+}
+
+/// SHA-256 of a value's canonical JSON: what the trail says of arguments.
+pub fn arguments_hash(arguments: Option<&Value>) -> Value {
+    match arguments {
+        None | Some(Value::Null) => Value::Null,
+        Some(arguments) => Value::String(registry::fingerprint::security_hash(arguments)),
+    }
+}
+
+/// The writer: one file at a time, appended to, flushed per line.
+fn write_lines(mut receiver: mpsc::Receiver<Message>) {
+    let mut file: Option<(PathBuf, std::fs::File)> = None;
+    while let Some(message) = receiver.blocking_recv() {
+        match message {
+            Message::Reopen(path) => {
+                file = path.and_then(|path| match open(&path) {
+                    Ok(opened) => Some((path, opened)),
+                    Err(error) => {
+                        tracing::error!(path = %path.display(), %error, "cannot open the audit log");
+                        None
+                    }
+                });
+            }
+            Message::Flush(done) => {
+                let _ = done.send(());
+            }
+            Message::Line(line) => {
+                let Some((path, opened)) = file.as_mut() else {
+                    continue;
+                };
+                let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+                bytes.push(b'\n');
+                if let Err(error) = opened.write_all(&bytes).and_then(|()| opened.flush()) {
+                    tracing::error!(path = %path.display(), %error, "cannot write the audit log");
+                }
+            }
+        }
+    }
+}
+
+fn open(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// The `outcome` of a relayed answer: `ok`, `is_error`, or the JSON-RPC error code.
+pub fn outcome(reply: &Result<adapters::Reply, crate::jsonrpc::RelayError>) -> Value {
+    match reply {
+        Ok(adapters::Reply::Result(result)) => {
+            if result.get("isError").and_then(Value::as_bool) == Some(true) {
+                json!("is_error")
+            } else {
+                json!("ok")
+            }
+        }
+        Ok(adapters::Reply::Error(error)) => error.get("code").cloned().unwrap_or(Value::Null),
+        Err(error) => error.to_error_object()["code"].clone(),
+    }
+}
+
+/// How many bytes a value serialises to, without building the text.
+pub fn serialized_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
