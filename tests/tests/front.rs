@@ -359,3 +359,41 @@ async fn listening_beyond_loopback_needs_tokens() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
+) -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "max_connections = 3\nheader_read_timeout = \"30s\"",
+        &fixture_upstream("fx", "", &[]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let address = authority(&daemon.url);
+    // Three idle connections take every slot.
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(TcpStream::connect(&address).await?);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
+    let waiting = {
+        let address = address.clone();
+        tokio::spawn(async move { raw_request(&address, &host, &initialize_body()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        !waiting.is_finished(),
+        "a connection beyond the cap was served"
+    );
+    // The admin listener has slots of its own.
+    let (status, _) = daemon.admin_get("/healthz").await?;
+    ensure!(status == 200);
+    // One idle client goes away: the waiting one is served.
+    drop(idle.pop());
+    let (status, text) = tokio::time::timeout(Duration::from_secs(10), waiting).await???;
+    ensure!(status == 200, "{text}");
+    drop(idle);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -375,7 +375,7 @@ fn validate_upstream(
             None
         }
         [("url", value)] => {
-            url_of(value, &key, issues).map(|(url, basic)| LaunchForm::Url(url, basic))
+            url_of(value, &key, environment, issues).map(|(url, basic)| LaunchForm::Url(url, basic))
         }
         [(form, value)] => launcher_of(form, value, &key, issues).map(LaunchForm::Stdio),
         several => {
@@ -631,13 +631,25 @@ enum LaunchForm {
 fn url_of(
     value: &str,
     key: &dyn Fn(&str) -> String,
+    environment: &dyn Fn(&str) -> Option<String>,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<(String, Option<String>)> {
     let (url, userinfo) = split_userinfo(value.trim());
     let basic = match userinfo {
         None => None,
         Some(userinfo) => {
-            let decoded = adapters::percent_decode(userinfo);
+            // `${VAR}` in the user or password (only there) comes from the environment.
+            let userinfo = match expand_variables(userinfo, environment) {
+                Ok(userinfo) => userinfo,
+                Err(message) => {
+                    issues.push(ConfigIssue {
+                        key: key("url"),
+                        message,
+                    });
+                    return None;
+                }
+            };
+            let decoded = adapters::percent_decode(&userinfo);
             match decoded {
                 Ok(credentials) => {
                     use base64::Engine as _;
@@ -811,6 +823,28 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[allow(clippy::unwrap_used)]
 mod userinfo_tests {
     use super::split_userinfo;
+
+    #[test]
+    fn a_password_from_the_environment_becomes_basic_auth() {
+        let config = super::parse(
+            "[upstreams.notes]\nurl = \"https://ops:${NOTES_PASSWORD}@notes.example/mcp\"\n",
+            std::path::Path::new("/srv"),
+            &|name| (name == "NOTES_PASSWORD").then(|| "p@ss".to_string()),
+        )
+        .unwrap();
+        let super::Launch::Http(endpoint) = &config.upstreams["notes"].launch else {
+            panic!("not a url upstream")
+        };
+        assert_eq!(endpoint.url, "https://notes.example/mcp");
+        // ops:p@ss
+        assert_eq!(
+            endpoint.headers,
+            [(
+                "Authorization".to_string(),
+                "Basic b3BzOnBAc3M=".to_string()
+            )]
+        );
+    }
 
     #[test]
     fn credentials_leave_the_url() {
