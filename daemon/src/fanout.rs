@@ -317,7 +317,7 @@ impl Fanout {
                 Err(RelayError::Unavailable {
                     upstream: route.upstream.to_string(),
                     state: "idle".into(),
-                    retry_after_ms: None,
+                    retry_after_ms: Some(1000),
                 })
             } else {
                 Ok(())

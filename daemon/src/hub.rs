@@ -51,6 +51,8 @@ pub struct Hub {
     view_bindings: std::sync::RwLock<BTreeMap<String, String>>,
     /// The audit trail.
     audit: Arc<crate::audit::Audit>,
+    /// `[daemon] first_list_wait`, applied live.
+    first_list_wait: Mutex<Duration>,
 }
 
 /// What a relayed request carries besides its method and params.
@@ -127,6 +129,7 @@ impl Hub {
             task_routes,
             view_bindings: std::sync::RwLock::new(BTreeMap::new()),
             audit,
+            first_list_wait: Mutex::new(config.daemon.first_list_wait),
         });
         hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
         hub
@@ -209,6 +212,43 @@ impl Hub {
     /// Settings of the daemon that apply live: the catalog's naming budget and page size.
     pub fn apply_daemon_settings(&self, daemon: &DaemonSettings) {
         self.catalog.set_options(catalog_options(daemon));
+        *self
+            .first_list_wait
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = daemon.first_list_wait;
+    }
+
+    /// Waits (up to `first_list_wait`) while an enabled upstream that starts with the
+    /// daemon is still starting and has nothing listed yet, not even from its cache:
+    /// a client's first list then shows its tools, for clients that never list again.
+    pub async fn wait_for_first_listings(&self) {
+        let within = *self
+            .first_list_wait
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let deadline = Instant::now() + within;
+        let mut catalogs = self.subscribe();
+        loop {
+            let waiting = self.upstreams().values().any(|upstream| {
+                upstream.config().enabled
+                    && !upstream.on_demand()
+                    && matches!(
+                        upstream.shared.state(),
+                        UpstreamState::Starting | UpstreamState::Idle
+                    )
+                    && !self.catalog.lists(upstream.name())
+            });
+            if !waiting {
+                return;
+            }
+            // A listing arriving ends the wait at once; a state change (a start that
+            // failed) is seen at the next look.
+            tokio::select! {
+                _ = catalogs.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
     }
 
     /// Runs a task that shutdown waits for.
@@ -475,9 +515,22 @@ impl Hub {
                 in_flight: config.max_in_flight,
                 pending: config.max_pending,
             })?;
+        let base = call
+            .tool
+            .and_then(|tool| config.tool_timeouts.get(tool))
+            .copied()
+            .unwrap_or(config.call_timeout);
         let instance = upstream.instance_for(call.owner);
+        // A starting upstream is waited for within the call's own deadline (a client
+        // that just launched plexus must not see its first call fail); an on-demand
+        // start has its own budget.
+        let wait = if upstream.on_demand() {
+            config.init_timeout
+        } else {
+            base
+        };
         let connection = instance
-            .connection_for_call(upstream.on_demand(), config.init_timeout)
+            .connection_for_call(upstream.on_demand(), wait)
             .await?;
 
         // Upstreams negotiated their revision once; the per-request fields are the client's.
@@ -493,11 +546,6 @@ impl Hub {
         let _caller = instance.track_call(call.session, call.related.clone(), request.id());
         let activity = progress.as_ref().map(|route| route.activity.clone());
 
-        let base = call
-            .tool
-            .and_then(|tool| config.tool_timeouts.get(tool))
-            .copied()
-            .unwrap_or(config.call_timeout);
         let call_started = Instant::now();
         let hard_deadline = call_started + base.max(config.max_call_timeout);
         let mut deadline = call_started + base;

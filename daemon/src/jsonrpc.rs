@@ -210,7 +210,8 @@ impl RelayError {
                 "upstream_unavailable",
                 Some(upstream),
                 Some(state.as_str()),
-                true,
+                // Retrying helps exactly when there is a time to retry after.
+                retry_after_ms.is_some(),
                 *retry_after_ms,
             ),
             RelayError::Timeout { upstream, .. } => {

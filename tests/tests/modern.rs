@@ -511,7 +511,8 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
         "[upstreams.late]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1; exec {}\"]\n",
         plexus_tests::fixture_binary().display()
     );
-    let daemon = Daemon::start("", &late).await?;
+    // No first-list wait: the upstream is to join through the listen stream.
+    let daemon = Daemon::start("first_list_wait = \"0s\"", &late).await?;
     let client = AnsweringClient::named("listener")
         .modern()
         .serve_with_lifecycle(

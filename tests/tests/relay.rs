@@ -405,7 +405,9 @@ async fn catalog_changes_are_announced_and_lists_paginate() -> anyhow::Result<()
         "[upstreams.late]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1; exec {}\"]\n",
         fixture_binary().display()
     );
-    let daemon = Daemon::start("page_size = 2", &late).await?;
+    // No first-list wait: this is about a late upstream joining through list_changed
+    // (as a cold `npx` install beyond the wait does).
+    let daemon = Daemon::start("page_size = 2\nfirst_list_wait = \"0s\"", &late).await?;
     let handler = TestClient::default();
     let started = Instant::now();
     let client = http_client(&daemon.url, handler.clone()).await?;

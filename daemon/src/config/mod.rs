@@ -43,6 +43,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_PINS_FILE: &str = "plexus.lock";
 pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+pub const DEFAULT_FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 pub const DEFAULT_MAX_SESSIONS_PER_PRINCIPAL: usize = 200;
@@ -93,6 +94,9 @@ pub struct DaemonSettings {
     pub max_sessions_per_principal: usize,
     /// Where the audit trail goes (one JSON line per call); None: no trail.
     pub audit_log: Option<PathBuf>,
+    /// How long a session's first list waits for starting upstreams that have no
+    /// cached listing, so clients that never list again still see their tools.
+    pub first_list_wait: Duration,
 }
 
 /// Bearer tokens by name. Their values never appear in logs, errors or `Debug`.

@@ -40,6 +40,7 @@ pub(super) struct RawDaemon {
     pub max_sessions: Option<usize>,
     pub max_sessions_per_principal: Option<usize>,
     pub audit_log: Option<PathBuf>,
+    pub first_list_wait: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

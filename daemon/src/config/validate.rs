@@ -233,6 +233,11 @@ fn validate_daemon(
         raw.header_read_timeout,
         DEFAULT_HEADER_READ_TIMEOUT,
     );
+    let first_list_wait = duration(
+        "first_list_wait",
+        raw.first_list_wait,
+        DEFAULT_FIRST_LIST_WAIT,
+    );
     let pins = base.join(raw.pins.unwrap_or_else(|| PathBuf::from(DEFAULT_PINS_FILE)));
     let mut tokens = Vec::new();
     for (name, value) in raw.auth_tokens {
@@ -320,6 +325,7 @@ fn validate_daemon(
         max_sessions,
         max_sessions_per_principal,
         audit_log: raw.audit_log.map(|path| base.join(path)),
+        first_list_wait,
         pins,
         listen,
         admin_listen,

@@ -10,7 +10,7 @@ pub use bridge::Continuations;
 use client_bound::ClientBound;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use adapters::{Reply, UpstreamConnection};
@@ -74,6 +74,8 @@ pub struct Session {
     /// Its principal, and the view of the catalog it sees (kept across reloads by
     /// name: the view's new definition applies at once).
     identity: Identity,
+    /// Whether it listed anything yet (only its first list waits for starting upstreams).
+    listed: AtomicBool,
 }
 
 /// Who a session is: the principal that opened it and the view it sees.
@@ -194,6 +196,7 @@ impl Session {
             stateless,
             paused,
             identity,
+            listed: AtomicBool::new(false),
         });
         (session, receiver)
     }
@@ -558,11 +561,12 @@ impl Session {
         match method {
             "initialize" => Ok(Reply::Result(self.initialize(params))),
             "ping" => Ok(Reply::Result(json!({}))),
-            "tools/list" => self.list(Kind::Tools, params).map(Reply::Result),
-            "prompts/list" => self.list(Kind::Prompts, params).map(Reply::Result),
-            "resources/list" => self.list(Kind::Resources, params).map(Reply::Result),
+            "tools/list" => self.list(Kind::Tools, params).await.map(Reply::Result),
+            "prompts/list" => self.list(Kind::Prompts, params).await.map(Reply::Result),
+            "resources/list" => self.list(Kind::Resources, params).await.map(Reply::Result),
             "resources/templates/list" => self
                 .list(Kind::ResourceTemplates, params)
+                .await
                 .map(Reply::Result),
             "tools/call" => {
                 let catalog = self.catalog();
@@ -809,7 +813,11 @@ impl Session {
         lines.join("\n")
     }
 
-    fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
+    async fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
+        // Only a session's first list waits for upstreams still starting.
+        if !self.listed.swap(true, Ordering::Relaxed) {
+            self.hub.wait_for_first_listings().await;
+        }
         let catalog = self.catalog();
         let cursor = params
             .as_ref()

@@ -297,6 +297,8 @@ impl Instance {
     /// The error a call gets while this instance has no live connection.
     pub fn unavailable(&self) -> RelayError {
         let state = self.state();
+        // When trying again can help, and after how long; a failed or disabled
+        // upstream waits for an operator (retry_after_ms null, retryable false).
         let retry_after_ms = match state {
             UpstreamState::BackingOff { until } => Some(
                 until
@@ -305,8 +307,8 @@ impl Instance {
                     .try_into()
                     .unwrap_or(u64::MAX),
             ),
-            UpstreamState::Starting => Some(1000),
-            _ => None,
+            UpstreamState::Failed | UpstreamState::Disabled => None,
+            _ => Some(1000),
         };
         RelayError::Unavailable {
             upstream: self.name.to_string(),
@@ -315,24 +317,26 @@ impl Instance {
         }
     }
 
-    /// The connection for a call. An eager instance that is not ready fails fast; an
-    /// on-demand instance is started and waited for, within `init_timeout`.
+    /// The connection for a call. An instance that is starting is waited for, within
+    /// `wait` (the call's own deadline, or the start budget of an on-demand start);
+    /// an idle on-demand instance is started and waited for; one that is backing off,
+    /// failed or stopped fails at once with its state.
     pub async fn connection_for_call(
         &self,
         on_demand: bool,
-        init_timeout: Duration,
+        wait: Duration,
     ) -> Result<UpstreamConnection, RelayError> {
         self.touch();
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
         }
-        let startable = matches!(self.state(), UpstreamState::Idle | UpstreamState::Starting);
-        if !on_demand || !startable {
-            return Err(self.unavailable());
+        match self.state() {
+            UpstreamState::Starting => {}
+            UpstreamState::Idle if on_demand => self.demand.notify_one(),
+            _ => return Err(self.unavailable()),
         }
-        self.demand.notify_one();
         let mut states = self.state.subscribe();
-        let waited = tokio::time::timeout(init_timeout, async {
+        let waited = tokio::time::timeout(wait, async {
             loop {
                 match *states.borrow_and_update() {
                     UpstreamState::Ready => {

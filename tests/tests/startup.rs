@@ -1,0 +1,118 @@
+//! Start-up that waits instead of failing: a session's first list waits for an
+//! upstream that is still starting and has nothing cached, and a call to an
+//! upstream that is starting waits for it within the call's deadline.
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use plexus_tests::{
+    fixture_binary, http_client, plexus_binary, Daemon, RawStdioSession, TestClient,
+};
+use serde_json::json;
+
+/// The fixture, started `delay` seconds late (a cold `npx`/`uvx` install, in small).
+fn late(name: &str, delay: &str) -> String {
+    format!(
+        "[upstreams.{name}]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep {delay}; exec {}\"]\n",
+        fixture_binary().display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_list_waits_for_a_starting_upstream_and_later_lists_do_not() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &late("late", "1")).await?;
+    let started = Instant::now();
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let tools = client.list_all_tools().await?;
+    ensure!(
+        tools.iter().any(|tool| tool.name == "late__echo"),
+        "the first list did not wait for the starting upstream: {tools:?}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+
+    // An upstream slower than first_list_wait joins later; the list answers in time.
+    let daemon = Daemon::start("first_list_wait = \"300ms\"", &late("later", "3")).await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let started = Instant::now();
+    let tools = client.list_all_tools().await?;
+    let waited = started.elapsed();
+    ensure!(tools.is_empty(), "{tools:?}");
+    ensure!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let started = Instant::now();
+    client.list_all_tools().await?;
+    ensure!(
+        started.elapsed() < Duration::from_millis(200),
+        "a later list waited"
+    );
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Result<()> {
+    // A first run caches the catalog, as Claude Desktop's earlier launch would have.
+    let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    let config = dir.path().join("config.toml");
+    let write = |section: String| {
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\nstate_dir = {:?}\n\n{section}",
+                state.display().to_string()
+            ),
+        )
+    };
+    write(late("late", "0"))?;
+    let config_arg = config.display().to_string();
+    let args = ["serve", "--stdio", "--config", &config_arg];
+    let mut first = RawStdioSession::spawn(&plexus_binary(), &args).await?;
+    let listed = first.request("tools/list", json!({})).await?;
+    ensure!(listed.to_string().contains("late__echo"), "{listed}");
+    first.close().await;
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(10), || state
+            .join("catalog/late.json")
+            .exists())
+        .await,
+        "the catalog was not cached"
+    );
+
+    // Now the upstream takes two seconds to start; the client lists (from the cache)
+    // and calls at once.
+    write(late("late", "2"))?;
+    let mut session = RawStdioSession::spawn(&plexus_binary(), &args).await?;
+    let listed = session.request("tools/list", json!({})).await?;
+    ensure!(
+        listed.to_string().contains("late__echo"),
+        "not listed from the cache: {listed}"
+    );
+    let started = Instant::now();
+    let answer = session
+        .request(
+            "tools/call",
+            json!({"name": "late__echo", "arguments": {"text": "first"}}),
+        )
+        .await?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "first",
+        "the first call did not wait for the starting upstream: {answer}"
+    );
+    ensure!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    session.close().await;
+    Ok(())
+}
