@@ -1,4 +1,5 @@
-//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, the pins
+//! The admin listener: `/` (a status page), `/status` (JSON), `/metrics`
+//! (Prometheus text), `/healthz`, `/readyz`, the pins
 //! (`GET /pins`, `GET /pins/diff[?upstream=NAME]`), and the mutating endpoints
 //! `POST /reload`, `POST /upstreams/<name>/restart`, `POST /pins/approve` and
 //! `POST /pins/reset`, which go through the control path.
@@ -18,6 +19,7 @@ use tokio::sync::watch;
 use crate::access;
 use crate::config::DaemonSettings;
 use crate::control::{Action, ControlHandle, ReloadCause};
+use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::listener::Body;
 use crate::upstreams::UpstreamState;
@@ -30,6 +32,9 @@ pub struct Admin {
     pub settings: watch::Receiver<DaemonSettings>,
     /// Where this listener is bound: beyond loopback every request needs a token.
     pub address: SocketAddr,
+    /// The MCP front, for its sessions.
+    pub front: Arc<HttpFront>,
+    pub started: std::time::Instant,
 }
 
 pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
@@ -87,6 +92,19 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
     }
     let hub = &admin.hub;
     match path.as_str() {
+        "/" | "/status" => {
+            let status =
+                crate::status::status(hub, admin.front.sessions_by_principal(), admin.started);
+            if path == "/" {
+                text(
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    crate::status::html(&status),
+                )
+            } else {
+                text(StatusCode::OK, "application/json", status.to_string())
+            }
+        }
         "/pins" => json_answer(hub.pins_status()),
         "/pins/diff" => {
             let upstream = query

@@ -164,6 +164,8 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
             control: daemon.control.clone(),
             settings: daemon.settings.clone(),
             address: admin_address,
+            front: front.clone(),
+            started: std::time::Instant::now(),
         });
         tokio::spawn(listener::serve(
             admin_listener,

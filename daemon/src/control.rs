@@ -209,6 +209,7 @@ impl ControlLoop {
         metrics.config_loaded(&self.sha256);
         metrics.config_last_reload_timestamp.set(unix_now());
         metrics.config_last_reload_successful.set(1);
+        self.hub.set_config_identity(&self.path, &self.sha256);
     }
 
     /// Serves control inputs until shutdown.
@@ -409,6 +410,7 @@ impl ControlLoop {
         self.current = config;
         self.sha256.clone_from(&sha256);
         self.hub.metrics().config_loaded(&sha256);
+        self.hub.set_config_identity(&self.path, &sha256);
 
         let outcome = if applied.failed.is_empty() {
             "applied"

@@ -96,6 +96,17 @@ impl HttpFront {
         front
     }
 
+    /// Open sessions by principal (for status).
+    pub fn sessions_by_principal(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        for entry in self.sessions.iter() {
+            *counts
+                .entry(entry.value().principal.to_string())
+                .or_default() += 1;
+        }
+        counts
+    }
+
     fn remove_session(&self, id: &str) -> bool {
         let Some((_, http_session)) = self.sessions.remove(id) else {
             return false;

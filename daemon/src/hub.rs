@@ -53,6 +53,8 @@ pub struct Hub {
     audit: Arc<crate::audit::Audit>,
     /// `[daemon] first_list_wait`, applied live.
     first_list_wait: Mutex<Duration>,
+    /// The configuration file in force and the SHA-256 of its bytes (for status).
+    config_identity: Mutex<(String, String)>,
 }
 
 /// What a relayed request carries besides its method and params.
@@ -130,6 +132,7 @@ impl Hub {
             view_bindings: std::sync::RwLock::new(BTreeMap::new()),
             audit,
             first_list_wait: Mutex::new(config.daemon.first_list_wait),
+            config_identity: Mutex::new((String::new(), String::new())),
         });
         hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
         hub
@@ -278,6 +281,23 @@ impl Hub {
 
     pub fn audit(&self) -> &Arc<crate::audit::Audit> {
         &self.audit
+    }
+
+    /// Records which file is in force (at start and after each applied reload).
+    pub fn set_config_identity(&self, path: &std::path::Path, sha256: &str) {
+        *self
+            .config_identity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) =
+            (path.display().to_string(), sha256.to_string());
+    }
+
+    /// The configuration file in force and its SHA-256.
+    pub fn config_identity(&self) -> (String, String) {
+        self.config_identity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The upstreams now, as one consistent snapshot.

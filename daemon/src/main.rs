@@ -22,6 +22,7 @@ mod pins;
 mod pins_command;
 mod progress;
 mod session;
+mod status;
 mod stdio_front;
 mod systemd;
 mod tasks;
@@ -111,6 +112,25 @@ enum Command {
         #[arg(long)]
         admin: Option<String>,
     },
+    /// The running daemon's upstreams, sessions and configuration: a table, or JSON
+    /// with --json (exit 69 when no daemon answers).
+    Status {
+        #[arg(long, short, default_value = "config.toml")]
+        config: PathBuf,
+        /// The admin listener, when the file cannot tell.
+        #[arg(long)]
+        admin: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start an upstream again now, even from `failed` (exit 69 when no daemon answers).
+    Restart {
+        upstream: String,
+        #[arg(long, short, default_value = "config.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        admin: Option<String>,
+    },
     /// Schema pins: where each upstream stands, what changed, approve or reset. Asks
     /// the running daemon, or works on the pin file when none runs.
     Pins {
@@ -174,6 +194,8 @@ fn main() -> ExitCode {
             | Command::Hash { .. }
             | Command::Call { .. }
             | Command::Pins { .. }
+            | Command::Status { .. }
+            | Command::Restart { .. }
     );
     init_tracing(if quiet { "warn" } else { "info" });
     match cli.command {
@@ -194,6 +216,16 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config, admin } => reload(&config, admin.as_deref()),
+        Command::Status {
+            config,
+            admin,
+            json,
+        } => admin_command(&config, admin.as_deref(), AdminCommand::Status { json }),
+        Command::Restart {
+            upstream,
+            config,
+            admin,
+        } => admin_command(&config, admin.as_deref(), AdminCommand::Restart(upstream)),
         Command::Pins {
             action,
             config,
@@ -379,6 +411,54 @@ fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
                 .and_then(|answer| answer.get("outcome")?.as_str().map(|o| o == "applied"))
                 .unwrap_or(false);
             if status == 200 && applied {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_UNAVAILABLE)
+        }
+    }
+}
+
+enum AdminCommand {
+    Status { json: bool },
+    Restart(String),
+}
+
+/// `plexus status` and `plexus restart`: one request to the running daemon.
+fn admin_command(config: &std::path::Path, admin: Option<&str>, command: AdminCommand) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let exchange = async {
+        let address = match admin {
+            Some(address) => address.to_string(),
+            None => admin_client::admin_address(config, &environment)?,
+        };
+        let (method, path) = match &command {
+            AdminCommand::Status { .. } => (http::Method::GET, "/status".to_string()),
+            AdminCommand::Restart(upstream) => {
+                (http::Method::POST, format!("/upstreams/{upstream}/restart"))
+            }
+        };
+        admin_client::request(&address, method, &path, None).await
+    };
+    match runtime.block_on(exchange) {
+        Ok((status, body)) => {
+            let text = match &command {
+                AdminCommand::Status { json: false } if status == 200 => {
+                    match serde_json::from_str(&body) {
+                        Ok(status) => status::text(&status),
+                        Err(_) => body,
+                    }
+                }
+                _ => format!("{}\n", body.trim_end()),
+            };
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            if (200..300).contains(&status) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

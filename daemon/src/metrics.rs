@@ -193,6 +193,19 @@ impl Metrics {
         registry.register(Box::new(config_last_reload_successful.clone()))?;
         registry.register(Box::new(config_last_reload_timestamp.clone()))?;
         registry.register(Box::new(config_info.clone()))?;
+        // What operators expect of any daemon: resident memory, CPU seconds, open
+        // descriptors, start time (`process_*`), and which build runs.
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let build_info = IntGaugeVec::new(
+            Opts::new("plexus_build_info", "1, labelled with the running version."),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        registry.register(Box::new(build_info))?;
         registry.register(Box::new(relay_requests.clone()))?;
         registry.register(Box::new(relay_duration.clone()))?;
         registry.register(Box::new(upstream_up.clone()))?;

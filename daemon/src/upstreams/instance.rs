@@ -88,6 +88,21 @@ pub struct Instance {
     next_caller: std::sync::atomic::AtomicU64,
     /// Why the last start failed, for a reload's report.
     last_error: std::sync::Mutex<Option<String>>,
+    /// What `plexus status` shows of the instance's past.
+    history: std::sync::Mutex<History>,
+}
+
+/// An instance's past, for `plexus status`.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// When it entered its current state.
+    pub since: Option<Instant>,
+    /// How often it was started again after an exit.
+    pub restarts: u64,
+    /// How its last run ended (an exit status, a closed connection), and the stderr
+    /// lines it left.
+    pub last_exit: Option<String>,
+    pub stderr_tail: Vec<String>,
 }
 
 /// A call in flight on an instance.
@@ -146,6 +161,34 @@ impl Instance {
             callers: std::sync::Mutex::new(Vec::new()),
             next_caller: std::sync::atomic::AtomicU64::new(0),
             last_error: std::sync::Mutex::new(None),
+            history: std::sync::Mutex::new(History::default()),
+        }
+    }
+
+    pub fn history(&self) -> History {
+        self.history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn record(&self, change: impl FnOnce(&mut History)) {
+        change(&mut self.history.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// Why the last start failed, if it did.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The running process's id (stdio upstreams) and its stderr tail.
+    pub fn process(&self) -> (Option<u32>, Vec<String>) {
+        match self.live_connection() {
+            Some(connection) => (connection.pid(), connection.stderr_tail()),
+            None => (None, Vec::new()),
         }
     }
 

@@ -115,6 +115,7 @@ pub async fn supervise(instance: Arc<Instance>, upstream: Arc<Upstream>) {
                 }
             }
         }
+        instance.record(|history| history.restarts += 1);
         upstream
             .report(SupervisorEvent::Restarted {
                 upstream: upstream.name().into(),
@@ -128,6 +129,7 @@ pub async fn supervise(instance: Arc<Instance>, upstream: Arc<Upstream>) {
 async fn set_state(instance: &Instance, upstream: &Upstream, state: UpstreamState) {
     let previous = instance.state.send_replace(state);
     if previous.label() != state.label() {
+        instance.record(|history| history.since = Some(Instant::now()));
         tracing::info!(upstream = %instance.name, from = previous.label(), to = state.label(), "upstream state");
         if instance.publishes_listing {
             upstream
@@ -180,14 +182,12 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
         Ok(Err(error)) => {
             tracing::error!(upstream = %name, %error, stderr = ?connection.stderr_tail(), "upstream initialize failed");
             instance.fail(format!("initialize failed: {error}"));
-            connection.shutdown().await;
-            return RunEnd::Failed;
+            return end_run(instance, &connection, RunEnd::Failed).await;
         }
         Err(_) => {
             tracing::error!(upstream = %name, timeout_ms = config.init_timeout.as_millis() as u64, "upstream did not answer initialize in time; stopping it");
             instance.fail("it did not answer initialize in time".into());
-            connection.shutdown().await;
-            return RunEnd::Failed;
+            return end_run(instance, &connection, RunEnd::Failed).await;
         }
     };
     tracing::info!(upstream = %name, protocol = %hello.protocol_version, server = %hello.server_info, "upstream initialized");
@@ -253,7 +253,21 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     helpers.shutdown().await;
     instance.set_connection(None);
     set_state(instance, upstream, UpstreamState::Stopping).await;
-    connection.shutdown().await;
+    end_run(instance, &connection, end).await
+}
+
+/// Stops the connection and records how the run ended, with the stderr it left
+/// (read after the process is reaped, so its last lines are in).
+async fn end_run(instance: &Instance, connection: &UpstreamConnection, end: RunEnd) -> RunEnd {
+    let exit = connection.shutdown().await;
+    let stderr_tail = connection.stderr_tail();
+    instance.record(|history| {
+        history.last_exit = Some(match end {
+            RunEnd::Failed => format!("ended unexpectedly ({exit})"),
+            _ => format!("stopped ({exit})"),
+        });
+        history.stderr_tail = stderr_tail;
+    });
     end
 }
 

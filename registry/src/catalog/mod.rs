@@ -337,6 +337,18 @@ impl Catalog {
         best.filter(|_| !ambiguous)
     }
 
+    /// How many entries of `kind` each upstream has exposed, and held.
+    pub fn counts_by_upstream(&self, kind: Kind) -> HashMap<Arc<str>, (usize, usize)> {
+        let mut counts: HashMap<Arc<str>, (usize, usize)> = HashMap::new();
+        for route in self.routes[kind.index()].values() {
+            counts.entry(route.upstream.clone()).or_default().0 += 1;
+        }
+        for held in self.held[kind.index()].values() {
+            counts.entry(held.route.upstream.clone()).or_default().1 += 1;
+        }
+        counts
+    }
+
     /// Whether this catalog (a view, or the whole) shows `upstream` at all.
     pub fn shows_upstream(&self, upstream: &str) -> bool {
         self.visible

@@ -1,0 +1,260 @@
+//! What `GET /status`, the admin listener's page and `plexus status` show: each
+//! upstream's state, process, uptime, restarts, last exit with its stderr tail,
+//! calls in flight and waiting, entries by kind, protocol and pin; the sessions by
+//! front and principal; the daemon's version, config and uptime.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use registry::Kind;
+use serde_json::{json, Map, Value};
+
+use crate::hub::Hub;
+
+/// The status as JSON. `http_sessions` counts open HTTP sessions by principal.
+pub fn status(hub: &Hub, http_sessions: BTreeMap<String, usize>, started: Instant) -> Value {
+    let catalog = hub.catalog();
+    let counts: Vec<_> = Kind::ALL
+        .iter()
+        .map(|kind| (kind.label(), catalog.counts_by_upstream(*kind)))
+        .collect();
+    let pins = hub.pins_status().ok();
+    let mut upstreams = Vec::new();
+    for upstream in hub.upstreams().values() {
+        let name = upstream.name();
+        let instance = &upstream.shared;
+        let state = instance.state();
+        let history = instance.history();
+        let (pid, live_tail) = instance.process();
+        let stderr_tail = if live_tail.is_empty() {
+            history.stderr_tail.clone()
+        } else {
+            live_tail
+        };
+        let limiter = upstream.limiter();
+        let mut entries = Map::new();
+        let mut held = 0;
+        for (label, by_upstream) in &counts {
+            let (exposed, held_here) = by_upstream.get(name).copied().unwrap_or_default();
+            entries.insert((*label).to_string(), json!(exposed));
+            held += held_here;
+        }
+        let pin = pins
+            .as_ref()
+            .and_then(|pins| pins["upstreams"].get(name))
+            .map(|pin| json!({"state": pin["state"], "held": held}))
+            .unwrap_or_else(|| json!({"state": "not pinned", "held": held}));
+        let uptime = (state.label() == "ready")
+            .then(|| history.since.map(|since| since.elapsed().as_secs_f64()))
+            .flatten();
+        upstreams.push(json!({
+            "name": name,
+            "state": state.label(),
+            "pid": pid,
+            "uptime_s": uptime,
+            "restarts": history.restarts,
+            "last_exit": history.last_exit,
+            "last_error": instance.last_error(),
+            "stderr_tail": stderr_tail,
+            "in_flight": limiter.in_flight(),
+            "pending": limiter.pending(),
+            "entries": entries,
+            "protocol": instance.hello().map(|hello| hello.protocol_version),
+            "pin": pin,
+        }));
+    }
+    let stdio = hub
+        .metrics()
+        .sessions_active
+        .with_label_values(&["stdio"])
+        .get();
+    let (config, sha256) = hub.config_identity();
+    json!({
+        "daemon": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_s": started.elapsed().as_secs_f64(),
+            "config": config,
+            "config_sha256": sha256,
+        },
+        "upstreams": upstreams,
+        "sessions": {"http": http_sessions, "stdio": stdio},
+    })
+}
+
+/// The status for people, as a table.
+pub fn text(status: &Value) -> String {
+    let daemon = &status["daemon"];
+    let mut out = format!(
+        "plexus {}  pid {}  up {}  config {} (sha256 {})\n\n",
+        daemon["version"].as_str().unwrap_or("?"),
+        daemon["pid"],
+        duration(daemon["uptime_s"].as_f64()),
+        daemon["config"].as_str().unwrap_or("?"),
+        daemon["config_sha256"]
+            .as_str()
+            .map(|sha| &sha[..sha.len().min(12)])
+            .unwrap_or("?"),
+    );
+    out.push_str(&format!(
+        "{:<18} {:<12} {:>7} {:>8} {:>8} {:>9} {:>6} {:<11} {}\n",
+        "UPSTREAM", "STATE", "PID", "UPTIME", "RESTARTS", "CALLS", "TOOLS", "PROTOCOL", "PIN"
+    ));
+    for upstream in status["upstreams"].as_array().into_iter().flatten() {
+        let pin = &upstream["pin"];
+        let pin_text = match pin["held"].as_u64() {
+            Some(0) | None => pin["state"].as_str().unwrap_or("-").to_string(),
+            Some(held) => format!("{} ({held} held)", pin["state"].as_str().unwrap_or("-")),
+        };
+        out.push_str(&format!(
+            "{:<18} {:<12} {:>7} {:>8} {:>8} {:>9} {:>6} {:<11} {}\n",
+            upstream["name"].as_str().unwrap_or("?"),
+            upstream["state"].as_str().unwrap_or("?"),
+            upstream["pid"]
+                .as_u64()
+                .map_or("-".into(), |pid| pid.to_string()),
+            duration(upstream["uptime_s"].as_f64()),
+            upstream["restarts"],
+            format!("{}/{}", upstream["in_flight"], upstream["pending"]),
+            upstream["entries"]["tools"],
+            upstream["protocol"].as_str().unwrap_or("-"),
+            pin_text,
+        ));
+        let problem = upstream["last_error"].as_str().or_else(|| {
+            upstream["last_exit"]
+                .as_str()
+                .filter(|exit| exit.starts_with("ended"))
+        });
+        if let Some(problem) = problem {
+            out.push_str(&format!("    last: {problem}\n"));
+            for line in upstream["stderr_tail"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+            {
+                out.push_str(&format!(
+                    "    stderr: {}\n",
+                    line.as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    let sessions = &status["sessions"];
+    let http: Vec<String> = sessions["http"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(principal, count)| format!("{principal}={count}"))
+        .collect();
+    out.push_str(&format!(
+        "\nsessions: http {} · stdio {}\n",
+        if http.is_empty() {
+            "0".to_string()
+        } else {
+            http.join(" ")
+        },
+        sessions["stdio"]
+    ));
+    out
+}
+
+/// The same facts as a small page: server-rendered, no script, no external asset.
+pub fn html(status: &Value) -> String {
+    let escape = |text: &str| {
+        text.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let daemon = &status["daemon"];
+    let mut rows = String::new();
+    for upstream in status["upstreams"].as_array().into_iter().flatten() {
+        let state = upstream["state"].as_str().unwrap_or("?");
+        let class = match state {
+            "ready" => "ok",
+            "starting" | "idle" | "disabled" => "wait",
+            _ => "bad",
+        };
+        let tail: Vec<String> = upstream["stderr_tail"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .rev()
+            .take(5)
+            .filter_map(|line| line.as_str().map(&escape))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let last = upstream["last_error"]
+            .as_str()
+            .or_else(|| upstream["last_exit"].as_str())
+            .map(&escape)
+            .unwrap_or_default();
+        rows.push_str(&format!(
+            "<tr><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td>\
+             <td>{} tools · {} prompts · {} resources · {} templates</td><td>{}</td><td>{} ({} held)</td>\
+             <td>{}<pre>{}</pre></td></tr>\n",
+            escape(upstream["name"].as_str().unwrap_or("?")),
+            escape(state),
+            upstream["pid"].as_u64().map_or("-".into(), |pid| pid.to_string()),
+            duration(upstream["uptime_s"].as_f64()),
+            upstream["restarts"],
+            upstream["in_flight"],
+            upstream["pending"],
+            upstream["entries"]["tools"],
+            upstream["entries"]["prompts"],
+            upstream["entries"]["resources"],
+            upstream["entries"]["resource_templates"],
+            escape(upstream["protocol"].as_str().unwrap_or("-")),
+            escape(upstream["pin"]["state"].as_str().unwrap_or("-")),
+            upstream["pin"]["held"],
+            last,
+            tail.join("\n"),
+        ));
+    }
+    let sessions: Vec<String> = status["sessions"]["http"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(principal, count)| format!("{}: {count}", escape(principal)))
+        .collect();
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>plexus status</title>\
+         <meta http-equiv=\"refresh\" content=\"5\"><style>\
+         body{{font:14px system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}\
+         td,th{{border-bottom:1px solid #ddd;padding:.4em .8em;text-align:left;vertical-align:top}}\
+         .ok{{color:#17702b}}.wait{{color:#8a6d00}}.bad{{color:#b00020;font-weight:bold}}\
+         pre{{margin:.3em 0 0;font-size:12px;color:#555;white-space:pre-wrap}}</style></head><body>\n\
+         <h1>plexus {}</h1>\n<p>pid {} · up {} · config <code>{}</code> · sha256 <code>{}</code></p>\n\
+         <table><tr><th>upstream</th><th>state</th><th>pid</th><th>uptime</th><th>restarts</th>\
+         <th>calls (in flight/waiting)</th><th>entries</th><th>protocol</th><th>pin</th><th>last exit</th></tr>\n\
+         {rows}</table>\n<p>sessions: http {} · stdio {}</p>\n\
+         <p><a href=\"/status\">JSON</a> · <a href=\"/metrics\">metrics</a> · <a href=\"/pins\">pins</a></p>\n\
+         </body></html>\n",
+        escape(daemon["version"].as_str().unwrap_or("?")),
+        daemon["pid"],
+        duration(daemon["uptime_s"].as_f64()),
+        escape(daemon["config"].as_str().unwrap_or("?")),
+        escape(daemon["config_sha256"].as_str().unwrap_or("?")),
+        if sessions.is_empty() { "0".to_string() } else { sessions.join(", ") },
+        status["sessions"]["stdio"],
+    )
+}
+
+fn duration(seconds: Option<f64>) -> String {
+    let Some(seconds) = seconds else {
+        return "-".into();
+    };
+    let seconds = seconds as u64;
+    match seconds {
+        0..=59 => format!("{seconds}s"),
+        60..=3599 => format!("{}m{:02}s", seconds / 60, seconds % 60),
+        _ => format!("{}h{:02}m", seconds / 3600, seconds % 3600 / 60),
+    }
+}

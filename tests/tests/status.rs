@@ -1,0 +1,164 @@
+//! `plexus status`, `GET /status`, the status page and the process metrics, against
+//! a daemon with a ready, a backing-off and a failed upstream; `plexus restart`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{fixture_upstream, plexus_binary, Daemon, RawHttpSession};
+use serde_json::Value;
+
+async fn plexus(args: &[&str], config: &std::path::Path) -> anyhow::Result<(i32, String)> {
+    let output = tokio::process::Command::new(plexus_binary())
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .await?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    ))
+}
+
+fn crashing(name: &str, extra: &str) -> String {
+    format!(
+        "[upstreams.{name}]\ncommand = \"sh\"\nargs = [\"-c\", \"echo {name} is broken >&2; exit 3\"]\n{extra}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_ready_backing_off_and_failed_upstreams() -> anyhow::Result<()> {
+    let sections = [
+        fixture_upstream("good", "", &[]),
+        crashing("flaky", "restart_backoff = \"30s\""),
+        crashing("broken", "restart_backoff = \"50ms\"\nmax_restarts = 1"),
+    ]
+    .join("\n");
+    let daemon = Daemon::start("", &sections).await?;
+    let config = daemon.dir.path().join("config.toml");
+    let _session = RawHttpSession::connect(&daemon.url).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let (code, out) = plexus(&["status", "--json"], &config).await?;
+        ensure!(code == 0, "status exit {code}: {out}");
+        let status: Value = serde_json::from_str(&out)?;
+        let state = |name: &str| {
+            status["upstreams"]
+                .as_array()
+                .and_then(|all| all.iter().find(|u| u["name"] == name))
+                .map(|u| u["state"].as_str().unwrap_or_default().to_string())
+        };
+        if state("good").as_deref() == Some("ready")
+            && state("flaky").as_deref() == Some("backing_off")
+            && state("broken").as_deref() == Some("failed")
+        {
+            break status;
+        }
+        ensure!(Instant::now() < deadline, "states never settled: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let upstream = |name: &str| {
+        status["upstreams"]
+            .as_array()
+            .and_then(|all| all.iter().find(|u| u["name"] == name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let good = upstream("good");
+    ensure!(good["pid"].as_u64().is_some(), "{good}");
+    ensure!(good["uptime_s"].as_f64().is_some(), "{good}");
+    ensure!(
+        good["entries"]["tools"].as_u64().is_some_and(|n| n >= 5),
+        "{good}"
+    );
+    ensure!(good["protocol"] == "2025-11-25", "{good}");
+    ensure!(good["pin"]["state"] == "pinned", "{good}");
+    let broken = upstream("broken");
+    ensure!(
+        broken["restarts"].as_u64().is_some_and(|n| n >= 1),
+        "{broken}"
+    );
+    ensure!(
+        broken["last_exit"]
+            .as_str()
+            .is_some_and(|exit| exit.contains("exit code 3")),
+        "{broken}"
+    );
+    ensure!(
+        broken["stderr_tail"]
+            .to_string()
+            .contains("broken is broken"),
+        "{broken}"
+    );
+    ensure!(upstream("flaky")["pid"].is_null());
+    ensure!(
+        status["daemon"]["config"] == config.display().to_string(),
+        "{status}"
+    );
+    ensure!(
+        status["daemon"]["config_sha256"]
+            .as_str()
+            .is_some_and(|sha| sha.len() == 64),
+        "{status}"
+    );
+    ensure!(status["sessions"]["http"]["local"] == 1, "{status}");
+
+    // The table for people.
+    let (code, table) = plexus(&["status"], &config).await?;
+    ensure!(code == 0, "{table}");
+    for needle in [
+        "UPSTREAM",
+        "good",
+        "ready",
+        "backing_off",
+        "failed",
+        "broken is broken",
+        "sessions: http local=1",
+    ] {
+        ensure!(table.contains(needle), "no `{needle}` in\n{table}");
+    }
+    // The page, and the metrics operators expect.
+    let (status_code, page) = daemon.admin_get("/").await?;
+    ensure!(
+        status_code == 200 && page.contains("<table") && page.contains("broken"),
+        "{page}"
+    );
+    ensure!(!page.contains("<script"), "the page carries a script");
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    for needle in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "plexus_build_info{version=\"",
+    ] {
+        ensure!(metrics.contains(needle), "no {needle} in /metrics");
+    }
+
+    // plexus restart starts the failed one again now.
+    let (code, out) = plexus(&["restart", "broken"], &config).await?;
+    ensure!(code == 0, "restart: {out}");
+    let restarted = async {
+        loop {
+            let (_, out) = plexus(&["status", "--json"], &config).await?;
+            let status: Value = serde_json::from_str(&out)?;
+            let broken = status["upstreams"]
+                .as_array()
+                .and_then(|all| all.iter().find(|u| u["name"] == "broken"))
+                .context("no broken upstream")?
+                .clone();
+            if broken["restarts"].as_u64() > upstream("broken")["restarts"].as_u64() {
+                return Ok::<_, anyhow::Error>(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), restarted)
+        .await
+        .context("plexus restart did not start the upstream again")??;
+    ensure!(daemon.stop().await?.success());
+
+    // No daemon: exit 69.
+    let (code, _) = plexus(&["status"], &config).await?;
+    ensure!(code == 69, "status without a daemon exited {code}");
+    Ok(())
+}
