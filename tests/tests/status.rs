@@ -162,3 +162,32 @@ async fn status_shows_ready_backing_off_and_failed_upstreams() -> anyhow::Result
     ensure!(code == 69, "status without a daemon exited {code}");
     Ok(())
 }
+
+/// The shipped Grafana dashboard is valid JSON and charts only metrics plexus defines.
+#[test]
+fn the_grafana_dashboard_charts_metrics_that_exist() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(
+        root.join("packaging/grafana/plexus-dashboard.json"),
+    )?)?;
+    let defined = std::fs::read_to_string(root.join("daemon/src/metrics.rs"))?;
+    let mut charted = 0;
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().context("targets")? {
+            let expr = target["expr"].as_str().context("expr")?;
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if let Some(base) = word.strip_prefix("plexus_") {
+                    let name = format!("plexus_{base}");
+                    let name = name.strip_suffix("_bucket").unwrap_or(&name);
+                    ensure!(
+                        defined.contains(&format!("\"{name}\"")),
+                        "{name} is not a plexus metric"
+                    );
+                    charted += 1;
+                }
+            }
+        }
+    }
+    ensure!(charted >= 15, "only {charted} metric references");
+    Ok(())
+}
