@@ -609,34 +609,26 @@ impl Fanout {
     ) -> Result<Caller, Reply> {
         match callers {
             [] => {
-                // No call in flight: the request can only be for the one connected
-                // client able to answer it, if there is exactly one.
-                let able: Vec<Arc<dyn Client>> = self
-                    .live_sessions()
-                    .into_iter()
-                    // A 2026-07-28 request's scope can only be asked through its own request.
-                    .filter(|session| !session.is_scope() && session.has_capability(capability))
-                    .collect();
-                match able.as_slice() {
-                    [only] => Ok(Caller::for_session(only.id())),
-                    _ if method == "roots/list" => {
-                        // Asked before any client could answer (many servers ask right after
-                        // connecting): answer for now, and tell the upstream when a client
-                        // with roots arrives, so it asks again.
-                        let mut waiting = self
-                            .roots_for_nobody
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner);
-                        // One entry per upstream, however often it asks: its latest connection.
-                        waiting.retain(|(upstream, _)| upstream != name);
-                        waiting.push((name.to_string(), connection.clone()));
-                        Err(Reply::Result(json!({"roots": []})))
-                    }
-                    _ => Err(error(
-                        jsonrpc::INTERNAL_ERROR,
-                        format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}`"),
-                    )),
+                // No call in flight: nothing says which client the request is for, and
+                // plexus never guesses (a shared upstream would get one client's roots
+                // or sampling on behalf of all).
+                if method == "roots/list" {
+                    // Many servers ask right after connecting: answer for now, and tell
+                    // the upstream when a client with roots arrives, so it asks again.
+                    let mut waiting = self
+                        .roots_for_nobody
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    // One entry per upstream, however often it asks: its latest connection.
+                    waiting.retain(|(upstream, _)| upstream != name);
+                    waiting.push((name.to_string(), connection.clone()));
+                    return Err(Reply::Result(json!({"roots": []})));
                 }
+                let _ = capability;
+                Err(error(
+                    jsonrpc::INTERNAL_ERROR,
+                    format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}` (it never guesses which client a request is for)"),
+                ))
             }
             [only] => Ok(only.clone()),
             several => {

@@ -694,3 +694,54 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_cleanly() -> anyhow::Res
         .is_err());
     Ok(())
 }
+
+/// An upstream request that arrives while no call to that upstream is in flight
+/// names no client: plexus answers it with an error rather than hand it to the one
+/// client connected (who never called that upstream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_request_between_calls_is_refused_not_guessed() -> anyhow::Result<()> {
+    use plexus_tests::answering::{call, AnsweringClient};
+    use rmcp::ServiceExt;
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream("fx", "", &["--name", "fx"])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let handler = AnsweringClient::named("bystander");
+    let client = handler
+        .clone()
+        .serve(rmcp::transport::StreamableHttpClientTransport::from_uri(
+            daemon.url.clone(),
+        ))
+        .await?;
+    let answer = call(
+        &client,
+        "fx__ask",
+        json!({"kind": "sampling", "later_ms": 300}),
+    )
+    .await?;
+    ensure!(answer.to_string().contains("asked later"), "{answer}");
+    ensure!(
+        eventually(Duration::from_secs(10), || daemon
+            .log()
+            .contains("a later request was refused"))
+        .await,
+        "the upstream's request between calls was not refused:\n{}",
+        daemon.log()
+    );
+    ensure!(
+        handler
+            .sampled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty(),
+        "the connected client was asked although it had no call in flight"
+    );
+    client.cancel().await?;
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

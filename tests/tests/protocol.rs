@@ -37,21 +37,18 @@ async fn exercise(
 ) -> anyhow::Result<()> {
     exercise_common(client, handler, cancel_log).await?;
 
-    // server-everything caches the roots of its connection: asked again on a change.
+    // server-everything asks for roots when no call is in flight (right after it
+    // connects, and after roots/list_changed): nothing says which client that is for,
+    // so plexus answers itself and this client's roots never reach it.
     let roots = call(client, "everything__get-roots-list", json!({})).await?;
-    ensure!(roots.to_string().contains(&handler.root()), "{roots}");
-    // The client's roots change: the upstream that asked hears of it and asks again.
+    ensure!(!roots.to_string().contains(&handler.root()), "{roots}");
     let asked = handler.roots_asked();
-    ensure!(asked >= 1);
     client.peer().notify_roots_list_changed().await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while handler.roots_asked() == asked {
-        ensure!(
-            Instant::now() < deadline,
-            "the upstream never asked again after roots/list_changed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        handler.roots_asked() == asked,
+        "the client was asked for roots outside any call of its own"
+    );
 
     // Log messages after setting a level, tagged with the upstream.
     client

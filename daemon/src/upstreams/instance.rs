@@ -117,18 +117,6 @@ pub struct Caller {
     pub upstream_id: Option<u64>,
 }
 
-impl Caller {
-    /// A session with no particular call (a request that arrived between calls).
-    pub fn for_session(session: u64) -> Caller {
-        Caller {
-            id: u64::MAX,
-            session,
-            related: None,
-            upstream_id: None,
-        }
-    }
-}
-
 /// Removes a call from its instance's callers when it ends.
 pub struct CallerGuard<'a> {
     instance: &'a Instance,
