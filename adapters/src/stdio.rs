@@ -274,11 +274,20 @@ async fn read_loop(state: ReadLoop) {
         let line = match frame {
             Ok(Frame::Line(line)) => line,
             Ok(Frame::TooLong { limit, head }) => {
-                // The call it answered learns why; the others learn that the upstream went away.
+                // The call it answered learns why. A line that names no call (not JSON,
+                // or its id not in its head) could belong to any: every call in flight
+                // learns what happened, rather than that the upstream "exited".
                 let id = id_in_head(&head);
-                tracing::error!(upstream = %upstream, limit, ?id, "upstream sent an oversized message; restarting it");
-                if let Some(id) = id {
-                    pending.complete(id, Err(ConnectionError::TooLarge { limit }));
+                let json = head
+                    .iter()
+                    .find(|b| !b.is_ascii_whitespace())
+                    .is_some_and(|b| *b == b'{' || *b == b'[');
+                tracing::error!(upstream = %upstream, limit, ?id, json, "upstream wrote a line longer than max_message_bytes; restarting it");
+                match id {
+                    Some(id) => {
+                        pending.complete(id, Err(ConnectionError::TooLarge { limit }));
+                    }
+                    None => pending.fail_all(ConnectionError::TooLarge { limit }),
                 }
                 stop.cancel();
                 break;

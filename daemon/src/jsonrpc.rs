@@ -58,7 +58,7 @@ pub enum RelayError {
         in_flight: usize,
         pending: usize,
     },
-    #[error("a message from upstream `{upstream}` exceeded {limit} bytes")]
+    #[error("upstream `{upstream}` sent a message (or a line of output) longer than {limit} bytes, its max_message_bytes; plexus dropped it")]
     TooLarge { upstream: String, limit: usize },
     #[error("a message exceeded {limit} bytes")]
     RequestTooLarge { limit: usize },

@@ -745,3 +745,58 @@ async fn an_upstream_request_between_calls_is_refused_not_guessed() -> anyhow::R
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A line on stdout longer than max_message_bytes that is not JSON fails the call in
+/// flight as too large (-33005, saying so), not as an exit; the upstream comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_junk_line_fails_the_call_as_too_large() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "junky",
+            "max_message_bytes = 1000000\nrestart_backoff = \"100ms\"",
+            &["--name", "junky", "--oversized-junk", "3000000"]
+        )
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let answer = session
+        .request(
+            "tools/call",
+            // With a progress token: its first progress brings the junk line.
+            json!({"name": "junky__sleep", "arguments": {"ms": 3000}, "_meta": {"progressToken": "p1"}}),
+        )
+        .await?;
+    ensure!(answer["error"]["code"] == -33005, "{answer}");
+    ensure!(answer["error"]["data"]["upstream"] == "junky", "{answer}");
+    ensure!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("longer than 1000000 bytes")),
+        "{answer}"
+    );
+    // Restarted: the next call works.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = session
+            .request(
+                "tools/call",
+                json!({"name": "junky__echo", "arguments": {"text": "back"}}),
+            )
+            .await?;
+        if answer["result"]["content"][0]["text"] == "back" {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the upstream never came back: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -78,6 +78,10 @@ struct Cli {
     /// With --http: append one JSON line per HTTP request (method, path, MCP headers) to PATH.
     #[arg(long, value_name = "PATH", requires = "http")]
     request_log: Option<PathBuf>,
+    /// Write one non-JSON line of BYTES bytes on stdout when the first progress
+    /// notification goes out (a call is then in flight).
+    #[arg(long, value_name = "BYTES", conflicts_with = "http")]
+    oversized_junk: Option<usize>,
     /// Change what is listed by the drift names PATH holds (read at every list, and
     /// watched: a change sends list_changed). See `drift.rs` for the names.
     #[arg(long, value_name = "PATH", conflicts_with = "http")]
@@ -199,9 +203,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         let filter_task = tokio::spawn(filter::run(
             from_rmcp,
             tokio::io::stdout(),
-            name.clone(),
-            cli.banner,
-            cli.drift_file.clone(),
+            filter::Options {
+                server_name: name.clone(),
+                banner: cli.banner,
+                drift_file: cli.drift_file.clone(),
+                oversized_junk: cli.oversized_junk,
+            },
         ));
 
         let stdin_eof = Arc::new(AtomicBool::new(false));
