@@ -23,6 +23,9 @@ pub struct ConnectionStats {
     pub late_replies: AtomicU64,
     /// Processes started (or HTTP connections opened) with these counters.
     pub spawns: AtomicU64,
+    /// Lines the upstream wrote on stderr, and how many of them the log left out.
+    pub stderr_lines: AtomicU64,
+    pub stderr_suppressed: AtomicU64,
 }
 
 /// A handle to a running upstream. Cheap to clone; the upstream is stopped by

@@ -221,6 +221,7 @@ impl UpstreamConnection {
             stderr,
             stderr_tail.clone(),
             options.stderr_ring_lines,
+            options.stats.clone(),
         ));
         tokio::spawn(child_loop(
             upstream.clone(),
@@ -355,9 +356,11 @@ async fn stderr_loop(
     stderr: ChildStderr,
     tail: Arc<Mutex<VecDeque<String>>>,
     ring_lines: usize,
+    stats: Arc<ConnectionStats>,
 ) {
     // Always drained: a child blocked on a full stderr pipe stops answering.
     let mut frames = FramedRead::new(stderr, LineDecoder::new(16 * 1024));
+    let mut budget = LogBudget::new(tokio::time::Instant::now());
     while let Some(frame) = frames.next().await {
         let text = match frame {
             Ok(Frame::Line(line)) => String::from_utf8_lossy(&line).into_owned(),
@@ -367,12 +370,76 @@ async fn stderr_loop(
             ),
             Err(_) => break,
         };
-        tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}");
+        stats.stderr_lines.fetch_add(1, Ordering::Relaxed);
+        // The log gets a burst, then a steady trickle and a count of what it missed;
+        // the ring keeps every line's tail for status and errors.
+        match budget.take(tokio::time::Instant::now()) {
+            Admit::Log { suppressed: 0 } => {
+                tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}")
+            }
+            Admit::Log { suppressed } => {
+                tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
+                tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}");
+            }
+            Admit::Suppress => {
+                stats.stderr_suppressed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
         if tail.len() == ring_lines {
             tail.pop_front();
         }
         tail.push_back(text);
+    }
+    let suppressed = budget.suppressed;
+    if suppressed > 0 {
+        tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
+    }
+}
+
+/// How many stderr lines of one upstream go to the log: a burst, then a steady rate
+/// (a token bucket), so a chatty or hostile upstream cannot flood the daemon's log.
+struct LogBudget {
+    tokens: f64,
+    last: tokio::time::Instant,
+    /// Lines suppressed since the last one logged.
+    suppressed: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    /// Log it; first say how many were suppressed before it.
+    Log {
+        suppressed: u64,
+    },
+    Suppress,
+}
+
+impl LogBudget {
+    const BURST: f64 = 100.0;
+    const PER_SECOND: f64 = 20.0;
+
+    fn new(now: tokio::time::Instant) -> LogBudget {
+        LogBudget {
+            tokens: Self::BURST,
+            last: now,
+            suppressed: 0,
+        }
+    }
+
+    fn take(&mut self, now: tokio::time::Instant) -> Admit {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * Self::PER_SECOND).min(Self::BURST);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Admit::Log {
+                suppressed: std::mem::take(&mut self.suppressed),
+            }
+        } else {
+            self.suppressed += 1;
+            Admit::Suppress
+        }
     }
 }
 
@@ -448,4 +515,26 @@ async fn terminate_group(group: Option<Pid>, grace: Duration) {
         }
     }
     let _ = killpg(group, Signal::SIGKILL);
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_then_a_trickle_with_a_count_of_what_was_missed() {
+        let start = tokio::time::Instant::now();
+        let mut budget = LogBudget::new(start);
+        let logged = (0..1000)
+            .filter(|_| budget.take(start) != Admit::Suppress)
+            .count();
+        assert_eq!(logged, 100);
+        // A second later, twenty more; the first says how many were missed.
+        let later = start + Duration::from_secs(1);
+        assert_eq!(budget.take(later), Admit::Log { suppressed: 900 });
+        let more = (0..100)
+            .filter(|_| budget.take(later) != Admit::Suppress)
+            .count();
+        assert_eq!(more, 19);
+    }
 }

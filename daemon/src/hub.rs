@@ -711,12 +711,24 @@ impl Hub {
                 .upstream_session_instances
                 .with_label_values(&[name])
                 .set(upstream.session_instances() as i64);
-            let dropped = upstream.stats.dropped_stdout_lines.load(Ordering::Relaxed);
-            let counter = self
-                .metrics
-                .upstream_dropped_lines
-                .with_label_values(&[name]);
-            counter.inc_by(dropped.saturating_sub(counter.get()));
+            // Counters mirrored from the connection's own, which outlive its restarts.
+            for (counter, value) in [
+                (
+                    &self.metrics.upstream_dropped_lines,
+                    &upstream.stats.dropped_stdout_lines,
+                ),
+                (
+                    &self.metrics.upstream_stderr_lines,
+                    &upstream.stats.stderr_lines,
+                ),
+                (
+                    &self.metrics.upstream_stderr_suppressed,
+                    &upstream.stats.stderr_suppressed,
+                ),
+            ] {
+                let counter = counter.with_label_values(&[name]);
+                counter.inc_by(value.load(Ordering::Relaxed).saturating_sub(counter.get()));
+            }
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub catalog_fingerprint_info: IntGaugeVec,
     pub quarantined_entries: IntGaugeVec,
     pub audit_dropped: prometheus::IntCounter,
+    pub upstream_stderr_lines: IntCounterVec,
+    pub upstream_stderr_suppressed: IntCounterVec,
 }
 
 impl Metrics {
@@ -186,6 +188,22 @@ impl Metrics {
             "Audit log lines dropped because the writer was behind (a slow disk).",
         ))?;
         registry.register(Box::new(audit_dropped.clone()))?;
+        let upstream_stderr_lines = IntCounterVec::new(
+            Opts::new(
+                "plexus_upstream_stderr_lines_total",
+                "Lines an upstream wrote on stderr (all of them are kept in its status tail).",
+            ),
+            &["upstream"],
+        )?;
+        let upstream_stderr_suppressed = IntCounterVec::new(
+            Opts::new(
+                "plexus_upstream_stderr_suppressed_total",
+                "Stderr lines left out of the log by the per-upstream rate limit.",
+            ),
+            &["upstream"],
+        )?;
+        registry.register(Box::new(upstream_stderr_lines.clone()))?;
+        registry.register(Box::new(upstream_stderr_suppressed.clone()))?;
         registry.register(Box::new(schema_changes.clone()))?;
         registry.register(Box::new(schema_checks.clone()))?;
         registry.register(Box::new(catalog_fingerprint_info.clone()))?;
@@ -241,6 +259,8 @@ impl Metrics {
             catalog_fingerprint_info,
             quarantined_entries,
             audit_dropped,
+            upstream_stderr_lines,
+            upstream_stderr_suppressed,
         })
     }
 
@@ -259,6 +279,8 @@ impl Metrics {
         forget(&self.schema_checks, name);
         forget(&self.catalog_fingerprint_info, name);
         forget(&self.quarantined_entries, name);
+        forget(&self.upstream_stderr_lines, name);
+        forget(&self.upstream_stderr_suppressed, name);
     }
 
     /// The one fingerprint series of `upstream`: its current catalog's.

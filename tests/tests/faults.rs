@@ -800,3 +800,55 @@ async fn an_oversized_junk_line_fails_the_call_as_too_large() -> anyhow::Result<
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A chatty upstream cannot flood the daemon's log: a burst of its stderr is logged,
+/// then a count of the lines left out; every line is counted in a metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "chatty",
+            "",
+            &["--name", "chatty", "--stderr-lines", "50000"]
+        )
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    ensure!(
+        eventually(Duration::from_secs(15), || daemon
+            .log()
+            .contains("stderr lines suppressed"))
+        .await,
+        "no summary of suppressed lines"
+    );
+    let logged = daemon.log().matches("chatty line").count();
+    ensure!(
+        (50..1000).contains(&logged),
+        "{logged} of 50000 stderr lines reached the log"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, metrics) = daemon.admin_get("/metrics").await?;
+        let counted = metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("plexus_upstream_stderr_lines_total{upstream=\"chatty\"}")
+            })
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse::<u64>().ok());
+        if counted.is_some_and(|n| n >= 50000) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "stderr lines not counted: {counted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -53,6 +53,9 @@ struct Cli {
     /// Write BYTES bytes of 'x' (no newline) to stderr at startup.
     #[arg(long, value_name = "BYTES")]
     stderr_flood: Option<u64>,
+    /// Write N short lines to stderr at startup (a chatty upstream).
+    #[arg(long, value_name = "N")]
+    stderr_lines: Option<u64>,
     /// Exit with status 3, without answering, while handling the N-th tools/call.
     #[arg(long, value_name = "N")]
     exit_after_calls: Option<u64>,
@@ -96,6 +99,14 @@ fn main() {
     // here, which is the fault this flag exists to provoke.
     if let Some(bytes) = cli.stderr_flood {
         flood_stderr(bytes);
+    }
+    if let Some(lines) = cli.stderr_lines {
+        let mut stderr = std::io::stderr().lock();
+        for n in 0..lines {
+            if writeln!(stderr, "chatty line {n}").is_err() {
+                break;
+            }
+        }
     }
     init_tracing();
     let code = match run(cli) {
