@@ -150,12 +150,15 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
     };
     let mcp_front = {
         let front = front.clone();
+        let expired = front.clone();
         tokio::spawn(listener::serve(
             mcp_listener,
             move |request| front.clone().handle(request),
             limits,
             shutdown.clone(),
             daemon.drain_timeout(),
+            // Calls still running at the deadline get their -33007 answer.
+            move || expired.close_all(),
         ))
     };
     let admin_front = {
@@ -173,6 +176,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
             limits,
             shutdown.clone(),
             || Duration::from_secs(1),
+            || {},
         ))
     };
     shutdown.cancelled().await;

@@ -74,6 +74,8 @@ pub struct HttpFront {
     shutdown: CancellationToken,
     /// 2026-07-28 requests paused on input from their clients.
     paused: Arc<Continuations>,
+    /// The sessions of 2026-07-28 requests being served, so a shutdown can answer them.
+    stateless: DashMap<u64, std::sync::Weak<Session>>,
 }
 
 impl HttpFront {
@@ -89,6 +91,7 @@ impl HttpFront {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown,
             paused: Arc::new(Continuations::default()),
+            stateless: DashMap::new(),
         });
         front
             .hub
@@ -123,8 +126,14 @@ impl HttpFront {
     /// Closes every session (at shutdown).
     pub fn close_all(&self) {
         for entry in self.sessions.iter() {
-            entry.value().session.close();
+            entry.value().session.close_for_shutdown();
         }
+        for entry in self.stateless.iter() {
+            if let Some(session) = entry.value().upgrade() {
+                session.close_for_shutdown();
+            }
+        }
+        self.stateless.clear();
         self.sessions.clear();
         // Paused calls will not be retried now: release them and their upstream requests.
         self.paused.clear();
@@ -371,6 +380,12 @@ impl HttpFront {
             return json_response(StatusCode::BAD_REQUEST, &response);
         }
         let session = Session::stateless(self.hub.clone(), self.paused.clone(), identity);
+        if self.stateless.len() >= 1024 {
+            self.stateless
+                .retain(|_, session| session.strong_count() > 0);
+        }
+        self.stateless
+            .insert(session.id(), Arc::downgrade(&session));
         if accepts_event_stream(headers) {
             return answer_on_stream(session, message, true).await;
         }

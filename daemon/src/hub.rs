@@ -270,6 +270,11 @@ impl Hub {
         self.tasks.wait().await;
     }
 
+    /// Whether plexus is shutting down.
+    pub fn is_stopping(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
     /// Completes when plexus starts shutting down.
     pub async fn stopping(&self) {
         self.shutdown.cancelled().await

@@ -37,6 +37,7 @@ pub async fn serve<H, F>(
     limits: ConnectionLimits,
     shutdown: CancellationToken,
     drain: impl Fn() -> Duration,
+    drain_expired: impl FnOnce(),
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -86,16 +87,26 @@ pub async fn serve<H, F>(
     }
     drop(listener);
     let drain = drain();
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let finished = graceful.shutdown();
+    tokio::pin!(finished);
+    if tokio::time::timeout(drain, &mut finished).await.is_err() {
         tracing::warn!(
             drain_ms = drain.as_millis() as u64,
-            "HTTP connections still open after the drain deadline"
+            "HTTP exchanges still open after the drain deadline; ending them"
         );
+        // What still runs is answered (shutting down), then its connection may close.
+        drain_expired();
+        if tokio::time::timeout(ANSWER_GRACE, &mut finished)
+            .await
+            .is_err()
+        {
+            tracing::warn!("HTTP connections still open after their last answers");
+        }
     }
 }
+
+/// How long exchanges ended at the drain deadline have to write their answer.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
 
 /// `localhost`, `127.0.0.1` or `[::1]`, with an optional port: the Host and Origin
 /// a browser page cannot forge for a loopback listener (DNS rebinding).

@@ -852,3 +852,65 @@ async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Resul
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// Calls still running when SIGTERM's drain_timeout runs out are answered -33007
+/// (a JSON body, or the last event of a stream) before their connections close,
+/// in both eras.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_outliving_the_drain_are_answered_shutting_down() -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "drain_timeout = \"1s\"",
+        &fixture_upstream("fx", "", &["--name", "outliving"]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let (_session, id) = session_id(&daemon.url).await?;
+    let handshake = spawn_call(
+        &daemon.url,
+        &id,
+        7,
+        "tools/call",
+        json!({"name": "fx__sleep", "arguments": {"ms": 20000}}),
+    );
+    let url = daemon.url.clone();
+    let modern = tokio::spawn(async move {
+        let meta = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        });
+        let response = reqwest::Client::new()
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "fx__sleep")
+            .body(
+                json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+                    "params": {"name": "fx__sleep", "arguments": {"ms": 20000}, "_meta": meta}})
+                .to_string(),
+            )
+            .send()
+            .await?;
+        let (_, answer, _) = plexus_tests::answer_of(response).await?;
+        Ok::<_, anyhow::Error>(answer)
+    });
+    wait_for_in_flight(&daemon, "fx", 2).await?;
+    let started = Instant::now();
+    let status = daemon.stop().await?;
+    ensure!(status.success(), "{status}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for answer in [handshake.await??, modern.await??] {
+        ensure!(answer["error"]["code"] == -33007, "{answer}");
+        ensure!(
+            answer["error"]["data"]["kind"] == "shutting_down",
+            "{answer}"
+        );
+    }
+    Ok(())
+}

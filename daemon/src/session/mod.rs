@@ -76,6 +76,8 @@ pub struct Session {
     identity: Identity,
     /// Whether it listed anything yet (only its first list waits for starting upstreams).
     listed: AtomicBool,
+    /// Closed because plexus is shutting down: requests still running are told so.
+    shutting_down: AtomicBool,
 }
 
 /// Who a session is: the principal that opened it and the view it sees.
@@ -197,6 +199,7 @@ impl Session {
             paused,
             identity,
             listed: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
         });
         (session, receiver)
     }
@@ -221,6 +224,13 @@ impl Session {
     /// A request scope of a 2026-07-28 client: it cannot be sent requests.
     pub fn is_scope(&self) -> bool {
         self.inputs.is_some()
+    }
+
+    /// Ends the session because plexus is shutting down: requests still running are
+    /// answered -33007.
+    pub fn close_for_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        self.close();
     }
 
     /// Ends the session: in-flight requests are cancelled, announcements stop.
@@ -371,6 +381,24 @@ impl Session {
                     error.to_error_object()
                 },
             )),
+            // Ended with its session (plexus shutting down, or the session deleted or
+            // expired): the client still gets an answer.
+            None if self.closed.is_cancelled() => {
+                let error = if self.shutting_down.load(Ordering::Relaxed) || self.hub.is_stopping()
+                {
+                    RelayError::ShuttingDown
+                } else {
+                    RelayError::InvalidRequest("the session ended while this request ran".into())
+                };
+                Handled::Respond(jsonrpc::error_object_response(
+                    id,
+                    if modern {
+                        error.to_modern_error_object()
+                    } else {
+                        error.to_error_object()
+                    },
+                ))
+            }
             // A cancelled request gets no response (the client said it no longer wants one).
             None => Handled::Nothing,
         }
