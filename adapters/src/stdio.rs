@@ -37,6 +37,8 @@ pub struct StdioOptions {
     pub stderr_ring_lines: usize,
     /// Counters, shared so they can outlive one connection (an upstream's restarts).
     pub stats: Arc<ConnectionStats>,
+    /// Told of the child's process group, to kill it if the daemon dies first.
+    pub keeper: Option<Arc<crate::keeper::Keeper>>,
 }
 
 impl Default for StdioOptions {
@@ -46,6 +48,7 @@ impl Default for StdioOptions {
             stop_grace: Duration::from_secs(5),
             stderr_ring_lines: 50,
             stats: Arc::new(ConnectionStats::default()),
+            keeper: None,
         }
     }
 }
@@ -173,6 +176,9 @@ impl UpstreamConnection {
             source,
         })?;
         let pid = child.id();
+        if let (Some(keeper), Some(group)) = (&options.keeper, pid) {
+            keeper.watch(group);
+        }
         tracing::info!(
             upstream = %upstream,
             pid = pid.unwrap_or_default(),
@@ -229,6 +235,7 @@ impl UpstreamConnection {
             stop.clone(),
             options.stop_grace,
             exit_tx,
+            options.keeper.clone(),
         ));
 
         let transport = StdioTransport {
@@ -449,6 +456,7 @@ async fn child_loop(
     stop: CancellationToken,
     grace: Duration,
     exit_tx: watch::Sender<Option<ExitReport>>,
+    keeper: Option<Arc<crate::keeper::Keeper>>,
 ) {
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
     let status = tokio::select! {
@@ -473,6 +481,10 @@ async fn child_loop(
     };
     // The leader is gone, but its group (an npx tree) may live on.
     terminate_group(group, grace).await;
+    if let (Some(keeper), Some(group)) = (&keeper, group) {
+        // Reaped and emptied: its id may now be reused by an unrelated process.
+        keeper.forget(group.as_raw() as u32);
+    }
     let report = match status {
         Ok(status) => {
             use std::os::unix::process::ExitStatusExt;

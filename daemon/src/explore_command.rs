@@ -134,12 +134,18 @@ pub async fn open(
     let (events, mut ignored) = mpsc::channel(256);
     // What the upstream says on its own (logs, list changes) is not part of the answer.
     tokio::spawn(async move { while ignored.recv().await.is_some() {} });
-    let connection = open_connection(&name, &config, Arc::new(ConnectionStats::default()), events)
-        .await
-        .map_err(|reason| ExploreError::Start {
-            upstream: config.name.clone(),
-            reason,
-        })?;
+    let connection = open_connection(
+        &name,
+        &config,
+        Arc::new(ConnectionStats::default()),
+        None,
+        events,
+    )
+    .await
+    .map_err(|reason| ExploreError::Start {
+        upstream: config.name.clone(),
+        reason,
+    })?;
     let failed = |reason: String| ExploreError::Upstream {
         upstream: config.name.clone(),
         reason,

@@ -99,6 +99,7 @@ impl Hub {
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
             progress: progress.clone(),
+            keeper: start_keeper(),
         };
         let upstreams = Arc::new(UpstreamSet::new(supervision));
         let catalog = Arc::new(CatalogHost::new(
@@ -734,6 +735,23 @@ impl Hub {
                 let counter = counter.with_label_values(&[name]);
                 counter.inc_by(value.load(Ordering::Relaxed).saturating_sub(counter.get()));
             }
+        }
+    }
+}
+
+/// The keeper process (this binary, `plexus keeper`), which kills the upstreams'
+/// process groups if the daemon dies without stopping them.
+fn start_keeper() -> Option<Arc<adapters::keeper::Keeper>> {
+    let program = std::env::current_exe()
+        .map_err(
+            |error| tracing::warn!(%error, "cannot find plexus's own binary to start its keeper"),
+        )
+        .ok()?;
+    match adapters::keeper::Keeper::spawn(&program, &["keeper"]) {
+        Ok(keeper) => Some(Arc::new(keeper)),
+        Err(error) => {
+            tracing::warn!(%error, "cannot start the keeper; upstreams may outlive a crash of plexus");
+            None
         }
     }
 }

@@ -112,6 +112,10 @@ enum Command {
         #[arg(long)]
         admin: Option<String>,
     },
+    /// Internal: kills the process groups the daemon names on stdin once that pipe
+    /// closes (the daemon starts it; it outlives a crash of the daemon by a moment).
+    #[command(hide = true)]
+    Keeper,
     /// The running daemon's upstreams, sessions and configuration: a table, or JSON
     /// with --json (exit 69 when no daemon answers).
     Status {
@@ -186,6 +190,11 @@ enum CallArguments {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Keeper = cli.command {
+        // No logging, no runtime: it only waits for its input to end.
+        adapters::keeper::run_keeper(std::io::stdin().lock());
+        return ExitCode::SUCCESS;
+    }
     // The one-shot commands print JSON; only their problems belong in the log.
     let quiet = matches!(
         cli.command,
@@ -215,6 +224,7 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
+        Command::Keeper => ExitCode::SUCCESS,
         Command::Reload { config, admin } => reload(&config, admin.as_deref()),
         Command::Status {
             config,

@@ -914,3 +914,37 @@ async fn calls_outliving_the_drain_are_answered_shutting_down() -> anyhow::Resul
     }
     Ok(())
 }
+
+/// SIGKILL of the daemon leaves no upstream behind, even one that ignores stdin EOF
+/// and SIGTERM and has a grandchild: the keeper kills every group it was told of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_daemon_leaves_no_upstream_behind() -> anyhow::Result<()> {
+    let stubborn = format!(
+        "[upstreams.orphan]\ncommand = \"sh\"\nargs = [\"-c\", \"trap '' TERM HUP; sleep 301 & {} --name orphan-child --ignore-sigterm; sleep 302\"]\n",
+        fixture_binary().display()
+    );
+    let daemon = Daemon::start("", &stubborn).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    ensure!(
+        !processes_matching("sleep 301").is_empty(),
+        "the grandchild did not start"
+    );
+    let pid = daemon.pid().context("no daemon pid")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    ensure!(
+        eventually(Duration::from_secs(5), || processes_matching(
+            "orphan-child"
+        )
+        .is_empty()
+            && processes_matching("sleep 301").is_empty())
+        .await,
+        "left behind after SIGKILL: {:?} {:?}",
+        processes_matching("orphan-child"),
+        processes_matching("sleep 301")
+    );
+    drop(daemon);
+    Ok(())
+}

@@ -77,6 +77,8 @@ pub struct Supervision {
     pub shutdown: CancellationToken,
     /// Where upstream progress goes, without a detour through the pump.
     pub progress: Arc<ProgressRoutes>,
+    /// Kills the upstreams' process groups if the daemon dies without stopping them.
+    pub keeper: Option<Arc<adapters::keeper::Keeper>>,
 }
 
 /// The tables that hang off upstream names, told when the set changes.

@@ -149,7 +149,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let name = instance.name.clone();
     let (events_tx, events) = mpsc::channel(256);
     let connection = tokio::select! {
-        connected = open_connection(&name, config, upstream.stats.clone(), events_tx) => connected,
+        connected = open_connection(&name, config, upstream.stats.clone(), upstream.supervision.keeper.clone(), events_tx) => connected,
         _ = instance.stop.cancelled() => return RunEnd::Stopped,
     };
     let connection = match connection {
@@ -277,6 +277,7 @@ pub async fn open_connection(
     name: &Arc<str>,
     config: &UpstreamConfig,
     stats: Arc<ConnectionStats>,
+    keeper: Option<Arc<adapters::keeper::Keeper>>,
     events: mpsc::Sender<UpstreamEvent>,
 ) -> Result<UpstreamConnection, String> {
     match &config.launch {
@@ -285,6 +286,7 @@ pub async fn open_connection(
                 max_message_bytes: config.max_message_bytes,
                 stop_grace: config.stop_grace,
                 stats,
+                keeper,
                 ..StdioOptions::default()
             };
             UpstreamConnection::spawn_stdio(name.clone(), spec, &options, events)
