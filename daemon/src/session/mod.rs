@@ -770,6 +770,7 @@ impl Session {
             .await?;
         // A task-augmented call answers with a task whose id must name its upstream.
         Ok(if is_tool {
+            let reply = expose_linked_uris(&self.catalog(), &route.upstream, reply);
             self.hub
                 .task_routes
                 .expose(&route.upstream, Some(self.id), reply)
@@ -944,6 +945,31 @@ fn expose_content_uris(
     if let Some(Value::Array(contents)) = result.get_mut("contents") {
         for content in contents {
             if let Some(Value::String(uri)) = content.get_mut("uri") {
+                *uri = catalog.expose_uri(upstream, uri);
+            }
+        }
+    }
+    Reply::Result(result)
+}
+
+/// Gives the resource links and embedded resources of a tool result the exposed
+/// form of their URIs, so a read of them routes back to the upstream they came from.
+fn expose_linked_uris(
+    catalog: &Catalog,
+    upstream: &str,
+    reply: adapters::Reply,
+) -> adapters::Reply {
+    let adapters::Reply::Result(mut result) = reply else {
+        return reply;
+    };
+    if let Some(Value::Array(content)) = result.get_mut("content") {
+        for block in content {
+            let uri = match block.get("type").and_then(Value::as_str) {
+                Some("resource_link") => block.get_mut("uri"),
+                Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
+                _ => None,
+            };
+            if let Some(Value::String(uri)) = uri {
                 *uri = catalog.expose_uri(upstream, uri);
             }
         }

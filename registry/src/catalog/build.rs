@@ -32,6 +32,12 @@ pub(super) fn build(
         namespace_conflicts,
     };
     for listing in listings {
+        if listing.prefix.is_empty() {
+            builder
+                .catalog
+                .unprefixed_upstreams
+                .push(listing.upstream.clone());
+        }
         if let Some(reason) = &listing.quarantine.whole {
             builder
                 .catalog

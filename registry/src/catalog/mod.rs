@@ -126,6 +126,8 @@ pub struct Catalog {
     held: [HashMap<String, Held>; 4],
     /// Upstreams held back whole, with why.
     held_upstreams: HashMap<Arc<str>, Arc<Value>>,
+    /// Upstreams exposed without a prefix (their URIs carry no namespace).
+    unprefixed_upstreams: Vec<Arc<str>>,
     /// The instructions of each upstream whose instructions are not held.
     instructions: HashMap<Arc<str>, String>,
     /// In a view: the upstreams it shows (None: every upstream).
@@ -163,6 +165,7 @@ impl Catalog {
             templates: Vec::new(),
             held: Default::default(),
             held_upstreams: HashMap::new(),
+            unprefixed_upstreams: Vec::new(),
             instructions: HashMap::new(),
             visible: None,
             uri_filter: None,
@@ -241,7 +244,25 @@ impl Catalog {
                 original: exposed_uri.to_string(),
             });
         }
-        self.echoed_originals.get(exposed_uri).cloned().flatten()
+        if let Some(route) = self.echoed_originals.get(exposed_uri).cloned().flatten() {
+            return Some(route);
+        }
+        // Servers serve URIs they do not list (resource links, dynamic resources): a
+        // URI nothing above routes goes to the one unprefixed upstream, if there is one.
+        self.sole_unprefixed_upstream()
+            .filter(|upstream| !self.held_upstreams.contains_key(*upstream))
+            .map(|upstream| Route {
+                upstream: upstream.clone(),
+                original: exposed_uri.to_string(),
+            })
+    }
+
+    /// The only upstream exposed without a prefix, when exactly one is.
+    fn sole_unprefixed_upstream(&self) -> Option<&Arc<str>> {
+        match self.unprefixed_upstreams.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        }
     }
 
     /// Why a name, URI or template of `kind` that has no route is held back, if it
@@ -288,7 +309,20 @@ impl Catalog {
                     original,
                 )
             }
-            None => (self.best_template(uri, |t| t.unprefixed)?, uri),
+            None => match self.best_template(uri, |t| t.unprefixed) {
+                Some(template) => (template, uri),
+                None => {
+                    let upstream = self.sole_unprefixed_upstream()?;
+                    let reason = self.held_upstreams.get(upstream)?;
+                    return Some(Held {
+                        route: Route {
+                            upstream: upstream.clone(),
+                            original: uri.to_string(),
+                        },
+                        change: reason.clone(),
+                    });
+                }
+            },
         };
         Some(Held {
             route: Route {

@@ -476,3 +476,20 @@ fn a_view_is_a_catalog_of_what_it_shows() {
     assert!(restricted.shows_upstream("beta") && !restricted.shows_upstream("alpha"));
     assert_eq!(restricted.instructions("alpha"), None);
 }
+
+#[test]
+fn an_unlisted_uri_goes_to_the_one_unprefixed_upstream() {
+    let mut everything = listing("everything", "");
+    everything.resources = vec![json!({"uri": "test://static/1", "name": "one"})];
+    let mut alpha = listing("alpha", "alpha");
+    alpha.tools = vec![tool("echo")];
+    let (catalog, _) = build_default(&[alpha.clone(), everything.clone()]);
+    assert_eq!(
+        catalog.route_resource("test://watched-resource"),
+        Some(route("everything", "test://watched-resource"))
+    );
+    // With two unprefixed upstreams nothing says which: unknown.
+    let other = listing("other", "");
+    let (catalog, _) = build_default(&[alpha, everything, other]);
+    assert_eq!(catalog.route_resource("test://watched-resource"), None);
+}

@@ -123,6 +123,12 @@ impl Catalog {
             })
             .cloned()
             .collect();
+        restricted.unprefixed_upstreams = self
+            .unprefixed_upstreams
+            .iter()
+            .filter(|upstream| shown(upstream))
+            .cloned()
+            .collect();
         restricted.held_upstreams = self
             .held_upstreams
             .iter()
