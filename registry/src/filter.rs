@@ -14,6 +14,11 @@ impl ToolFilter {
         ToolFilter { allow, deny }
     }
 
+    /// Whether it lets every name through (no allow and no deny globs).
+    pub fn is_open(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+
     /// Whether the tool the upstream calls `original_tool_name` is exposed.
     pub fn permits(&self, original_tool_name: &str) -> bool {
         let allowed = self.allow.is_empty()

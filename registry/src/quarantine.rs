@@ -22,6 +22,9 @@ pub struct Quarantine {
     /// The server's instructions changed since they were pinned: they are not
     /// shown to clients until approved.
     pub instructions: bool,
+    /// Names the upstream does not list may be passed to it (its pins do not block
+    /// new entries, so relaying them bypasses nothing).
+    pub admits_unlisted: bool,
 }
 
 impl Quarantine {
@@ -36,6 +39,7 @@ impl Quarantine {
             whole: Some(Arc::new(reason)),
             entries: HashMap::new(),
             instructions: true,
+            admits_unlisted: false,
         }
     }
 

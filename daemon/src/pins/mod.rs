@@ -308,7 +308,7 @@ fn hold(
     let file = match file {
         Err(reason) => {
             if policy.on_change == SchemaPolicy::Ignore {
-                return Quarantine::none();
+                return admitting_unlisted(policy);
             }
             return Quarantine::whole(json!({
                 "class": "pin_file_unreadable",
@@ -328,11 +328,20 @@ fn hold(
             "reason": format!("pin = \"strict\": nothing of upstream `{upstream}` is exposed until `plexus pins approve {upstream}`"),
             "fields": [],
         })),
-        None => Quarantine::none(),
+        None => admitting_unlisted(policy),
         Some(pinned) => match policy.on_change {
             SchemaPolicy::Block => fingerprint::drift(&pinned.snapshot(), snapshot),
-            SchemaPolicy::Warn | SchemaPolicy::Ignore => Quarantine::none(),
+            SchemaPolicy::Warn | SchemaPolicy::Ignore => admitting_unlisted(policy),
         },
+    }
+}
+
+/// Nothing held; names the upstream does not list may reach it unless its pins
+/// block new entries (relaying them would bypass that).
+fn admitting_unlisted(policy: Policy) -> Quarantine {
+    Quarantine {
+        admits_unlisted: policy.on_change != SchemaPolicy::Block && !policy.strict,
+        ..Quarantine::none()
     }
 }
 

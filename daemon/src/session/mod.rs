@@ -599,9 +599,20 @@ impl Session {
             "tools/call" => {
                 let catalog = self.catalog();
                 let (params, name) = take_string(params, "name")?;
-                let route = catalog
-                    .route_tool(&name)
-                    .ok_or_else(|| unrouted(&catalog, Kind::Tools, &name))?;
+                let unlisted;
+                let route = match catalog.route_tool(&name) {
+                    Some(route) => route,
+                    None => match catalog
+                        .route_unlisted_tool(&name)
+                        .filter(|_| catalog.held(Kind::Tools, &name).is_none())
+                    {
+                        Some(route) => {
+                            unlisted = route;
+                            &unlisted
+                        }
+                        None => return Err(unrouted(&catalog, Kind::Tools, &name)),
+                    },
+                };
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let headers: Vec<(String, String)> = catalog
                     .param_headers(&name)

@@ -66,6 +66,16 @@ pub(super) fn build(
     for kind in Kind::ALL {
         catalog.digests[kind.index()] = digest_entries(catalog.entries(kind));
     }
+    let unprefixed: Vec<&UpstreamListing> =
+        listings.iter().filter(|l| l.prefix.is_empty()).collect();
+    if let [only] = unprefixed.as_slice() {
+        if only.quarantine.admits_unlisted
+            && only.tool_filter.is_open()
+            && only.quarantine.whole.is_none()
+        {
+            catalog.unlisted_tools_to = Some(only.upstream.clone());
+        }
+    }
     let mut warnings = warnings;
     warnings.extend(shadowing(&catalog, listings));
     (catalog, warnings)

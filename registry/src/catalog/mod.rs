@@ -128,6 +128,9 @@ pub struct Catalog {
     held_upstreams: HashMap<Arc<str>, Arc<Value>>,
     /// Upstreams exposed without a prefix (their URIs carry no namespace).
     unprefixed_upstreams: Vec<Arc<str>>,
+    /// The sole unprefixed upstream, when tool names it does not list may be
+    /// relayed to it (nothing plexus enforces on it would be bypassed).
+    unlisted_tools_to: Option<Arc<str>>,
     /// The instructions of each upstream whose instructions are not held.
     instructions: HashMap<Arc<str>, String>,
     /// In a view: the upstreams it shows (None: every upstream).
@@ -166,6 +169,7 @@ impl Catalog {
             held: Default::default(),
             held_upstreams: HashMap::new(),
             unprefixed_upstreams: Vec::new(),
+            unlisted_tools_to: None,
             instructions: HashMap::new(),
             visible: None,
             uri_filter: None,
@@ -201,6 +205,16 @@ impl Catalog {
 
     pub fn route_tool(&self, exposed_name: &str) -> Option<&Route> {
         self.routes[Kind::Tools.index()].get(exposed_name)
+    }
+
+    /// Where a tool name no table routes may still go: the one unprefixed upstream,
+    /// when it has no tool filter and its pins admit unlisted names (servers answer
+    /// names they do not list, with their own errors). Never in a view.
+    pub fn route_unlisted_tool(&self, name: &str) -> Option<Route> {
+        Some(Route {
+            upstream: self.unlisted_tools_to.clone()?,
+            original: name.to_string(),
+        })
     }
 
     /// The parameters a tool mirrors into `Mcp-Param-*` headers (2026-07-28 over HTTP).

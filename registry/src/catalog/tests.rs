@@ -493,3 +493,40 @@ fn an_unlisted_uri_goes_to_the_one_unprefixed_upstream() {
     let (catalog, _) = build_default(&[alpha, everything, other]);
     assert_eq!(catalog.route_resource("test://watched-resource"), None);
 }
+
+#[test]
+fn unlisted_tool_names_reach_the_sole_unprefixed_upstream_only_when_nothing_is_bypassed() {
+    use crate::{Quarantine, ToolFilter};
+    let mut open = listing("everything", "");
+    open.tools = vec![tool("echo")];
+    open.quarantine = Quarantine {
+        admits_unlisted: true,
+        ..Quarantine::none()
+    };
+    let (catalog, _) = build_default(&[open.clone()]);
+    assert_eq!(
+        catalog.route_unlisted_tool("test_simple_text"),
+        Some(route("everything", "test_simple_text"))
+    );
+    // A tool filter, blocking pins, or a second unprefixed upstream: unknown.
+    let mut filtered = open.clone();
+    filtered.tool_filter = ToolFilter::new(vec![], vec!["delete_*".into()]);
+    assert_eq!(
+        build_default(&[filtered])
+            .0
+            .route_unlisted_tool("delete_all"),
+        None
+    );
+    let mut blocking = open.clone();
+    blocking.quarantine = Quarantine::none();
+    assert_eq!(build_default(&[blocking]).0.route_unlisted_tool("x"), None);
+    let (two, _) = build_default(&[open.clone(), listing("other", "")]);
+    assert_eq!(two.route_unlisted_tool("x"), None);
+    // Never in a view.
+    assert_eq!(
+        catalog
+            .restrict(&super::View::default())
+            .route_unlisted_tool("x"),
+        None
+    );
+}

@@ -51,6 +51,7 @@ pub fn drift(pinned: &ListingSnapshot, observed: &ListingSnapshot) -> Quarantine
         whole: None,
         entries,
         instructions: pinned.instructions != observed.instructions,
+        admits_unlisted: false,
     }
 }
 
