@@ -299,6 +299,11 @@ impl UpstreamConnection {
         &self.inner.stats
     }
 
+    /// Whether both handles are to one connection.
+    pub fn is_same(&self, other: &UpstreamConnection) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// True once no reply can arrive any more (stdout closed, the child stopped,
     /// or the HTTP upstream unreachable or its session gone).
     pub fn is_closed(&self) -> bool {

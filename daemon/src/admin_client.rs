@@ -121,6 +121,44 @@ pub fn admin_address(
         })
 }
 
+/// The running daemon's MCP endpoint, from `daemon.json` in the state directory
+/// `config_path` names.
+pub fn daemon_url(
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, AdminClientError> {
+    let runtime = runtime_file(config_path, environment)?;
+    let body = std::fs::read_to_string(&runtime).map_err(|error| {
+        AdminClientError::NoAddress(format!(
+            "{} cannot be read ({error}); is the daemon running?",
+            runtime.display()
+        ))
+    })?;
+    serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|value| value.get("url")?.as_str().map(str::to_string))
+        .ok_or_else(|| AdminClientError::NoAddress(format!("{} has no url", runtime.display())))
+}
+
+/// Where the daemon of `config_path` writes `daemon.json`.
+fn runtime_file(
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<PathBuf, AdminClientError> {
+    let text = std::fs::read_to_string(config_path).map_err(|error| {
+        AdminClientError::NoAddress(format!("cannot read {}: {error}", config_path.display()))
+    })?;
+    let base = config_path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let state_dir = match daemon_key(&text, "state_dir") {
+        Some(dir) => base.join(PathBuf::from(dir)),
+        None => config::default_state_dir(environment),
+    };
+    Ok(state_dir.join(RUNTIME_FILE))
+}
+
 /// A string key of `[daemon]`: from the parsed TOML, or, when the file does not
 /// parse, from a line of the form `key = "value"`.
 fn daemon_key(text: &str, key: &str) -> Option<String> {

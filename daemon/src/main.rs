@@ -8,6 +8,7 @@ mod app;
 mod audit;
 mod catalog_host;
 mod config;
+mod connect_command;
 mod control;
 mod era;
 mod explore_command;
@@ -111,6 +112,23 @@ enum Command {
         /// The admin listener, when the file cannot tell.
         #[arg(long)]
         admin: Option<String>,
+    },
+    /// A stdio bridge to a running daemon, for clients that only launch commands:
+    /// MCP on stdin/stdout, relayed to its HTTP front; it reconnects if the daemon
+    /// restarts. Logs go to stderr.
+    Connect {
+        /// The daemon's MCP endpoint [default: the running daemon of --config, else
+        /// http://127.0.0.1:7464/mcp]
+        url: Option<String>,
+        /// The configuration the running daemon uses (its daemon.json names the URL).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// A file holding the bearer token (else $PLEXUS_TOKEN).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Serve this view of the catalog (`/mcp/VIEW`).
+        #[arg(long)]
+        view: Option<String>,
     },
     /// Internal: kills the process groups the daemon names on stdin once that pipe
     /// closes (the daemon starts it; it outlives a crash of the daemon by a moment).
@@ -225,6 +243,36 @@ fn main() -> ExitCode {
             }
         },
         Command::Keeper => ExitCode::SUCCESS,
+        Command::Connect {
+            url,
+            config,
+            token_file,
+            view,
+        } => {
+            let target = match connect_command::target(
+                url,
+                config.as_deref(),
+                view.as_deref(),
+                token_file.as_deref(),
+                &environment,
+            ) {
+                Ok(target) => target,
+                Err(error) => {
+                    eprintln!("{error}");
+                    return ExitCode::from(EXIT_UNAVAILABLE);
+                }
+            };
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            match runtime.block_on(connect_command::run(target)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("{error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Reload { config, admin } => reload(&config, admin.as_deref()),
         Command::Status {
             config,

@@ -70,7 +70,18 @@ impl Daemon {
         daemon_extra: &str,
         sections: &str,
     ) -> anyhow::Result<Daemon> {
-        Daemon::launch(dir, daemon_extra, sections, &[]).await
+        Daemon::launch(dir, "127.0.0.1:0", daemon_extra, sections, &[]).await
+    }
+
+    /// Like [`Daemon::start_in`], listening on `listen` (a fixed port, so a
+    /// restarted daemon is found where its clients left it).
+    pub async fn start_on(
+        dir: tempfile::TempDir,
+        listen: &str,
+        daemon_extra: &str,
+        sections: &str,
+    ) -> anyhow::Result<Daemon> {
+        Daemon::launch(dir, listen, daemon_extra, sections, &[]).await
     }
 
     /// Like [`Daemon::start`], with these variables added to the daemon's environment
@@ -80,11 +91,19 @@ impl Daemon {
         sections: &str,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Daemon> {
-        Daemon::launch(tempfile::tempdir()?, daemon_extra, sections, env).await
+        Daemon::launch(
+            tempfile::tempdir()?,
+            "127.0.0.1:0",
+            daemon_extra,
+            sections,
+            env,
+        )
+        .await
     }
 
     async fn launch(
         dir: tempfile::TempDir,
+        listen: &str,
         daemon_extra: &str,
         sections: &str,
         env: &[(&str, &str)],
@@ -92,7 +111,7 @@ impl Daemon {
         let _ = std::fs::remove_file(dir.path().join("state").join("daemon.json"));
         let state = dir.path().join("state");
         let config = format!(
-            "[daemon]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{daemon_extra}\n\n{sections}",
+            "[daemon]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{daemon_extra}\n\n{sections}",
             state.display().to_string()
         );
         let config_path = dir.path().join("config.toml");
@@ -186,6 +205,13 @@ impl Daemon {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
+    }
+
+    /// SIGKILL: the daemon vanishes mid-session, as in a crash.
+    pub async fn kill(mut self) -> anyhow::Result<tempfile::TempDir> {
+        let mut child = self.child.take().context("already stopped")?;
+        child.kill().await?;
+        Ok(std::mem::replace(&mut self.dir, tempfile::tempdir()?))
     }
 
     /// Stops the daemon and hands back its directory, for a restart on the same state.

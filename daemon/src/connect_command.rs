@@ -1,0 +1,493 @@
+//! `plexus connect [URL]`: a stdio bridge for clients that only launch commands.
+//! MCP messages on stdin/stdout are relayed to a running daemon's HTTP front, in the
+//! client's own era: a handshake-era client gets a session (its `initialize` goes
+//! through), a 2026-07-28 client's requests go as they are, each with the headers
+//! that revision mirrors. Requests run concurrently; server-to-client requests,
+//! progress, logs and list changes come back on stdout.
+//!
+//! It survives the daemon: when the connection is lost (a restart, a moment of
+//! unreachability) it reconnects with backoff, re-initializes with the client's
+//! original `initialize`, sets the log level and subscriptions again and tells the
+//! client the lists changed. A call that was in flight gets -33003; one that had
+//! not left waits for the new connection. Only protocol messages go to stdout.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use adapters::{
+    ConnectionError, HttpEndpoint, HttpOptions, HttpTransportKind, Reply, UpstreamConnection,
+    UpstreamEvent,
+};
+use registry::headers::{encode_header_value, param_headers, ParamHeader};
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::jsonrpc;
+
+/// Where the bridge connects and with what.
+pub struct Target {
+    pub url: String,
+    pub token: Option<String>,
+}
+
+/// The daemon's front: URL given, else the running daemon of `config` (its
+/// `daemon.json`), else the default listener; `/VIEW` appended for a view.
+pub fn target(
+    url: Option<String>,
+    config: Option<&Path>,
+    view: Option<&str>,
+    token_file: Option<&Path>,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Target, String> {
+    let mut url = match (url, config) {
+        (Some(url), _) => url,
+        (None, Some(config)) => crate::admin_client::daemon_url(config, environment)
+            .map_err(|error| error.to_string())?,
+        (None, None) => format!("http://{}/mcp", crate::config::DEFAULT_LISTEN),
+    };
+    if let Some(view) = view {
+        url = format!("{}/{view}", url.trim_end_matches('/'));
+    }
+    let token = match token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => environment("PLEXUS_TOKEN").filter(|token| !token.is_empty()),
+    };
+    Ok(Target { url, token })
+}
+
+/// What the bridge remembers of the client to restore it on a new connection.
+#[derive(Default)]
+struct Remembered {
+    /// The client's `initialize` params (a handshake-era client).
+    initialize: Option<Value>,
+    initialized: bool,
+    log_level: Option<Value>,
+    subscriptions: BTreeSet<String>,
+    /// Tools' parameters mirrored into `Mcp-Param-*` headers, from the tool lists
+    /// the bridge relayed (a 2026-07-28 client's calls must carry them).
+    param_headers: HashMap<String, Vec<ParamHeader>>,
+}
+
+struct Bridge {
+    target: Target,
+    /// The live connection; None while reconnecting.
+    connection: watch::Sender<Option<UpstreamConnection>>,
+    remembered: Mutex<Remembered>,
+    output: mpsc::Sender<Value>,
+    /// Requests in flight by the client's id, so its cancel can end them.
+    in_flight: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+}
+
+/// Runs the bridge until the client's input ends.
+pub async fn run(target: Target) -> Result<(), String> {
+    let (output, mut outgoing) = mpsc::channel::<Value>(256);
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(message) = outgoing.recv().await {
+            let mut line = serde_json::to_vec(&message).unwrap_or_default();
+            line.push(b'\n');
+            if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let bridge = Arc::new(Bridge {
+        target,
+        connection: watch::channel(None).0,
+        remembered: Mutex::new(Remembered::default()),
+        output,
+        in_flight: Mutex::new(HashMap::new()),
+    });
+    let keeper = tokio::spawn(keep_connected(bridge.clone()));
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let message: Value = match serde_json::from_str(&line) {
+            Ok(message) => message,
+            Err(error) => {
+                let error = jsonrpc::RelayError::Parse(error.to_string());
+                let _ = bridge
+                    .output
+                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .await;
+                continue;
+            }
+        };
+        let handled = bridge.clone();
+        tasks.spawn(async move { handled.handle(message).await });
+        // Finished tasks are collected as they go, so the set stays small.
+        while tasks.try_join_next().is_some() {}
+    }
+    // The client is gone: let answers in flight out, briefly, then end.
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    keeper.abort();
+    let connection = bridge.connection.borrow().clone();
+    if let Some(connection) = connection {
+        connection.shutdown().await;
+    }
+    drop(bridge);
+    let _ = writer.await;
+    Ok(())
+}
+
+impl Bridge {
+    fn remembered(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.remembered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn send(&self, message: Value) {
+        let _ = self.output.send(message).await;
+    }
+
+    async fn handle(self: Arc<Self>, message: Value) {
+        let method = message
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let id = message.get("id").cloned();
+        match (method, id) {
+            (Some(method), Some(id)) => {
+                let key = id.to_string();
+                let task = {
+                    let bridge = self.clone();
+                    let params = message.get("params").cloned();
+                    tokio::spawn(async move { bridge.request(id, &method, params).await })
+                };
+                self.in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key.clone(), task.abort_handle());
+                let _ = task.await;
+                self.in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key);
+            }
+            (Some(method), None) => {
+                self.notification(&method, message.get("params").cloned())
+                    .await
+            }
+            (None, Some(id)) => {
+                let reply = match (message.get("result"), message.get("error")) {
+                    (Some(result), _) => Reply::Result(result.clone()),
+                    (None, error) => Reply::Error(error.cloned().unwrap_or(Value::Null)),
+                };
+                let connection = self.connection.borrow().clone();
+                if let Some(connection) = connection {
+                    let _ = connection.respond(id, reply).await;
+                }
+            }
+            (None, None) => {}
+        }
+    }
+
+    async fn notification(&self, method: &str, params: Option<Value>) {
+        if method == "notifications/cancelled" {
+            let key = params
+                .as_ref()
+                .and_then(|p| p.get("requestId"))
+                .map(Value::to_string);
+            let task = key.and_then(|key| {
+                self.in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key)
+            });
+            // Dropping the relayed request sends the daemon its own cancel.
+            if let Some(task) = task {
+                task.abort();
+            }
+            return;
+        }
+        if method == "notifications/initialized" {
+            self.remembered().initialized = true;
+        }
+        let connection = self.connection().await;
+        let _ = connection.notify(method, params).await;
+    }
+
+    /// Relays one request and writes its answer under the client's id.
+    async fn request(self: &Arc<Self>, id: Value, method: &str, params: Option<Value>) {
+        if method == "initialize" {
+            self.remembered().initialize = params.clone();
+        }
+        let reply = loop {
+            let connection = self.connection().await;
+            let headers = self.mirrored_headers(method, params.as_ref());
+            let outcome = connection
+                .prepare(method, params.clone())
+                .with_headers(headers)
+                .send()
+                .await;
+            match outcome {
+                Ok(reply) => break Ok(reply),
+                // It never left: send it again on the next connection.
+                Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. }) => {
+                    self.lost(&connection).await;
+                }
+                Err(error @ (ConnectionError::Closed | ConnectionError::Broken { .. })) => {
+                    self.lost(&connection).await;
+                    break Err(error);
+                }
+                Err(error) => break Err(error),
+            }
+        };
+        let answer = match reply {
+            Ok(Reply::Result(result)) => {
+                self.learn(method, params.as_ref(), &result);
+                jsonrpc::result_response(id, result)
+            }
+            Ok(Reply::Error(error)) => jsonrpc::error_object_response(id, error),
+            Err(error) => jsonrpc::error_object_response(
+                id,
+                json!({
+                    "code": jsonrpc::UPSTREAM_FAILED,
+                    "message": format!("the connection to plexus at {} was lost during the call: {error}", self.target.url),
+                    "data": {"kind": "upstream_failed", "upstream": null, "retryable": true, "retry_after_ms": 1000},
+                }),
+            ),
+        };
+        self.send(answer).await;
+    }
+
+    /// What a successful answer teaches the bridge about the client's state.
+    fn learn(&self, method: &str, params: Option<&Value>, result: &Value) {
+        let mut remembered = self.remembered();
+        match method {
+            "logging/setLevel" => remembered.log_level = params.cloned(),
+            "resources/subscribe" | "resources/unsubscribe" => {
+                if let Some(uri) = params.and_then(|p| p.get("uri")).and_then(Value::as_str) {
+                    if method == "resources/subscribe" {
+                        remembered.subscriptions.insert(uri.to_string());
+                    } else {
+                        remembered.subscriptions.remove(uri);
+                    }
+                }
+            }
+            "tools/list" => {
+                for tool in result
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let (Some(name), Some(schema)) = (
+                        tool.get("name").and_then(Value::as_str),
+                        tool.get("inputSchema"),
+                    ) else {
+                        continue;
+                    };
+                    if let Ok(designated) = param_headers(schema) {
+                        if !designated.is_empty() {
+                            remembered
+                                .param_headers
+                                .insert(name.to_string(), designated);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The `Mcp-Param-*` headers a 2026-07-28 `tools/call` must carry.
+    fn mirrored_headers(&self, method: &str, params: Option<&Value>) -> Vec<(String, String)> {
+        if method != "tools/call" {
+            return Vec::new();
+        }
+        let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else {
+            return Vec::new();
+        };
+        let remembered = self.remembered();
+        let Some(designated) = remembered.param_headers.get(name) else {
+            return Vec::new();
+        };
+        let arguments = params.and_then(|p| p.get("arguments"));
+        designated
+            .iter()
+            .filter_map(|header| {
+                let value = header.value_in(arguments)?;
+                Some((header.header_name(), encode_header_value(&value)))
+            })
+            .collect()
+    }
+
+    /// The live connection, waiting for one while the bridge reconnects.
+    async fn connection(&self) -> UpstreamConnection {
+        let mut connections = self.connection.subscribe();
+        loop {
+            if let Some(connection) = connections.borrow_and_update().clone() {
+                if !connection.is_closed() {
+                    return connection;
+                }
+            }
+            if connections.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// `connection` failed: take it down so the keeper makes a new one.
+    async fn lost(&self, connection: &UpstreamConnection) {
+        self.connection.send_if_modified(|current| {
+            let same = current
+                .as_ref()
+                .is_some_and(|current| current.is_same(connection));
+            if same {
+                *current = None;
+            }
+            same
+        });
+        // Give the keeper a moment before the caller asks again.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Keeps a connection to the daemon: opens one, restores the client's session on
+/// it, relays what the daemon sends on its own, and starts over when it is lost.
+async fn keep_connected(bridge: Arc<Bridge>) {
+    let mut delay = Duration::from_millis(100);
+    let mut first = true;
+    loop {
+        let (events, mut received) = mpsc::channel(256);
+        let endpoint = HttpEndpoint {
+            url: bridge.target.url.clone(),
+            headers: bridge
+                .target
+                .token
+                .iter()
+                .map(|token| ("Authorization".to_string(), format!("Bearer {token}")))
+                .collect(),
+            transport: HttpTransportKind::StreamableHttp,
+        };
+        let options = HttpOptions {
+            connect_timeout: Duration::from_secs(5),
+            ..HttpOptions::default()
+        };
+        let connection = match UpstreamConnection::connect_http(
+            Arc::from("plexus"),
+            &endpoint,
+            &options,
+            events,
+        )
+        .await
+        {
+            Ok(connection) => connection,
+            Err(error) => {
+                tracing::warn!(%error, url = %bridge.target.url, "cannot connect to plexus; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if !first {
+            match restore(&bridge, &connection).await {
+                Ok(()) => tracing::info!(url = %bridge.target.url, "reconnected to plexus"),
+                Err(error) => {
+                    tracing::warn!(%error, url = %bridge.target.url, "plexus is not back yet; retrying");
+                    connection.shutdown().await;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        first = false;
+        delay = Duration::from_millis(100);
+        bridge.connection.send_replace(Some(connection.clone()));
+        let relaying = async {
+            while let Some(event) = received.recv().await {
+                let message = match event {
+                    UpstreamEvent::Notification(message) => message,
+                    UpstreamEvent::Request { message, .. } => message,
+                };
+                bridge.send(message).await;
+            }
+        };
+        let mut current = bridge.connection.subscribe();
+        let replaced = async {
+            loop {
+                if current.borrow_and_update().is_none() {
+                    return;
+                }
+                if current.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = connection.closed() => {}
+            () = relaying => {}
+            () = replaced => {}
+        }
+        bridge.connection.send_replace(None);
+        connection.shutdown().await;
+        tracing::warn!(url = %bridge.target.url, "lost the connection to plexus; reconnecting");
+    }
+}
+
+/// A new connection for a client that had a session: its `initialize` again (the
+/// answer is the bridge's, not the client's), its log level and subscriptions,
+/// and `list_changed` so it lists again.
+async fn restore(bridge: &Bridge, connection: &UpstreamConnection) -> Result<(), String> {
+    let (initialize, initialized, log_level, subscriptions) = {
+        let remembered = bridge.remembered();
+        (
+            remembered.initialize.clone(),
+            remembered.initialized,
+            remembered.log_level.clone(),
+            remembered.subscriptions.clone(),
+        )
+    };
+    let Some(initialize) = initialize else {
+        // A 2026-07-28 client has no session to restore; its lists may still have changed.
+        announce_changes(bridge).await;
+        return Ok(());
+    };
+    match connection.request("initialize", Some(initialize)).await {
+        Ok(Reply::Result(_)) => {}
+        Ok(Reply::Error(error)) => return Err(format!("initialize was refused: {error}")),
+        Err(error) => return Err(error.to_string()),
+    }
+    if initialized {
+        let _ = connection.notify("notifications/initialized", None).await;
+    }
+    if let Some(level) = log_level {
+        let _ = connection.request("logging/setLevel", Some(level)).await;
+    }
+    for uri in subscriptions {
+        let mut params = Map::new();
+        params.insert("uri".into(), Value::String(uri));
+        let _ = connection
+            .request("resources/subscribe", Some(Value::Object(params)))
+            .await;
+    }
+    announce_changes(bridge).await;
+    Ok(())
+}
+
+async fn announce_changes(bridge: &Bridge) {
+    for method in [
+        "notifications/tools/list_changed",
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    ] {
+        bridge.send(jsonrpc::notification(method, None)).await;
+    }
+}

@@ -1,0 +1,144 @@
+//! `plexus connect`: an rmcp client of each era launches the bridge, which relays to
+//! a running daemon's HTTP front; the daemon is killed and started again mid-session
+//! (a call in flight then gets -33003) and the next call succeeds.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use plexus_tests::answering::{call, AnsweringClient};
+use plexus_tests::{fixture_upstream, plexus_binary, Daemon};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
+use serde_json::json;
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn connect_command(url: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(plexus_binary());
+    command.args(["connect", url]).env("PLEXUS_LOG", "warn");
+    command
+}
+
+/// Calls `fx__echo` until it answers (the bridge reconnects behind the client's back).
+async fn echo_once_back(
+    client: &plexus_tests::answering::AnsweringService,
+    text: &str,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match call(client, "fx__echo", json!({"text": text})).await {
+            Ok(answer) if answer.to_string().contains(text) => return Ok(()),
+            outcome => {
+                ensure!(
+                    std::time::Instant::now() < deadline,
+                    "the call never succeeded after the restart: {outcome:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_client_survives_a_daemon_restart_through_connect() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let url = format!("http://{listen}/mcp");
+    let section = fixture_upstream("fx", "", &[]);
+    let daemon = Daemon::start_on(tempfile::tempdir()?, &listen, "", &section).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let handler = AnsweringClient::named("bridged");
+    let client = handler
+        .clone()
+        .serve(TokioChildProcess::new(connect_command(&url))?)
+        .await?;
+    let tools = client.list_all_tools().await?;
+    ensure!(
+        tools.iter().any(|tool| tool.name == "fx__echo"),
+        "{tools:?}"
+    );
+    ensure!(call(&client, "fx__echo", json!({"text": "before"}))
+        .await?
+        .to_string()
+        .contains("before"));
+    // A server-to-client request and its answer pass through the bridge.
+    let asked = call(&client, "fx__ask", json!({"kind": "sampling"})).await?;
+    ensure!(
+        asked.to_string().contains(&handler.sampled_text()),
+        "{asked}"
+    );
+
+    // The daemon dies with a call in flight, and comes back on the same port.
+    let in_flight = {
+        let peer = client.peer().clone();
+        tokio::spawn(async move {
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("fx__sleep".to_string())
+                    .with_arguments(plexus_tests::arguments(json!({"ms": 10000}))),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dir = daemon.kill().await?;
+    let lost = tokio::time::timeout(Duration::from_secs(10), in_flight)
+        .await
+        .context("the call in flight was never answered")??;
+    let error = lost
+        .err()
+        .context("the call in flight succeeded after a SIGKILL")?;
+    ensure!(error.to_string().contains("-33003"), "{error}");
+    let daemon = Daemon::start_on(dir, &listen, "", &section).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    echo_once_back(&client, "after").await?;
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_survives_a_daemon_restart_through_connect() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let url = format!("http://{listen}/mcp");
+    let section = fixture_upstream("fx", "", &[]);
+    let daemon = Daemon::start_on(tempfile::tempdir()?, &listen, "", &section).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let handler = AnsweringClient::named("modern-bridged").modern();
+    let client = handler
+        .clone()
+        .serve_with_lifecycle(
+            TokioChildProcess::new(connect_command(&url))?,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await?;
+    let info = client.peer_info().context("no server info")?;
+    ensure!(
+        info.protocol_version == rmcp::model::ProtocolVersion::V_2026_07_28,
+        "{:?}",
+        info.protocol_version
+    );
+    ensure!(call(&client, "fx__echo", json!({"text": "before"}))
+        .await?
+        .to_string()
+        .contains("before"));
+    // Sampling reaches this client as an input-required round through the bridge.
+    let asked = call(&client, "fx__ask", json!({"kind": "sampling"})).await?;
+    ensure!(
+        asked.to_string().contains(&handler.sampled_text()),
+        "{asked}"
+    );
+
+    let dir = daemon.kill().await?;
+    let daemon = Daemon::start_on(dir, &listen, "", &section).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    echo_once_back(&client, "after").await?;
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
