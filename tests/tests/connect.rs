@@ -142,3 +142,58 @@ async fn a_2026_client_survives_a_daemon_restart_through_connect() -> anyhow::Re
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// The Python SDK (a client written apart) through `plexus connect`, in both eras,
+/// across a daemon SIGKILL and restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_survives_a_daemon_restart_through_connect() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join("target/python-venv/bin/python");
+    if !python.exists() {
+        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+        return Ok(());
+    }
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let url = format!("http://{listen}/mcp");
+    let section = fixture_upstream("fx", "", &[]);
+    let mut daemon = Daemon::start_on(tempfile::tempdir()?, &listen, "", &section).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    for mode in ["auto", "legacy"] {
+        let mut script = tokio::process::Command::new(&python)
+            .arg(root.join("tests/python/connect_client.py"))
+            .args(["--mode", mode, "--"])
+            .arg(plexus_binary())
+            .args(["connect", &url])
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut stdin = script.stdin.take().context("stdin")?;
+        let mut lines = tokio::io::BufReader::new(script.stdout.take().context("stdout")?).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("the script never got ready")??;
+        ensure!(ready.as_deref() == Some("ready"), "{mode}: {ready:?}");
+        let dir = daemon.kill().await?;
+        daemon = Daemon::start_on(dir, &listen, "", &section).await?;
+        daemon.wait_ready(Duration::from_secs(20)).await?;
+        stdin.write_all(b"go\n").await?;
+        let verdict = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("the script never finished")??;
+        let output = script.wait_with_output().await?;
+        ensure!(
+            verdict
+                .as_deref()
+                .is_some_and(|line| line.starts_with("ok")),
+            "{mode}: {verdict:?}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
