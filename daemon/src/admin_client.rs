@@ -97,28 +97,13 @@ pub fn admin_address(
             return Ok(address.to_string());
         }
     }
-    let base = config_path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let state_dir = match daemon_key(&text, "state_dir") {
-        Some(dir) => base.join(PathBuf::from(dir)),
-        None => config::default_state_dir(environment),
-    };
-    let runtime = state_dir.join(RUNTIME_FILE);
-    let body = std::fs::read_to_string(&runtime).map_err(|error| {
-        AdminClientError::NoAddress(format!(
-            "{} names no fixed admin port and {} cannot be read ({error}); is the daemon running?",
-            config_path.display(),
-            runtime.display()
-        ))
-    })?;
-    serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|value| value.get("admin_listen")?.as_str().map(str::to_string))
-        .ok_or_else(|| {
-            AdminClientError::NoAddress(format!("{} has no admin_listen", runtime.display()))
-        })
+    runtime_field(config_path, environment, "admin_listen").map_err(|error| match error {
+        AdminClientError::NoAddress(reason) => AdminClientError::NoAddress(format!(
+            "{} names no fixed admin port and {reason}",
+            config_path.display()
+        )),
+        other => other,
+    })
 }
 
 /// The running daemon's MCP endpoint, from `daemon.json` in the state directory
@@ -126,6 +111,15 @@ pub fn admin_address(
 pub fn daemon_url(
     config_path: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, AdminClientError> {
+    runtime_field(config_path, environment, "url")
+}
+
+/// One field of the running daemon's `daemon.json`.
+fn runtime_field(
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+    field: &str,
 ) -> Result<String, AdminClientError> {
     let runtime = runtime_file(config_path, environment)?;
     let body = std::fs::read_to_string(&runtime).map_err(|error| {
@@ -136,8 +130,8 @@ pub fn daemon_url(
     })?;
     serde_json::from_str::<serde_json::Value>(&body)
         .ok()
-        .and_then(|value| value.get("url")?.as_str().map(str::to_string))
-        .ok_or_else(|| AdminClientError::NoAddress(format!("{} has no url", runtime.display())))
+        .and_then(|value| value.get(field)?.as_str().map(str::to_string))
+        .ok_or_else(|| AdminClientError::NoAddress(format!("{} has no {field}", runtime.display())))
 }
 
 /// Where the daemon of `config_path` writes `daemon.json`.

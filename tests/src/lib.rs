@@ -207,6 +207,20 @@ impl Daemon {
         self.child.as_ref().and_then(Child::id)
     }
 
+    /// `plexus reload` on this daemon's config: its JSON report, once applied.
+    pub async fn reload(&self) -> anyhow::Result<Value> {
+        let output = Command::new(plexus_binary())
+            .args(["reload", "--config"])
+            .arg(self.dir.path().join("config.toml"))
+            .output()
+            .await?;
+        let report = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() {
+            bail!("plexus reload failed: {report}");
+        }
+        Ok(serde_json::from_str(&report)?)
+    }
+
     /// SIGKILL: the daemon vanishes mid-session, as in a crash.
     pub async fn kill(mut self) -> anyhow::Result<tempfile::TempDir> {
         let mut child = self.child.take().context("already stopped")?;
@@ -306,6 +320,8 @@ pub async fn answer_of(
 pub struct RawHttpSession {
     client: reqwest::Client,
     url: String,
+    /// Sent with every request (a bearer token, a cookie).
+    headers: Vec<(String, String)>,
     session: Option<String>,
     next_id: u64,
     /// Messages that arrived on a request's event stream before its response.
@@ -314,9 +330,21 @@ pub struct RawHttpSession {
 
 impl RawHttpSession {
     pub async fn connect(url: &str) -> anyhow::Result<RawHttpSession> {
+        RawHttpSession::connect_with(url, &[]).await
+    }
+
+    /// Like [`RawHttpSession::connect`], sending `headers` with every request.
+    pub async fn connect_with(
+        url: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<RawHttpSession> {
         let mut session = RawHttpSession {
             client: reqwest::Client::new(),
             url: url.to_string(),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
             session: None,
             next_id: 0,
             streamed: Vec::new(),
@@ -348,6 +376,9 @@ impl RawHttpSession {
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .body(serde_json::to_vec(message)?);
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
         if let Some(session) = &self.session {
             request = request.header("mcp-session-id", session);
         }
@@ -404,6 +435,9 @@ impl RawHttpSession {
             .body(serde_json::to_vec(
                 &serde_json::json!({"jsonrpc": "2.0", "method": method}),
             )?);
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
         if let Some(session) = &self.session {
             request = request.header("mcp-session-id", session);
         }

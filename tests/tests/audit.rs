@@ -192,16 +192,7 @@ async fn every_call_leaves_one_line_and_no_secret() -> anyhow::Result<()> {
     // logrotate moves the file away; a reload opens a new one.
     let rotated = daemon.dir.path().join("audit.jsonl.1");
     std::fs::rename(&trail, &rotated)?;
-    let output = tokio::process::Command::new(plexus_binary())
-        .args(["reload", "--config"])
-        .arg(daemon.dir.path().join("config.toml"))
-        .output()
-        .await?;
-    ensure!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    daemon.reload().await?;
     session
         .request("tools/call", json!({"name": "fx__whoami", "arguments": {}}))
         .await?;
@@ -228,37 +219,18 @@ async fn the_trail_names_the_principal_and_view_never_the_token() -> anyhow::Res
     )
     .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
-    let client = reqwest::Client::new();
-    let post = |body: Value, session: Option<String>| {
-        let mut request = client
-            .post(format!("{}/narrow", daemon.url))
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .body(body.to_string());
-        if let Some(session) = session {
-            request = request.header("mcp-session-id", session);
-        }
-        request.send()
-    };
-    let opened = post(
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "t", "version": "0"}}}),
-        None,
+    let bearer = format!("Bearer {TOKEN}");
+    let mut session = RawHttpSession::connect_with(
+        &format!("{}/narrow", daemon.url),
+        &[("authorization", bearer.as_str())],
     )
     .await?;
-    let session = opened
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    post(
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "fx__echo", "arguments": {"text": "x"}}}),
-        session,
-    )
-    .await?;
+    session
+        .request(
+            "tools/call",
+            json!({"name": "fx__echo", "arguments": {"text": "x"}}),
+        )
+        .await?;
     let trail = daemon.dir.path().join("audit.jsonl");
     let line = line_for(&trail, "tools/call", "fx__echo").await?;
     ensure!(

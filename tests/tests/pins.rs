@@ -684,12 +684,7 @@ async fn warn_ignore_and_strict_behave_as_named() -> anyhow::Result<()> {
             "on_schema_change = \"block\"",
         ),
     )?;
-    let output = tokio::process::Command::new(plexus_binary())
-        .args(["reload", "--config"])
-        .arg(&config_path)
-        .output()
-        .await?;
-    let report: Value = serde_json::from_slice(&output.stdout)?;
+    let report = daemon.reload().await?;
     ensure!(
         report["updated"] == json!(["warned"]) && report["restarted"] == json!([]),
         "{report}"
@@ -753,16 +748,7 @@ async fn a_corrupt_pin_file_fails_closed_until_mended() -> anyhow::Result<()> {
 
     // Mended (here: removed) and reloaded, the upstream is pinned afresh and exposed.
     std::fs::remove_file(&pin_path)?;
-    let output = tokio::process::Command::new(plexus_binary())
-        .args(["reload", "--config"])
-        .arg(daemon.dir.path().join("config.toml"))
-        .output()
-        .await?;
-    ensure!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    daemon.reload().await?;
     listed_until(
         &mut session,
         "tools",

@@ -805,39 +805,21 @@ async fn url_credentials_become_basic_auth_and_client_credentials_stay_home() ->
         "the upstream never accepted the URL's credentials\n{}",
         daemon.log()
     );
-    let post = |body: Value, session: Option<String>| {
-        let mut request = client
-            .post(&daemon.url)
-            .bearer_auth(token)
-            .header("cookie", "plexus-test=cookie-secret")
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .body(body.to_string());
-        if let Some(session) = session {
-            request = request.header("mcp-session-id", session);
-        }
-        request.send()
-    };
-    let initialized = post(
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "t", "version": "0"}}}),
-        None,
+    let bearer = format!("Bearer {token}");
+    let mut session = plexus_tests::RawHttpSession::connect_with(
+        &daemon.url,
+        &[
+            ("authorization", bearer.as_str()),
+            ("cookie", "plexus-test=cookie-secret"),
+        ],
     )
     .await?;
-    let session = initialized
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let called: Value = post(
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "remote__echo", "arguments": {"text": "through"}}}),
-        session,
-    )
-    .await?
-    .json()
-    .await?;
+    let called = session
+        .request(
+            "tools/call",
+            json!({"name": "remote__echo", "arguments": {"text": "through"}}),
+        )
+        .await?;
     ensure!(text_of(&called["result"]) == "through", "{called}");
     let log = daemon.log();
     for secret in ["p%40ss", "p@ss", token, "cookie-secret"] {

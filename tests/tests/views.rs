@@ -6,9 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use plexus_tests::{
-    fixture_upstream, http_client, plexus_binary, Daemon, RawHttpSession, TestClient,
-};
+use plexus_tests::{fixture_upstream, http_client, Daemon, RawHttpSession, TestClient};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{json, Value};
 
@@ -318,16 +316,7 @@ async fn tokens_bind_views_stdio_selects_one_and_a_reload_changes_them() -> anyh
             "tools = [\"alpha__echo\", \"alpha__add\"]",
         ),
     )?;
-    let output = tokio::process::Command::new(plexus_binary())
-        .args(["reload", "--config"])
-        .arg(&config_path)
-        .output()
-        .await?;
-    ensure!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    daemon.reload().await?;
     let session = ci_session.context("no ci session")?;
     let listed: Value = client
         .post(&daemon.url)
