@@ -175,16 +175,10 @@ impl HttpFront {
             Ok(view) => view,
             Err(_) => return plain(StatusCode::NOT_FOUND, "not found: there is no such view"),
         };
-        if let Some(version) = request.headers().get(PROTOCOL_HEADER) {
-            let version = version.to_str().unwrap_or_default();
-            if !era::ALL_VERSIONS.contains(&version) {
-                return json_error(
-                    StatusCode::BAD_REQUEST,
-                    &RelayError::UnsupportedVersion {
-                        requested: version.to_string(),
-                        supported: era::ALL_VERSIONS.to_vec(),
-                    },
-                );
+        // A POST's answer echoes its request's id, so the body is read first.
+        if request.method() != Method::POST {
+            if let Err(error) = check_version_header(request.headers()) {
+                return json_error(StatusCode::BAD_REQUEST, &error);
             }
         }
         match *request.method() {
@@ -273,14 +267,21 @@ impl HttpFront {
                 )
             }
         };
+        if let Err(error) = check_version_header(&parts.headers) {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &jsonrpc::error_response(id, &error),
+            );
+        }
         let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
         let modern_header = parts
             .headers
             .get(PROTOCOL_HEADER)
             .is_some_and(|v| v.as_bytes() == era::MODERN_VERSION.as_bytes());
-        if !is_initialize
-            && (modern_header || era::declared_version(message.get("params")).is_some())
-        {
+        // A 2026-07-28 request is served that way whatever its method: `initialize`
+        // sent so is an unknown method of that revision, not a handshake.
+        if modern_header || era::declared_version(message.get("params")).is_some() {
             return self
                 .post_modern(&parts.headers, message, Identity { principal, view })
                 .await;
@@ -757,6 +758,21 @@ impl Rejection {
             Rejection::Json(status, error) => json_error(status, &error),
         }
     }
+}
+
+/// A `MCP-Protocol-Version` header names a revision plexus serves, if there is one.
+fn check_version_header(headers: &HeaderMap) -> Result<(), RelayError> {
+    let Some(version) = headers.get(PROTOCOL_HEADER) else {
+        return Ok(());
+    };
+    let version = version.to_str().unwrap_or_default();
+    if era::ALL_VERSIONS.contains(&version) {
+        return Ok(());
+    }
+    Err(RelayError::UnsupportedVersion {
+        requested: version.to_string(),
+        supported: era::ALL_VERSIONS.to_vec(),
+    })
 }
 
 /// A refusal at the door: its status, a JSON-RPC error body, and for 401 the

@@ -553,3 +553,47 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// Wire details of 2026-07-28 found by probing: an unsupported version's error
+/// echoes the request's id; `initialize` and `ping` sent as 2026-07-28 requests are
+/// unknown methods (404, -32601), and `initialize` opens no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_2026_wire_details_hold() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = reqwest::Client::new();
+    let post = |version: &'static str, method: &'static str, id: u64| {
+        let meta = json!({
+            "io.modelcontextprotocol/protocolVersion": version,
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        });
+        let request = client
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", version)
+            .header("mcp-method", method)
+            .body(
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {"_meta": meta}})
+                    .to_string(),
+            );
+        async move { answer_of(request.send().await?).await }
+    };
+    let (status, answer, _) = post("1999-01-01", "server/discover", 41).await?;
+    ensure!(status == 400, "{status} {answer}");
+    ensure!(answer["error"]["code"] == -32022, "{answer}");
+    ensure!(
+        answer["id"] == 41,
+        "the error does not echo the request's id: {answer}"
+    );
+    for (method, id) in [("initialize", 42), ("ping", 43)] {
+        let (status, answer, session) = post("2026-07-28", method, id).await?;
+        ensure!(status == 404, "{method}: {status} {answer}");
+        ensure!(answer["error"]["code"] == -32601, "{method}: {answer}");
+        ensure!(answer["id"] == id, "{method}: {answer}");
+        ensure!(session.is_none(), "{method} opened a session");
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

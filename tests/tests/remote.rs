@@ -848,3 +848,30 @@ async fn url_credentials_become_basic_auth_and_client_credentials_stay_home() ->
     drop(fixture);
     Ok(())
 }
+
+/// A server that writes two JSON-RPC messages on separate lines in one
+/// `application/json` body (a notification, then the reply) is understood: each
+/// message is taken as it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_messages_in_one_json_body_are_each_taken() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = HttpFixture::start(
+        dir.path(),
+        any_port(),
+        &["--stateless-json", "--lines-body"],
+    )
+    .await?;
+    let daemon = Daemon::start("", &remote_section("lines", &fixture.url(), "")).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let answer = session
+        .request(
+            "tools/call",
+            json!({"name": "lines__echo", "arguments": {"text": "both lines"}}),
+        )
+        .await?;
+    ensure!(text_of(&answer["result"]) == "both lines", "{answer}");
+    ensure!(daemon.stop().await?.success());
+    drop(fixture);
+    Ok(())
+}

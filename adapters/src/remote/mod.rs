@@ -887,24 +887,33 @@ impl Shared {
             );
         }
         match self.read_body(response.into_body()).await {
-            Ok(body) => match serde_json::from_slice::<Value>(&body) {
-                Ok(message) => {
-                    if self.dispatch(message, Some(id), initialize).await != Some(id) {
-                        self.complete(
-                            id,
-                            Err(ConnectionError::Broken {
-                                url: self.url_text.clone(),
-                                reason: "the JSON response holds no reply to the request".into(),
-                            }),
-                        );
+            Ok(body) => {
+                // Usually one message; a server may put several on separate lines
+                // (its notifications, then the reply): each is taken as it comes.
+                let mut answered = false;
+                let mut unreadable = None;
+                for message in serde_json::Deserializer::from_slice(&body).into_iter::<Value>() {
+                    match message {
+                        Ok(message) => {
+                            if self.dispatch(message, Some(id), initialize).await == Some(id) {
+                                answered = true;
+                            }
+                        }
+                        Err(error) => {
+                            unreadable = Some(error);
+                            break;
+                        }
                     }
                 }
-                Err(error) => {
-                    let reason = format!("the response is not JSON: {error}");
+                if !answered {
+                    let reason = match unreadable {
+                        Some(error) => format!("the response is not JSON: {error}"),
+                        None => "the JSON response holds no reply to the request".into(),
+                    };
                     let url = self.url_text.clone();
                     self.complete(id, Err(ConnectionError::Broken { url, reason }));
                 }
-            },
+            }
             Err(error) => self.complete(id, Err(error)),
         }
     }

@@ -350,8 +350,7 @@ impl Session {
             key: &key,
         };
         // A client that never initialized and declares a version per request speaks 2026-07-28.
-        let modern = method != "initialize"
-            && self.protocol_version().is_none()
+        let modern = self.protocol_version().is_none()
             && (method == "server/discover" || era::declared_version(params.as_ref()).is_some());
         let outcome = tokio::select! {
             outcome = async {
@@ -482,10 +481,13 @@ impl Session {
                 self.instructions(),
             ))),
             "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
-            // Replaced in this revision by `_meta` log levels and `subscriptions/listen`.
-            "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
-                Err(RelayError::MethodNotFound(method.to_string()))
-            }
+            // Replaced in this revision by `_meta` log levels and `subscriptions/listen`;
+            // it has no handshake and no ping.
+            "logging/setLevel"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "initialize"
+            | "ping" => Err(RelayError::MethodNotFound(method.to_string())),
             _ => bridge::serve(self, method, params, meta, related).await,
         }
     }

@@ -78,6 +78,10 @@ struct Cli {
     /// With --http: refuse (401) every request without this header, as `Name: value`.
     #[arg(long, value_name = "HEADER", requires = "http")]
     require_header: Option<String>,
+    /// With --stateless-json: put a log notification on the line before each
+    /// result, in the same body.
+    #[arg(long, requires = "stateless_json")]
+    lines_body: bool,
     /// With --http: append one JSON line per HTTP request (method, path, MCP headers) to PATH.
     #[arg(long, value_name = "PATH", requires = "http")]
     request_log: Option<PathBuf>,
@@ -192,6 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 stateless_json: cli.stateless_json,
                 required_header,
                 request_log: cli.request_log.clone(),
+                lines_body: cli.lines_body,
             };
             http::serve(addr, settings, move || {
                 Fixture::new(
