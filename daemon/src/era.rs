@@ -80,6 +80,20 @@ pub fn parse_meta(params: Option<&Value>) -> Result<RequestMeta, RelayError> {
 /// Removes the per-request fields before a request goes to a handshake-era
 /// upstream: it negotiated once at `initialize`, and some servers reject a
 /// version in `_meta` they did not negotiate.
+/// Puts `capabilities` in a request's `_meta` as the client's.
+pub fn set_client_capabilities(params: &mut Option<Value>, capabilities: Value) {
+    let params = params.get_or_insert_with(|| Value::Object(serde_json::Map::new()));
+    let Value::Object(params) = params else {
+        return;
+    };
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Value::Object(meta) = meta {
+        meta.insert(META_CLIENT_CAPABILITIES.to_string(), capabilities);
+    }
+}
+
 pub fn strip_request_meta(params: &mut Option<Value>) {
     let Some(Value::Object(params)) = params else {
         return;

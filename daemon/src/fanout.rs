@@ -30,6 +30,9 @@ pub trait Client: Send + Sync {
     fn is_subscribed(&self, uri: &str) -> bool;
     /// Whether the client's view shows this upstream (its logs reach only those that do).
     fn shows_upstream(&self, upstream: &str) -> bool;
+    /// The capabilities the client declared (its `initialize`, or a 2026-07-28
+    /// request's `_meta`).
+    fn declared_capabilities(&self) -> Value;
     /// A message of plexus's own for the client (logs, updates, list changes).
     fn notify(&self, message: Value);
     fn outbound(&self) -> &mpsc::Sender<Value>;
@@ -183,6 +186,23 @@ fn error(code: i64, message: String) -> Reply {
 impl Fanout {
     pub fn register_session(&self, session: Weak<dyn Client>, id: u64) {
         self.sessions.insert(id, session);
+    }
+
+    /// What a 2026-07-28 upstream is told the client of session `id` can do: its own
+    /// declared capabilities, as far as plexus relays them (sampling, elicitation,
+    /// roots), never plexus's.
+    pub fn relayable_capabilities(&self, id: u64) -> Value {
+        let declared = self
+            .session(id)
+            .map(|session| session.declared_capabilities())
+            .unwrap_or(Value::Null);
+        let mut relayable = Map::new();
+        for key in ["sampling", "elicitation", "roots"] {
+            if let Some(capability) = declared.get(key).filter(|value| !value.is_null()) {
+                relayable.insert(key.to_string(), capability.clone());
+            }
+        }
+        Value::Object(relayable)
     }
 
     fn session(&self, id: u64) -> Option<Arc<dyn Client>> {

@@ -561,6 +561,12 @@ impl Hub {
 
         // Upstreams negotiated their revision once; the per-request fields are the client's.
         crate::era::strip_request_meta(&mut params);
+        // A 2026-07-28 upstream is told what the calling client can do, not what
+        // plexus can (it may refuse a tool the client could not serve: -32021).
+        if connection.is_per_request() {
+            let capabilities = self.fanout.relayable_capabilities(call.session);
+            crate::era::set_client_capabilities(&mut params, capabilities);
+        }
         // The client's progress token never reaches a shared upstream: plexus's own does.
         let progress = self.progress.register(&mut params, call.related);
         // The request gets its upstream-side id first, so whatever the upstream sends

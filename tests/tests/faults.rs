@@ -848,6 +848,8 @@ async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Resul
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The flood is over quickly: give the control session time to call meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     control.finish().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())

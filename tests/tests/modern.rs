@@ -597,3 +597,42 @@ async fn the_2026_wire_details_hold() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A 2026-07-28 upstream is told the calling client's own capabilities, not
+/// plexus's: a client that declared no elicitation gets the upstream's -32021 for a
+/// tool that needs it, while a client that declared it is asked as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &["--modern"])).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let bare = rmcp::model::ClientConfig::default()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+    let refused = bare
+        .call_tool(
+            CallToolRequestParams::new("fx__ask".to_string())
+                .with_arguments(plexus_tests::arguments(json!({"kind": "elicitation"}))),
+        )
+        .await
+        .err()
+        .context("a client without the elicitation capability had its call run")?;
+    ensure!(refused.to_string().contains("-32021"), "{refused}");
+    bare.cancel().await?;
+
+    let handler = AnsweringClient::named("capable").modern();
+    let capable = handler
+        .clone()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+    let answer = call(&capable, "fx__ask", json!({"kind": "elicitation"})).await?;
+    ensure!(answer.to_string().contains("accept:"), "{answer}");
+    capable.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

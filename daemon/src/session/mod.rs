@@ -1047,6 +1047,13 @@ impl Client for Session {
     fn shows_upstream(&self, upstream: &str) -> bool {
         self.identity.view.is_none() || self.catalog().shows_upstream(upstream)
     }
+    fn declared_capabilities(&self) -> Value {
+        self.hello
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .capabilities
+            .clone()
+    }
     fn notify(&self, message: Value) {
         Session::notify(self, message)
     }
