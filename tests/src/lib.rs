@@ -656,21 +656,24 @@ impl ControlSession {
             let mut errors = Vec::new();
             loop {
                 let text = format!("control {calls}");
-                let call = session.request(
-                    "tools/call",
-                    serde_json::json!({"name": tool, "arguments": {"text": text}}),
-                );
-                let response = tokio::select! {
-                    response = call => response,
-                    _ = stopped.notified() => break,
-                };
+                // Each call is let finish (a stop waits for it), so a session
+                // stopped early has still made one.
+                let response = session
+                    .request(
+                        "tools/call",
+                        serde_json::json!({"name": tool, "arguments": {"text": text}}),
+                    )
+                    .await;
                 calls += 1;
                 match response {
                     Ok(response) if response["result"]["content"][0]["text"] == text.as_str() => {}
                     Ok(response) => errors.push(response.to_string()),
                     Err(error) => errors.push(error.to_string()),
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = stopped.notified() => break,
+                }
             }
             Ok((calls, errors))
         });
