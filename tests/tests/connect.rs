@@ -197,3 +197,40 @@ async fn the_python_sdk_survives_a_daemon_restart_through_connect() -> anyhow::R
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// Everything a session carries passes through the bridge, in each era: server-to-
+/// client requests and their answers (sampling, elicitation in both modes, roots),
+/// progress and cancellation, against server-everything and the fixture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_relays_requests_progress_and_cancellation_in_each_era() -> anyhow::Result<()> {
+    use plexus_tests::answering::{exercise_common, fixture_with_cancel_log};
+    let logs = tempfile::tempdir()?;
+    let cancel_log = logs.path().join("cancels");
+    let sections = format!(
+        "[upstreams.everything]\nnpx = \"@modelcontextprotocol/server-everything@2026.8.31\"\ninit_timeout = \"180s\"\n\n{}",
+        fixture_with_cancel_log(&cancel_log)
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(240)).await?;
+    let handshake = AnsweringClient::named("bridged-old");
+    let client = handshake
+        .clone()
+        .serve(TokioChildProcess::new(connect_command(&daemon.url))?)
+        .await?;
+    exercise_common(&client, &handshake, &cancel_log).await?;
+    client.cancel().await?;
+    let modern = AnsweringClient::named("bridged-new").modern();
+    let client = modern
+        .clone()
+        .serve_with_lifecycle(
+            TokioChildProcess::new(connect_command(&daemon.url))?,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await?;
+    exercise_common(&client, &modern, &cancel_log).await?;
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
