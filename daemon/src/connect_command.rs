@@ -63,6 +63,17 @@ pub fn target(
     Ok(Target { url, token })
 }
 
+/// A message's place in the order of relaying: an `initialize` goes alone.
+enum Gate {
+    /// Held (for its drop) while the message is relayed.
+    Exclusive {
+        _guard: tokio::sync::OwnedRwLockWriteGuard<()>,
+    },
+    Shared {
+        _guard: tokio::sync::OwnedRwLockReadGuard<()>,
+    },
+}
+
 /// What the bridge remembers of the client to restore it on a new connection.
 #[derive(Default)]
 struct Remembered {
@@ -109,6 +120,7 @@ pub async fn run(target: Target) -> Result<(), String> {
     let keeper = tokio::spawn(keep_connected(bridge.clone()));
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut tasks = tokio::task::JoinSet::new();
+    let order = Arc::new(tokio::sync::RwLock::new(()));
     while let Ok(Some(line)) = lines.next_line().await {
         if line.trim().is_empty() {
             continue;
@@ -124,8 +136,22 @@ pub async fn run(target: Target) -> Result<(), String> {
                 continue;
             }
         };
+        // Nothing overtakes an `initialize`: its session must exist before the
+        // messages after it go out (they are otherwise relayed concurrently).
+        let gate = if message.get("method").and_then(Value::as_str) == Some("initialize") {
+            Gate::Exclusive {
+                _guard: order.clone().write_owned().await,
+            }
+        } else {
+            Gate::Shared {
+                _guard: order.clone().read_owned().await,
+            }
+        };
         let handled = bridge.clone();
-        tasks.spawn(async move { handled.handle(message).await });
+        tasks.spawn(async move {
+            let _gate = gate;
+            handled.handle(message).await
+        });
         // Finished tasks are collected as they go, so the set stays small.
         while tasks.try_join_next().is_some() {}
     }

@@ -234,3 +234,50 @@ async fn the_bridge_relays_requests_progress_and_cancellation_in_each_era() -> a
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A client that writes its `initialize` and its first call at once still gets the
+/// call answered in the session the `initialize` opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let mut bridge = connect_command(&daemon.url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = bridge.stdin.take().context("stdin")?;
+    let burst = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "hasty", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "fx__echo", "arguments": {"text": "at once"}}}),
+    ]
+    .iter()
+    .map(|message| format!("{message}\n"))
+    .collect::<String>();
+    stdin.write_all(burst.as_bytes()).await?;
+    let mut lines = tokio::io::BufReader::new(bridge.stdout.take().context("stdout")?).lines();
+    let mut answered = None;
+    while answered.is_none() {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .context("no answer to the call")??
+            .context("the bridge ended")?;
+        let message: serde_json::Value = serde_json::from_str(&line)?;
+        if message["id"] == 2 {
+            answered = Some(message);
+        }
+    }
+    let answer = answered.context("no answer")?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "at once",
+        "{answer}"
+    );
+    drop(stdin);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
