@@ -3,30 +3,20 @@
 //! and the cancel sent when a caller stops waiting are the same for both; only
 //! how a message leaves differs.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::remote::HttpTransport;
-use crate::rpc::{encode_notification, encode_response, ConnectionError, Reply, SharedPending};
-use crate::stdio::{ExitReport, StdioTransport};
-
-/// Counters a connection keeps for metrics.
-#[derive(Debug, Default)]
-pub struct ConnectionStats {
-    /// Lines on stdout (or events on an HTTP stream) that were not JSON-RPC messages.
-    pub dropped_stdout_lines: AtomicU64,
-    /// Replies that arrived after their caller gave up.
-    pub late_replies: AtomicU64,
-    /// Processes started (or HTTP connections opened) with these counters.
-    pub spawns: AtomicU64,
-    /// Lines the upstream wrote on stderr, and how many of them the log left out.
-    pub stderr_lines: AtomicU64,
-    pub stderr_suppressed: AtomicU64,
-}
+use crate::launch::LaunchSpec;
+use crate::remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransport};
+pub use crate::rpc::ConnectionStats;
+use crate::rpc::UpstreamEvent;
+use crate::rpc::{
+    encode_notification, encode_response, ConnectionError, Reply, SharedPending, Spawned,
+};
+use crate::stdio::{ExitReport, SpawnError, StdioOptions, StdioTransport};
 
 /// A handle to a running upstream. Cheap to clone; the upstream is stopped by
 /// [`UpstreamConnection::shutdown`], or (a child) killed when the last handle is dropped.
@@ -157,14 +147,43 @@ impl Inner {
 }
 
 impl UpstreamConnection {
-    pub(crate) fn from_parts(
+    /// Starts the child described by `spec`. Messages the upstream sends on its
+    /// own (notifications, server-to-client requests) go to `events`.
+    pub fn spawn_stdio(
         upstream: Arc<str>,
-        pending: SharedPending,
-        closed: CancellationToken,
-        stop: CancellationToken,
-        stats: Arc<ConnectionStats>,
-        transport: Transport,
+        spec: &LaunchSpec,
+        options: &StdioOptions,
+        events: tokio::sync::mpsc::Sender<UpstreamEvent>,
+    ) -> Result<UpstreamConnection, SpawnError> {
+        let spawned = crate::stdio::spawn(upstream, spec, options, events)?;
+        Ok(UpstreamConnection::from_spawned(spawned, Transport::Stdio))
+    }
+
+    /// Opens a connection to a remote upstream. For HTTP+SSE this waits for the
+    /// event stream's `endpoint`; streamable HTTP connects with the first request.
+    /// Messages the upstream sends on its own go to `events`.
+    pub async fn connect_http(
+        upstream: Arc<str>,
+        endpoint: &HttpEndpoint,
+        options: &HttpOptions,
+        events: tokio::sync::mpsc::Sender<UpstreamEvent>,
+    ) -> Result<UpstreamConnection, HttpError> {
+        let spawned = crate::remote::connect(upstream, endpoint, options, events).await?;
+        Ok(UpstreamConnection::from_spawned(spawned, Transport::Http))
+    }
+
+    fn from_spawned<T>(
+        spawned: Spawned<T>,
+        transport: impl FnOnce(T) -> Transport,
     ) -> UpstreamConnection {
+        let Spawned {
+            upstream,
+            pending,
+            closed,
+            stop,
+            stats,
+            transport: carrier,
+        } = spawned;
         UpstreamConnection {
             inner: Arc::new(Inner {
                 upstream,
@@ -173,7 +192,7 @@ impl UpstreamConnection {
                 stop,
                 stats,
                 request_meta: RwLock::new(None),
-                transport,
+                transport: transport(carrier),
             }),
         }
     }

@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, Mutex, PoisonError};
+use tokio_util::sync::CancellationToken;
 
 use serde_json::{Map, Value};
 use tokio::sync::oneshot;
@@ -222,6 +224,31 @@ pub(crate) fn id_in_head(head: &[u8]) -> Option<u64> {
 }
 
 pub(crate) type SharedPending = Arc<PendingRequests>;
+
+/// Counters a connection keeps for metrics.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    /// Lines on stdout (or events on an HTTP stream) that were not JSON-RPC messages.
+    pub dropped_stdout_lines: AtomicU64,
+    /// Replies that arrived after their caller gave up.
+    pub late_replies: AtomicU64,
+    /// Processes started (or HTTP connections opened) with these counters.
+    pub spawns: AtomicU64,
+    /// Lines the upstream wrote on stderr, and how many of them the log left out.
+    pub stderr_lines: AtomicU64,
+    pub stderr_suppressed: AtomicU64,
+}
+
+/// What a transport hands the connection it becomes part of: the pending table,
+/// the closed and stop tokens, the counters, and the transport itself.
+pub(crate) struct Spawned<T> {
+    pub upstream: Arc<str>,
+    pub pending: SharedPending,
+    pub closed: CancellationToken,
+    pub stop: CancellationToken,
+    pub stats: Arc<ConnectionStats>,
+    pub transport: T,
+}
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

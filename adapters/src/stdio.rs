@@ -16,10 +16,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::Transport;
-pub use crate::connection::{ConnectionStats, UpstreamConnection};
 use crate::framing::{Frame, LineDecoder};
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
+pub use crate::rpc::ConnectionStats;
+use crate::rpc::Spawned;
 use crate::rpc::{
     classify, encode_request, id_in_head, our_id, ConnectionError, Incoming, PendingRequests,
     SharedPending, UpstreamEvent,
@@ -82,7 +82,7 @@ impl std::fmt::Display for ExitReport {
     }
 }
 
-/// The stdio side of an [`UpstreamConnection`]: the child's stdin, its exit, and
+/// The stdio side of an `UpstreamConnection`: the child's stdin, its exit, and
 /// the tail of its stderr.
 pub(crate) struct StdioTransport {
     writer: Arc<StdinWriter>,
@@ -144,115 +144,113 @@ impl StdioTransport {
     }
 }
 
-impl UpstreamConnection {
-    /// Starts the child described by `spec`. Messages the upstream sends on its
-    /// own (notifications, server-to-client requests) go to `events`.
-    pub fn spawn_stdio(
-        upstream: Arc<str>,
-        spec: &LaunchSpec,
-        options: &StdioOptions,
-        events: mpsc::Sender<UpstreamEvent>,
-    ) -> Result<UpstreamConnection, SpawnError> {
-        let parent = std::env::vars_os()
-            .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
-        let env = clean_environment(parent, &spec.env);
-        let program = resolve_program(&spec.program, env.get("PATH").map(String::as_str))?;
-        let mut command = Command::new(&program);
-        command
-            .args(&spec.args)
-            .env_clear()
-            .envs(&env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own group, so stopping it reaches grandchildren (npx → npm → sh → node).
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(cwd) = &spec.cwd {
-            command.current_dir(cwd);
-        }
-        let mut child = command.spawn().map_err(|source| SpawnError::Io {
+/// Starts the child described by `spec`. Messages the upstream sends on its own
+/// (notifications, server-to-client requests) go to `events`.
+pub(crate) fn spawn(
+    upstream: Arc<str>,
+    spec: &LaunchSpec,
+    options: &StdioOptions,
+    events: mpsc::Sender<UpstreamEvent>,
+) -> Result<Spawned<StdioTransport>, SpawnError> {
+    let parent = std::env::vars_os()
+        .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
+    let env = clean_environment(parent, &spec.env);
+    let program = resolve_program(&spec.program, env.get("PATH").map(String::as_str))?;
+    let mut command = Command::new(&program);
+    command
+        .args(&spec.args)
+        .env_clear()
+        .envs(&env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so stopping it reaches grandchildren (npx → npm → sh → node).
+        .process_group(0)
+        .kill_on_drop(false);
+    if let Some(cwd) = &spec.cwd {
+        command.current_dir(cwd);
+    }
+    let mut child = command.spawn().map_err(|source| SpawnError::Io {
+        program: spec.program.clone(),
+        source,
+    })?;
+    let pid = child.id();
+    if let (Some(keeper), Some(group)) = (&options.keeper, pid) {
+        keeper.watch(group);
+    }
+    tracing::info!(
+        upstream = %upstream,
+        pid = pid.unwrap_or_default(),
+        program = %program.display(),
+        argv = ?spec.args,
+        "spawned upstream"
+    );
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(SpawnError::Io {
+            program: spec.program.clone(),
+            source: std::io::Error::other("child pipes were not created"),
+        });
+    };
+
+    let pending: SharedPending = Arc::new(PendingRequests::default());
+    let closed = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let stats = options.stats.clone();
+    let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+    stats.spawns.fetch_add(1, Ordering::Relaxed);
+    let stdin = stdin
+        .into_owned_fd()
+        .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
+        .map_err(|source| SpawnError::Io {
             program: spec.program.clone(),
             source,
         })?;
-        let pid = child.id();
-        if let (Some(keeper), Some(group)) = (&options.keeper, pid) {
-            keeper.watch(group);
-        }
-        tracing::info!(
-            upstream = %upstream,
-            pid = pid.unwrap_or_default(),
-            program = %program.display(),
-            argv = ?spec.args,
-            "spawned upstream"
-        );
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(SpawnError::Io {
-                program: spec.program.clone(),
-                source: std::io::Error::other("child pipes were not created"),
-            });
-        };
+    let writer = StdinWriter::new(stdin);
+    let (exit_tx, exit) = watch::channel(None);
 
-        let pending: SharedPending = Arc::new(PendingRequests::default());
-        let closed = CancellationToken::new();
-        let stop = CancellationToken::new();
-        let stats = options.stats.clone();
-        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
-        stats.spawns.fetch_add(1, Ordering::Relaxed);
-        let stdin = stdin
-            .into_owned_fd()
-            .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
-            .map_err(|source| SpawnError::Io {
-                program: spec.program.clone(),
-                source,
-            })?;
-        let writer = StdinWriter::new(stdin);
-        let (exit_tx, exit) = watch::channel(None);
+    tokio::spawn(writer.clone().flush_loop(stop.clone()));
+    tokio::spawn(read_loop(ReadLoop {
+        upstream: upstream.clone(),
+        stdout,
+        pending: pending.clone(),
+        events,
+        stats: stats.clone(),
+        max_message_bytes: options.max_message_bytes,
+        closed: closed.clone(),
+        stop: stop.clone(),
+    }));
+    tokio::spawn(stderr_loop(
+        upstream.clone(),
+        stderr,
+        stderr_tail.clone(),
+        options.stderr_ring_lines,
+        options.stats.clone(),
+    ));
+    tokio::spawn(child_loop(
+        upstream.clone(),
+        child,
+        stop.clone(),
+        options.stop_grace,
+        exit_tx,
+        options.keeper.clone(),
+    ));
 
-        tokio::spawn(writer.clone().flush_loop(stop.clone()));
-        tokio::spawn(read_loop(ReadLoop {
-            upstream: upstream.clone(),
-            stdout,
-            pending: pending.clone(),
-            events,
-            stats: stats.clone(),
-            max_message_bytes: options.max_message_bytes,
-            closed: closed.clone(),
-            stop: stop.clone(),
-        }));
-        tokio::spawn(stderr_loop(
-            upstream.clone(),
-            stderr,
-            stderr_tail.clone(),
-            options.stderr_ring_lines,
-            options.stats.clone(),
-        ));
-        tokio::spawn(child_loop(
-            upstream.clone(),
-            child,
-            stop.clone(),
-            options.stop_grace,
-            exit_tx,
-            options.keeper.clone(),
-        ));
-
-        let transport = StdioTransport {
-            writer,
-            exit,
-            pid,
-            stderr_tail,
-        };
-        Ok(UpstreamConnection::from_parts(
-            upstream,
-            pending,
-            closed,
-            stop,
-            stats,
-            Transport::Stdio(transport),
-        ))
-    }
+    let transport = StdioTransport {
+        writer,
+        exit,
+        pid,
+        stderr_tail,
+    };
+    Ok(Spawned {
+        upstream,
+        pending,
+        closed,
+        stop,
+        stats,
+        transport,
+    })
 }
 
 struct ReadLoop {

@@ -1,4 +1,4 @@
-//! Remote upstreams over HTTP, behind the same [`UpstreamConnection`] as stdio children.
+//! Remote upstreams over HTTP, behind the same `UpstreamConnection` as stdio children.
 //!
 //! Streamable HTTP: every message is a POST to the MCP endpoint; a request is
 //! answered with one JSON body or with an event stream carrying the messages
@@ -34,11 +34,11 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{ConnectionStats, Transport, UpstreamConnection};
 use crate::rpc::{
     classify, encode_request, id_in_head, our_id, ConnectionError, Incoming as Classified,
     PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
+use crate::rpc::{ConnectionStats, Spawned};
 use sse::{SseDecoder, SseItem};
 
 /// Which HTTP transport an upstream speaks.
@@ -219,7 +219,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
 const EVENT_STREAM: &str = "text/event-stream";
 
-/// The HTTP side of an [`UpstreamConnection`].
+/// The HTTP side of an `UpstreamConnection`.
 #[derive(Clone)]
 pub(crate) struct HttpTransport {
     shared: Arc<Shared>,
@@ -411,79 +411,76 @@ fn resolve_endpoint(base: &Uri, endpoint: &str) -> Result<Uri, String> {
     Uri::from_parts(parts).map_err(|error| error.to_string())
 }
 
-impl UpstreamConnection {
-    /// Opens a connection to a remote upstream. For HTTP+SSE this waits for the
-    /// event stream's `endpoint`; streamable HTTP connects with the first request.
-    /// Messages the upstream sends on its own go to `events`.
-    pub async fn connect_http(
-        upstream: Arc<str>,
-        endpoint: &HttpEndpoint,
-        options: &HttpOptions,
-        events: mpsc::Sender<UpstreamEvent>,
-    ) -> Result<UpstreamConnection, HttpError> {
-        let url = check_url(&endpoint.url)?;
-        let mut headers = HeaderMap::new();
-        for (name, value) in &endpoint.headers {
-            let (name, value) = check_header(name, value)?;
-            headers.append(name, value);
-        }
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(tls::connector(options.connect_timeout).map_err(HttpError::Tls)?);
-        let pending: SharedPending = Arc::new(PendingRequests::default());
-        let closed = CancellationToken::new();
-        let initial = match endpoint.transport {
-            HttpTransportKind::StreamableHttp => Mode::Streamable,
-            HttpTransportKind::Sse | HttpTransportKind::Auto => Mode::Undecided,
-        };
-        let shared = Arc::new(Shared {
-            upstream: upstream.clone(),
-            url_text: display_url(&url),
-            url,
-            headers,
-            client,
-            pending: pending.clone(),
-            events,
-            closed: closed.clone(),
-            stats: options.stats.clone(),
-            max_message_bytes: options.max_message_bytes,
-            connect_timeout: options.connect_timeout,
-            mode: Mutex::new(initial),
-            deciding: tokio::sync::Mutex::new(()),
-            session_id: Mutex::new(None),
-            protocol_version: Mutex::new(None),
-            streams: Mutex::new(HashMap::new()),
-            listening: AtomicBool::new(false),
-        });
-        options.stats.spawns.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(upstream = %upstream, url = %shared.url_text, transport = endpoint.transport.label(), "connecting to HTTP upstream");
-        // Given up before it is returned (an error, or the caller cancelled): end
-        // whatever it started, such as the HTTP+SSE stream's reader.
-        let abandoned = closed.clone().drop_guard();
-        if endpoint.transport == HttpTransportKind::Sse {
-            let endpoint =
-                shared
-                    .open_legacy()
-                    .await
-                    .map_err(|reason| HttpError::NoEventStream {
-                        url: shared.url_text.clone(),
-                        reason,
-                    })?;
-            shared.set_mode(Mode::Legacy { endpoint });
-        }
-        abandoned.disarm();
-        let transport = HttpTransport { shared };
-        // One token: closing the connection is stopping it.
-        Ok(UpstreamConnection::from_parts(
-            upstream,
-            pending,
-            closed.clone(),
-            closed,
-            options.stats.clone(),
-            Transport::Http(transport),
-        ))
+/// Opens a connection to a remote upstream. For HTTP+SSE this waits for the event
+/// stream's `endpoint`; streamable HTTP connects with the first request. Messages
+/// the upstream sends on its own go to `events`.
+pub(crate) async fn connect(
+    upstream: Arc<str>,
+    endpoint: &HttpEndpoint,
+    options: &HttpOptions,
+    events: mpsc::Sender<UpstreamEvent>,
+) -> Result<Spawned<HttpTransport>, HttpError> {
+    let url = check_url(&endpoint.url)?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in &endpoint.headers {
+        let (name, value) = check_header(name, value)?;
+        headers.append(name, value);
     }
+    let client = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(tls::connector(options.connect_timeout).map_err(HttpError::Tls)?);
+    let pending: SharedPending = Arc::new(PendingRequests::default());
+    let closed = CancellationToken::new();
+    let initial = match endpoint.transport {
+        HttpTransportKind::StreamableHttp => Mode::Streamable,
+        HttpTransportKind::Sse | HttpTransportKind::Auto => Mode::Undecided,
+    };
+    let shared = Arc::new(Shared {
+        upstream: upstream.clone(),
+        url_text: display_url(&url),
+        url,
+        headers,
+        client,
+        pending: pending.clone(),
+        events,
+        closed: closed.clone(),
+        stats: options.stats.clone(),
+        max_message_bytes: options.max_message_bytes,
+        connect_timeout: options.connect_timeout,
+        mode: Mutex::new(initial),
+        deciding: tokio::sync::Mutex::new(()),
+        session_id: Mutex::new(None),
+        protocol_version: Mutex::new(None),
+        streams: Mutex::new(HashMap::new()),
+        listening: AtomicBool::new(false),
+    });
+    options.stats.spawns.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(upstream = %upstream, url = %shared.url_text, transport = endpoint.transport.label(), "connecting to HTTP upstream");
+    // Given up before it is returned (an error, or the caller cancelled): end
+    // whatever it started, such as the HTTP+SSE stream's reader.
+    let abandoned = closed.clone().drop_guard();
+    if endpoint.transport == HttpTransportKind::Sse {
+        let endpoint = shared
+            .open_legacy()
+            .await
+            .map_err(|reason| HttpError::NoEventStream {
+                url: shared.url_text.clone(),
+                reason,
+            })?;
+        shared.set_mode(Mode::Legacy { endpoint });
+    }
+    abandoned.disarm();
+    let transport = HttpTransport { shared };
+    // One token: closing the connection is stopping it.
+    Ok(Spawned {
+        upstream,
+        pending,
+        closed: closed.clone(),
+        stop: closed,
+        stats: options.stats.clone(),
+        transport,
+    })
 }
 
 impl HttpTransport {
