@@ -952,17 +952,13 @@ fn expose_content_uris(
     upstream: &str,
     reply: adapters::Reply,
 ) -> adapters::Reply {
-    let adapters::Reply::Result(mut result) = reply else {
-        return reply;
-    };
-    if let Some(Value::Array(contents)) = result.get_mut("contents") {
-        for content in contents {
-            if let Some(Value::String(uri)) = content.get_mut("uri") {
-                *uri = catalog.expose_uri(upstream, uri);
-            }
-        }
-    }
-    Reply::Result(result)
+    in_result(
+        reply,
+        "contents",
+        |content| content.get_mut("uri"),
+        catalog,
+        upstream,
+    )
 }
 
 /// Gives the resource links and embedded resources of a tool result the exposed
@@ -972,17 +968,33 @@ fn expose_linked_uris(
     upstream: &str,
     reply: adapters::Reply,
 ) -> adapters::Reply {
+    in_result(
+        reply,
+        "content",
+        |block| match block.get("type").and_then(Value::as_str) {
+            Some("resource_link") => block.get_mut("uri"),
+            Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
+            _ => None,
+        },
+        catalog,
+        upstream,
+    )
+}
+
+/// Exposes the URI that `uri_of` finds in each element of the result's `list` array.
+fn in_result(
+    reply: adapters::Reply,
+    list: &str,
+    uri_of: impl Fn(&mut Value) -> Option<&mut Value>,
+    catalog: &Catalog,
+    upstream: &str,
+) -> adapters::Reply {
     let adapters::Reply::Result(mut result) = reply else {
         return reply;
     };
-    if let Some(Value::Array(content)) = result.get_mut("content") {
-        for block in content {
-            let uri = match block.get("type").and_then(Value::as_str) {
-                Some("resource_link") => block.get_mut("uri"),
-                Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
-                _ => None,
-            };
-            if let Some(Value::String(uri)) = uri {
+    if let Some(Value::Array(elements)) = result.get_mut(list) {
+        for element in elements {
+            if let Some(Value::String(uri)) = uri_of(element) {
                 *uri = catalog.expose_uri(upstream, uri);
             }
         }
