@@ -461,19 +461,23 @@ fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(admin_client::reload(config, admin, &environment)) {
-        Ok((status, body)) => {
-            println!("{}", body.trim_end());
-            let applied = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|answer| answer.get("outcome")?.as_str().map(|o| o == "applied"))
-                .unwrap_or(false);
-            if status == 200 && applied {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
+    let answer = runtime.block_on(admin_client::reload(config, admin, &environment));
+    exit_after(answer.map(|(status, body)| {
+        println!("{}", body.trim_end());
+        let applied = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|answer| answer.get("outcome")?.as_str().map(|o| o == "applied"))
+            .unwrap_or(false);
+        status == 200 && applied
+    }))
+}
+
+/// The exit code of a command that asked the running daemon: 0 when the daemon
+/// agreed, 1 when it answered otherwise, `EXIT_UNAVAILABLE` when it could not be asked.
+fn exit_after(answered: Result<bool, impl std::fmt::Display>) -> ExitCode {
+    match answered {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
         Err(error) => {
             eprintln!("{error}");
             ExitCode::from(EXIT_UNAVAILABLE)
@@ -504,29 +508,19 @@ fn admin_command(config: &std::path::Path, admin: Option<&str>, command: AdminCo
         };
         admin_client::request(&address, method, &path, None).await
     };
-    match runtime.block_on(exchange) {
-        Ok((status, body)) => {
-            let text = match &command {
-                AdminCommand::Status { json: false } if status == 200 => {
-                    match serde_json::from_str(&body) {
-                        Ok(status) => status::text(&status),
-                        Err(_) => body,
-                    }
+    exit_after(runtime.block_on(exchange).map(|(status, body)| {
+        let text = match &command {
+            AdminCommand::Status { json: false } if status == 200 => {
+                match serde_json::from_str(&body) {
+                    Ok(status) => status::text(&status),
+                    Err(_) => body,
                 }
-                _ => format!("{}\n", body.trim_end()),
-            };
-            let _ = std::io::stdout().write_all(text.as_bytes());
-            if (200..300).contains(&status) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
             }
-        }
-        Err(error) => {
-            eprintln!("{error}");
-            ExitCode::from(EXIT_UNAVAILABLE)
-        }
-    }
+            _ => format!("{}\n", body.trim_end()),
+        };
+        let _ = std::io::stdout().write_all(text.as_bytes());
+        (200..300).contains(&status)
+    }))
 }
 
 /// `plexus pins …`: text for people (JSON with `--json`) on stdout; exit 1 when
