@@ -47,6 +47,9 @@ pub struct ServerHello {
     pub capabilities: Value,
     pub server_info: Value,
     pub instructions: Option<String>,
+    /// A 2026-07-28 upstream whose `server/discover` also listed a handshake-era
+    /// version: it can be reached in either era.
+    pub also_handshake: bool,
 }
 
 impl ServerHello {
@@ -138,10 +141,16 @@ pub async fn discover(
         Reply::Result(result) => result,
         Reply::Error(_) => return Ok(None),
     };
-    let modern = result
+    let versions = result
         .get("supportedVersions")
         .and_then(Value::as_array)
-        .is_some_and(|versions| versions.iter().any(|v| v == MODERN_VERSION));
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let modern = versions.iter().any(|v| v == MODERN_VERSION);
+    let also_handshake = versions
+        .iter()
+        .filter_map(Value::as_str)
+        .any(|v| HANDSHAKE_VERSIONS.contains(&v));
     if !modern {
         return Ok(None);
     }
@@ -166,6 +175,7 @@ pub async fn discover(
             .get("instructions")
             .and_then(Value::as_str)
             .map(str::to_string),
+        also_handshake,
     }))
 }
 
@@ -211,6 +221,7 @@ pub async fn initialize(
             .get("instructions")
             .and_then(Value::as_str)
             .map(str::to_string),
+        also_handshake: false,
     };
     connection.notify("notifications/initialized", None).await?;
     Ok(hello)

@@ -401,7 +401,7 @@ impl Fanout {
         });
         if let (true, Some(level)) = (changed, wanted) {
             for upstream in self.upstreams().values() {
-                upstream.shared.apply_log_level(level).await;
+                upstream.apply_log_level(level).await;
             }
         }
     }

@@ -73,6 +73,9 @@ pub struct CallContext<'a> {
     pub related: &'a mpsc::Sender<Value>,
     /// `Mcp-Param-*` headers the tool's schema asks for (sent to HTTP upstreams).
     pub headers: &'a [(String, String)],
+    /// The calling client speaks 2026-07-28 (else the handshake era): an upstream
+    /// that serves both eras is reached in the client's.
+    pub modern: bool,
 }
 
 /// How many supervisor events may wait for the pump.
@@ -546,18 +549,13 @@ impl Hub {
             .and_then(|tool| config.tool_timeouts.get(tool))
             .copied()
             .unwrap_or(config.call_timeout);
-        let instance = upstream.instance_for(call.owner);
+        let instance = upstream.instance_for(call.owner, call.modern);
         // A starting upstream is waited for within the call's own deadline (a client
         // that just launched plexus must not see its first call fail); an on-demand
         // start has its own budget.
-        let wait = if upstream.on_demand() {
-            config.init_timeout
-        } else {
-            base
-        };
-        let connection = instance
-            .connection_for_call(upstream.on_demand(), wait)
-            .await?;
+        let on_demand = upstream.on_demand() || instance.on_demand();
+        let wait = if on_demand { config.init_timeout } else { base };
+        let connection = instance.connection_for_call(on_demand, wait).await?;
 
         // Upstreams negotiated their revision once; the per-request fields are the client's.
         crate::era::strip_request_meta(&mut params);
@@ -674,6 +672,7 @@ impl Hub {
                 tool: None,
                 related: call.related,
                 headers: &[],
+                modern: call.modern,
             };
             match self
                 .forward(&upstream, "tasks/list", Some(json!({})), context)

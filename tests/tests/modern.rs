@@ -636,3 +636,119 @@ async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow:
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A dual-era upstream (the fixture with `--conformance --modern`: `server/discover`
+/// lists 2026-07-28 and the handshake versions) behind `protocol = "auto"`: each
+/// client is served in its own era upstream, so it gets what it gets from the
+/// fixture directly. `test_sampling` and `test_elicitation` ask the client with a
+/// server-to-client request, which only a handshake-era session can carry; `ask`
+/// of a 2026-07-28 client is an input-required round. `protocol = "newest"` keeps
+/// one era per upstream: the handshake-era client's tools then run in 2026-07-28
+/// and fail inside the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Result<()> {
+    let fixture = plexus_tests::fixture_binary();
+    let args = ["--conformance", "--modern"];
+    let sections = format!(
+        "{}{}",
+        fixture_upstream("dual", "", &args),
+        fixture_upstream("single", "protocol = \"newest\"\n", &args)
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+
+    let direct_handler = AnsweringClient::named("old");
+    let mut command = tokio::process::Command::new(&fixture);
+    command.args(args);
+    let direct =
+        rmcp::ServiceExt::serve(direct_handler.clone(), TokioChildProcess::new(command)?).await?;
+    let handler = AnsweringClient::named("old");
+    let legacy = rmcp::ServiceExt::serve(
+        handler.clone(),
+        StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+    )
+    .await?;
+    let asks = [
+        ("test_sampling", json!({"prompt": "era?"})),
+        ("test_elicitation", json!({"message": "who?"})),
+    ];
+    for (tool, args) in &asks {
+        let expected = call(&direct, tool, args.clone()).await?;
+        ensure!(expected["isError"] != true, "directly, {tool}: {expected}");
+        let through = match call(&legacy, &format!("dual__{tool}"), args.clone()).await {
+            Ok(through) => through,
+            Err(error) => anyhow::bail!("{tool} through plexus: {error:?}\n{}", daemon.log()),
+        };
+        ensure!(
+            through == expected,
+            "{tool} through plexus: {through}\ndirectly: {expected}"
+        );
+        let single = call(&legacy, &format!("single__{tool}"), args.clone()).await?;
+        ensure!(
+            single["isError"] == true,
+            "with protocol = \"newest\" the handshake-era tool ran: {single}"
+        );
+    }
+    ensure!(
+        len_of(&handler.sampled) == 1,
+        "{}",
+        len_of(&handler.sampled)
+    );
+    // The handshake-era client's calls reached a handshake-era instance; the
+    // catalog's own stays 2026-07-28.
+    let log = daemon.log();
+    ensure!(
+        log.lines().any(|l| l.contains("upstream initialized")
+            && l.contains("upstream=dual ")
+            && l.contains("protocol=2025-11-25")),
+        "no handshake-era instance of dual\n{log}"
+    );
+    ensure!(
+        !log.lines().any(|l| l.contains("upstream initialized")
+            && l.contains("upstream=single ")
+            && l.contains("protocol=2025-11-25")),
+        "protocol = \"newest\" started a handshake-era instance\n{log}"
+    );
+
+    // A 2026-07-28 client is served in 2026-07-28: `ask` pauses as an
+    // input-required round, answered by the client, as directly.
+    let new = AnsweringClient::named("new").modern();
+    let modern_client = new
+        .clone()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+    let direct_new = AnsweringClient::named("new").modern();
+    let mut command = tokio::process::Command::new(&fixture);
+    command.args(args);
+    let direct_modern = direct_new
+        .clone()
+        .serve_with_lifecycle(TokioChildProcess::new(command)?, modern())
+        .await?;
+    for kind in ["sampling", "elicitation", "roots"] {
+        let expected = ask(&direct_modern, "ask", kind).await?;
+        let through = ask(&modern_client, "dual__ask", kind).await?;
+        ensure!(through == expected, "{kind}: {through} vs {expected}");
+        ensure!(through == expected_ask(kind, "new"), "{kind}: {through}");
+    }
+    // The same tool's first round reaches the 2026-07-28 client as it is.
+    let first = modern_client
+        .peer()
+        .call_tool_once(
+            CallToolRequestParams::new("dual__ask")
+                .with_arguments(plexus_tests::arguments(json!({"kind": "sampling"}))),
+        )
+        .await?;
+    ensure!(
+        matches!(first, rmcp::model::CallToolResponse::InputRequired(_)),
+        "{first:?}"
+    );
+
+    for client in [direct, legacy, modern_client, direct_modern] {
+        client.cancel().await?;
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -212,9 +212,15 @@ pub enum Share {
 /// The protocol era plexus speaks to an upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub enum Protocol {
-    /// Probe with `server/discover`; use `initialize` unless the upstream serves 2026-07-28.
+    /// Probe with `server/discover`; use `initialize` unless the upstream serves
+    /// 2026-07-28. An upstream that serves both eras is reached in the era of the
+    /// client each request comes from.
     #[serde(rename = "auto")]
     Auto,
+    /// As `auto`, but an upstream that serves both eras is spoken to in 2026-07-28
+    /// only, whatever the client's era (handshake-era clients are bridged).
+    #[serde(rename = "newest")]
+    Newest,
     /// The `initialize` handshake (2025-11-25 and earlier).
     #[serde(rename = "handshake")]
     Handshake,
@@ -227,10 +233,15 @@ impl Protocol {
     pub fn for_adapter(self) -> adapters::handshake::UpstreamProtocol {
         use adapters::handshake::UpstreamProtocol;
         match self {
-            Protocol::Auto => UpstreamProtocol::Auto,
+            Protocol::Auto | Protocol::Newest => UpstreamProtocol::Auto,
             Protocol::Handshake => UpstreamProtocol::Handshake,
             Protocol::Modern => UpstreamProtocol::Modern,
         }
+    }
+
+    /// Whether an upstream that serves both eras meets each client in its own.
+    pub fn follows_client_era(self) -> bool {
+        self == Protocol::Auto
     }
 }
 

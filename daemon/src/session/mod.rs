@@ -803,6 +803,7 @@ impl Session {
             tool,
             related,
             headers: &[],
+            modern: self.is_scope(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use adapters::handshake::{ClientIdentity, ServerHello};
+use adapters::handshake::{ClientIdentity, ServerHello, UpstreamProtocol};
 use adapters::stdio::ConnectionStats;
 use adapters::UpstreamConnection;
 use dashmap::DashMap;
@@ -75,6 +75,11 @@ pub struct Instance {
     pub(super) publishes_listing: bool,
     /// Stop as soon as the listing is published (the discovery run of per-session upstreams).
     pub(super) stop_after_listing: bool,
+    /// The era this instance speaks whatever the config says: the handshake-era
+    /// instances of an upstream that serves both eras.
+    pub(super) protocol: Option<UpstreamProtocol>,
+    /// Started by the first call that needs it, whatever the upstream's `start`.
+    on_demand: bool,
     pub(super) state: watch::Sender<UpstreamState>,
     connection: RwLock<Option<UpstreamConnection>>,
     pub(super) hello: RwLock<Option<ServerHello>>,
@@ -139,6 +144,8 @@ impl Instance {
             name,
             publishes_listing: true,
             stop_after_listing: false,
+            protocol: None,
+            on_demand: false,
             state: watch::channel(initial).0,
             connection: RwLock::new(None),
             hello: RwLock::new(None),
@@ -211,6 +218,11 @@ impl Instance {
 
     pub fn state(&self) -> UpstreamState {
         *self.state.borrow()
+    }
+
+    /// Whether a call starts this instance when it is idle.
+    pub fn on_demand(&self) -> bool {
+        self.on_demand
     }
 
     pub(super) fn has_call_from(&self, session: u64) -> bool {
@@ -357,6 +369,7 @@ impl Instance {
         on_demand: bool,
         wait: Duration,
     ) -> Result<UpstreamConnection, RelayError> {
+        let on_demand = on_demand || self.on_demand;
         self.touch();
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
@@ -398,6 +411,10 @@ pub struct Upstream {
     /// Swapped in place by a reload that changes no process setting.
     config: RwLock<Arc<UpstreamConfig>>,
     pub shared: Arc<Instance>,
+    /// For an upstream that serves both eras, the shared instance speaks 2026-07-28
+    /// and this one, started on the first handshake-era session's call, the
+    /// handshake era.
+    handshake_twin: std::sync::OnceLock<Arc<Instance>>,
     sessions: DashMap<u64, Arc<Instance>>,
     /// Replaced when a reload changes the limits; calls already admitted keep theirs.
     limiter: RwLock<Arc<Limiter>>,
@@ -434,6 +451,7 @@ impl Upstream {
             ))),
             config: RwLock::new(Arc::new(config)),
             shared: Arc::new(shared),
+            handshake_twin: std::sync::OnceLock::new(),
             sessions: DashMap::new(),
             stats: Arc::new(ConnectionStats::default()),
             known_capabilities: RwLock::new(Value::Null),
@@ -494,6 +512,25 @@ impl Upstream {
             .spawn(supervise(self.shared.clone(), self.clone()));
     }
 
+    /// Sets `level` on the shared instance and on the handshake-era twin, if any.
+    pub async fn apply_log_level(&self, level: LogLevel) {
+        self.shared.apply_log_level(level).await;
+        if let Some(twin) = self.handshake_twin.get() {
+            twin.apply_log_level(level).await;
+        }
+    }
+
+    /// An operator's restart: the shared instance, and the handshake-era twin
+    /// unless it is idle (it starts on its own when a client needs it).
+    pub fn restart(&self) {
+        self.shared.retry();
+        if let Some(twin) = self.handshake_twin.get() {
+            if twin.state() != UpstreamState::Idle {
+                twin.retry();
+            }
+        }
+    }
+
     /// Stops every instance; the supervisors stop their processes.
     pub fn stop(&self) {
         // Per-session instances' tokens are children of the shared one's.
@@ -519,6 +556,10 @@ impl Upstream {
     /// Whether `session` has a call in flight on any instance of this upstream.
     pub fn has_call_from(&self, session: u64) -> bool {
         self.shared.has_call_from(session)
+            || self
+                .handshake_twin
+                .get()
+                .is_some_and(|twin| twin.has_call_from(session))
             || self
                 .sessions
                 .iter()
@@ -550,27 +591,52 @@ impl Upstream {
         config.start == Start::Lazy || config.share == Share::Session
     }
 
-    /// The instance serving `session`: the shared one, or that session's own.
-    pub fn instance_for(self: &Arc<Self>, session: u64) -> Arc<Instance> {
+    /// Whether requests of handshake-era clients go to a handshake-era instance:
+    /// the upstream's `server/discover` listed both eras and `protocol = "auto"`.
+    pub fn serves_both_eras(&self) -> bool {
+        self.config().protocol.follows_client_era()
+            && self
+                .shared
+                .hello()
+                .is_some_and(|hello| hello.is_modern() && hello.also_handshake)
+    }
+
+    /// The instance serving `session`: the shared one, or that session's own; for
+    /// a handshake-era client (`modern` false) of an upstream that serves both
+    /// eras, one that speaks the handshake era.
+    pub fn instance_for(self: &Arc<Self>, session: u64, modern: bool) -> Arc<Instance> {
+        let handshake = !modern && self.serves_both_eras();
         if self.config().share == Share::Shared {
+            if handshake {
+                return self
+                    .handshake_twin
+                    .get_or_init(|| self.spawn_instance(true))
+                    .clone();
+            }
             return self.shared.clone();
         }
         self.sessions
             .entry(session)
-            .or_insert_with(|| {
-                let mut instance = Instance::new(
-                    self.name.clone(),
-                    UpstreamState::Idle,
-                    self.shared.stop.child_token(),
-                );
-                instance.publishes_listing = false;
-                let instance = Arc::new(instance);
-                self.supervision
-                    .tasks
-                    .spawn(supervise(instance.clone(), self.clone()));
-                instance
-            })
+            .or_insert_with(|| self.spawn_instance(handshake))
             .clone()
+    }
+
+    /// A new instance that feeds no listing, started on demand and stopped with the
+    /// shared one.
+    fn spawn_instance(self: &Arc<Self>, handshake: bool) -> Arc<Instance> {
+        let mut instance = Instance::new(
+            self.name.clone(),
+            UpstreamState::Idle,
+            self.shared.stop.child_token(),
+        );
+        instance.publishes_listing = false;
+        instance.protocol = handshake.then_some(UpstreamProtocol::Handshake);
+        instance.on_demand = true;
+        let instance = Arc::new(instance);
+        self.supervision
+            .tasks
+            .spawn(supervise(instance.clone(), self.clone()));
+        instance
     }
 
     /// The instance a session already has of this per-session upstream.

@@ -277,7 +277,7 @@ impl UpstreamSet {
         match self.get(name) {
             Some(upstream) if upstream.config().enabled => {
                 tracing::info!(upstream = name, "restart requested by an operator");
-                upstream.shared.retry();
+                upstream.restart();
                 true
             }
             _ => false,

@@ -166,7 +166,9 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let start = handshake::connect(
         &connection,
         &identity,
-        config.protocol.for_adapter(),
+        instance
+            .protocol
+            .unwrap_or_else(|| config.protocol.for_adapter()),
         probe_timeout,
     );
     let hello = tokio::select! {
