@@ -146,6 +146,51 @@ fn is_cacheable(method: &str) -> bool {
     )
 }
 
+/// An upstream's error as a 2026-07-28 client must see it: that revision retired
+/// -32002 (resource not found) for -32602; anything else passes unchanged.
+pub fn modern_upstream_error(error: &mut Value) {
+    if let Some(code) = error.get_mut("code") {
+        if code.as_i64() == Some(crate::jsonrpc::RESOURCE_NOT_FOUND) {
+            *code = Value::from(crate::jsonrpc::INVALID_PARAMS);
+        }
+    }
+}
+
+/// A handshake-era client must get an `elicitationId` with every URL-mode
+/// elicitation, which a 2026-07-28 input request has no field for: plexus mints
+/// one (and tells the client it completed once the upstream has moved on).
+pub fn mint_elicitation_id(method: &str, params: &mut Option<Value>) -> Option<String> {
+    if method != "elicitation/create" {
+        return None;
+    }
+    let params = params.as_mut()?.as_object_mut()?;
+    // An empty id (what some 2026-07-28 servers put in the field they do not
+    // have) names nothing either.
+    let named = params
+        .get("elicitationId")
+        .and_then(Value::as_str)
+        .is_some_and(|id| !id.is_empty());
+    if params.get("mode").and_then(Value::as_str) != Some("url") || named {
+        return None;
+    }
+    let bits: u128 = rand::random();
+    let id = format!("plexus-elicitation-{bits:032x}");
+    params.insert("elicitationId".into(), Value::String(id.clone()));
+    Some(id)
+}
+
+/// A handshake-era upstream's request as a 2026-07-28 input request: the fields
+/// that revision has no place for (the URL elicitation's id, task augmentation)
+/// are left out; the client's answer reaches the upstream under its own request id.
+pub fn to_input_request(method: &str, params: &mut Option<Value>) {
+    if let Some(params) = params.as_mut().and_then(Value::as_object_mut) {
+        params.remove("task");
+        if method == "elicitation/create" {
+            params.remove("elicitationId");
+        }
+    }
+}
+
 /// The answer to `server/discover`.
 pub fn discover_result(capabilities: Value, instructions: String) -> Value {
     let info = server_info();

@@ -455,6 +455,8 @@ pub struct RawStdioSession {
     next_id: u64,
     /// Requests the server sent this client (`method` and `params`), as they arrived.
     pub asked: Vec<Value>,
+    /// Notifications the server sent while a request ran, whole, as they arrived.
+    pub heard: Vec<Value>,
 }
 
 impl RawStdioSession {
@@ -484,6 +486,7 @@ impl RawStdioSession {
             lines: tokio::io::BufReader::new(stdout).lines(),
             next_id: 0,
             asked: Vec::new(),
+            heard: Vec::new(),
         })
     }
 
@@ -550,6 +553,7 @@ impl RawStdioSession {
                     self.send(&reply).await?;
                 }
                 (None, Some(answered)) if answered == &id => return Ok(message),
+                (Some(_), None) => self.heard.push(message),
                 _ => {}
             }
         }

@@ -268,3 +268,105 @@ async fn task_results_round_trip_field_by_field() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// URL-mode elicitations across eras. A 2026-07-28 upstream's carries no
+/// `elicitationId` (that revision has none): a handshake-era client, whose revision
+/// requires one, gets one plexus minted, and once the upstream has taken the answer,
+/// `notifications/elicitation/complete` names it. A handshake-era upstream's own id
+/// reaches a handshake-era client untouched, and is left out of the input request a
+/// 2026-07-28 client gets, whose answer still completes the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_elicitations_carry_an_elicitation_id_only_in_the_era_that_has_one(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = fixture_binary().display().to_string();
+    let config = stdio_config(
+        dir.path(),
+        &format!(
+            "[upstreams.new]\ncommand = {fixture:?}\nargs = [\"--modern\"]\nprotocol = \"2026-07-28\"\n\n\
+             [upstreams.old]\ncommand = {fixture:?}\n"
+        ),
+    )?;
+    let capabilities = json!({"elicitation": {"url": {}}});
+    let accept = |method: &str| match method {
+        "elicitation/create" => json!({"action": "accept"}),
+        _ => Value::Null,
+    };
+    let url_call = |tool: &str| json!({"name": tool, "arguments": {"kind": "url"}});
+
+    let mut legacy = through_plexus(&config).await?;
+    legacy.initialize(capabilities.clone()).await?;
+    let done = call_when_ready(&mut legacy, url_call("new__ask"), &accept).await?;
+    ensure!(
+        done["result"]["content"][0]["text"] == "url:accept",
+        "{done}"
+    );
+    ensure!(legacy.asked.len() == 1, "{:?}", legacy.asked);
+    let asked = &legacy.asked[0]["params"];
+    ensure!(
+        asked["mode"] == "url" && asked["url"] == "https://example.com/sign-in",
+        "{asked}"
+    );
+    let minted = asked["elicitationId"]
+        .as_str()
+        .filter(|id| id.starts_with("plexus-elicitation-"))
+        .with_context(|| format!("no minted elicitationId: {asked}"))?
+        .to_string();
+    let completed: Vec<&Value> = legacy
+        .heard
+        .iter()
+        .filter(|m| m["method"] == "notifications/elicitation/complete")
+        .collect();
+    ensure!(
+        completed.len() == 1 && completed[0]["params"]["elicitationId"] == minted.as_str(),
+        "completion of {minted}: {:?}",
+        legacy.heard
+    );
+    // The handshake-era upstream's own id, relayed as it is.
+    legacy.asked.clear();
+    let done = call_when_ready(&mut legacy, url_call("old__ask"), &accept).await?;
+    ensure!(
+        done["result"]["content"][0]["text"] == "url:accept",
+        "{done}"
+    );
+    ensure!(
+        legacy.asked.len() == 1 && legacy.asked[0]["params"]["elicitationId"] == "fixture-url-1",
+        "{:?}",
+        legacy.asked
+    );
+    legacy.close().await;
+
+    let mut modern = through_plexus(&config).await?;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    });
+    let mut first_call = url_call("old__ask");
+    first_call["_meta"] = meta.clone();
+    let first = call_when_ready(&mut modern, first_call, &|_| Value::Null).await?;
+    let result = &first["result"];
+    ensure!(result["resultType"] == "input_required", "{first}");
+    let requests = result["inputRequests"]
+        .as_object()
+        .context("inputRequests")?;
+    let (key, request) = requests.iter().next().context("one input request")?;
+    ensure!(
+        request["method"] == "elicitation/create"
+            && request["params"]["mode"] == "url"
+            && request["params"]["url"] == "https://example.com/sign-in"
+            && request["params"].get("elicitationId").is_none(),
+        "{request}"
+    );
+    let mut retry = url_call("old__ask");
+    retry["_meta"] = meta;
+    retry["requestState"] = result["requestState"].clone();
+    retry["inputResponses"] = json!({ key.clone(): {"action": "accept"} });
+    let done = modern.request("tools/call", retry).await?;
+    ensure!(
+        done["result"]["content"][0]["text"] == "url:accept"
+            && done["result"]["resultType"] == "complete",
+        "{done}"
+    );
+    modern.close().await;
+    Ok(())
+}

@@ -260,8 +260,10 @@ impl Continuation {
         for (key, input) in &self.pending {
             let mut request = Map::new();
             request.insert("method".into(), Value::String(input.method.clone()));
-            if let Some(params) = &input.params {
-                request.insert("params".into(), params.clone());
+            let mut params = input.params.clone();
+            crate::era::to_input_request(&input.method, &mut params);
+            if let Some(params) = params {
+                request.insert("params".into(), params);
             }
             requests.insert(key.clone(), Value::Object(request));
         }

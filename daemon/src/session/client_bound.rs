@@ -207,9 +207,11 @@ impl Session {
                 .cloned()
                 .unwrap_or_default();
             let mut responses = Map::new();
+            let mut minted = Vec::new();
             for (key, request) in requests {
                 let asked = request.get("method").and_then(Value::as_str).unwrap_or("");
-                let asked_params = request.get("params").cloned();
+                let mut asked_params = request.get("params").cloned();
+                let elicitation = crate::era::mint_elicitation_id(asked, &mut asked_params);
                 if let Some(capability) =
                     crate::fanout::required_capability(asked, asked_params.as_ref())
                 {
@@ -225,6 +227,9 @@ impl Session {
                 self.audit_client_request(Some(upstream), asked, sent, &answered);
                 match answered? {
                     Reply::Result(answer) => {
+                        if answer.get("action").and_then(Value::as_str) == Some("accept") {
+                            minted.extend(elicitation);
+                        }
                         responses.insert(key, answer);
                     }
                     // The client refused: the call ends with its answer.
@@ -243,6 +248,15 @@ impl Session {
                 .hub
                 .forward(upstream, method, Some(retry), call)
                 .await?;
+            // The upstream has taken the accepted URL elicitations' outcome (its
+            // retry answered): their completion, before the call's own answer.
+            for id in minted {
+                let complete = jsonrpc::notification(
+                    "notifications/elicitation/complete",
+                    Some(json!({ "elicitationId": id })),
+                );
+                let _ = call.related.send(complete).await;
+            }
         }
         Err(RelayError::InvalidRequest(format!(
             "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"

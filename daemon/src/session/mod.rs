@@ -369,7 +369,10 @@ impl Session {
                 }
                 Handled::Respond(jsonrpc::result_response(id, result))
             }
-            Some(Ok(Reply::Error(error))) => {
+            Some(Ok(Reply::Error(mut error))) => {
+                if modern {
+                    era::modern_upstream_error(&mut error);
+                }
                 Handled::Respond(jsonrpc::error_object_response(id, error))
             }
             Some(Err(error)) => Handled::Respond(jsonrpc::error_object_response(
