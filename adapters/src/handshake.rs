@@ -227,6 +227,15 @@ pub async fn initialize(
     Ok(hello)
 }
 
+/// Every entry of a paginated list, and each page's cache hints.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listed {
+    pub entries: Vec<Value>,
+    /// Per page, its `ttlMs` and `cacheScope` as sent (2026-07-28; handshake-era
+    /// pages have none), for the caller to interpret.
+    pub hints: Vec<Map<String, Value>>,
+}
+
 /// Pages through a list method (`tools/list`, ...) and returns every entry.
 ///
 /// Stops after `max_pages` pages, so an upstream that hands out cursors forever
@@ -236,8 +245,8 @@ pub async fn list_all(
     method: &str,
     result_key: &str,
     max_pages: usize,
-) -> Result<Vec<Value>, HandshakeError> {
-    let mut entries = Vec::new();
+) -> Result<Listed, HandshakeError> {
+    let mut listed = Listed::default();
     let mut cursor: Option<Value> = None;
     for _ in 0..max_pages {
         let params = cursor.take().map(|cursor| json!({ "cursor": cursor }));
@@ -250,8 +259,14 @@ pub async fn list_all(
                 })
             }
         };
+        listed.hints.push(
+            ["ttlMs", "cacheScope"]
+                .into_iter()
+                .filter_map(|key| Some((key.to_string(), result.get(key)?.clone())))
+                .collect(),
+        );
         match result.get_mut(result_key).map(Value::take) {
-            Some(Value::Array(page)) => entries.extend(page),
+            Some(Value::Array(page)) => listed.entries.extend(page),
             Some(_) => {
                 return Err(HandshakeError::Malformed {
                     method: method.into(),
@@ -262,7 +277,7 @@ pub async fn list_all(
         }
         match result.get_mut("nextCursor").map(Value::take) {
             Some(next) if !next.is_null() && next != "" => cursor = Some(next),
-            _ => return Ok(entries),
+            _ => return Ok(listed),
         }
     }
     tracing::warn!(
@@ -271,5 +286,5 @@ pub async fn list_all(
         max_pages,
         "upstream pagination did not end; keeping the pages read so far"
     );
-    Ok(entries)
+    Ok(listed)
 }

@@ -321,6 +321,8 @@ impl CatalogHost {
         listing.prompts = take("prompts");
         listing.resources = take("resources");
         listing.resource_templates = take("resourceTemplates");
+        // Last known, not fresh: nothing about it may be cached downstream.
+        listing.cache = [Some(registry::CacheHint::NONE); 4];
         tracing::info!(upstream = %name, tools = listing.tools.len(), "listing the upstream's last-known catalog until it starts");
         Some((listing, capabilities))
     }

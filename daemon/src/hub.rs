@@ -350,6 +350,16 @@ impl Hub {
             .unwrap_or_else(PoisonError::into_inner) = bindings;
     }
 
+    /// Whether one URL's catalog differs by caller: a token bound to a view sees
+    /// that view wherever it asks, so no list may be shared across callers.
+    pub fn catalog_depends_on_caller(&self) -> bool {
+        !self
+            .view_bindings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
     /// The view a request of `principal` sees: the one its token is bound to, else
     /// the one its path names (which must exist), else the whole catalog.
     pub fn view_of(

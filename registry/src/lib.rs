@@ -2,6 +2,7 @@
 //! pagination cursors, and schema fingerprints with drift classification. Pure and synchronous: no I/O, no clock, no logging; problems
 //! come back as [`CatalogWarning`] data.
 
+pub mod cache;
 pub mod catalog;
 pub mod cursor;
 pub mod filter;
@@ -11,6 +12,7 @@ pub mod names;
 pub mod quarantine;
 pub mod uris;
 
+pub use cache::CacheHint;
 pub use catalog::{
     Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, UpstreamListing, View,
 };

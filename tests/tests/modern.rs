@@ -752,3 +752,90 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// The cache hints of a merged list are true of the merge: the shortest TTL of the
+/// upstreams in it, `private` as soon as one of them is (or has no hints: every
+/// handshake-era upstream), and the same catalog gives the same bytes every time.
+/// Handshake-era clients get no hints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_carry_the_cache_hints_true_of_the_merge() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = plexus_tests::fixture_binary().display().to_string();
+    let section = |name: &str, hints: &str| {
+        format!("[upstreams.{name}]\ncommand = {fixture:?}\nargs = [\"--modern\", \"--cache-hints\", \"{hints}\"]\n\n")
+    };
+    let public = format!(
+        "{}{}",
+        section("long", "60000:public"),
+        section("short", "5000:public")
+    );
+    let cases = [
+        (public.clone(), 5000, "public"),
+        (
+            format!("{public}{}", section("mine", "60000:private")),
+            5000,
+            "private",
+        ),
+        (
+            format!("{public}[upstreams.old]\ncommand = {fixture:?}\n"),
+            0,
+            "private",
+        ),
+    ];
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    for (i, (sections, ttl, scope)) in cases.into_iter().enumerate() {
+        let config = dir.path().join(format!("plexus-{i}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\nstate_dir = {:?}\n\n{sections}",
+                dir.path().join(format!("state-{i}")).display().to_string()
+            ),
+        )?;
+        let config = config.to_str().context("config path")?;
+        let args = ["serve", "--stdio", "--config", config];
+        let mut client =
+            plexus_tests::RawStdioSession::start(&plexus_tests::plexus_binary(), &args).await?;
+        let mut listed = Vec::new();
+        for _ in 0..2 {
+            let answer = client.request("tools/list", json!({"_meta": meta})).await?;
+            listed.push(serde_json::to_string(&answer["result"])?);
+            let result = &answer["result"];
+            ensure!(
+                result["ttlMs"] == ttl && result["cacheScope"] == scope,
+                "case {i}: want {ttl} {scope}: {result}"
+            );
+            ensure!(
+                result["tools"].as_array().is_some_and(|t| !t.is_empty()),
+                "{result}"
+            );
+        }
+        ensure!(listed[0] == listed[1], "case {i}: {listed:?}");
+        for kind in ["prompts/list", "resources/list", "resources/templates/list"] {
+            let answer = client.request(kind, json!({"_meta": meta})).await?;
+            ensure!(
+                answer["result"]["ttlMs"] == ttl && answer["result"]["cacheScope"] == scope,
+                "case {i}, {kind}: {answer}"
+            );
+        }
+        client.close().await;
+    }
+
+    let config = dir.path().join("plexus-0.toml");
+    let config = config.to_str().context("config path")?;
+    let args = ["serve", "--stdio", "--config", config];
+    let mut legacy =
+        plexus_tests::RawStdioSession::spawn(&plexus_tests::plexus_binary(), &args).await?;
+    let answer = legacy.request("tools/list", json!({})).await?;
+    ensure!(
+        answer["result"]["tools"].is_array()
+            && answer["result"].get("ttlMs").is_none()
+            && answer["result"].get("cacheScope").is_none(),
+        "{answer}"
+    );
+    legacy.close().await;
+    Ok(())
+}

@@ -872,10 +872,18 @@ impl Session {
         let page = catalog
             .page(kind, cursor)
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
-        let mut result = Map::with_capacity(2);
+        let mut result = Map::with_capacity(4);
         result.insert(kind.result_key().into(), Value::Array(page.items.to_vec()));
         if let Some(next) = page.next_cursor {
             result.insert("nextCursor".into(), Value::String(next));
+        }
+        if self.is_scope() {
+            // What is true of the merge: its shortest-lived part's lifetime, and
+            // shareable only if every part is, and the caller does not pick the view.
+            let mut cache = page.cache;
+            cache.public &= !self.hub.catalog_depends_on_caller();
+            result.insert("ttlMs".into(), Value::from(cache.ttl_ms));
+            result.insert("cacheScope".into(), Value::from(cache.scope()));
         }
         Ok(Value::Object(result))
     }

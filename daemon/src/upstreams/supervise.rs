@@ -12,7 +12,7 @@ use adapters::stdio::ConnectionStats;
 use adapters::{
     ConnectionError, HttpOptions, Reply, StdioOptions, UpstreamConnection, UpstreamEvent,
 };
-use registry::{Kind, ToolFilter, UpstreamListing};
+use registry::{CacheHint, Kind, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinSet;
@@ -516,6 +516,7 @@ pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {
         resource_templates: Vec::new(),
         instructions: None,
         quarantine: Default::default(),
+        cache: [None; 4],
     }
 }
 
@@ -536,7 +537,7 @@ pub async fn fetch_listing(
         if !hello.has_capability(capability) {
             continue;
         }
-        let entries = match handshake::list_all(
+        let listed = match handshake::list_all(
             connection,
             kind.list_method(),
             kind.result_key(),
@@ -544,13 +545,16 @@ pub async fn fetch_listing(
         )
         .await
         {
-            Ok(entries) => entries,
+            Ok(listed) => listed,
             // Servers with resources but no templates answer `resources/templates/list` with -32601.
             Err(handshake::HandshakeError::Refused { .. }) if kind == Kind::ResourceTemplates => {
-                Vec::new()
+                continue
             }
             Err(error) => return Err(error),
         };
+        let hints = listed.hints.iter().map(CacheHint::of_result);
+        listing.cache[kind.index()] = Some(CacheHint::merged(hints));
+        let entries = listed.entries;
         match kind {
             Kind::Tools => listing.tools = entries,
             Kind::Prompts => listing.prompts = entries,

@@ -32,6 +32,10 @@ pub(super) fn build(
         namespace_conflicts,
     };
     for listing in listings {
+        builder
+            .catalog
+            .upstream_cache
+            .insert(listing.upstream.clone(), listing.cache);
         if listing.prefix.is_empty() {
             builder
                 .catalog
@@ -66,6 +70,7 @@ pub(super) fn build(
     for kind in Kind::ALL {
         catalog.digests[kind.index()] = digest_entries(catalog.entries(kind));
     }
+    catalog.merge_cache(|_| true);
     let unprefixed: Vec<&UpstreamListing> =
         listings.iter().filter(|l| l.prefix.is_empty()).collect();
     if let [only] = unprefixed.as_slice() {

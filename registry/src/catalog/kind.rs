@@ -73,7 +73,7 @@ impl Kind {
     }
 
     /// Position in per-kind arrays; follows the order of [`Kind::ALL`].
-    pub(crate) fn index(self) -> usize {
+    pub fn index(self) -> usize {
         match self {
             Kind::Tools => 0,
             Kind::Prompts => 1,

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::cache::CacheHint;
 use crate::cursor::{self, CursorError};
 use crate::filter::ToolFilter;
 use crate::headers::ParamHeader;
@@ -44,6 +45,9 @@ pub struct UpstreamListing {
     pub instructions: Option<String>,
     /// Entries (and instructions) held back until approved.
     pub quarantine: Quarantine,
+    /// Per kind ([`Kind::index`]), the cache hints of the upstream's list; `None`
+    /// for a kind it does not list.
+    pub cache: [Option<CacheHint>; 4],
 }
 
 impl UpstreamListing {
@@ -87,6 +91,8 @@ pub struct Route {
 pub struct Page<'a> {
     pub items: &'a [Value],
     pub next_cursor: Option<String>,
+    /// What every page of this list may be cached for, merged over its upstreams.
+    pub cache: CacheHint,
 }
 
 /// A resource template's exposed literal head, for routing (or refusing) reads of
@@ -144,6 +150,10 @@ pub struct Catalog {
     /// Exposed tool name -> the parameters its schema mirrors into headers (only
     /// tools that have any).
     param_headers: HashMap<String, Arc<[ParamHeader]>>,
+    /// Each upstream's cache hints per kind, and their merge over the upstreams
+    /// shown (computed with the snapshot, so a page costs nothing more).
+    upstream_cache: HashMap<Arc<str>, [Option<CacheHint>; 4]>,
+    cache: [CacheHint; 4],
 }
 
 impl Default for Catalog {
@@ -176,7 +186,26 @@ impl Catalog {
             echoed_originals: HashMap::new(),
             page_size: page_size.max(1),
             param_headers: HashMap::new(),
+            upstream_cache: HashMap::new(),
+            cache: [CacheHint::NONE; 4],
         }
+    }
+
+    /// Merges the cache hints of the upstreams in `shown` (all when `None`), per kind.
+    fn merge_cache(&mut self, shown: impl Fn(&Arc<str>) -> bool) {
+        for kind in Kind::ALL {
+            self.cache[kind.index()] = CacheHint::merged(
+                self.upstream_cache
+                    .iter()
+                    .filter(|(upstream, _)| shown(upstream))
+                    .filter_map(|(_, hints)| hints[kind.index()]),
+            );
+        }
+    }
+
+    /// The cache hints of `kind`'s list, merged over the upstreams shown.
+    pub fn cache_hint(&self, kind: Kind) -> CacheHint {
+        self.cache[kind.index()]
     }
 
     /// Builds a snapshot from listings in the order given (the daemon sorts them by
@@ -432,6 +461,7 @@ impl Catalog {
         Ok(Page {
             items: &entries[start..end],
             next_cursor: (end < entries.len()).then(|| cursor::encode(end)),
+            cache: self.cache[kind.index()],
         })
     }
 }

@@ -19,6 +19,7 @@ pub(crate) fn listing(upstream: &str, prefix: &str) -> UpstreamListing {
         resource_templates: Vec::new(),
         instructions: None,
         quarantine: Default::default(),
+        cache: [None; 4],
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::test_support::{build_default, listing, tool};
-use super::{Catalog, CatalogOptions, Kind, Route};
+use super::{Catalog, CatalogOptions, Kind, Route, View};
 use crate::cursor::{self, CursorError};
 
 fn route(upstream: &str, original: &str) -> Route {
@@ -415,7 +415,6 @@ fn a_description_naming_another_upstreams_tools_is_reported() {
 
 #[test]
 fn a_view_is_a_catalog_of_what_it_shows() {
-    use super::View;
     use crate::ToolFilter;
     let mut alpha = listing("alpha", "alpha");
     alpha.tools = vec![tool("read"), tool("write"), tool("delete")];
@@ -524,9 +523,51 @@ fn unlisted_tool_names_reach_the_sole_unprefixed_upstream_only_when_nothing_is_b
     assert_eq!(two.route_unlisted_tool("x"), None);
     // Never in a view.
     assert_eq!(
-        catalog
-            .restrict(&super::View::default())
-            .route_unlisted_tool("x"),
+        catalog.restrict(&View::default()).route_unlisted_tool("x"),
         None
     );
+}
+
+/// A merged list may be cached as long as its shortest-lived part and shared only
+/// if every part may be; a kind an upstream does not list leaves its hints out,
+/// and a view merges only the upstreams it shows.
+#[test]
+fn cache_hints_merge_per_kind_over_the_upstreams_shown() {
+    use crate::cache::CacheHint;
+    let long_public = CacheHint {
+        ttl_ms: 60_000,
+        public: true,
+    };
+    let short_public = CacheHint {
+        ttl_ms: 5_000,
+        public: true,
+    };
+    let mut modern = listing("modern", "m");
+    modern.tools = vec![tool("a")];
+    modern.cache = [Some(long_public), None, None, None];
+    let mut other = listing("other", "o");
+    other.tools = vec![tool("b")];
+    other.prompts = vec![json!({"name": "p"})];
+    other.cache = [Some(short_public), Some(CacheHint::NONE), None, None];
+    let (catalog, _) = build_default(&[modern.clone(), other]);
+    assert_eq!(catalog.cache_hint(Kind::Tools), short_public);
+    assert_eq!(catalog.cache_hint(Kind::Prompts), CacheHint::NONE);
+    // Nothing lists resources: nothing promises anything.
+    assert_eq!(catalog.cache_hint(Kind::Resources), CacheHint::NONE);
+    let page = catalog.page(Kind::Tools, None).unwrap();
+    assert_eq!(page.cache, short_public);
+
+    let only_modern = View {
+        upstreams: Some(["modern".to_string()].into()),
+        ..View::default()
+    };
+    let restricted = catalog.restrict(&only_modern);
+    assert_eq!(restricted.cache_hint(Kind::Tools), long_public);
+
+    // A handshake-era upstream (hints: none) makes the merge uncacheable.
+    let mut old = listing("old", "x");
+    old.tools = vec![tool("c")];
+    old.cache = [Some(CacheHint::NONE), None, None, None];
+    let (catalog, _) = build_default(&[modern, old]);
+    assert_eq!(catalog.cache_hint(Kind::Tools), CacheHint::NONE);
 }

@@ -97,6 +97,13 @@ impl Catalog {
                 .collect(),
         };
         let shown = |upstream: &Arc<str>| visible.contains(upstream);
+        restricted.upstream_cache = self
+            .upstream_cache
+            .iter()
+            .filter(|(upstream, _)| shown(upstream))
+            .map(|(upstream, hints)| (upstream.clone(), *hints))
+            .collect();
+        restricted.merge_cache(|_| true);
         restricted.instructions = self
             .instructions
             .iter()

@@ -93,6 +93,22 @@ struct Cli {
     /// watched: a change sends list_changed). See `drift.rs` for the names.
     #[arg(long, value_name = "PATH", conflicts_with = "http")]
     drift_file: Option<PathBuf>,
+    /// With --modern: every list carries these 2026-07-28 cache hints, as
+    /// `TTL_MS:public` or `TTL_MS:private`.
+    #[arg(long, value_name = "TTL_MS:SCOPE", value_parser = parse_cache_hints, requires = "modern")]
+    cache_hints: Option<(u64, bool)>,
+}
+
+fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
+    let (ttl, scope) = text
+        .split_once(':')
+        .ok_or("expected TTL_MS:public or TTL_MS:private")?;
+    let ttl = ttl.parse().map_err(|error| format!("`{ttl}`: {error}"))?;
+    match scope {
+        "public" => Ok((ttl, true)),
+        "private" => Ok((ttl, false)),
+        other => Err(format!("`{other}` is neither `public` nor `private`")),
+    }
 }
 
 const DEFAULT_NAME: &str = "fixture";
@@ -198,8 +214,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 request_log: cli.request_log.clone(),
                 lines_body: cli.lines_body,
             };
+            let cache_hints = cli.cache_hints;
             http::serve(addr, settings, move || {
-                Fixture::new(
+                let fixture = Fixture::new(
                     name.clone(),
                     add_schema,
                     exit_after_calls,
@@ -208,7 +225,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     Arc::new(AtomicBool::new(false)),
                     conformance,
                     modern,
-                )
+                );
+                match cache_hints {
+                    Some((ttl_ms, public)) => fixture.with_cache_hints(ttl_ms, public),
+                    None => fixture,
+                }
             })
             .await?;
             return Ok(0);
@@ -246,6 +267,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 cli.conformance,
                 cli.modern,
             );
+            let fixture = match cli.cache_hints {
+                Some((ttl_ms, public)) => fixture.with_cache_hints(ttl_ms, public),
+                None => fixture,
+            };
             match fixture.serve((stdin, to_filter)).await {
                 Ok(running) => {
                     let reason = running.waiting().await.context("joining the service")?;
