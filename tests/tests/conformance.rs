@@ -1,4 +1,7 @@
-//! The official MCP conformance suite through plexus: `scripts/conformance` runs every server scenario against the fixture directly and through plexus, and fails if plexus loses one the fixture passes.
+//! The official MCP conformance suite through plexus: `scripts/conformance` runs the
+//! server scenarios of two pinned releases (0.1.16; 0.2.0-alpha.12 with `--suite all`
+//! and `--requirements 2026-07-28`) against servers directly and through plexus, and
+//! fails if plexus loses one a server passes.
 //!
 //! The script prints its scenario | fixture | plexus table on the inherited
 //! stdout, which the test harness does not capture, so the comparison shows in
