@@ -8,6 +8,8 @@ mod drift;
 mod filter;
 #[path = "../fixture/http.rs"]
 mod http;
+#[path = "../fixture/input_required.rs"]
+mod input_required;
 #[path = "../fixture/server.rs"]
 mod server;
 
@@ -197,7 +199,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         if let Some(addr) = cli.http {
             // One handler per HTTP session, as each stdio process has one.
             let exit_after_calls = cli.exit_after_calls;
-            let conformance = cli.conformance;
+            // One for the process: HTTP serves each session (and each
+            // 2026-07-28 request) with a handler of its own.
+            let conformance = cli.conformance.then(|| Arc::new(conformance::Shared::new()));
             let modern = cli.modern;
             let required_header = match &cli.require_header {
                 Some(header) => {
@@ -223,7 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     cancel_log.clone(),
                     // An HTTP session has no stdin whose EOF could end it.
                     Arc::new(AtomicBool::new(false)),
-                    conformance,
+                    conformance.clone(),
                     modern,
                 );
                 match cache_hints {
@@ -264,7 +268,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 cli.exit_after_calls,
                 cancel_log,
                 stdin_eof,
-                cli.conformance,
+                cli.conformance
+                    .then(|| Arc::new(conformance::Shared::new())),
                 cli.modern,
             );
             let fixture = match cli.cache_hints {
