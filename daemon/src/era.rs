@@ -24,6 +24,8 @@ pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabi
 pub const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+/// The extension that brings tasks to 2026-07-28 (declared under `extensions`).
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
 /// The per-request context a 2026-07-28 client sends in `_meta`.
 #[derive(Clone, Debug)]
@@ -234,6 +236,8 @@ pub fn mirrored_name<'a>(method: &str, params: Option<&'a Value>) -> Option<Opti
     let key = match method {
         "tools/call" | "prompts/get" => "name",
         "resources/read" => "uri",
+        // The tasks extension routes its methods by task.
+        "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
         _ => return None,
     };
     Some(params.and_then(|p| p.get(key)).and_then(Value::as_str))

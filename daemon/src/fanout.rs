@@ -202,6 +202,16 @@ impl Fanout {
                 relayable.insert(key.to_string(), capability.clone());
             }
         }
+        // The tasks extension: plexus routes the task methods it brings.
+        if let Some(tasks) = declared
+            .get("extensions")
+            .and_then(|extensions| extensions.get(crate::era::TASKS_EXTENSION))
+        {
+            relayable.insert(
+                "extensions".into(),
+                json!({ crate::era::TASKS_EXTENSION: tasks.clone() }),
+            );
+        }
         Value::Object(relayable)
     }
 

@@ -599,7 +599,8 @@ fn accepts_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|accept| accept.contains("text/event-stream"))
 }
 
-/// 2026-07-28 over HTTP: an unknown method is 404, a malformed request 400.
+/// 2026-07-28 over HTTP: an unknown method is 404, a malformed request (or one
+/// needing a capability it did not declare, an upstream's refusal included) 400.
 fn modern_status(response: &Value) -> StatusCode {
     match response
         .get("error")
@@ -609,6 +610,7 @@ fn modern_status(response: &Value) -> StatusCode {
         Some(jsonrpc::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
         Some(
             jsonrpc::HEADER_MISMATCH
+            | jsonrpc::MISSING_CAPABILITY
             | jsonrpc::UNSUPPORTED_PROTOCOL_VERSION
             | jsonrpc::INVALID_REQUEST
             | jsonrpc::PARSE_ERROR,

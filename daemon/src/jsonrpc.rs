@@ -20,6 +20,8 @@ pub const QUARANTINED: i64 = -33006;
 pub const SHUTTING_DOWN: i64 = -33007;
 /// 2026-07-28: the HTTP headers do not match the body, or required ones are missing.
 pub const HEADER_MISMATCH: i64 = -32020;
+/// 2026-07-28: the request needs a client capability its `_meta` did not declare.
+pub const MISSING_CAPABILITY: i64 = -32021;
 /// 2026-07-28: the request's protocol version is not one plexus serves.
 pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
@@ -73,6 +75,9 @@ pub enum RelayError {
     },
     #[error("header mismatch: {0}")]
     HeaderMismatch(String),
+    /// `required` is a client-capabilities object naming what is missing.
+    #[error("{reason}")]
+    MissingCapability { required: Value, reason: String },
     /// Refused at the door: no valid token, a foreign Host or Origin, a malformed request.
     #[error("{reason}")]
     AccessDenied {
@@ -168,6 +173,7 @@ impl RelayError {
             RelayError::ShuttingDown | RelayError::Drained { .. } => SHUTTING_DOWN,
             RelayError::UnsupportedVersion { .. } => UNSUPPORTED_PROTOCOL_VERSION,
             RelayError::HeaderMismatch(_) => HEADER_MISMATCH,
+            RelayError::MissingCapability { .. } => MISSING_CAPABILITY,
             RelayError::Quarantined { .. } => QUARANTINED,
             RelayError::AccessDenied { .. } => INVALID_REQUEST,
             RelayError::TooManySessions { .. } => OVERLOADED,
@@ -192,6 +198,7 @@ impl RelayError {
             RelayError::Drained { .. } => "upstream_removed",
             RelayError::UnsupportedVersion { .. } => "unsupported_version",
             RelayError::HeaderMismatch(_) => "header_mismatch",
+            RelayError::MissingCapability { .. } => "missing_capability",
             RelayError::Quarantined { .. } => "quarantined",
             RelayError::AccessDenied { kind, .. } => kind,
             RelayError::TooManySessions { .. } => "too_many_sessions",
@@ -236,6 +243,9 @@ impl RelayError {
                 None,
             ),
             RelayError::UnknownResource(uri) => return Some(json!({ "uri": uri })),
+            RelayError::MissingCapability { required, .. } => {
+                return Some(json!({ "requiredCapabilities": required }))
+            }
             RelayError::AccessDenied { kind, .. } => return Some(json!({ "kind": kind })),
             RelayError::TooManySessions { .. } => {
                 ("too_many_sessions", None, None, true, Some(1000))

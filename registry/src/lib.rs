@@ -14,7 +14,8 @@ pub mod uris;
 
 pub use cache::CacheHint;
 pub use catalog::{
-    Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, UpstreamListing, View,
+    Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, TaskSupport, UpstreamListing,
+    View,
 };
 pub use cursor::CursorError;
 pub use filter::ToolFilter;

@@ -370,3 +370,142 @@ async fn url_elicitations_carry_an_elicitation_id_only_in_the_era_that_has_one(
     modern.close().await;
     Ok(())
 }
+
+/// A 2026-07-28 client uses server-everything's tasks (handshake era) through the
+/// tasks extension: offered as `extensions`, not `tasks`; a tool call that declares
+/// the extension becomes a flat task (`resultType: "task"`, `ttlMs`); `tasks/get`
+/// polls it and, once it is done, inlines the very result a handshake-era client
+/// gets from `tasks/result` directly; `tasks/cancel` is acknowledged empty, even
+/// for a finished task; `tasks/list` and `tasks/result` do not exist; and a request
+/// that does not declare the extension is refused with -32021.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_runs_handshake_era_tasks_through_the_extension() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let npx = Path::new("npx");
+    let mut direct = RawStdioSession::start(npx, &["-y", EVERYTHING]).await?;
+    direct
+        .initialize(json!({}))
+        .await
+        .context("server-everything did not start")?;
+    let (_, _, expected) = run_task(&mut direct, true).await?;
+    direct.close().await;
+
+    let config = stdio_config(
+        dir.path(),
+        &format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\nprefix = \"\"\ninit_timeout = \"180s\"\n"),
+    )?;
+    let mut client = through_plexus(&config).await?;
+    let declaring = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let bare = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let call = json!({"name": "simulate-research-query", "arguments": {"topic": "relays"}, "_meta": declaring});
+    let created = call_when_ready(&mut client, call, &|_| Value::Null).await?;
+    let created = &created["result"];
+    ensure!(
+        created["resultType"] == "task" && created.get("task").is_none(),
+        "{created}"
+    );
+    ensure!(
+        created.get("ttlMs").is_some() && created.get("ttl").is_none(),
+        "{created}"
+    );
+    let task_id = created["taskId"]
+        .as_str()
+        .filter(|id| id.starts_with("everything:"))
+        .with_context(|| format!("no exposed task id: {created}"))?
+        .to_string();
+
+    let discovered = client
+        .request("server/discover", json!({"_meta": bare}))
+        .await?;
+    let capabilities = &discovered["result"]["capabilities"];
+    ensure!(
+        capabilities.get("tasks").is_none()
+            && capabilities["extensions"]
+                .get("io.modelcontextprotocol/tasks")
+                .is_some(),
+        "{discovered}"
+    );
+
+    let get = json!({"taskId": task_id, "_meta": declaring});
+    let mut got = Value::Null;
+    for _ in 0..300 {
+        got = client.request("tasks/get", get.clone()).await?;
+        if got["result"]["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = &got["result"];
+    ensure!(
+        got["status"] == "completed" && got["resultType"] == "complete",
+        "{got}"
+    );
+    let mut want = expected["result"].clone();
+    if let Some(meta) = want.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.remove("io.modelcontextprotocol/related-task");
+        if meta.is_empty() {
+            want.as_object_mut().map(|w| w.remove("_meta"));
+        }
+    }
+    ensure!(
+        serde_json::to_string(&got["result"])? == serde_json::to_string(&want)?,
+        "inlined\n{}\ndirectly from tasks/result\n{want}",
+        got["result"]
+    );
+
+    let cancelled = client.request("tasks/cancel", get.clone()).await?;
+    ensure!(
+        cancelled["result"] == json!({"resultType": "complete"}),
+        "{cancelled}"
+    );
+    for method in ["tasks/list", "tasks/result"] {
+        let answer = client
+            .request(method, json!({"taskId": task_id, "_meta": declaring}))
+            .await?;
+        ensure!(answer["error"]["code"] == -32601, "{method}: {answer}");
+    }
+    let refused = client
+        .request("tasks/get", json!({"taskId": task_id, "_meta": bare}))
+        .await?;
+    ensure!(
+        refused["error"]["code"] == -32021
+            && refused["error"]["data"]["requiredCapabilities"]["extensions"]
+                .get("io.modelcontextprotocol/tasks")
+                .is_some(),
+        "{refused}"
+    );
+    // Without the extension the same tool runs as a plain call, or, if it only
+    // runs as a task, is refused.
+    let listed = client.request("tools/list", json!({"_meta": bare})).await?;
+    let support = listed["result"]["tools"]
+        .as_array()
+        .and_then(|tools| {
+            tools
+                .iter()
+                .find(|t| t["name"] == "simulate-research-query")
+        })
+        .map(|tool| tool["execution"]["taskSupport"].clone())
+        .context("simulate-research-query is not listed")?;
+    let plain = client
+        .request(
+            "tools/call",
+            json!({"name": "simulate-research-query", "arguments": {"topic": "relays"}, "_meta": bare}),
+        )
+        .await?;
+    if support == "required" {
+        ensure!(plain["error"]["code"] == -32021, "{plain}");
+    } else {
+        ensure!(
+            plain["result"]["resultType"] == "complete" && plain["result"]["content"].is_array(),
+            "{support}: {plain}"
+        );
+    }
+    client.close().await;
+    Ok(())
+}

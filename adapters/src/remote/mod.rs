@@ -277,6 +277,7 @@ impl Head {
         let name_key = match method {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
             _ => None,
         };
         let name = name_key

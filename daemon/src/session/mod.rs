@@ -4,6 +4,7 @@
 
 mod bridge;
 mod client_bound;
+mod task_extension;
 
 pub use bridge::Continuations;
 
@@ -480,9 +481,14 @@ impl Session {
         let meta = era::parse_meta(params.as_ref())?;
         match method {
             "server/discover" => Ok(Reply::Result(era::discover_result(
-                self.capabilities(),
+                task_extension::advertised(self.capabilities()),
                 self.instructions(),
             ))),
+            "tasks/get" | "tasks/update" | "tasks/cancel"
+                if !task_extension::declared(&meta.capabilities) =>
+            {
+                Err(task_extension::missing(&format!("`{method}`")))
+            }
             "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
             // Replaced in this revision by `_meta` log levels and `subscriptions/listen`;
             // it has no handshake and no ping.
@@ -490,7 +496,10 @@ impl Session {
             | "resources/subscribe"
             | "resources/unsubscribe"
             | "initialize"
-            | "ping" => Err(RelayError::MethodNotFound(method.to_string())),
+            | "ping"
+            // The tasks extension has neither: `tasks/get` inlines the outcome.
+            | "tasks/list"
+            | "tasks/result" => Err(RelayError::MethodNotFound(method.to_string())),
             _ => bridge::serve(self, method, params, meta, related).await,
         }
     }
@@ -630,6 +639,11 @@ impl Session {
                         ))
                     })
                     .collect();
+                let params = if self.is_scope() {
+                    self.as_task_if_wanted(params, catalog.task_support(&name))?
+                } else {
+                    params
+                };
                 self.forward_named(method, params, route, &headers, related)
                     .await
             }
@@ -656,6 +670,9 @@ impl Session {
                 Ok(expose_content_uris(&catalog, &route.upstream, reply))
             }
             "completion/complete" => self.complete(params, related).await,
+            "tasks/get" | "tasks/update" | "tasks/cancel" if self.is_scope() => {
+                self.serve_task_extension(method, params, related).await
+            }
             "tasks/get" | "tasks/result" | "tasks/cancel" => {
                 let call = self.call_context(None, related);
                 self.hub.forward_task_request(method, params, call).await
@@ -787,12 +804,105 @@ impl Session {
         // A task-augmented call answers with a task whose id must name its upstream.
         Ok(if is_tool {
             let reply = expose_linked_uris(&self.catalog(), &route.upstream, reply);
-            self.hub
+            let reply = self
+                .hub
                 .task_routes
-                .expose(&route.upstream, Some(self.id), reply)
+                .expose(&route.upstream, Some(self.id), reply);
+            if self.is_scope() {
+                task_extension::created(reply)
+            } else {
+                reply
+            }
         } else {
             reply
         })
+    }
+
+    /// A 2026-07-28 client's `tools/call`: the handshake era's `task` parameter is
+    /// not its to send; a tool that may run as a task does when the request declares
+    /// the tasks extension, and one that must is refused (-32021) when it does not.
+    fn as_task_if_wanted(
+        &self,
+        mut params: Map<String, Value>,
+        support: Option<registry::TaskSupport>,
+    ) -> Result<Map<String, Value>, RelayError> {
+        params.remove("task");
+        let Some(support) = support else {
+            return Ok(params);
+        };
+        if task_extension::declared(&self.declared_capabilities()) {
+            params.insert("task".into(), json!({}));
+        } else if support == registry::TaskSupport::Required {
+            return Err(task_extension::missing("this tool runs only as a task; it"));
+        }
+        Ok(params)
+    }
+
+    /// `tasks/get`, `tasks/update`, `tasks/cancel` of the tasks extension, over a
+    /// handshake-era upstream's tasks or passed to a 2026-07-28 upstream's.
+    async fn serve_task_extension(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let call = || self.call_context(None, related);
+        match method {
+            "tasks/get" => {
+                let reply = self
+                    .hub
+                    .forward_task_request(method, params.clone(), call())
+                    .await?;
+                if !task_extension::is_handshake_task(&reply) {
+                    return Ok(reply);
+                }
+                let Reply::Result(Value::Object(task)) = reply else {
+                    return Ok(reply);
+                };
+                let finished = task
+                    .get("status")
+                    .and_then(Value::as_str)
+                    .is_some_and(|status| {
+                        status != "cancelled" && task_extension::is_terminal(status)
+                    });
+                // A finished task's `tasks/result` answers at once.
+                let outcome = if finished {
+                    let reply = self
+                        .hub
+                        .forward_task_request("tasks/result", params, call())
+                        .await?;
+                    Some(reply)
+                } else {
+                    None
+                };
+                Ok(Reply::Result(task_extension::detailed(&task, outcome)))
+            }
+            "tasks/update" => {
+                let reply = self
+                    .hub
+                    .forward_task_request(method, params.clone(), call())
+                    .await?;
+                match reply {
+                    // A handshake-era upstream has no `tasks/update`: nothing of its
+                    // task waits for input plexus could give, so the answers are
+                    // ignored, as the extension allows for keys it does not expect.
+                    Reply::Error(error)
+                        if error.get("code").and_then(Value::as_i64)
+                            == Some(jsonrpc::METHOD_NOT_FOUND) =>
+                    {
+                        Ok(Reply::Result(json!({})))
+                    }
+                    other => Ok(other),
+                }
+            }
+            _ => {
+                let reply = self
+                    .hub
+                    .forward_task_request(method, params, call())
+                    .await?;
+                Ok(task_extension::acknowledged(reply))
+            }
+        }
     }
 
     fn call_context<'a>(

@@ -291,6 +291,9 @@ impl Builder {
                     .param_headers
                     .insert(exposed_key.clone(), designated.into());
             }
+            if let Some(support) = super::TaskSupport::of_tool(entry) {
+                catalog.task_support.insert(exposed_key.clone(), support);
+            }
         }
         catalog.entries[kind.index()].push(exposed_entry(kind, entry, &exposed_key, schema_fix));
         remember_for_resource_routing(catalog, listing, kind, &exposed_key, route);

@@ -95,6 +95,23 @@ pub struct Page<'a> {
     pub cache: CacheHint,
 }
 
+/// A tool's `execution.taskSupport`, when it allows tasks at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskSupport {
+    Optional,
+    Required,
+}
+
+impl TaskSupport {
+    fn of_tool(tool: &Value) -> Option<TaskSupport> {
+        match tool.pointer("/execution/taskSupport")?.as_str()? {
+            "optional" => Some(TaskSupport::Optional),
+            "required" => Some(TaskSupport::Required),
+            _ => None,
+        }
+    }
+}
+
 /// A resource template's exposed literal head, for routing (or refusing) reads of
 /// the URIs expanded from it.
 #[derive(Clone, Debug)]
@@ -150,6 +167,9 @@ pub struct Catalog {
     /// Exposed tool name -> the parameters its schema mirrors into headers (only
     /// tools that have any).
     param_headers: HashMap<String, Arc<[ParamHeader]>>,
+    /// Exposed tool name -> whether it may run as a task (`execution.taskSupport`
+    /// of the handshake era: only tools that say `optional` or `required`).
+    task_support: HashMap<String, TaskSupport>,
     /// Each upstream's cache hints per kind, and their merge over the upstreams
     /// shown (computed with the snapshot, so a page costs nothing more).
     upstream_cache: HashMap<Arc<str>, [Option<CacheHint>; 4]>,
@@ -186,6 +206,7 @@ impl Catalog {
             echoed_originals: HashMap::new(),
             page_size: page_size.max(1),
             param_headers: HashMap::new(),
+            task_support: HashMap::new(),
             upstream_cache: HashMap::new(),
             cache: [CacheHint::NONE; 4],
         }
@@ -252,6 +273,11 @@ impl Catalog {
             .get(exposed_tool)
             .map(|headers| &headers[..])
             .unwrap_or(&[])
+    }
+
+    /// Whether a tool may (or must) run as a task; `None` when it may not.
+    pub fn task_support(&self, exposed_tool: &str) -> Option<TaskSupport> {
+        self.task_support.get(exposed_tool).copied()
     }
 
     pub fn route_prompt(&self, exposed_name: &str) -> Option<&Route> {

@@ -163,6 +163,12 @@ impl Catalog {
             .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains_key(*tool))
             .map(|(tool, headers)| (tool.clone(), headers.clone()))
             .collect();
+        restricted.task_support = self
+            .task_support
+            .iter()
+            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains_key(*tool))
+            .map(|(tool, support)| (tool.clone(), *support))
+            .collect();
         restricted.visible = Some(visible);
         restricted.uri_filter = view.restricts_resources.then(|| view.resources.clone());
         restricted

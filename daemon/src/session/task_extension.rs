@@ -1,0 +1,211 @@
+//! Tasks for 2026-07-28 clients. That revision has no `tasks` capability: tasks
+//! are its `io.modelcontextprotocol/tasks` extension, declared by the client per
+//! request. The server decides which `tools/call` becomes a task and answers with
+//! a flat `CreateTaskResult` (`resultType: "task"`); `tasks/get` inlines the
+//! outcome (`result` or `error`); `tasks/update` and `tasks/cancel` are
+//! acknowledged empty; there is no `tasks/list` and no `tasks/result`. plexus
+//! serves the extension over handshake-era upstreams' tasks (`params.task`, a
+//! nested `{task}`, `ttl` / `pollInterval`, `tasks/result`), and passes a
+//! 2026-07-28 upstream's extension results through as they are.
+
+use adapters::Reply;
+use serde_json::{json, Map, Value};
+
+use crate::era::TASKS_EXTENSION as EXTENSION;
+use crate::jsonrpc::{self, RelayError};
+
+/// The key of a handshake-era task's own result `_meta`; the extension inlines
+/// results without it.
+const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+
+/// Whether a request's client capabilities declare the extension.
+pub fn declared(capabilities: &Value) -> bool {
+    capabilities
+        .get("extensions")
+        .and_then(|extensions| extensions.get(EXTENSION))
+        .is_some_and(|value| !value.is_null())
+}
+
+/// The refusal of a request that needs the extension from a client that did not
+/// declare it.
+pub fn missing(what: &str) -> RelayError {
+    RelayError::MissingCapability {
+        required: json!({"extensions": {EXTENSION: {}}}),
+        reason: format!(
+            "{what} needs the `{EXTENSION}` extension, which this request did not declare"
+        ),
+    }
+}
+
+/// What a 2026-07-28 client is offered: the handshake-era `tasks` slot, where
+/// upstreams run tools as tasks, becomes the extension.
+pub fn advertised(mut capabilities: Value) -> Value {
+    let Some(object) = capabilities.as_object_mut() else {
+        return capabilities;
+    };
+    let tools_as_tasks = object
+        .remove("tasks")
+        .is_some_and(|tasks| tasks.pointer("/requests/tools/call").is_some());
+    if tools_as_tasks {
+        object.insert("extensions".into(), json!({ EXTENSION: {} }));
+    }
+    capabilities
+}
+
+/// A handshake-era task's fields under the extension's names.
+fn task_fields(task: &Map<String, Value>) -> Map<String, Value> {
+    let mut fields = Map::new();
+    for (key, value) in task {
+        let key = match key.as_str() {
+            "ttl" => "ttlMs",
+            "pollInterval" => "pollIntervalMs",
+            other => other,
+        };
+        fields.insert(key.to_string(), value.clone());
+    }
+    // Required by the extension: null is "kept without limit".
+    fields.entry("ttlMs").or_insert(Value::Null);
+    fields
+}
+
+/// A `tools/call` answer for a 2026-07-28 client: a handshake-era
+/// `CreateTaskResult` (`{task: {...}}`) becomes the extension's flat one.
+pub fn created(reply: Reply) -> Reply {
+    let Reply::Result(Value::Object(mut result)) = reply else {
+        return reply;
+    };
+    let task = match result.remove("task") {
+        Some(Value::Object(task)) if !result.contains_key("resultType") => task,
+        Some(other) => {
+            result.insert("task".into(), other);
+            return Reply::Result(Value::Object(result));
+        }
+        None => return Reply::Result(Value::Object(result)),
+    };
+    let mut flat = task_fields(&task);
+    flat.insert("resultType".into(), Value::from("task"));
+    if let Some(meta) = result.remove("_meta") {
+        flat.insert("_meta".into(), meta);
+    }
+    Reply::Result(Value::Object(flat))
+}
+
+/// Whether a task status is final.
+pub fn is_terminal(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled")
+}
+
+/// Whether a `tasks/get` answer is a handshake-era upstream's (a bare task, no
+/// result type), which the extension's needs building from.
+pub fn is_handshake_task(reply: &Reply) -> bool {
+    matches!(reply, Reply::Result(result) if result.get("resultType").is_none() && result.get("taskId").is_some())
+}
+
+/// The extension's `tasks/get` answer from a handshake-era task and, once it is
+/// final, its `tasks/result` answer: the outcome inlined, a tool result that is an
+/// error still `completed` (the extension keeps `failed` for JSON-RPC errors).
+pub fn detailed(task: &Map<String, Value>, outcome: Option<Reply>) -> Value {
+    let mut detailed = task_fields(task);
+    match outcome {
+        Some(Reply::Result(mut result)) => {
+            if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+                meta.remove(RELATED_TASK);
+                if meta.is_empty() {
+                    result.as_object_mut().map(|r| r.remove("_meta"));
+                }
+            }
+            detailed.insert("status".into(), Value::from("completed"));
+            detailed.insert("result".into(), result);
+        }
+        Some(Reply::Error(error)) => {
+            detailed.insert("status".into(), Value::from("failed"));
+            detailed.insert("error".into(), error);
+        }
+        None => {}
+    }
+    Value::Object(detailed)
+}
+
+/// `tasks/cancel` and `tasks/update` answer with an empty acknowledgement; an
+/// upstream's refusal to cancel a task that already ended (-32602 in the handshake
+/// era) is acknowledged too, as the extension wants cancelling to be idempotent.
+pub fn acknowledged(reply: Reply) -> Reply {
+    match reply {
+        Reply::Result(_) => Reply::Result(json!({})),
+        Reply::Error(error)
+            if error.get("code").and_then(Value::as_i64) == Some(jsonrpc::INVALID_PARAMS) =>
+        {
+            Reply::Result(json!({}))
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_task_becomes_the_extensions_flat_task() {
+        let nested = Reply::Result(json!({
+            "task": {"taskId": "u:1", "status": "working", "ttl": 60000, "pollInterval": 500,
+                     "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:00Z"},
+            "_meta": {"k": 1},
+        }));
+        let Reply::Result(flat) = created(nested) else {
+            panic!("not a result");
+        };
+        assert_eq!(flat["resultType"], "task");
+        assert_eq!(flat["taskId"], "u:1");
+        assert_eq!(flat["ttlMs"], 60000);
+        assert_eq!(flat["pollIntervalMs"], 500);
+        assert!(flat.get("task").is_none() && flat.get("ttl").is_none());
+        assert_eq!(flat["_meta"]["k"], 1);
+        // An ordinary result and a 2026-07-28 task pass as they are.
+        let plain = Reply::Result(json!({"content": []}));
+        assert_eq!(created(plain.clone()), plain);
+        let modern = Reply::Result(json!({"resultType": "task", "taskId": "x", "ttlMs": null}));
+        assert_eq!(created(modern.clone()), modern);
+    }
+
+    #[test]
+    fn a_finished_task_inlines_its_outcome() {
+        let task = json!({"taskId": "u:1", "status": "failed", "ttl": null})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let errored_tool = Reply::Result(json!({
+            "content": [], "isError": true,
+            "_meta": {RELATED_TASK: {"taskId": "1"}},
+        }));
+        let got = detailed(&task, Some(errored_tool));
+        assert_eq!(got["status"], "completed");
+        assert_eq!(got["result"]["isError"], true);
+        assert!(got["result"].get("_meta").is_none(), "{got}");
+        let failed = detailed(
+            &task,
+            Some(Reply::Error(json!({"code": -32603, "message": "x"}))),
+        );
+        assert_eq!(failed["status"], "failed");
+        assert_eq!(failed["error"]["code"], -32603);
+        assert!(failed.get("ttl").is_none() && failed["ttlMs"].is_null());
+    }
+
+    #[test]
+    fn the_tasks_slot_becomes_the_extension() {
+        let offered =
+            advertised(json!({"tools": {}, "tasks": {"requests": {"tools": {"call": {}}}}}));
+        assert!(offered.get("tasks").is_none());
+        assert!(declared(&offered));
+        let none = advertised(json!({"tools": {}, "tasks": {"list": {}}}));
+        assert!(none.get("tasks").is_none() && none.get("extensions").is_none());
+        assert_eq!(
+            acknowledged(Reply::Result(json!({"status": "cancelled"}))),
+            Reply::Result(json!({}))
+        );
+        assert_eq!(
+            acknowledged(Reply::Error(json!({"code": -32602, "message": "terminal"}))),
+            Reply::Result(json!({}))
+        );
+    }
+}
