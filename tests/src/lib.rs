@@ -565,6 +565,26 @@ impl RawStdioSession {
     }
 }
 
+/// A loopback port nothing listens on now, for a server a test stops and starts
+/// again. It lies below the kernel's ephemeral range (32768 and up by default): a
+/// client that keeps reconnecting to a stopped server on an ephemeral port can be
+/// given that very port as its own, connect to itself (TCP simultaneous open) and
+/// hold it, so the restarted server cannot bind it.
+pub fn restartable_port() -> anyhow::Result<u16> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.subsec_nanos())
+        .unwrap_or_default()
+        ^ std::process::id();
+    for attempt in 0..500u32 {
+        let port = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(7_919)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port between 20000 and 32000")
+}
+
 /// Any typed rmcp value as JSON, so tests assert on wire shapes.
 pub fn json_of<T: serde::Serialize>(value: &T) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)

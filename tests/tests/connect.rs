@@ -2,7 +2,6 @@
 //! a running daemon's HTTP front; the daemon is killed and started again mid-session
 //! (a call in flight then gets -33003) and the next call succeeds.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
@@ -13,7 +12,7 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
 use serde_json::json;
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    plexus_tests::restartable_port()
 }
 
 fn connect_command(url: &str) -> tokio::process::Command {

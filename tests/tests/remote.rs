@@ -638,8 +638,7 @@ fn workspace_root() -> PathBuf {
 
 /// A port nothing listens on now (the Python server takes a port, not 0).
 fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    plexus_tests::restartable_port()
 }
 
 /// Waits until an upstream has `calls` calls in flight (by its gauge).
