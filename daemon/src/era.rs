@@ -96,6 +96,35 @@ pub fn set_client_capabilities(params: &mut Option<Value>, capabilities: Value) 
     }
 }
 
+/// Whether a request to a 2026-07-28 upstream needs the tasks extension declared:
+/// a task method, or a handshake-era `tools/call` with a `task` parameter (which
+/// that revision has no field for, so it is taken out).
+pub fn handshake_task_request(method: &str, params: &mut Option<Value>) -> bool {
+    if method.starts_with("tasks/") {
+        return true;
+    }
+    method == "tools/call"
+        && params
+            .as_mut()
+            .and_then(Value::as_object_mut)
+            .and_then(|params| params.remove("task"))
+            .is_some()
+}
+
+/// Adds the tasks extension to a client-capabilities object.
+pub fn declare_tasks_extension(capabilities: &mut Value) {
+    if let Value::Object(capabilities) = capabilities {
+        let extensions = capabilities
+            .entry("extensions")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(extensions) = extensions {
+            extensions
+                .entry(TASKS_EXTENSION)
+                .or_insert_with(|| Value::Object(Map::new()));
+        }
+    }
+}
+
 pub fn strip_request_meta(params: &mut Option<Value>) {
     let Some(Value::Object(params)) = params else {
         return;

@@ -758,6 +758,19 @@ impl Fanout {
                 let merged = tasks.get_or_insert_with(|| json!({}));
                 merge_objects(merged, upstream_tasks);
             }
+            // A 2026-07-28 upstream's tasks extension, in the handshake era's terms
+            // (no `list`: the extension has no `tasks/list`).
+            if known
+                .get("extensions")
+                .and_then(|extensions| extensions.get(crate::era::TASKS_EXTENSION))
+                .is_some_and(|value| !value.is_null())
+            {
+                let merged = tasks.get_or_insert_with(|| json!({}));
+                merge_objects(
+                    merged,
+                    &json!({"cancel": {}, "requests": {"tools": {"call": {}}}}),
+                );
+            }
             logging |= known.get("logging").is_some_and(|v| !v.is_null());
             completions |= known.get("completions").is_some_and(|v| !v.is_null());
             subscribe |= known
@@ -781,6 +794,20 @@ impl Fanout {
             capabilities["tasks"] = tasks;
         }
         capabilities
+    }
+
+    /// Whether a 2026-07-28 upstream `shown` accepts offers the tasks extension.
+    pub fn offers_tasks_extension(&self, shown: impl Fn(&str) -> bool) -> bool {
+        self.upstreams()
+            .values()
+            .filter(|upstream| shown(upstream.name()))
+            .any(|upstream| {
+                upstream
+                    .known_capabilities()
+                    .get("extensions")
+                    .and_then(|extensions| extensions.get(crate::era::TASKS_EXTENSION))
+                    .is_some_and(|value| !value.is_null())
+            })
     }
 }
 

@@ -572,7 +572,12 @@ impl Hub {
         // A 2026-07-28 upstream is told what the calling client can do, not what
         // plexus can (it may refuse a tool the client could not serve: -32021).
         if connection.is_per_request() {
-            let capabilities = self.fanout.relayable_capabilities(call.session);
+            let mut capabilities = self.fanout.relayable_capabilities(call.session);
+            // A handshake-era client's task (its `task` parameter, or a task method
+            // on a task it created) is the tasks extension to this upstream.
+            if crate::era::handshake_task_request(method, &mut params) {
+                crate::era::declare_tasks_extension(&mut capabilities);
+            }
             crate::era::set_client_capabilities(&mut params, capabilities);
         }
         // The client's progress token never reaches a shared upstream: plexus's own does.

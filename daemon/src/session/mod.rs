@@ -480,10 +480,17 @@ impl Session {
     ) -> Result<Reply, RelayError> {
         let meta = era::parse_meta(params.as_ref())?;
         match method {
-            "server/discover" => Ok(Reply::Result(era::discover_result(
-                task_extension::advertised(self.capabilities()),
-                self.instructions(),
-            ))),
+            "server/discover" => {
+                let catalog = self.catalog();
+                let upstream_extension = self
+                    .hub
+                    .fanout
+                    .offers_tasks_extension(|upstream| catalog.shows_upstream(upstream));
+                Ok(Reply::Result(era::discover_result(
+                    task_extension::advertised(self.capabilities(), upstream_extension),
+                    self.instructions(),
+                )))
+            }
             "tasks/get" | "tasks/update" | "tasks/cancel"
                 if !task_extension::declared(&meta.capabilities) =>
             {
@@ -674,8 +681,7 @@ impl Session {
                 self.serve_task_extension(method, params, related).await
             }
             "tasks/get" | "tasks/result" | "tasks/cancel" => {
-                let call = self.call_context(None, related);
-                self.hub.forward_task_request(method, params, call).await
+                self.serve_handshake_task(method, params, related).await
             }
             "tasks/list" => self.hub.list_tasks(self.call_context(None, related)).await,
             "logging/setLevel" => {
@@ -811,7 +817,7 @@ impl Session {
             if self.is_scope() {
                 task_extension::created(reply)
             } else {
-                reply
+                task_extension::nested(reply)
             }
         } else {
             reply
@@ -886,12 +892,7 @@ impl Session {
                     // A handshake-era upstream has no `tasks/update`: nothing of its
                     // task waits for input plexus could give, so the answers are
                     // ignored, as the extension allows for keys it does not expect.
-                    Reply::Error(error)
-                        if error.get("code").and_then(Value::as_i64)
-                            == Some(jsonrpc::METHOD_NOT_FOUND) =>
-                    {
-                        Ok(Reply::Result(json!({})))
-                    }
+                    reply if is_method_not_found(&reply) => Ok(Reply::Result(json!({}))),
                     other => Ok(other),
                 }
             }
@@ -902,6 +903,69 @@ impl Session {
                     .await?;
                 Ok(task_extension::acknowledged(reply))
             }
+        }
+    }
+
+    /// `tasks/get`, `tasks/result`, `tasks/cancel` of a handshake-era client: relayed
+    /// to a handshake-era upstream; a 2026-07-28 upstream's task (the tasks
+    /// extension) is put in that era's shape, and its `tasks/result`, which the
+    /// extension lacks, waits by polling `tasks/get` at the task's interval.
+    async fn serve_handshake_task(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let call = || self.call_context(None, related);
+        let reply = self
+            .hub
+            .forward_task_request(method, params.clone(), call())
+            .await?;
+        let extension = task_extension::is_extension_answer(&reply);
+        match method {
+            "tasks/get" if extension => Ok(task_extension::handshake_task(reply)),
+            // The extension acknowledges a cancel; this era answers with the task.
+            "tasks/cancel" if extension || reply == Reply::Result(json!({})) => {
+                let got = self
+                    .hub
+                    .forward_task_request("tasks/get", params, call())
+                    .await?;
+                Ok(task_extension::handshake_task(got))
+            }
+            "tasks/result" if is_method_not_found(&reply) => {
+                let task_id = params
+                    .as_ref()
+                    .and_then(|p| p.get("taskId"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let started = std::time::Instant::now();
+                loop {
+                    let got = self
+                        .hub
+                        .forward_task_request("tasks/get", params.clone(), call())
+                        .await?;
+                    let Reply::Result(detailed) = &got else {
+                        return Ok(got);
+                    };
+                    if let Some(outcome) = task_extension::final_outcome(detailed, &task_id) {
+                        return Ok(outcome);
+                    }
+                    if started.elapsed() > TASK_RESULT_WAIT {
+                        return Err(RelayError::Timeout {
+                            upstream: task_id.split(':').next().unwrap_or_default().to_string(),
+                            after: started.elapsed(),
+                        });
+                    }
+                    let interval = detailed
+                        .get("pollIntervalMs")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(500)
+                        .clamp(50, 5_000);
+                    tokio::time::sleep(std::time::Duration::from_millis(interval)).await;
+                }
+            }
+            _ => Ok(reply),
         }
     }
 
@@ -997,6 +1061,15 @@ impl Session {
         }
         Ok(Value::Object(result))
     }
+}
+
+/// How long a handshake-era client's `tasks/result` waits for a 2026-07-28
+/// upstream's task to finish (the client's cancel ends it sooner).
+const TASK_RESULT_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+fn is_method_not_found(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(error)
+        if error.get("code").and_then(Value::as_i64) == Some(jsonrpc::METHOD_NOT_FOUND))
 }
 
 /// The error for a name or URI that routes nowhere: held back by the pins (-33006,

@@ -38,15 +38,16 @@ pub fn missing(what: &str) -> RelayError {
 }
 
 /// What a 2026-07-28 client is offered: the handshake-era `tasks` slot, where
-/// upstreams run tools as tasks, becomes the extension.
-pub fn advertised(mut capabilities: Value) -> Value {
+/// upstreams run tools as tasks, becomes the extension, which is also offered when
+/// a 2026-07-28 upstream offers it (`upstream_extension`).
+pub fn advertised(mut capabilities: Value, upstream_extension: bool) -> Value {
     let Some(object) = capabilities.as_object_mut() else {
         return capabilities;
     };
     let tools_as_tasks = object
         .remove("tasks")
         .is_some_and(|tasks| tasks.pointer("/requests/tools/call").is_some());
-    if tools_as_tasks {
+    if tools_as_tasks || upstream_extension {
         object.insert("extensions".into(), json!({ EXTENSION: {} }));
     }
     capabilities
@@ -141,6 +142,92 @@ pub fn acknowledged(reply: Reply) -> Reply {
     }
 }
 
+/// Whether an answer is the extension's (a 2026-07-28 upstream's task), which a
+/// handshake-era client needs in its own shape.
+pub fn is_extension_answer(reply: &Reply) -> bool {
+    matches!(reply, Reply::Result(result) if result.get("resultType").is_some())
+}
+
+/// The extension's task fields under the handshake era's names, without what that
+/// era's `Task` has no place for (the inlined outcome, pending input).
+fn handshake_fields(task: &Map<String, Value>) -> Map<String, Value> {
+    let mut fields = Map::new();
+    for (key, value) in task {
+        let key = match key.as_str() {
+            "ttlMs" => "ttl",
+            "pollIntervalMs" => "pollInterval",
+            "resultType" | "result" | "error" | "inputRequests" => continue,
+            other => other,
+        };
+        fields.insert(key.to_string(), value.clone());
+    }
+    fields
+}
+
+/// A 2026-07-28 upstream's `CreateTaskResult` as a handshake-era client's
+/// (`{task: {...}}`); any other answer passes as it is.
+pub fn nested(reply: Reply) -> Reply {
+    match reply {
+        Reply::Result(Value::Object(result))
+            if result.get("resultType").and_then(Value::as_str) == Some("task") =>
+        {
+            let mut created = Map::new();
+            if let Some(meta) = result.get("_meta") {
+                created.insert("_meta".into(), meta.clone());
+            }
+            created.insert("task".into(), Value::Object(handshake_fields(&result)));
+            Reply::Result(Value::Object(created))
+        }
+        other => other,
+    }
+}
+
+/// A 2026-07-28 upstream's `tasks/get` answer as the handshake era's `Task`: a tool
+/// error is `failed` there.
+pub fn handshake_task(reply: Reply) -> Reply {
+    let Reply::Result(Value::Object(detailed)) = reply else {
+        return reply;
+    };
+    let mut task = handshake_fields(&detailed);
+    let tool_error = detailed
+        .get("result")
+        .and_then(|result| result.get("isError"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    if tool_error {
+        task.insert("status".into(), Value::from("failed"));
+    }
+    Reply::Result(Value::Object(task))
+}
+
+/// What the handshake era's `tasks/result` answers for a finished 2026-07-28 task
+/// (its `tasks/get` answer): the result, with the related-task `_meta` that era
+/// requires, or the error; `None` while it runs.
+pub fn final_outcome(detailed: &Value, task_id: &str) -> Option<Reply> {
+    match detailed.get("status").and_then(Value::as_str)? {
+        "completed" => {
+            let mut result = detailed.get("result").cloned().unwrap_or_else(|| json!({}));
+            if let Value::Object(result) = &mut result {
+                let meta = result
+                    .entry("_meta")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(meta) = meta {
+                    meta.insert(RELATED_TASK.into(), json!({ "taskId": task_id }));
+                }
+            }
+            Some(Reply::Result(result))
+        }
+        "failed" => Some(Reply::Error(detailed.get("error").cloned().unwrap_or_else(
+            || json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the task failed"}),
+        ))),
+        "cancelled" => Some(Reply::Error(json!({
+            "code": jsonrpc::INVALID_PARAMS,
+            "message": format!("task `{task_id}` was cancelled"),
+        }))),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,12 +280,15 @@ mod tests {
 
     #[test]
     fn the_tasks_slot_becomes_the_extension() {
-        let offered =
-            advertised(json!({"tools": {}, "tasks": {"requests": {"tools": {"call": {}}}}}));
+        let offered = advertised(
+            json!({"tools": {}, "tasks": {"requests": {"tools": {"call": {}}}}}),
+            false,
+        );
         assert!(offered.get("tasks").is_none());
         assert!(declared(&offered));
-        let none = advertised(json!({"tools": {}, "tasks": {"list": {}}}));
+        let none = advertised(json!({"tools": {}, "tasks": {"list": {}}}), false);
         assert!(none.get("tasks").is_none() && none.get("extensions").is_none());
+        assert!(declared(&advertised(json!({"tools": {}}), true)));
         assert_eq!(
             acknowledged(Reply::Result(json!({"status": "cancelled"}))),
             Reply::Result(json!({}))
@@ -207,5 +297,31 @@ mod tests {
             acknowledged(Reply::Error(json!({"code": -32602, "message": "terminal"}))),
             Reply::Result(json!({}))
         );
+    }
+
+    #[test]
+    fn an_extension_task_reaches_a_handshake_client_in_its_shape() {
+        let flat = Reply::Result(
+            json!({"resultType": "task", "taskId": "u:1", "status": "working", "ttlMs": 1000, "pollIntervalMs": 50}),
+        );
+        let Reply::Result(created) = nested(flat) else {
+            panic!("not a result");
+        };
+        assert_eq!(created["task"]["ttl"], 1000);
+        assert_eq!(created["task"]["pollInterval"], 50);
+        assert!(created["task"].get("resultType").is_none());
+        let done = json!({"resultType": "complete", "taskId": "u:1", "status": "completed", "ttlMs": null,
+                          "result": {"content": [], "isError": true}});
+        let Reply::Result(task) = handshake_task(Reply::Result(done.clone())) else {
+            panic!("not a result");
+        };
+        assert_eq!(task["status"], "failed");
+        assert!(task.get("result").is_none() && task["ttl"].is_null());
+        let Some(Reply::Result(outcome)) = final_outcome(&done, "u:1") else {
+            panic!("no outcome");
+        };
+        assert_eq!(outcome["isError"], true);
+        assert_eq!(outcome["_meta"][RELATED_TASK]["taskId"], "u:1");
+        assert_eq!(final_outcome(&json!({"status": "working"}), "u:1"), None);
     }
 }
