@@ -1,0 +1,256 @@
+//! What the bench measures: the fixture reached directly (stdio, HTTP) and through
+//! plexus (HTTP front, stdio front, a 2026-07-28 client, `plexus connect`), and the
+//! processes and client sessions behind each.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use plexus_tests::{
+    fixture_binary, fixture_upstream, http_client, plexus_binary, plexus_stdio_command, Client,
+    Daemon, TestClient,
+};
+use rmcp::model::ProtocolVersion;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
+use tokio::process::{Child, Command};
+
+/// How long a process or session may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// An rmcp client running the fixture as its child, as an MCP host would.
+    DirectStdio,
+    /// The fixture serving streamable HTTP itself: the baseline of every ratio.
+    DirectHttp,
+    /// plexus's HTTP front, the fixture its stdio upstream.
+    PlexusHttp,
+    /// `plexus serve --stdio`: plexus's own cost without HTTP's.
+    PlexusStdio,
+    /// A 2026-07-28 client (no session, `_meta` on every request) over HTTP, to a
+    /// fixture that speaks 2026-07-28 too.
+    Plexus2026,
+    /// `plexus connect <url>`: a stdio client bridged to the daemon's HTTP front.
+    PlexusConnect,
+}
+
+impl Target {
+    /// The order of a round: direct and plexus cells alternate, so drift on a
+    /// noisy machine lands on both sides of a comparison alike.
+    pub const ALL: [Target; 6] = [
+        Target::DirectHttp,
+        Target::PlexusHttp,
+        Target::DirectStdio,
+        Target::PlexusStdio,
+        Target::Plexus2026,
+        Target::PlexusConnect,
+    ];
+
+    /// The target every ratio is taken against.
+    pub const BASELINE: Target = Target::DirectHttp;
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Target::DirectStdio => "direct-stdio",
+            Target::DirectHttp => "direct-http",
+            Target::PlexusHttp => "plexus-http",
+            Target::PlexusStdio => "plexus-stdio",
+            Target::Plexus2026 => "plexus-2026",
+            Target::PlexusConnect => "plexus-connect",
+        }
+    }
+
+    /// The echo tool's name as this target lists it.
+    pub fn tool(self) -> &'static str {
+        match self {
+            Target::DirectStdio | Target::DirectHttp => "echo",
+            Target::Plexus2026 => "modern__echo",
+            Target::PlexusHttp | Target::PlexusStdio | Target::PlexusConnect => "bench__echo",
+        }
+    }
+}
+
+/// The servers behind the targets: a fixture serving HTTP, and a daemon with two
+/// fixture upstreams over stdio (`bench`, and `modern` for 2026-07-28 clients).
+/// The stdio targets start their own processes per session.
+pub struct Rig {
+    http_fixture: HttpFixture,
+    daemon: Daemon,
+}
+
+impl Rig {
+    pub async fn start() -> anyhow::Result<Rig> {
+        let daemon = Daemon::start("", &upstream_sections())
+            .await
+            .context("starting plexus")?;
+        daemon
+            .wait_ready(START_TIMEOUT)
+            .await
+            .context("waiting for plexus's upstreams")?;
+        let http_fixture = HttpFixture::start(daemon.dir.path())
+            .await
+            .context("starting the HTTP fixture")?;
+        Ok(Rig {
+            http_fixture,
+            daemon,
+        })
+    }
+
+    /// Opens `count` independent sessions to `target`, each listing its echo tool.
+    pub async fn open(&self, target: Target, count: usize) -> anyhow::Result<Vec<Client>> {
+        let mut sessions = Vec::with_capacity(count);
+        for index in 0..count {
+            let session = self
+                .open_one(target, index)
+                .await
+                .with_context(|| format!("opening {} session {index}", target.label()))?;
+            sessions.push(session);
+        }
+        // Waited for only once all are open, so stdio daemons start their upstreams
+        // side by side.
+        for session in &sessions {
+            wait_for_tool(session, target.tool())
+                .await
+                .with_context(|| format!("{} never listed {}", target.label(), target.tool()))?;
+        }
+        Ok(sessions)
+    }
+
+    async fn open_one(&self, target: Target, index: usize) -> anyhow::Result<Client> {
+        let client = TestClient::default();
+        Ok(match target {
+            Target::DirectStdio => {
+                let mut command = Command::new(fixture_binary());
+                command.args(["--name", "bench"]);
+                // Nor does the daemon put its upstream's stderr on our terminal.
+                let (transport, _stderr) = TokioChildProcess::builder(command)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .with_context(|| format!("spawning {}", fixture_binary().display()))?;
+                client.serve(transport).await?
+            }
+            Target::DirectHttp => http_client(&self.http_fixture.url(), client).await?,
+            Target::PlexusHttp => http_client(&self.daemon.url, client).await?,
+            Target::PlexusStdio => {
+                // A state directory per daemon: they share nothing, as separate hosts would.
+                let dir = self.daemon.dir.path();
+                let config = dir.join(format!("stdio-{index}.toml"));
+                let state = dir.join(format!("stdio-state-{index}"));
+                std::fs::write(
+                    &config,
+                    format!(
+                        "[daemon]\nstate_dir = {:?}\n\n{}",
+                        state.display().to_string(),
+                        upstream_sections()
+                    ),
+                )
+                .with_context(|| format!("writing {}", config.display()))?;
+                client
+                    .serve(TokioChildProcess::new(plexus_stdio_command(&config))?)
+                    .await?
+            }
+            Target::Plexus2026 => {
+                client
+                    .serve_with_lifecycle(
+                        StreamableHttpClientTransport::from_uri(self.daemon.url.clone()),
+                        ClientLifecycleMode::Discover {
+                            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                        },
+                    )
+                    .await?
+            }
+            Target::PlexusConnect => {
+                let mut command = Command::new(plexus_binary());
+                command
+                    .args(["connect", &self.daemon.url])
+                    .env("PLEXUS_LOG", "warn");
+                client.serve(TokioChildProcess::new(command)?).await?
+            }
+        })
+    }
+
+    /// Stops the daemon and the HTTP fixture; fails if plexus exits uncleanly.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let log = self.daemon.log();
+        let status = self.daemon.stop().await.context("stopping plexus")?;
+        self.http_fixture.stop().await?;
+        if !status.success() {
+            bail!("plexus exited with {status}:\n{log}");
+        }
+        Ok(())
+    }
+}
+
+/// The daemon's upstreams (the stdio daemons have the same).
+fn upstream_sections() -> String {
+    fixture_upstream("bench", "", &["--name", "bench"])
+        + &fixture_upstream("modern", "", &["--name", "modern", "--modern"])
+}
+
+/// Waits until `client` lists `tool` (a stdio daemon starts its upstream after
+/// answering `initialize`).
+async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while !client
+        .list_all_tools()
+        .await?
+        .iter()
+        .any(|t| t.name == tool)
+    {
+        if Instant::now() > deadline {
+            bail!("not listed after {START_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// `plexus-fixture --http` on a free loopback port.
+struct HttpFixture {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl HttpFixture {
+    async fn start(dir: &Path) -> anyhow::Result<HttpFixture> {
+        let log_path = dir.join("http-fixture.log");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let child = Command::new(fixture_binary())
+            .args(["--http", "127.0.0.1:0", "--name", "bench"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {}", fixture_binary().display()))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            // The one line it prints once bound: `... listening on http://ADDR/mcp`.
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let bound = text
+                .lines()
+                .find_map(|line| line.split("listening on http://").nth(1))
+                .and_then(|rest| rest.strip_suffix("/mcp"))
+                .and_then(|addr| addr.parse().ok());
+            if let Some(addr) = bound {
+                return Ok(HttpFixture { child, addr });
+            }
+            if Instant::now() > deadline {
+                bail!("it did not report its address: {text}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        self.child.kill().await.context("stopping the HTTP fixture")
+    }
+}
