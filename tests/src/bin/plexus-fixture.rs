@@ -12,6 +12,8 @@ mod http;
 mod input_required;
 #[path = "../fixture/server.rs"]
 mod server;
+#[path = "../fixture/tasks.rs"]
+mod tasks;
 
 use std::{
     io::Write as _,
