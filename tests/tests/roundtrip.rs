@@ -509,3 +509,98 @@ async fn a_2026_client_runs_handshake_era_tasks_through_the_extension() -> anyho
     client.close().await;
     Ok(())
 }
+
+/// A handshake-era client uses a 2026-07-28 upstream's tasks (the fixture's tasks
+/// extension, the upstream reached in 2026-07-28 only): offered the `tasks` slot, its
+/// `task`-augmented call gets that era's nested task (`ttl`, `pollInterval`),
+/// `tasks/get` a `Task` without the inlined outcome (a tool error is `failed`), and
+/// `tasks/result` waits for the outcome, carrying the related-task `_meta`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_client_runs_a_2026_upstreams_tasks() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = fixture_binary().display().to_string();
+    let config = stdio_config(
+        dir.path(),
+        &format!(
+            "[upstreams.fx]\ncommand = {fixture:?}\nargs = [\"--conformance\", \"--modern\"]\nprotocol = \"2026-07-28\"\n"
+        ),
+    )?;
+    // A first run lists the upstream and keeps what it advertised on disk, so the
+    // next one can answer `initialize` with it before the upstream is up.
+    let mut first = through_plexus(&config).await?;
+    first.initialize(json!({})).await?;
+    call_when_ready(
+        &mut first,
+        json!({"name": "fx__greet", "arguments": {"name": "x"}}),
+        &|_| Value::Null,
+    )
+    .await?;
+    first.close().await;
+    let mut client = through_plexus(&config).await?;
+    let hello = client.initialize(json!({})).await?;
+    ensure!(
+        hello["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "{hello}"
+    );
+    let call = json!({"name": "fx__slow_compute", "arguments": {"seconds": 0.3, "label": "eras"}, "task": {"ttl": 60000}});
+    let created = call_when_ready(&mut client, call, &|_| Value::Null).await?;
+    let task = &created["result"]["task"];
+    let task_id = task["taskId"]
+        .as_str()
+        .filter(|id| id.starts_with("fx:"))
+        .with_context(|| format!("no nested task: {created}"))?
+        .to_string();
+    ensure!(
+        created["result"].get("resultType").is_none()
+            && task.get("ttl").is_some()
+            && task.get("ttlMs").is_none(),
+        "{created}"
+    );
+    let got = client
+        .request("tasks/get", json!({"taskId": task_id}))
+        .await?;
+    ensure!(
+        got["result"]["taskId"] == task_id.as_str()
+            && got["result"].get("result").is_none()
+            && got["result"].get("resultType").is_none(),
+        "{got}"
+    );
+    let result = client
+        .request("tasks/result", json!({"taskId": task_id}))
+        .await?;
+    let text = result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(text.contains("eras"), "{result}");
+    ensure!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"]
+            == task_id.as_str(),
+        "{result}"
+    );
+    let done = client
+        .request("tasks/get", json!({"taskId": task_id}))
+        .await?;
+    ensure!(done["result"]["status"] == "completed", "{done}");
+
+    // A tool error ends `completed` in the extension, `failed` in this era.
+    let failing = client
+        .request(
+            "tools/call",
+            json!({"name": "fx__failing_job", "arguments": {}, "task": {}}),
+        )
+        .await?;
+    let failing_id = failing["result"]["task"]["taskId"]
+        .as_str()
+        .with_context(|| format!("{failing}"))?
+        .to_string();
+    let outcome = client
+        .request("tasks/result", json!({"taskId": failing_id}))
+        .await?;
+    ensure!(outcome["result"]["isError"] == true, "{outcome}");
+    let status = client
+        .request("tasks/get", json!({"taskId": failing_id}))
+        .await?;
+    ensure!(status["result"]["status"] == "failed", "{status}");
+    client.close().await;
+    Ok(())
+}
