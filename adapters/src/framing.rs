@@ -46,10 +46,8 @@ impl Decoder for LineDecoder {
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, std::io::Error> {
         loop {
-            let newline = buf[self.scanned..]
-                .iter()
-                .position(|b| *b == b'\n')
-                .map(|offset| self.scanned + offset);
+            let newline =
+                memchr::memchr(b'\n', &buf[self.scanned..]).map(|offset| self.scanned + offset);
             match newline {
                 Some(end) if self.discarding => {
                     buf.advance(end + 1);

@@ -61,7 +61,7 @@ impl SseDecoder {
             }
         }
         while !bytes.is_empty() {
-            match bytes.iter().position(|b| *b == b'\n' || *b == b'\r') {
+            match memchr::memchr2(b'\n', b'\r', bytes) {
                 Some(end) => {
                     self.push_line_bytes(&bytes[..end]);
                     let crlf = bytes[end] == b'\r';
