@@ -39,6 +39,20 @@ impl Cell {
             self.calls
         )
     }
+
+    /// A column heading for the overview: `c16w 10KiB` is c=16 with a session per worker.
+    pub fn short_label(&self) -> String {
+        let sessions = match (self.concurrency, self.sessions) {
+            (1, _) => "",
+            (_, Sessions::Shared) => "s",
+            (_, Sessions::PerWorker) => "w",
+        };
+        format!(
+            "c{}{sessions} {}",
+            self.concurrency,
+            bytes(self.payload).replace(' ', "")
+        )
+    }
 }
 
 /// `100 B`, `10 KiB`, `1 MiB`.
@@ -102,47 +116,118 @@ impl Summary {
     }
 }
 
+/// One of a summary's metrics.
+type Metric = fn(&Summary) -> Spread;
+
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// Prints one cell's table; `results` holds each target's samples, one per pair.
-pub fn print_cell(cell: &Cell, pairs: usize, results: &[(Target, Vec<Sample>)]) {
-    let summaries: Vec<(Target, Summary)> = results
-        .iter()
-        .map(|(target, samples)| (*target, Summary::of(samples)))
-        .collect();
-    let baseline = summaries
-        .iter()
-        .find(|(target, _)| *target == Target::BASELINE)
-        .map(|(_, summary)| summary);
+/// One cell's results: per target (in round order) its summary over the pairs.
+pub struct CellResult {
+    cell: Cell,
+    pairs: usize,
+    rows: Vec<(Target, Summary)>,
+}
 
-    println!();
-    println!(
-        "{} · {pairs} pair{} · median [min–max]; ×: median / {}'s",
-        cell.label(),
-        if pairs == 1 { "" } else { "s" },
-        Target::BASELINE.label()
-    );
-    println!(
-        "{:<15} {:>26} {:>26} {:>24} {:>6} {:>6} {:>6}",
-        "target", "p50 µs", "p99 µs", "calls/s", "×p50", "×p99", "×tput"
-    );
-    for (target, s) in &summaries {
-        let ratio = |metric: fn(&Summary) -> Spread| match baseline {
-            Some(base) => format!("{:.2}", metric(s).median / metric(base).median),
-            None => "-".to_string(),
+impl CellResult {
+    /// `samples` holds each target's samples, one per pair.
+    pub fn new(cell: Cell, pairs: usize, samples: &[(Target, Vec<Sample>)]) -> CellResult {
+        let rows = samples
+            .iter()
+            .map(|(target, samples)| (*target, Summary::of(samples)))
+            .collect();
+        CellResult { cell, pairs, rows }
+    }
+
+    /// `metric`'s median for `target` over the baseline's, as text.
+    fn ratio(&self, target: Target, metric: Metric) -> String {
+        let find = |wanted: Target| {
+            self.rows
+                .iter()
+                .find(|(target, _)| *target == wanted)
+                .map(|(_, summary)| metric(summary).median)
         };
+        match (find(target), find(Target::BASELINE)) {
+            (Some(value), Some(base)) => format!("{:.2}", value / base),
+            _ => "-".to_string(),
+        }
+    }
+
+    pub fn print(&self) {
+        println!();
         println!(
-            "{:<15} {:>26} {:>26} {:>24} {:>6} {:>6} {:>6}",
-            target.label(),
-            s.p50.show(1),
-            s.p99.show(1),
-            s.throughput.show(0),
-            ratio(|s| s.p50),
-            ratio(|s| s.p99),
-            ratio(|s| s.throughput),
+            "{} · {} pair{} · median [min–max]; ×: median / {}'s",
+            self.cell.label(),
+            self.pairs,
+            if self.pairs == 1 { "" } else { "s" },
+            Target::BASELINE.label()
         );
+        let mut table = vec![[
+            "target", "p50 µs", "p99 µs", "calls/s", "×p50", "×p99", "×tput",
+        ]
+        .map(String::from)
+        .to_vec()];
+        for (target, s) in &self.rows {
+            table.push(vec![
+                target.label().to_string(),
+                s.p50.show(0),
+                s.p99.show(0),
+                s.throughput.show(0),
+                self.ratio(*target, |s| s.p50),
+                self.ratio(*target, |s| s.p99),
+                self.ratio(*target, |s| s.throughput),
+            ]);
+        }
+        print_table(&table);
+    }
+}
+
+/// The ratios of every cell side by side: one table for p50, one for throughput.
+pub fn print_overview(results: &[CellResult]) {
+    let Some(first) = results.first() else {
+        return;
+    };
+    let metrics: [(&str, Metric); 2] =
+        [("p50 latency", |s| s.p50), ("throughput", |s| s.throughput)];
+    for (name, metric) in metrics {
+        println!();
+        println!("{name} / {}'s, every cell", Target::BASELINE.label());
+        let mut header = vec!["target".to_string()];
+        header.extend(results.iter().map(|r| r.cell.short_label()));
+        let mut table = vec![header];
+        for (target, _) in &first.rows {
+            let mut row = vec![target.label().to_string()];
+            row.extend(results.iter().map(|r| r.ratio(*target, metric)));
+            table.push(row);
+        }
+        print_table(&table);
+    }
+}
+
+/// Prints rows as columns as wide as their widest cell: the first left-aligned,
+/// the rest right-aligned.
+fn print_table(rows: &[Vec<String>]) {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|row| row.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, (cell, width)) in row.iter().zip(&widths).enumerate() {
+            if c == 0 {
+                line.push_str(&format!("{cell:<width$}"));
+            } else {
+                line.push_str(&format!("  {cell:>width$}"));
+            }
+        }
+        println!("{}", line.trim_end());
     }
 }
 

@@ -21,7 +21,7 @@ use rmcp::service::Peer;
 use rmcp::RoleClient;
 
 use load::Payload;
-use report::{Cell, Sessions};
+use report::{Cell, CellResult, Sessions};
 use targets::{Rig, Target};
 
 /// Tasks (and, per worker, sessions) in the concurrent cells.
@@ -169,6 +169,7 @@ async fn close(sessions: Vec<(Target, Vec<Client>)>, rig: Rig) -> anyhow::Result
 }
 
 async fn measure_all(plan: &Plan, sessions: &[(Target, Vec<Client>)]) -> anyhow::Result<()> {
+    let mut cells = Vec::new();
     for cell in &plan.cells {
         let payload = Arc::new(Payload::new(cell.payload));
         let mut results: Vec<(Target, Vec<load::Sample>)> = sessions
@@ -191,8 +192,12 @@ async fn measure_all(plan: &Plan, sessions: &[(Target, Vec<Client>)]) -> anyhow:
                 results[index].1.push(sample);
             }
         }
-        report::print_cell(cell, plan.pairs, &results);
+        let result = CellResult::new(*cell, plan.pairs, &results);
+        // Each table as soon as it is measured: a full run takes minutes.
+        result.print();
+        cells.push(result);
     }
+    report::print_overview(&cells);
     Ok(())
 }
 
