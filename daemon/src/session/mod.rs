@@ -853,12 +853,12 @@ impl Session {
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         let call = || self.call_context(None, related);
+        let reply = self
+            .hub
+            .forward_task_request(method, params.clone(), call())
+            .await?;
         match method {
             "tasks/get" => {
-                let reply = self
-                    .hub
-                    .forward_task_request(method, params.clone(), call())
-                    .await?;
                 if !task_extension::is_handshake_task(&reply) {
                     return Ok(reply);
                 }
@@ -883,26 +883,12 @@ impl Session {
                 };
                 Ok(Reply::Result(task_extension::detailed(&task, outcome)))
             }
-            "tasks/update" => {
-                let reply = self
-                    .hub
-                    .forward_task_request(method, params.clone(), call())
-                    .await?;
-                match reply {
-                    // A handshake-era upstream has no `tasks/update`: nothing of its
-                    // task waits for input plexus could give, so the answers are
-                    // ignored, as the extension allows for keys it does not expect.
-                    reply if is_method_not_found(&reply) => Ok(Reply::Result(json!({}))),
-                    other => Ok(other),
-                }
-            }
-            _ => {
-                let reply = self
-                    .hub
-                    .forward_task_request(method, params, call())
-                    .await?;
-                Ok(task_extension::acknowledged(reply))
-            }
+            // A handshake-era upstream has no `tasks/update`: nothing of its task
+            // waits for input plexus could give, so the answers are ignored, as the
+            // extension allows for keys it does not expect.
+            "tasks/update" if is_method_not_found(&reply) => Ok(Reply::Result(json!({}))),
+            "tasks/update" => Ok(reply),
+            _ => Ok(task_extension::acknowledged(reply)),
         }
     }
 
