@@ -565,6 +565,75 @@ impl RawStdioSession {
     }
 }
 
+/// The fixture serving streamable HTTP (`plexus-fixture --http`), as its own process.
+pub struct HttpFixture {
+    child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl HttpFixture {
+    /// Starts `plexus-fixture --http` on `addr` (port 0: any free port), its stderr
+    /// in `dir`, and waits until it reports the address it bound.
+    pub async fn start(
+        dir: &Path,
+        addr: std::net::SocketAddr,
+        args: &[&str],
+    ) -> anyhow::Result<HttpFixture> {
+        HttpFixture::start_with_env(dir, addr, args, &[]).await
+    }
+
+    pub async fn start_with_env(
+        dir: &Path,
+        addr: std::net::SocketAddr,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<HttpFixture> {
+        static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stderr = dir.join(format!("fixture-{}-{n}.log", addr.port()));
+        let log = std::fs::File::create(&stderr)
+            .with_context(|| format!("creating {}", stderr.display()))?;
+        let child = Command::new(fixture_binary())
+            .arg("--http")
+            .arg(addr.to_string())
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the HTTP fixture")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            // The one line it prints once bound: `... listening on http://ADDR/mcp`.
+            let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+            let bound = text
+                .lines()
+                .find_map(|line| line.split("listening on http://").nth(1))
+                .and_then(|rest| rest.strip_suffix("/mcp"))
+                .and_then(|addr| addr.parse().ok());
+            if let Some(addr) = bound {
+                return Ok(HttpFixture { child, addr });
+            }
+            if Instant::now() > deadline {
+                bail!("the HTTP fixture did not start: {text}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// SIGKILL: the server vanishes mid-stream, connections reset.
+    pub async fn kill(mut self) -> anyhow::Result<std::net::SocketAddr> {
+        self.child.kill().await?;
+        Ok(self.addr)
+    }
+}
+
 /// A loopback port nothing listens on now, for a server a test stops and starts
 /// again. It lies below the kernel's ephemeral range (32768 and up by default): a
 /// client that keeps reconnecting to a stopped server on an ephemeral port can be

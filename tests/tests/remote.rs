@@ -14,75 +14,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use plexus_tests::answering::{call, wait_for_tool, AnsweringClient};
 use plexus_tests::{
-    fixture_binary, fixture_upstream, http_client, json_of, Daemon, RawHttpSession, TestClient,
+    fixture_upstream, http_client, json_of, Daemon, HttpFixture, RawHttpSession, TestClient,
 };
 use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
-
-/// The fixture serving streamable HTTP, as its own process.
-struct HttpFixture {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl HttpFixture {
-    /// Starts `plexus-fixture --http` on `addr` (port 0: any free port) and waits
-    /// until it reports the address it bound.
-    async fn start(dir: &Path, addr: SocketAddr, args: &[&str]) -> anyhow::Result<HttpFixture> {
-        HttpFixture::start_with_env(dir, addr, args, &[]).await
-    }
-
-    async fn start_with_env(
-        dir: &Path,
-        addr: SocketAddr,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<HttpFixture> {
-        let stderr = dir.join(format!("fixture-{}.log", addr.port()));
-        let log = std::fs::File::create(&stderr)?;
-        let child = Command::new(fixture_binary())
-            .arg("--http")
-            .arg(addr.to_string())
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting the HTTP fixture")?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let text = std::fs::read_to_string(&stderr).unwrap_or_default();
-            let bound = text
-                .lines()
-                .find_map(|line| line.split("listening on http://").nth(1))
-                .and_then(|rest| rest.strip_suffix("/mcp"))
-                .and_then(|addr| addr.parse().ok());
-            if let Some(addr) = bound {
-                return Ok(HttpFixture { child, addr });
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the HTTP fixture did not start: {text}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-
-    /// SIGKILL: the server vanishes mid-stream, connections reset.
-    async fn kill(mut self) -> anyhow::Result<SocketAddr> {
-        self.child.kill().await?;
-        Ok(self.addr)
-    }
-}
 
 fn any_port() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
@@ -413,7 +351,9 @@ async fn an_expired_deadline_cancels_the_remote_call() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let fixture = HttpFixture::start(dir.path(), any_port(), &[]).await?;
+    // Restarted on the same port below: one a reconnecting client cannot self-connect on.
+    let port = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let fixture = HttpFixture::start(dir.path(), port, &[]).await?;
     let extra = "restart_backoff = \"200ms\"\nrestart_backoff_max = \"500ms\"\nmax_restarts = 1000";
     let daemon = Daemon::start("", &remote_section("remote", &fixture.url(), extra)).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;

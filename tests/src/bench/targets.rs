@@ -3,19 +3,18 @@
 //! processes and client sessions behind each.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use plexus_tests::{
     fixture_binary, fixture_upstream, http_client, plexus_binary, plexus_stdio_command, Client,
-    Daemon, TestClient,
+    Daemon, HttpFixture, TestClient,
 };
 use rmcp::model::ProtocolVersion;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// How long a process or session may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,9 +89,13 @@ impl Rig {
             .wait_ready(START_TIMEOUT)
             .await
             .context("waiting for plexus's upstreams")?;
-        let http_fixture = HttpFixture::start(daemon.dir.path())
-            .await
-            .context("starting the HTTP fixture")?;
+        let http_fixture = HttpFixture::start(
+            daemon.dir.path(),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            &["--name", "bench"],
+        )
+        .await
+        .context("starting the HTTP fixture")?;
         Ok(Rig {
             http_fixture,
             daemon,
@@ -176,7 +179,10 @@ impl Rig {
     pub async fn stop(self) -> anyhow::Result<()> {
         let log = self.daemon.log();
         let status = self.daemon.stop().await.context("stopping plexus")?;
-        self.http_fixture.stop().await?;
+        self.http_fixture
+            .kill()
+            .await
+            .context("stopping the HTTP fixture")?;
         if !status.success() {
             bail!("plexus exited with {status}:\n{log}");
         }
@@ -206,51 +212,4 @@ async fn wait_for_tool(client: &Client, tool: &str) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
-}
-
-/// `plexus-fixture --http` on a free loopback port.
-struct HttpFixture {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl HttpFixture {
-    async fn start(dir: &Path) -> anyhow::Result<HttpFixture> {
-        let log_path = dir.join("http-fixture.log");
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        let child = Command::new(fixture_binary())
-            .args(["--http", "127.0.0.1:0", "--name", "bench"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawning {}", fixture_binary().display()))?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            // The one line it prints once bound: `... listening on http://ADDR/mcp`.
-            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let bound = text
-                .lines()
-                .find_map(|line| line.split("listening on http://").nth(1))
-                .and_then(|rest| rest.strip_suffix("/mcp"))
-                .and_then(|addr| addr.parse().ok());
-            if let Some(addr) = bound {
-                return Ok(HttpFixture { child, addr });
-            }
-            if Instant::now() > deadline {
-                bail!("it did not report its address: {text}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        self.child.kill().await.context("stopping the HTTP fixture")
-    }
 }
