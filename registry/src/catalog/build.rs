@@ -70,7 +70,7 @@ pub(super) fn build(
     for kind in Kind::ALL {
         catalog.digests[kind.index()] = digest_entries(catalog.entries(kind));
     }
-    catalog.merge_cache(|_| true);
+    catalog.merge_cache();
     let unprefixed: Vec<&UpstreamListing> =
         listings.iter().filter(|l| l.prefix.is_empty()).collect();
     if let [only] = unprefixed.as_slice() {

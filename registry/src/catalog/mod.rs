@@ -212,14 +212,13 @@ impl Catalog {
         }
     }
 
-    /// Merges the cache hints of the upstreams in `shown` (all when `None`), per kind.
-    fn merge_cache(&mut self, shown: impl Fn(&Arc<str>) -> bool) {
+    /// Merges the cache hints of this catalog's upstreams, per kind.
+    fn merge_cache(&mut self) {
         for kind in Kind::ALL {
             self.cache[kind.index()] = CacheHint::merged(
                 self.upstream_cache
-                    .iter()
-                    .filter(|(upstream, _)| shown(upstream))
-                    .filter_map(|(_, hints)| hints[kind.index()]),
+                    .values()
+                    .filter_map(|hints| hints[kind.index()]),
             );
         }
     }

@@ -103,7 +103,7 @@ impl Catalog {
             .filter(|(upstream, _)| shown(upstream))
             .map(|(upstream, hints)| (upstream.clone(), *hints))
             .collect();
-        restricted.merge_cache(|_| true);
+        restricted.merge_cache();
         restricted.instructions = self
             .instructions
             .iter()
