@@ -678,10 +678,10 @@ impl Session {
             }
             "completion/complete" => self.complete(params, related).await,
             "tasks/get" | "tasks/update" | "tasks/cancel" if self.is_scope() => {
-                self.serve_task_extension(method, params, related).await
+                self.serve_task(method, params, related).await
             }
             "tasks/get" | "tasks/result" | "tasks/cancel" => {
-                self.serve_handshake_task(method, params, related).await
+                self.serve_task(method, params, related).await
             }
             "tasks/list" => self.hub.list_tasks(self.call_context(None, related)).await,
             "logging/setLevel" => {
@@ -844,19 +844,36 @@ impl Session {
         Ok(params)
     }
 
-    /// `tasks/get`, `tasks/update`, `tasks/cancel` of the tasks extension, over a
-    /// handshake-era upstream's tasks or passed to a 2026-07-28 upstream's.
-    async fn serve_task_extension(
+    /// `tasks/get`, `tasks/result`, `tasks/update`, `tasks/cancel`: routed by task id,
+    /// and the answer put in the calling client's era's shape.
+    async fn serve_task(
         &self,
         method: &str,
         params: Option<Value>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
-        let call = || self.call_context(None, related);
         let reply = self
             .hub
-            .forward_task_request(method, params.clone(), call())
+            .forward_task_request(method, params.clone(), self.call_context(None, related))
             .await?;
+        if self.is_scope() {
+            self.as_extension_answer(method, params, reply, related)
+                .await
+        } else {
+            self.as_handshake_answer(method, params, reply, related)
+                .await
+        }
+    }
+
+    /// The tasks extension's answer (2026-07-28 clients), over a handshake-era
+    /// upstream's task or passed on from a 2026-07-28 upstream's.
+    async fn as_extension_answer(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        reply: Reply,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
         match method {
             "tasks/get" => {
                 if !task_extension::is_handshake_task(&reply) {
@@ -865,17 +882,15 @@ impl Session {
                 let Reply::Result(Value::Object(task)) = reply else {
                     return Ok(reply);
                 };
-                let finished = task
-                    .get("status")
-                    .and_then(Value::as_str)
-                    .is_some_and(|status| {
-                        status != "cancelled" && task_extension::is_terminal(status)
-                    });
-                // A finished task's `tasks/result` answers at once.
-                let outcome = if finished {
+                // A task with an outcome: its `tasks/result` answers at once.
+                let outcome = if task_extension::has_outcome(&task) {
                     let reply = self
                         .hub
-                        .forward_task_request("tasks/result", params, call())
+                        .forward_task_request(
+                            "tasks/result",
+                            params,
+                            self.call_context(None, related),
+                        )
                         .await?;
                     Some(reply)
                 } else {
@@ -892,31 +907,30 @@ impl Session {
         }
     }
 
-    /// `tasks/get`, `tasks/result`, `tasks/cancel` of a handshake-era client: relayed
-    /// to a handshake-era upstream; a 2026-07-28 upstream's task (the tasks
-    /// extension) is put in that era's shape, and its `tasks/result`, which the
-    /// extension lacks, waits by polling `tasks/get` at the task's interval.
-    async fn serve_handshake_task(
+    /// A handshake-era client's answer: a handshake-era upstream's as it is; a
+    /// 2026-07-28 upstream's task (the tasks extension) in this era's shape, and its
+    /// `tasks/result`, which the extension lacks, waited for by polling `tasks/get`
+    /// at the task's interval.
+    async fn as_handshake_answer(
         &self,
         method: &str,
         params: Option<Value>,
+        reply: Reply,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
-        let call = || self.call_context(None, related);
-        let reply = self
-            .hub
-            .forward_task_request(method, params.clone(), call())
-            .await?;
+        let get = || {
+            self.hub.forward_task_request(
+                "tasks/get",
+                params.clone(),
+                self.call_context(None, related),
+            )
+        };
         let extension = task_extension::is_extension_answer(&reply);
         match method {
             "tasks/get" if extension => Ok(task_extension::handshake_task(reply)),
             // The extension acknowledges a cancel; this era answers with the task.
             "tasks/cancel" if extension || reply == Reply::Result(json!({})) => {
-                let got = self
-                    .hub
-                    .forward_task_request("tasks/get", params, call())
-                    .await?;
-                Ok(task_extension::handshake_task(got))
+                Ok(task_extension::handshake_task(get().await?))
             }
             "tasks/result" if is_method_not_found(&reply) => {
                 let task_id = params
@@ -927,10 +941,7 @@ impl Session {
                     .to_string();
                 let started = std::time::Instant::now();
                 loop {
-                    let got = self
-                        .hub
-                        .forward_task_request("tasks/get", params.clone(), call())
-                        .await?;
+                    let got = get().await?;
                     let Reply::Result(detailed) = &got else {
                         return Ok(got);
                     };

@@ -91,9 +91,13 @@ pub fn created(reply: Reply) -> Reply {
     Reply::Result(Value::Object(flat))
 }
 
-/// Whether a task status is final.
-pub fn is_terminal(status: &str) -> bool {
-    matches!(status, "completed" | "failed" | "cancelled")
+/// Whether a handshake-era task has an outcome its `tasks/result` gives at once
+/// (a cancelled one has none).
+pub fn has_outcome(task: &Map<String, Value>) -> bool {
+    matches!(
+        task.get("status").and_then(Value::as_str),
+        Some("completed" | "failed")
+    )
 }
 
 /// Whether a `tasks/get` answer is a handshake-era upstream's (a bare task, no
