@@ -227,22 +227,32 @@ async fn run_task(
     Ok((created, got, result))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn task_results_round_trip_field_by_field() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let npx = Path::new("npx");
-    let mut direct = RawStdioSession::start(npx, &["-y", EVERYTHING]).await?;
+/// server-everything over stdio, initialized by a handshake-era client.
+async fn everything_directly() -> anyhow::Result<RawStdioSession> {
+    let mut direct = RawStdioSession::start(Path::new("npx"), &["-y", EVERYTHING]).await?;
     direct
         .initialize(json!({}))
         .await
         .context("server-everything did not start")?;
+    Ok(direct)
+}
+
+/// plexus's config with server-everything, unprefixed, as its one upstream.
+fn everything_config(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    stdio_config(
+        dir,
+        &format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\nprefix = \"\"\ninit_timeout = \"180s\"\n"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_results_round_trip_field_by_field() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut direct = everything_directly().await?;
     let (created, got, result) = run_task(&mut direct, true).await?;
     direct.close().await;
 
-    let config = stdio_config(
-        dir.path(),
-        &format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\nprefix = \"\"\ninit_timeout = \"180s\"\n"),
-    )?;
+    let config = everything_config(dir.path())?;
     let mut relayed = through_plexus(&config).await?;
     relayed.initialize(json!({})).await?;
     let (relayed_created, relayed_got, relayed_result) = run_task(&mut relayed, false).await?;
@@ -381,19 +391,11 @@ async fn url_elicitations_carry_an_elicitation_id_only_in_the_era_that_has_one(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2026_client_runs_handshake_era_tasks_through_the_extension() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let npx = Path::new("npx");
-    let mut direct = RawStdioSession::start(npx, &["-y", EVERYTHING]).await?;
-    direct
-        .initialize(json!({}))
-        .await
-        .context("server-everything did not start")?;
+    let mut direct = everything_directly().await?;
     let (_, _, expected) = run_task(&mut direct, true).await?;
     direct.close().await;
 
-    let config = stdio_config(
-        dir.path(),
-        &format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\nprefix = \"\"\ninit_timeout = \"180s\"\n"),
-    )?;
+    let config = everything_config(dir.path())?;
     let mut client = through_plexus(&config).await?;
     let declaring = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
