@@ -223,11 +223,6 @@ impl Catalog {
         }
     }
 
-    /// The cache hints of `kind`'s list, merged over the upstreams shown.
-    pub fn cache_hint(&self, kind: Kind) -> CacheHint {
-        self.cache[kind.index()]
-    }
-
     /// Builds a snapshot from listings in the order given (the daemon sorts them by
     /// upstream name); see the crate's rules on names, URIs, schemas and collisions.
     pub fn build(

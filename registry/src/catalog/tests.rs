@@ -550,10 +550,16 @@ fn cache_hints_merge_per_kind_over_the_upstreams_shown() {
     other.prompts = vec![json!({"name": "p"})];
     other.cache = [Some(short_public), Some(CacheHint::NONE), None, None];
     let (catalog, _) = build_default(&[modern.clone(), other]);
-    assert_eq!(catalog.cache_hint(Kind::Tools), short_public);
-    assert_eq!(catalog.cache_hint(Kind::Prompts), CacheHint::NONE);
+    assert_eq!(catalog.page(Kind::Tools, None).unwrap().cache, short_public);
+    assert_eq!(
+        catalog.page(Kind::Prompts, None).unwrap().cache,
+        CacheHint::NONE
+    );
     // Nothing lists resources: nothing promises anything.
-    assert_eq!(catalog.cache_hint(Kind::Resources), CacheHint::NONE);
+    assert_eq!(
+        catalog.page(Kind::Resources, None).unwrap().cache,
+        CacheHint::NONE
+    );
     let page = catalog.page(Kind::Tools, None).unwrap();
     assert_eq!(page.cache, short_public);
 
@@ -562,12 +568,18 @@ fn cache_hints_merge_per_kind_over_the_upstreams_shown() {
         ..View::default()
     };
     let restricted = catalog.restrict(&only_modern);
-    assert_eq!(restricted.cache_hint(Kind::Tools), long_public);
+    assert_eq!(
+        restricted.page(Kind::Tools, None).unwrap().cache,
+        long_public
+    );
 
     // A handshake-era upstream (hints: none) makes the merge uncacheable.
     let mut old = listing("old", "x");
     old.tools = vec![tool("c")];
     old.cache = [Some(CacheHint::NONE), None, None, None];
     let (catalog, _) = build_default(&[modern, old]);
-    assert_eq!(catalog.cache_hint(Kind::Tools), CacheHint::NONE);
+    assert_eq!(
+        catalog.page(Kind::Tools, None).unwrap().cache,
+        CacheHint::NONE
+    );
 }
