@@ -48,6 +48,63 @@ pub struct Sample {
     pub p99: Duration,
     /// Calls per second over the run's wall time.
     pub throughput: f64,
+    /// CPU time per call of the whole machine (every process, both cores).
+    pub cpu_total: Duration,
+    /// CPU time per call of this process, the load generator (the clients).
+    pub cpu_client: Duration,
+}
+
+/// CPU time used so far by the whole machine and by this process, read from
+/// `/proc` (Linux); zero where it cannot be read, so the figures show as 0.
+#[derive(Clone, Copy)]
+struct CpuClock {
+    machine: Duration,
+    this_process: Duration,
+}
+
+impl CpuClock {
+    fn now() -> CpuClock {
+        CpuClock {
+            machine: machine_busy().unwrap_or_default(),
+            this_process: process_cpu().unwrap_or_default(),
+        }
+    }
+}
+
+/// The kernel's clock tick for `/proc` times; 100 Hz on every Linux this runs on.
+const TICK: Duration = Duration::from_millis(10);
+
+/// Busy time of all cores: `/proc/stat`'s first line, less idle and iowait.
+fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let busy: u64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(index, _)| *index != 3 && *index != 4)
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Some(TICK * u32::try_from(busy).ok()?)
+}
+
+/// This process's user and system time: fields 14 and 15 of `/proc/self/stat`,
+/// counted after the command name's closing parenthesis.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let utime: u32 = fields.get(11)?.parse().ok()?;
+    let stime: u32 = fields.get(12)?.parse().ok()?;
+    Some(TICK * (utime + stime))
 }
 
 /// Makes `calls` echo calls of `tool` from `concurrency` tasks, task `i` on
@@ -59,14 +116,21 @@ pub async fn measure(
     calls: usize,
     payload: &Arc<Payload>,
 ) -> anyhow::Result<Sample> {
+    let cpu_before = CpuClock::now();
     let started = Instant::now();
     let mut latencies = run(peers, tool, concurrency, calls, payload).await?;
     let elapsed = started.elapsed();
+    let cpu_after = CpuClock::now();
     latencies.sort_unstable();
+    let per_call = |before: Duration, after: Duration| {
+        after.saturating_sub(before) / u32::try_from(calls).unwrap_or(u32::MAX)
+    };
     Ok(Sample {
         p50: percentile(&latencies, 0.50),
         p99: percentile(&latencies, 0.99),
         throughput: calls as f64 / elapsed.as_secs_f64(),
+        cpu_total: per_call(cpu_before.machine, cpu_after.machine),
+        cpu_client: per_call(cpu_before.this_process, cpu_after.this_process),
     })
 }
 

@@ -103,6 +103,8 @@ struct Summary {
     p50: Spread,
     p99: Spread,
     throughput: Spread,
+    /// CPU µs per call outside the load generator: the servers, plexus included.
+    cpu_served: Spread,
 }
 
 impl Summary {
@@ -112,6 +114,7 @@ impl Summary {
             p50: metric(|s| micros(s.p50)),
             p99: metric(|s| micros(s.p99)),
             throughput: metric(|s| s.throughput),
+            cpu_served: metric(|s| micros(s.cpu_total.saturating_sub(s.cpu_client))),
         }
     }
 }
@@ -157,14 +160,14 @@ impl CellResult {
     pub fn print(&self) {
         println!();
         println!(
-            "{} · {} pair{} · median [min–max]; ×: median / {}'s",
+            "{} · {} pair{} · median [min–max]; cpu: µs per call of every process but the clients'; ×: median / {}'s",
             self.cell.label(),
             self.pairs,
             if self.pairs == 1 { "" } else { "s" },
             Target::BASELINE.label()
         );
         let mut table = vec![[
-            "target", "p50 µs", "p99 µs", "calls/s", "×p50", "×p99", "×tput",
+            "target", "p50 µs", "p99 µs", "calls/s", "cpu µs", "×p50", "×p99", "×tput",
         ]
         .map(String::from)
         .to_vec()];
@@ -174,6 +177,7 @@ impl CellResult {
                 s.p50.show(0),
                 s.p99.show(0),
                 s.throughput.show(0),
+                s.cpu_served.show(0),
                 self.ratio(*target, |s| s.p50),
                 self.ratio(*target, |s| s.p99),
                 self.ratio(*target, |s| s.throughput),

@@ -52,6 +52,16 @@ struct Cli {
     /// timings mean nothing.
     #[arg(long, conflicts_with_all = ["calls", "pairs"])]
     quick: bool,
+    /// Only these targets (comma-separated labels, e.g. `plexus-http,plexus-2026`);
+    /// the baseline, direct-http, is always measured.
+    #[arg(long, value_delimiter = ',', value_name = "LABELS")]
+    targets: Vec<String>,
+    /// Only these payload sizes, in bytes (e.g. `100,10240`).
+    #[arg(long, value_delimiter = ',', value_name = "BYTES")]
+    payloads: Vec<usize>,
+    /// Leave out the scale figures.
+    #[arg(long)]
+    no_scale: bool,
 }
 
 /// What one run measures.
@@ -99,8 +109,13 @@ impl Plan {
             };
             calls.max(concurrency)
         };
+        let payloads: &[usize] = if cli.payloads.is_empty() {
+            &PAYLOADS
+        } else {
+            &cli.payloads
+        };
         Ok(Plan {
-            cells: cells(&PAYLOADS, calls),
+            cells: cells(payloads, calls),
             pairs: cli.pairs,
             scale_upstreams: 100,
             scale_sessions: 1000,
@@ -133,10 +148,12 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let plan = Plan::of(&cli)?;
 
+    let targets = chosen_targets(&cli.targets)?;
+
     let rig = Rig::start().await?;
     // Every target gets its sessions up front: the first serves the shared cells.
     let mut sessions: Vec<(Target, Vec<Client>)> = Vec::new();
-    for target in Target::ALL {
+    for target in targets {
         let clients = rig.open(target, HIGH_CONCURRENCY).await?;
         sessions.push((target, clients));
     }
@@ -145,6 +162,9 @@ async fn main() -> anyhow::Result<()> {
     // A failed measurement still closes everything; its error is the one reported.
     let closed = close(sessions, rig).await;
     measured.and(closed)?;
+    if cli.no_scale {
+        return Ok(());
+    }
 
     println!();
     println!("scale");
@@ -154,6 +174,25 @@ async fn main() -> anyhow::Result<()> {
     scale::sessions(plan.scale_sessions)
         .await
         .context("measuring open sessions")
+}
+
+/// The targets named on the command line (all when none), the baseline first.
+fn chosen_targets(labels: &[String]) -> anyhow::Result<Vec<Target>> {
+    if labels.is_empty() {
+        return Ok(Target::ALL.to_vec());
+    }
+    for label in labels {
+        if !Target::ALL.iter().any(|target| target.label() == label) {
+            let known: Vec<&str> = Target::ALL.iter().map(|t| t.label()).collect();
+            bail!("no target {label:?}; the targets are {}", known.join(", "));
+        }
+    }
+    Ok(Target::ALL
+        .into_iter()
+        .filter(|target| {
+            *target == Target::BASELINE || labels.iter().any(|label| label == target.label())
+        })
+        .collect())
 }
 
 async fn close(sessions: Vec<(Target, Vec<Client>)>, rig: Rig) -> anyhow::Result<()> {
