@@ -105,6 +105,8 @@ struct Summary {
     throughput: Spread,
     /// CPU µs per call outside the load generator: the servers, plexus included.
     cpu_served: Spread,
+    /// CPU µs per call of the load generator.
+    cpu_client: Spread,
 }
 
 impl Summary {
@@ -115,6 +117,7 @@ impl Summary {
             p99: metric(|s| micros(s.p99)),
             throughput: metric(|s| s.throughput),
             cpu_served: metric(|s| micros(s.cpu_total.saturating_sub(s.cpu_client))),
+            cpu_client: metric(|s| micros(s.cpu_client)),
         }
     }
 }
@@ -160,14 +163,14 @@ impl CellResult {
     pub fn print(&self) {
         println!();
         println!(
-            "{} · {} pair{} · median [min–max]; cpu: µs per call of every process but the clients'; ×: median / {}'s",
+            "{} · {} pair{} · median [min–max]; cpu: µs per call of every process but the clients', client: theirs; ×: median / {}'s",
             self.cell.label(),
             self.pairs,
             if self.pairs == 1 { "" } else { "s" },
             Target::BASELINE.label()
         );
         let mut table = vec![[
-            "target", "p50 µs", "p99 µs", "calls/s", "cpu µs", "×p50", "×p99", "×tput",
+            "target", "p50 µs", "p99 µs", "calls/s", "cpu µs", "client µs", "×p50", "×p99", "×tput",
         ]
         .map(String::from)
         .to_vec()];
@@ -178,6 +181,7 @@ impl CellResult {
                 s.p99.show(0),
                 s.throughput.show(0),
                 s.cpu_served.show(0),
+                s.cpu_client.show(0),
                 self.ratio(*target, |s| s.p50),
                 self.ratio(*target, |s| s.p99),
                 self.ratio(*target, |s| s.throughput),
