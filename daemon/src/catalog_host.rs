@@ -245,6 +245,7 @@ impl CatalogHost {
             state.dirty = true;
             return;
         }
+        let started = std::time::Instant::now();
         let ordered: Vec<UpstreamListing> = state.by_upstream.values().cloned().collect();
         let (catalog, warnings) = Catalog::build(&ordered, &state.options);
         for warning in warnings {
@@ -278,6 +279,9 @@ impl CatalogHost {
             all: Arc::new(catalog),
             views,
         }));
+        self.metrics
+            .catalog_rebuild
+            .observe(started.elapsed().as_secs_f64());
     }
 
     fn cache_path(&self, upstream: &str) -> PathBuf {

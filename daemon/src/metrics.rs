@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -32,6 +32,8 @@ pub struct Metrics {
     pub catalog_entries: IntGaugeVec,
     /// Entries changed or left out while building the catalog, by reason.
     pub catalog_warnings: IntCounterVec,
+    /// Time to build and publish one catalog snapshot (and its views).
+    pub catalog_rebuild: Histogram,
     /// Downstream sessions open by front (`http`, `stdio`).
     pub sessions_active: IntGaugeVec,
     pub config_reloads: IntCounterVec,
@@ -127,6 +129,16 @@ impl Metrics {
                 "Catalog entries patched, left out or rejected as collisions.",
             ),
             &["reason"],
+        )?;
+        let catalog_rebuild = Histogram::with_opts(
+            HistogramOpts::new(
+                "plexus_catalog_rebuild_seconds",
+                "Time to build and publish one catalog snapshot and its views.",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5,
+            ]),
         )?;
         let sessions_active = IntGaugeVec::new(
             Opts::new("plexus_sessions_active", "Open downstream sessions."),
@@ -235,6 +247,7 @@ impl Metrics {
         registry.register(Box::new(upstream_dropped_lines.clone()))?;
         registry.register(Box::new(catalog_entries.clone()))?;
         registry.register(Box::new(catalog_warnings.clone()))?;
+        registry.register(Box::new(catalog_rebuild.clone()))?;
         registry.register(Box::new(sessions_active.clone()))?;
         Ok(Metrics {
             registry,
@@ -249,6 +262,7 @@ impl Metrics {
             upstream_dropped_lines,
             catalog_entries,
             catalog_warnings,
+            catalog_rebuild,
             sessions_active,
             config_reloads,
             config_last_reload_successful,

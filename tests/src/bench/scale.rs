@@ -1,10 +1,15 @@
-//! Scale figures: a daemon's start time and memory with many upstreams, and the
-//! memory an open HTTP session costs it.
+//! Scale figures: a daemon's start time and memory with many upstreams, the
+//! memory an open HTTP session costs it, and what a catalog of thousands of tools
+//! costs (ready time, memory, a page, every page, a rebuild).
 
+use std::collections::HashSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use plexus_tests::{fixture_upstream, Daemon};
+use anyhow::{bail, ensure, Context};
+use plexus_tests::{fixture_upstream, Daemon, RawHttpSession};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// How long many upstreams may take to come up on a slow machine.
@@ -126,4 +131,418 @@ async fn stop(daemon: Daemon) -> anyhow::Result<()> {
         bail!("plexus exited with {status}");
     }
     Ok(())
+}
+
+/// The size of the catalog figures: `upstreams` fixtures with `tools` extra tools each.
+#[derive(Clone, Copy, Debug)]
+pub struct CatalogScale {
+    pub upstreams: usize,
+    pub tools: usize,
+}
+
+impl CatalogScale {
+    /// 10 × 1,000 tools, or 2 × 50 for a smoke run.
+    pub fn of(quick: bool) -> CatalogScale {
+        if quick {
+            CatalogScale {
+                upstreams: 2,
+                tools: 50,
+            }
+        } else {
+            CatalogScale {
+                upstreams: 10,
+                tools: 1000,
+            }
+        }
+    }
+}
+
+/// Tools every fixture lists without `--extra-tools`.
+const FIXTURE_TOOLS: usize = 6;
+/// How many times a walk, a serialisation or a page is measured; the median counts.
+const WALKS: usize = 5;
+const PAGES: usize = 200;
+/// How long the memory of a daemon that just became ready is left to settle.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// A catalog of `scale.upstreams × scale.tools` tools: time to ready (and at twice
+/// the upstreams, for linearity), memory beyond an idle daemon's against the JSON
+/// size of the definitions, one page against a 10-tool catalog's, every page against
+/// serde_json serialising the same tools, and one upstream's rebuild.
+pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
+    let expected = scale.upstreams * (FIXTURE_TOOLS + scale.tools);
+
+    let idle = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None))
+        .await
+        .context("starting the idle daemon")?;
+    wait_ready_closely(&idle).await?;
+    tokio::time::sleep(SETTLE).await;
+    let idle_rss = rss_kib(&idle)?;
+    stop(idle).await?;
+
+    let drift = tempfile::NamedTempFile::new().context("creating the drift file")?;
+    let sections = extra_upstreams(scale.upstreams, scale.tools, Some(drift.path()));
+    let started = Instant::now();
+    let daemon = Daemon::start("", &sections)
+        .await
+        .context("starting plexus")?;
+    wait_ready_closely(&daemon).await?;
+    let ready = started.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    let rss = rss_kib(&daemon)?;
+
+    let mut lister = Lister::open(&daemon.url).await?;
+    let mut walks = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..WALKS {
+        let (took, walked) = lister.walk().await?;
+        walks.push(took);
+        bodies = walked;
+    }
+    let tools = check_walk(&bodies, expected, scale)?;
+    lister.check_call(scale).await?;
+    let json_bytes: usize = tools
+        .iter()
+        .map(|tool| serde_json::to_vec(tool).map(|bytes| bytes.len()))
+        .sum::<Result<_, _>>()?;
+    let mut serialisations = Vec::new();
+    for _ in 0..WALKS {
+        let started = Instant::now();
+        let bytes = serde_json::to_vec(&tools)?;
+        serialisations.push(started.elapsed());
+        ensure!(
+            bytes.len() >= json_bytes,
+            "serialised fewer bytes than listed"
+        );
+    }
+    let (walk, serialise) = (median(&mut walks), median(&mut serialisations));
+
+    let rebuild = rebuild_after_list_changed(&daemon, drift.path()).await?;
+    stop(daemon).await?;
+
+    // Twice the upstreams, for linearity; pages of 10, so a page holds what a
+    // 10-tool catalog's whole list does.
+    let twice = extra_upstreams(scale.upstreams * 2, scale.tools, None);
+    let started = Instant::now();
+    let daemon = Daemon::start("page_size = 10", &twice)
+        .await
+        .context("starting plexus with twice the upstreams")?;
+    wait_ready_closely(&daemon).await?;
+    let ready_twice = started.elapsed();
+    let total_twice = 2 * expected;
+    let middle = registry::cursor::encode(total_twice / 2);
+    let page_big = Lister::open(&daemon.url)
+        .await?
+        .time_page(Some(&middle), true)
+        .await?;
+    stop(daemon).await?;
+
+    let small = fixture_upstream("small", "", &["--extra-tools", "4"]);
+    let daemon = Daemon::start("page_size = 10", &small)
+        .await
+        .context("starting plexus with 10 tools")?;
+    wait_ready_closely(&daemon).await?;
+    let page_small = Lister::open(&daemon.url)
+        .await?
+        .time_page(None, false)
+        .await?;
+    stop(daemon).await?;
+
+    let kib = |k: u64| k as f64 / 1024.0;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let extra_kib = rss.saturating_sub(idle_rss);
+    println!(
+        "catalog of {} upstreams × {} tools ({expected} tools, {:.2} MB of definitions):",
+        scale.upstreams,
+        scale.tools,
+        json_bytes as f64 / 1e6
+    );
+    println!(
+        "  ready after {:.0} ms; {} upstreams ({total_twice} tools): {:.0} ms ({:.2}× for 2× the tools)",
+        ms(ready),
+        scale.upstreams * 2,
+        ms(ready_twice),
+        ms(ready_twice) / ms(ready)
+    );
+    println!(
+        "  daemon RSS {:.1} MiB, idle with the same upstreams {:.1} MiB: {:.1} MiB more, {:.2}× the definitions' JSON",
+        kib(rss),
+        kib(idle_rss),
+        kib(extra_kib),
+        (extra_kib * 1024) as f64 / json_bytes as f64
+    );
+    println!(
+        "  one tools/list page of 10 from the middle of {total_twice} tools: {:.0} µs; of a 10-tool catalog: {:.0} µs ({:.2}×)",
+        page_big.as_secs_f64() * 1e6,
+        page_small.as_secs_f64() * 1e6,
+        page_big.as_secs_f64() / page_small.as_secs_f64()
+    );
+    println!(
+        "  every page ({} pages of up to 100): {:.1} ms; serde_json serialising the same tools: {:.1} ms ({:.2}×)",
+        bodies.len(),
+        ms(walk),
+        ms(serialise),
+        ms(walk) / ms(serialise)
+    );
+    println!(
+        "  rebuild after one upstream's list_changed: {:.2} ms (mean of {} rebuilds)",
+        rebuild.0 * 1e3,
+        rebuild.1
+    );
+    Ok(())
+}
+
+/// `count` fixture upstreams `fx0`… with `tools` extra tools each; the first one
+/// drifts as `drift` says, if given.
+fn extra_upstreams(count: usize, tools: usize, drift: Option<&Path>) -> String {
+    let tools = tools.to_string();
+    (0..count)
+        .map(|n| {
+            let name = format!("fx{n}");
+            let mut args = vec!["--name", &name, "--extra-tools", &tools];
+            let drift = drift.map(|path| path.display().to_string());
+            if let (0, Some(path)) = (n, &drift) {
+                args.extend(["--drift-file", path]);
+            }
+            fixture_upstream(&name, "", &args)
+        })
+        .collect()
+}
+
+/// Polls `/readyz` every 10 ms (the harness's 100 ms would blur a start of a second).
+async fn wait_ready_closely(daemon: &Daemon) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let response = client
+            .get(format!("{}/readyz", daemon.admin))
+            .send()
+            .await?;
+        if response.status().is_success() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "upstreams not ready after {READY_TIMEOUT:?}\n{}",
+                daemon.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What the timed walk reads of a page: how many tools, and where the next starts.
+#[derive(Deserialize)]
+struct PageHead {
+    result: PageResult,
+}
+
+#[derive(Deserialize)]
+struct PageResult {
+    tools: Vec<IgnoredAny>,
+    #[serde(rename = "nextCursor")]
+    next_cursor: Option<String>,
+}
+
+/// `tools/list` over one HTTP session, its bodies kept as bytes so the client's own
+/// parsing stays out of the timings.
+struct Lister {
+    http: reqwest::Client,
+    url: String,
+    session: String,
+    next_id: u64,
+}
+
+impl Lister {
+    async fn open(url: &str) -> anyhow::Result<Lister> {
+        let raw = RawHttpSession::connect(url).await?;
+        Ok(Lister {
+            http: reqwest::Client::new(),
+            url: url.to_string(),
+            session: raw.session_id().context("initialize gave no session")?,
+            next_id: 0,
+        })
+    }
+
+    async fn post(&mut self, method: &str, params: Value) -> anyhow::Result<Vec<u8>> {
+        self.next_id += 1;
+        let message =
+            json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        let response = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.session)
+            .body(serde_json::to_vec(&message)?)
+            .send()
+            .await?;
+        let status = response.status();
+        let body = response.bytes().await?.to_vec();
+        ensure!(
+            status.is_success(),
+            "{method} answered {status}: {:.300}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(body)
+    }
+
+    async fn page(&mut self, cursor: Option<&str>) -> anyhow::Result<(Vec<u8>, PageResult)> {
+        let params = match cursor {
+            Some(cursor) => json!({"cursor": cursor}),
+            None => json!({}),
+        };
+        let body = self.post("tools/list", params).await?;
+        let head: PageHead = serde_json::from_slice(&body).with_context(|| {
+            format!(
+                "not a tools/list result: {:.300}",
+                String::from_utf8_lossy(&body)
+            )
+        })?;
+        Ok((body, head.result))
+    }
+
+    /// Every page, first to last: how long it took and each page's body.
+    async fn walk(&mut self) -> anyhow::Result<(Duration, Vec<Vec<u8>>)> {
+        let started = Instant::now();
+        let mut bodies = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let (body, page) = self.page(cursor.as_deref()).await?;
+            bodies.push(body);
+            match page.next_cursor {
+                Some(next) => {
+                    ensure!(!page.tools.is_empty(), "an empty page before the last");
+                    cursor = Some(next);
+                }
+                None => return Ok((started.elapsed(), bodies)),
+            }
+        }
+    }
+
+    /// The median time of one page at `cursor` (of 10 tools, with a next page or
+    /// not as `more` says).
+    async fn time_page(&mut self, cursor: Option<&str>, more: bool) -> anyhow::Result<Duration> {
+        let mut times = Vec::with_capacity(PAGES);
+        for round in 0..PAGES + PAGES / 10 {
+            let started = Instant::now();
+            let (_, page) = self.page(cursor).await?;
+            let took = started.elapsed();
+            ensure!(
+                page.tools.len() == 10 && page.next_cursor.is_some() == more,
+                "a page of {} tools, next cursor {:?}",
+                page.tools.len(),
+                page.next_cursor
+            );
+            // The first tenth warms the connection and the session up.
+            if round >= PAGES / 10 {
+                times.push(took);
+            }
+        }
+        Ok(median(&mut times))
+    }
+
+    /// One extra tool called through the daemon echoes its arguments.
+    async fn check_call(&mut self, scale: CatalogScale) -> anyhow::Result<()> {
+        let name = format!("fx{}__extra_{:04}", scale.upstreams - 1, scale.tools - 1);
+        let arguments = json!({"query": "plexus", "limit": 3});
+        let body = self
+            .post("tools/call", json!({"name": name, "arguments": arguments}))
+            .await?;
+        let answer: Value = serde_json::from_slice(&body)?;
+        let text = answer
+            .pointer("/result/content/0/text")
+            .and_then(Value::as_str)
+            .with_context(|| format!("{name} answered {answer}"))?;
+        ensure!(
+            serde_json::from_str::<Value>(text)? == arguments,
+            "{name} echoed {text}"
+        );
+        Ok(())
+    }
+}
+
+/// Every tool the walk read, checked: the count expected, names unique, each
+/// extra tool of every upstream there with its schema.
+fn check_walk(
+    bodies: &[Vec<u8>],
+    expected: usize,
+    scale: CatalogScale,
+) -> anyhow::Result<Vec<Value>> {
+    let mut tools = Vec::with_capacity(expected);
+    for body in bodies {
+        let mut page: Value = serde_json::from_slice(body)?;
+        match page.pointer_mut("/result/tools").map(Value::take) {
+            Some(Value::Array(listed)) => tools.extend(listed),
+            _ => bail!("a page without tools: {page:.300}"),
+        }
+    }
+    ensure!(
+        tools.len() == expected,
+        "walked {} tools, expected {expected}",
+        tools.len()
+    );
+    let names: HashSet<&str> = tools
+        .iter()
+        .map(|tool| tool.get("name").and_then(Value::as_str).unwrap_or_default())
+        .collect();
+    ensure!(
+        names.len() == expected,
+        "{} distinct names among {expected} tools",
+        names.len()
+    );
+    for upstream in 0..scale.upstreams {
+        for index in [0, scale.tools / 2, scale.tools - 1] {
+            let name = format!("fx{upstream}__extra_{index:04}");
+            ensure!(names.contains(name.as_str()), "{name} is not listed");
+        }
+    }
+    ensure!(
+        tools
+            .iter()
+            .all(|tool| tool.pointer("/inputSchema/type") == Some(&json!("object"))),
+        "a tool without an object inputSchema"
+    );
+    Ok(tools)
+}
+
+/// Makes the first upstream change one tool's description and waits for the
+/// rebuilds that follow: their mean duration in seconds, and how many there were,
+/// from the daemon's `plexus_catalog_rebuild_seconds`.
+async fn rebuild_after_list_changed(daemon: &Daemon, drift: &Path) -> anyhow::Result<(f64, u64)> {
+    let (sum_before, count_before) = rebuild_histogram(daemon).await?;
+    std::fs::write(drift, "description").context("writing the drift file")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rebuild_histogram(daemon).await?.1 == count_before {
+        if Instant::now() > deadline {
+            bail!("no rebuild after list_changed\n{}", daemon.log());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The upstream's three list_changed notifications are debounced into one re-list;
+    // let anything after it land too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (sum, count) = rebuild_histogram(daemon).await?;
+    let rebuilds = count - count_before;
+    Ok(((sum - sum_before) / rebuilds as f64, rebuilds))
+}
+
+/// `plexus_catalog_rebuild_seconds`'s sum and count, from the admin `/metrics`.
+async fn rebuild_histogram(daemon: &Daemon) -> anyhow::Result<(f64, u64)> {
+    let (status, text) = daemon.admin_get("/metrics").await?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .with_context(|| format!("no {name} in /metrics"))
+    };
+    let sum = value("plexus_catalog_rebuild_seconds_sum")?;
+    let count = value("plexus_catalog_rebuild_seconds_count")?;
+    Ok((sum, count as u64))
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort_unstable();
+    times.get(times.len() / 2).copied().unwrap_or_default()
 }

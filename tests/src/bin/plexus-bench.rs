@@ -62,6 +62,9 @@ struct Cli {
     /// Leave out the scale figures.
     #[arg(long)]
     no_scale: bool,
+    /// Only the scale figures (no echo cells).
+    #[arg(long, conflicts_with = "no_scale")]
+    only_scale: bool,
 }
 
 /// What one run measures.
@@ -147,6 +150,9 @@ fn cells(payloads: &[usize], calls: impl Fn(usize, usize) -> usize) -> Vec<Cell>
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let plan = Plan::of(&cli)?;
+    if cli.only_scale {
+        return scale_figures(&plan, cli.quick).await;
+    }
 
     let targets = chosen_targets(&cli.targets)?;
 
@@ -166,6 +172,10 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    scale_figures(&plan, cli.quick).await
+}
+
+async fn scale_figures(plan: &Plan, quick: bool) -> anyhow::Result<()> {
     println!();
     println!("scale");
     scale::upstreams(plan.scale_upstreams)
@@ -173,7 +183,10 @@ async fn main() -> anyhow::Result<()> {
         .context("measuring a daemon with many upstreams")?;
     scale::sessions(plan.scale_sessions)
         .await
-        .context("measuring open sessions")
+        .context("measuring open sessions")?;
+    scale::catalog(scale::CatalogScale::of(quick))
+        .await
+        .context("measuring a catalog of thousands of tools")
 }
 
 /// The targets named on the command line (all when none), the baseline first.

@@ -4,6 +4,8 @@
 mod conformance;
 #[path = "../fixture/drift.rs"]
 mod drift;
+#[path = "../fixture/extra.rs"]
+mod extra;
 #[path = "../fixture/filter.rs"]
 mod filter;
 #[path = "../fixture/http.rs"]
@@ -101,6 +103,10 @@ struct Cli {
     /// `TTL_MS:public` or `TTL_MS:private`.
     #[arg(long, value_name = "TTL_MS:SCOPE", value_parser = parse_cache_hints, requires = "modern")]
     cache_hints: Option<(u64, bool)>,
+    /// Also list N tools `extra_0000`… with realistic definitions (about 250 bytes
+    /// of JSON each), each echoing its arguments: a large catalog for benchmarks.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    extra_tools: usize,
 }
 
 fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
@@ -221,6 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 lines_body: cli.lines_body,
             };
             let cache_hints = cli.cache_hints;
+            let extra_tools = extra::tools(cli.extra_tools);
             http::serve(addr, settings, move || {
                 let fixture = Fixture::new(
                     name.clone(),
@@ -231,7 +238,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     Arc::new(AtomicBool::new(false)),
                     conformance.clone(),
                     modern,
-                );
+                )
+                .with_extra_tools(extra_tools.clone());
                 match cache_hints {
                     Some((ttl_ms, public)) => fixture.with_cache_hints(ttl_ms, public),
                     None => fixture,
@@ -273,7 +281,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 cli.conformance
                     .then(|| Arc::new(conformance::Shared::new())),
                 cli.modern,
-            );
+            )
+            .with_extra_tools(extra::tools(cli.extra_tools));
             let fixture = match cli.cache_hints {
                 Some((ttl_ms, public)) => fixture.with_cache_hints(ttl_ms, public),
                 None => fixture,
