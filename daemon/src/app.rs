@@ -18,7 +18,7 @@ use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::systemd::{self, Notifier};
-use crate::{admin, listener, stdio_front};
+use crate::{admin, listener, own_stdio, stdio_front};
 
 /// The file in the state directory that tells tools where a running daemon listens.
 pub const RUNTIME_FILE: &str = "daemon.json";
@@ -200,10 +200,15 @@ pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), Ser
     let upstreams = loaded.config.upstreams.len();
     let daemon = Daemon::start(loaded, None).await?;
     tracing::info!(upstreams, "plexus serving one client on stdio");
+    let own_stdio::OwnStdio {
+        input,
+        output,
+        restore: _flags,
+    } = own_stdio::open();
     stdio_front::serve(
         daemon.hub.clone(),
-        tokio::io::stdin(),
-        tokio::io::stdout(),
+        input,
+        output,
         view.map(|name| Arc::from(name.as_str())),
         daemon.shutdown.clone(),
         daemon.drain_timeout(),

@@ -100,8 +100,12 @@ struct Bridge {
 /// Runs the bridge until the client's input ends.
 pub async fn run(target: Target) -> Result<(), String> {
     let (output, mut outgoing) = mpsc::channel::<Value>(256);
+    let crate::own_stdio::OwnStdio {
+        input,
+        output: mut stdout,
+        restore: _flags,
+    } = crate::own_stdio::open();
     let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
         while let Some(message) = outgoing.recv().await {
             let mut line = serde_json::to_vec(&message).unwrap_or_default();
             line.push(b'\n');
@@ -118,7 +122,7 @@ pub async fn run(target: Target) -> Result<(), String> {
         in_flight: Mutex::new(HashMap::new()),
     });
     let keeper = tokio::spawn(keep_connected(bridge.clone()));
-    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut lines = tokio::io::BufReader::new(input).lines();
     let mut tasks = tokio::task::JoinSet::new();
     let order = Arc::new(tokio::sync::RwLock::new(()));
     while let Ok(Some(line)) = lines.next_line().await {

@@ -19,6 +19,7 @@ mod jsonrpc;
 mod listener;
 mod logging;
 mod metrics;
+mod own_stdio;
 mod pins;
 mod pins_command;
 mod progress;

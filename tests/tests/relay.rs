@@ -501,3 +501,117 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
     ensure!(status.success());
     Ok(())
 }
+
+/// Node-based hosts (Electron desktop apps among them) give a child Unix sockets,
+/// not pipes, for stdin and stdout. plexus polls those on its runtime; a large
+/// message in both directions must arrive whole, and the caller's socket must be
+/// left as plexus found it (blocking) when plexus exits.
+#[tokio::test]
+async fn the_stdio_front_serves_a_host_that_hands_it_a_socket() -> anyhow::Result<()> {
+    use std::os::unix::net::UnixStream;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("stdio.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{}",
+            dir.path().join("state").display().to_string(),
+            fixture_upstream("fx", "", &[])
+        ),
+    )?;
+    let (ours, theirs) = UnixStream::pair()?;
+    let theirs_out = theirs.try_clone()?;
+    // The same open socket as plexus's stdin, to read its flags once plexus is gone.
+    let probe = theirs.try_clone()?;
+    let mut child = plexus_tests::plexus_stdio_command(&config)
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs_out,
+        )))
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    ours.set_nonblocking(true)?;
+    let ours = tokio::net::UnixStream::from_std(ours)?;
+    let (read, mut write) = ours.into_split();
+    let mut lines = BufReader::new(read).lines();
+    send_line(&mut write, json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "socket", "version": "0"}}}))
+    .await?;
+    let hello = next_message(&mut lines).await?;
+    ensure!(hello["result"]["serverInfo"]["name"] == "plexus", "{hello}");
+    send_line(
+        &mut write,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await?;
+    // Far more than a socket buffer holds, so both sides see partial reads and writes.
+    let text = "0123456789abcdef".repeat(256 * 1024 / 16);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let echoed = loop {
+        send_line(
+            &mut write,
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "fx__echo", "arguments": {"text": text}}}),
+        )
+        .await?;
+        let answer: Value = loop {
+            let message = next_message(&mut lines).await?;
+            if message.get("id") == Some(&json!(2)) {
+                break message;
+            }
+        };
+        // The upstream may still be starting: plexus answers before it is ready.
+        if answer.get("result").is_some() || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        echoed["result"]["content"][0]["text"] == json!(text),
+        "the echo came back different: {:.300}",
+        echoed.to_string()
+    );
+    ensure!(
+        nonblocking(&probe)?,
+        "plexus reads its socket through blocking threads"
+    );
+    drop(write);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await??;
+    ensure!(status.success(), "plexus exited with {status}");
+    ensure!(
+        !nonblocking(&probe)?,
+        "plexus left the host's socket non-blocking"
+    );
+    Ok(())
+}
+
+async fn send_line(
+    write: &mut (impl tokio::io::AsyncWrite + Unpin),
+    message: Value,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut line = serde_json::to_vec(&message)?;
+    line.push(b'\n');
+    write.write_all(&line).await?;
+    Ok(())
+}
+
+async fn next_message(
+    lines: &mut tokio::io::Lines<impl tokio::io::AsyncBufRead + Unpin>,
+) -> anyhow::Result<Value> {
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await??
+        .ok_or_else(|| anyhow::anyhow!("plexus closed its stdout"))?;
+    Ok(serde_json::from_str(&line)?)
+}
+
+fn nonblocking(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<bool> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(std::os::fd::AsRawFd::as_raw_fd(socket), FcntlArg::F_GETFL)?;
+    Ok(OFlag::from_bits_truncate(flags).contains(OFlag::O_NONBLOCK))
+}
