@@ -170,7 +170,15 @@ impl CellResult {
             Target::BASELINE.label()
         );
         let mut table = vec![[
-            "target", "p50 µs", "p99 µs", "calls/s", "cpu µs", "client µs", "×p50", "×p99", "×tput",
+            "target",
+            "p50 µs",
+            "p99 µs",
+            "calls/s",
+            "cpu µs",
+            "client µs",
+            "×p50",
+            "×p99",
+            "×tput",
         ]
         .map(String::from)
         .to_vec()];

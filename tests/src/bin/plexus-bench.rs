@@ -65,6 +65,10 @@ struct Cli {
     /// Only the scale figures (no echo cells).
     #[arg(long, conflicts_with = "no_scale")]
     only_scale: bool,
+    /// Leave out the baseline too (no ratios): a steady load on the named targets
+    /// alone, to profile them.
+    #[arg(long, requires = "targets")]
+    without_baseline: bool,
 }
 
 /// What one run measures.
@@ -154,7 +158,10 @@ async fn main() -> anyhow::Result<()> {
         return scale_figures(&plan, cli.quick).await;
     }
 
-    let targets = chosen_targets(&cli.targets)?;
+    let mut targets = chosen_targets(&cli.targets)?;
+    if cli.without_baseline {
+        targets.retain(|target| *target != Target::BASELINE);
+    }
 
     let rig = Rig::start().await?;
     // Every target gets its sessions up front: the first serves the shared cells.
