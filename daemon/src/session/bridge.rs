@@ -8,7 +8,10 @@
 //!
 //! Also `subscriptions/listen`, the revision's one long-lived request.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use adapters::Reply;
@@ -75,7 +78,7 @@ impl Continuations {
 /// A request paused on input from a 2026-07-28 client.
 struct Continuation {
     scope: Arc<Session>,
-    task: JoinHandle<Result<Reply, RelayError>>,
+    work: Work,
     channels: ScopeChannels,
     /// Upstream requests the client has been asked to answer, by input key.
     pending: Vec<(String, InputNeeded)>,
@@ -91,7 +94,7 @@ impl Drop for Continuation {
     fn drop(&mut self) {
         // Abandoned (expired, cancelled, or shut down): stop the upstream call and
         // release the upstream's pending requests instead of leaving them to time out.
-        self.task.abort();
+        self.work.abort();
         self.scope.close();
         for (_, input) in self.pending.drain(..) {
             let error =
@@ -157,17 +160,17 @@ pub async fn serve(
         hub.fanout.log_levels_changed().await;
     }
     hub.fanout.offer_roots(&*scope).await;
-    let task = {
+    let work = {
         let scope = scope.clone();
         let method = method.to_string();
-        tokio::spawn(async move {
+        Work::InPlace(Mutex::new(Box::pin(async move {
             let sink = scope.outbound().clone();
             scope.dispatch(&method, params, &sink).await
-        })
+        })))
     };
     Continuation {
         scope,
-        task,
+        work,
         channels,
         pending: Vec::new(),
         next_key: 0,
@@ -207,15 +210,13 @@ impl Continuation {
         loop {
             tokio::select! {
                 biased;
-                joined = &mut self.task => {
+                outcome = &mut self.work => {
                     while let Ok(message) = self.channels.events.try_recv() {
                         if let Some(message) = self.for_attempt(message, token.as_ref()) {
                             let _ = related.send(message).await;
                         }
                     }
-                    return joined.unwrap_or_else(|error| {
-                        Err(RelayError::InvalidRequest(format!("the request failed: {error}")))
-                    });
+                    return outcome;
                 }
                 Some(input) = self.channels.inputs.recv() => {
                     self.add_pending(input);
@@ -255,7 +256,9 @@ impl Continuation {
     }
 
     /// Stores the call and answers the attempt with what it needs.
-    fn pause(self, paused: &Arc<Continuations>) -> Reply {
+    fn pause(mut self, paused: &Arc<Continuations>) -> Reply {
+        // The call goes on between attempts, so it needs a task of its own now.
+        self.work.detach();
         let mut requests = Map::new();
         for (key, input) in &self.pending {
             let mut request = Map::new();
@@ -295,6 +298,57 @@ impl Continuation {
                 }
                 None => self.pending.push((key, input)),
             }
+        }
+    }
+}
+
+type Outcome = Result<Reply, RelayError>;
+
+/// A call's own work. Polled in place by the attempt that waits for it, so a call
+/// that needs no input costs no task hand-off; moved to a task of its own when
+/// the call pauses, so it keeps running until the client's retry.
+enum Work {
+    /// The mutex is never locked (only reached through `&mut`): it makes the
+    /// future shareable, as the table of paused calls must be.
+    InPlace(Mutex<Pin<Box<dyn Future<Output = Outcome> + Send>>>),
+    Spawned(JoinHandle<Outcome>),
+    /// Only while being moved to a task.
+    Moving,
+}
+
+impl Work {
+    fn detach(&mut self) {
+        if let Work::InPlace(work) = std::mem::replace(self, Work::Moving) {
+            let work = work.into_inner().unwrap_or_else(PoisonError::into_inner);
+            *self = Work::Spawned(tokio::spawn(work));
+        }
+    }
+
+    fn abort(&self) {
+        if let Work::Spawned(task) = self {
+            task.abort();
+        }
+    }
+}
+
+impl Future for Work {
+    type Output = Outcome;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Outcome> {
+        match self.get_mut() {
+            Work::InPlace(work) => work
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+                .poll(context),
+            Work::Spawned(task) => Pin::new(task).poll(context).map(|joined| {
+                joined.unwrap_or_else(|error| {
+                    Err(RelayError::InvalidRequest(format!(
+                        "the request failed: {error}"
+                    )))
+                })
+            }),
+            Work::Moving => Poll::Pending,
         }
     }
 }
