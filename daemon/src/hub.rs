@@ -26,8 +26,8 @@ use crate::pins::{Pins, Policy};
 use crate::progress::ProgressRoutes;
 use crate::tasks::TaskRoutes;
 use crate::upstreams::{
-    empty_listing, ApplyReport, SetHooks, Supervision, SupervisorEvent, Upstream, UpstreamSet,
-    UpstreamState,
+    empty_listing, ApplyReport, SetHooks, StartSlots, Supervision, SupervisorEvent, Upstream,
+    UpstreamSet, UpstreamState,
 };
 
 pub struct Hub {
@@ -53,6 +53,8 @@ pub struct Hub {
     audit: Arc<crate::audit::Audit>,
     /// `[daemon] first_list_wait`, applied live.
     first_list_wait: Mutex<Duration>,
+    /// `[daemon] start_concurrency`, applied live (the supervisors share it).
+    start_slots: Arc<StartSlots>,
     /// The configuration file in force and the SHA-256 of its bytes (for status).
     config_identity: Mutex<(String, String)>,
 }
@@ -96,6 +98,7 @@ impl Hub {
         let (events, receiver) = mpsc::channel(EVENT_QUEUE);
         let (log_level, log_level_receiver) = watch::channel(None);
         let progress = Arc::new(ProgressRoutes::default());
+        let start_slots = Arc::new(StartSlots::new(config.daemon.start_concurrency));
         let supervision = Supervision {
             events,
             log_level: log_level_receiver,
@@ -103,6 +106,7 @@ impl Hub {
             shutdown: shutdown.clone(),
             progress: progress.clone(),
             keeper: start_keeper(),
+            starts: start_slots.clone(),
         };
         let upstreams = Arc::new(UpstreamSet::new(supervision));
         let catalog = Arc::new(CatalogHost::new(
@@ -136,6 +140,7 @@ impl Hub {
             view_bindings: std::sync::RwLock::new(BTreeMap::new()),
             audit,
             first_list_wait: Mutex::new(config.daemon.first_list_wait),
+            start_slots,
             config_identity: Mutex::new((String::new(), String::new())),
         });
         hub.tasks.spawn(pump(Arc::downgrade(&hub), receiver));
@@ -219,6 +224,7 @@ impl Hub {
     /// Settings of the daemon that apply live: the catalog's naming budget and page size.
     pub fn apply_daemon_settings(&self, daemon: &DaemonSettings) {
         self.catalog.set_options(catalog_options(daemon));
+        self.start_slots.resize(daemon.start_concurrency);
         *self
             .first_list_wait
             .lock()

@@ -116,3 +116,51 @@ async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Res
     session.close().await;
     Ok(())
 }
+
+/// `start_concurrency` bounds how many upstreams are starting at once: with two
+/// slots, two upstreams that hang in `initialize` hold both and the rest are not
+/// even spawned; a reload that raises the limit lets them start at once.
+#[tokio::test]
+async fn upstreams_start_as_many_at_a_time_as_start_concurrency_allows() -> anyhow::Result<()> {
+    let tag = format!("slots-{}", std::process::id());
+    let sections: String = (0..4)
+        .map(|n| {
+            plexus_tests::fixture_upstream(
+                &format!("hang{n}"),
+                "init_timeout = \"120s\"",
+                &["--name", &format!("{tag}-{n}"), "--hang-initialize"],
+            )
+        })
+        .collect();
+    let daemon = Daemon::start("start_concurrency = 2", &sections).await?;
+    let starting = || plexus_tests::processes_matching(&format!("{tag}-")).len();
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(20), || starting() == 2).await,
+        "expected two upstreams starting, saw {}",
+        starting()
+    );
+    // And no more while both slots stay taken.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ensure!(starting() == 2, "a third upstream started: {}", starting());
+    }
+    let config = daemon.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(
+        &config,
+        text.replace("start_concurrency = 2", "start_concurrency = 4"),
+    )?;
+    daemon.reload().await?;
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(20), || starting() == 4).await,
+        "raising the limit should start the rest, saw {}",
+        starting()
+    );
+    let status = daemon.stop().await?;
+    ensure!(status.success(), "plexus exited with {status}");
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(10), || starting() == 0).await,
+        "upstreams outlived the daemon"
+    );
+    Ok(())
+}

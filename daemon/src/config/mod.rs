@@ -46,6 +46,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_SESSIONS: usize = 1000;
+/// Upstreams starting at once: enough that fast servers come up together, few
+/// enough that a cold `npx` / `uvx` herd does not thrash a small machine.
+pub const DEFAULT_START_CONCURRENCY: usize = 16;
 pub const DEFAULT_MAX_SESSIONS_PER_PRINCIPAL: usize = 200;
 
 /// A validated configuration.
@@ -97,6 +100,8 @@ pub struct DaemonSettings {
     /// How long a session's first list waits for starting upstreams that have no
     /// cached listing, so clients that never list again still see their tools.
     pub first_list_wait: Duration,
+    /// How many upstreams may be starting at once (spawned, not yet listed).
+    pub start_concurrency: usize,
 }
 
 /// Bearer tokens by name. Their values never appear in logs, errors or `Debug`.

@@ -41,6 +41,7 @@ pub(super) struct RawDaemon {
     pub max_sessions_per_principal: Option<usize>,
     pub audit_log: Option<PathBuf>,
     pub first_list_wait: Option<String>,
+    pub start_concurrency: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -308,7 +308,13 @@ fn validate_daemon(
         raw.max_sessions_per_principal,
         DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
     );
+    let start_concurrency = at_least_one(
+        "start_concurrency",
+        raw.start_concurrency,
+        DEFAULT_START_CONCURRENCY,
+    );
     DaemonSettings {
+        start_concurrency,
         auth_tokens,
         allowed_hosts: raw
             .allowed_hosts

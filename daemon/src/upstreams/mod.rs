@@ -9,6 +9,7 @@ mod instance;
 mod limiter;
 mod restart;
 mod schedule;
+mod starts;
 mod supervise;
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use instance::{client_identity, Caller, Instance, Upstream, UpstreamState};
+pub use starts::StartSlots;
 pub use supervise::{empty_listing, fetch_listing, open_connection, DISCOVER_PROBE_TIMEOUT};
 
 use crate::config::{ConfigDiff, UpstreamConfig};
@@ -79,6 +81,8 @@ pub struct Supervision {
     pub progress: Arc<ProgressRoutes>,
     /// Kills the upstreams' process groups if the daemon dies without stopping them.
     pub keeper: Option<Arc<adapters::keeper::Keeper>>,
+    /// Bounds how many upstreams are starting at once (`daemon.start_concurrency`).
+    pub starts: Arc<StartSlots>,
 }
 
 /// The tables that hang off upstream names, told when the set changes.

@@ -148,6 +148,11 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let config = &upstream.config();
     let name = instance.name.clone();
     let (events_tx, events) = mpsc::channel(256);
+    // Held from the spawn (or connect) until the upstream is initialized and listed.
+    let slot = tokio::select! {
+        slot = upstream.supervision.starts.acquire() => slot,
+        _ = instance.stop.cancelled() => return RunEnd::Stopped,
+    };
     let connection = tokio::select! {
         connected = open_connection(&name, config, upstream.stats.clone(), upstream.supervision.keeper.clone(), events_tx) => connected,
         _ = instance.stop.cancelled() => return RunEnd::Stopped,
@@ -202,6 +207,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
         upstream.remember_capabilities(hello.capabilities.clone());
         publish_listing(&connection, upstream, &hello).await;
     }
+    drop(slot);
     if instance.stop_after_listing {
         set_state(instance, upstream, UpstreamState::Stopping).await;
         connection.shutdown().await;
