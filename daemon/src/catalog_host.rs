@@ -1,14 +1,16 @@
 //! The catalog's owner: each upstream's latest listing (tagged with the generation
-//! of the upstream configuration that produced it), the snapshot built from them,
-//! and the copy of each listing kept on disk so an upstream stays listed while it
-//! restarts.
+//! of the upstream configuration that produced it) as the part of the catalog built
+//! from it, the snapshot put together from those parts, and the copy of each listing
+//! kept on disk so an upstream stays listed while it restarts. A new listing (or a new
+//! judgement, name or filter of one upstream) rebuilds that upstream's part only.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use registry::{
-    Catalog, CatalogOptions, CatalogWarning, Kind, Quarantine, ToolFilter, UpstreamListing, View,
+    Catalog, CatalogOptions, CatalogWarning, Kind, Quarantine, ToolFilter, UpstreamListing,
+    UpstreamPart, View,
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -50,7 +52,9 @@ struct Listings {
     options: CatalogOptions,
     /// The configured views, computed with every snapshot.
     views: BTreeMap<String, View>,
-    by_upstream: BTreeMap<String, UpstreamListing>,
+    /// Each upstream's part of the catalog, with its listing as JSON text (so no
+    /// tree of values per entry is kept).
+    by_upstream: BTreeMap<String, Arc<UpstreamPart>>,
     /// The lowest generation whose listing is still accepted, per upstream name: a
     /// replaced or removed upstream's late listing is older and is dropped.
     floor: BTreeMap<String, u64>,
@@ -137,10 +141,22 @@ impl CatalogHost {
         }
         state.floor.insert(name.clone(), generation);
         listing.quarantine = quarantine(&listing);
-        self.count_held(&listing);
-        state.by_upstream.insert(name, listing);
+        let part = self.build_part(&mut state, &listing);
+        state.by_upstream.insert(name, part);
         self.rebuild(&mut state);
         true
+    }
+
+    /// Builds an upstream's part of the catalog, reporting what is wrong in it and
+    /// how much of it is held.
+    fn build_part(&self, state: &mut Listings, listing: &UpstreamListing) -> Arc<UpstreamPart> {
+        let (part, warnings) = UpstreamPart::build(listing, state.options.name_budget);
+        self.report(state, warnings);
+        self.metrics
+            .quarantined_entries
+            .with_label_values(&[&listing.upstream])
+            .set(part.held_count() as i64);
+        Arc::new(part)
     }
 
     /// Judges again what of an upstream's installed listing is held (after an
@@ -151,33 +167,18 @@ impl CatalogHost {
         quarantine: impl FnOnce(&UpstreamListing) -> Quarantine,
     ) {
         let mut state = self.lock();
-        let Some(listing) = state.by_upstream.get_mut(name) else {
+        let Some(part) = state.by_upstream.get(name) else {
             return;
         };
-        let judged = quarantine(listing);
+        let mut listing = part.listing();
+        let judged = quarantine(&listing);
         if judged == listing.quarantine {
             return;
         }
         listing.quarantine = judged;
-        self.count_held(listing);
+        let part = self.build_part(&mut state, &listing);
+        state.by_upstream.insert(name.to_string(), part);
         self.rebuild(&mut state);
-    }
-
-    fn count_held(&self, listing: &UpstreamListing) {
-        let held: usize = Kind::ALL
-            .into_iter()
-            .map(|kind| {
-                let identities = listing
-                    .listed(kind)
-                    .iter()
-                    .filter_map(|entry| registry::fingerprint::identity(kind, entry));
-                listing.quarantine.count(kind, identities)
-            })
-            .sum();
-        self.metrics
-            .quarantined_entries
-            .with_label_values(&[&listing.upstream])
-            .set(held as i64);
     }
 
     /// Takes an upstream out of the catalog; listings of `generation` or older that
@@ -201,11 +202,14 @@ impl CatalogHost {
     /// New names and filters for an upstream's entries (a reload changed them in place).
     pub fn rename(&self, name: &str, prefix: &str, filter: ToolFilter) {
         let mut state = self.lock();
-        let Some(listing) = state.by_upstream.get_mut(name) else {
+        let Some(part) = state.by_upstream.get(name) else {
             return;
         };
+        let mut listing = part.listing();
         listing.prefix = prefix.to_string();
         listing.tool_filter = filter;
+        let part = self.build_part(&mut state, &listing);
+        state.by_upstream.insert(name.to_string(), part);
         self.rebuild(&mut state);
     }
 
@@ -213,7 +217,20 @@ impl CatalogHost {
     pub fn set_options(&self, options: CatalogOptions) {
         let mut state = self.lock();
         if state.options != options {
+            let renamed = state.options.name_budget != options.name_budget;
             state.options = options;
+            if renamed {
+                // Every exposed name may change: every part is built again.
+                let listings: Vec<UpstreamListing> = state
+                    .by_upstream
+                    .values()
+                    .map(|part| part.listing())
+                    .collect();
+                for listing in listings {
+                    let part = self.build_part(&mut state, &listing);
+                    state.by_upstream.insert(listing.upstream.to_string(), part);
+                }
+            }
             self.rebuild(&mut state);
         }
     }
@@ -246,24 +263,9 @@ impl CatalogHost {
             return;
         }
         let started = std::time::Instant::now();
-        let ordered: Vec<UpstreamListing> = state.by_upstream.values().cloned().collect();
-        let (catalog, warnings) = Catalog::build(&ordered, &state.options);
-        for warning in warnings {
-            let text = warning.to_string();
-            if state.reported.insert(text.clone()) {
-                let reason = match warning {
-                    CatalogWarning::Collision { .. } => "collision",
-                    CatalogWarning::InvalidEntry { .. } => "invalid_entry",
-                    CatalogWarning::SchemaPatched { .. } => "schema_patched",
-                    CatalogWarning::Shadowing { .. } => "tool_shadowing",
-                };
-                self.metrics
-                    .catalog_warnings
-                    .with_label_values(&[reason])
-                    .inc();
-                tracing::warn!(reason, "{text}");
-            }
-        }
+        let parts = state.by_upstream.values().cloned().collect();
+        let (catalog, warnings) = Catalog::assemble(parts, &state.options);
+        self.report(state, warnings);
         for kind in Kind::ALL {
             self.metrics
                 .catalog_entries
@@ -282,6 +284,26 @@ impl CatalogHost {
         self.metrics
             .catalog_rebuild
             .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Logs and counts each warning the first time it is seen.
+    fn report(&self, state: &mut Listings, warnings: Vec<CatalogWarning>) {
+        for warning in warnings {
+            let text = warning.to_string();
+            if state.reported.insert(text.clone()) {
+                let reason = match warning {
+                    CatalogWarning::Collision { .. } => "collision",
+                    CatalogWarning::InvalidEntry { .. } => "invalid_entry",
+                    CatalogWarning::SchemaPatched { .. } => "schema_patched",
+                    CatalogWarning::Shadowing { .. } => "tool_shadowing",
+                };
+                self.metrics
+                    .catalog_warnings
+                    .with_label_values(&[reason])
+                    .inc();
+                tracing::warn!(reason, "{text}");
+            }
+        }
     }
 
     fn cache_path(&self, upstream: &str) -> PathBuf {

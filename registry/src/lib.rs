@@ -14,8 +14,8 @@ pub mod uris;
 
 pub use cache::CacheHint;
 pub use catalog::{
-    Catalog, CatalogOptions, CatalogWarning, Held, Kind, Page, Route, TaskSupport, UpstreamListing,
-    View,
+    Catalog, CatalogOptions, CatalogWarning, Entries, Held, Kind, Page, Route, TaskSupport,
+    UpstreamListing, UpstreamPart, View,
 };
 pub use cursor::CursorError;
 pub use filter::ToolFilter;

@@ -1,343 +1,240 @@
-//! Building a catalog snapshot from the upstreams' listings.
+//! Putting a snapshot together from the upstreams' parts: URI namespaces claimed
+//! first come first served, collisions across upstreams (the first keeps the
+//! name), the tables merged, digests, and shadowing found from each part's words.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use serde_json::Value;
+use super::entries::EntryRef;
+use super::part::{ByOriginal, Routed, UpstreamPart};
+use super::{Catalog, CatalogOptions, CatalogWarning, Kind};
 
-use super::entry::{check_entry, exposed_entry, EntryCheck, SchemaFix};
-use super::{
-    digest_entries, Catalog, CatalogOptions, CatalogWarning, Held, Kind, Route, TemplateHead,
-    UpstreamListing,
-};
-use crate::{names, uris};
-
-/// A later upstream whose prefix derives a URI namespace an earlier one already holds.
-struct NamespaceConflict {
-    namespace: String,
-    owner: Arc<str>,
-}
-
-pub(super) fn build(
-    listings: &[UpstreamListing],
+pub(super) fn assemble(
+    parts: Vec<Arc<UpstreamPart>>,
     options: &CatalogOptions,
 ) -> (Catalog, Vec<CatalogWarning>) {
     let mut catalog = Catalog::with_page_size(options.page_size);
-    let namespace_conflicts = claim_namespaces(&mut catalog, listings);
-    let mut builder = Builder {
-        catalog,
-        warnings: Vec::new(),
-        name_budget: options.name_budget,
-        namespace_conflicts,
-    };
-    for listing in listings {
-        builder
-            .catalog
-            .upstream_cache
-            .insert(listing.upstream.clone(), listing.cache);
-        if listing.prefix.is_empty() {
-            builder
-                .catalog
-                .unprefixed_upstreams
-                .push(listing.upstream.clone());
+    let mut warnings = Vec::new();
+    let taken = claim_namespaces(&mut catalog, &parts);
+    for kind in Kind::ALL {
+        let total = parts
+            .iter()
+            .map(|part| part.exposed[kind.index()].len())
+            .sum();
+        catalog.entries[kind.index()].reserve(total);
+        catalog.routes[kind.index()].reserve(total);
+    }
+    for (position, part) in parts.iter().enumerate() {
+        let upstream = &part.upstream;
+        catalog.upstream_cache.insert(upstream.clone(), part.cache);
+        if part.prefix.is_empty() {
+            catalog.unprefixed_upstreams.push(upstream.clone());
         }
-        if let Some(reason) = &listing.quarantine.whole {
-            builder
-                .catalog
+        if let Some(reason) = part.held_whole() {
+            catalog
                 .held_upstreams
-                .insert(listing.upstream.clone(), reason.clone());
+                .insert(upstream.clone(), reason.clone());
         }
-        if let Some(text) = &listing.instructions {
-            if !listing.quarantine.instructions {
-                builder
-                    .catalog
-                    .instructions
-                    .insert(listing.upstream.clone(), text.clone());
-            }
+        if let Some(text) = part.shown_instructions() {
+            catalog.instructions.insert(upstream.clone(), text.clone());
         }
+        let part_number = u32::try_from(position).unwrap_or(u32::MAX);
         for kind in Kind::ALL {
-            for (index, entry) in listing.listed(kind).iter().enumerate() {
-                builder.add_entry(listing, kind, index, entry);
+            let uris = matches!(kind, Kind::Resources | Kind::ResourceTemplates);
+            if let (true, Some(owner)) = (uris, taken.get(upstream)) {
+                namespace_taken(part, kind, owner, &mut warnings);
+                continue;
+            }
+            for (exposed, held) in &part.held[kind.index()] {
+                catalog.held[kind.index()]
+                    .entry(exposed.clone())
+                    .or_insert_with(|| held.clone());
+            }
+            // Places of this part's entries of `kind` that won their name.
+            let mut won = vec![false; part.exposed[kind.index()].len()];
+            for (index, item) in part.exposed[kind.index()].iter().enumerate() {
+                if let Some(kept) = catalog.routes[kind.index()].get(item.routed.exposed()) {
+                    warnings.push(CatalogWarning::Collision {
+                        kind,
+                        exposed: item.routed.exposed().to_string(),
+                        kept: kept.route().clone(),
+                        rejected: item.routed.route().clone(),
+                    });
+                    continue;
+                }
+                won[index] = true;
+                catalog.routes[kind.index()].insert(item.routed.clone());
+                catalog.entries[kind.index()].push(EntryRef {
+                    part: part_number,
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                });
+                if kind == Kind::Resources {
+                    remember_original(&mut catalog, &item.routed);
+                }
+            }
+            let exposed = &part.exposed[kind.index()];
+            match kind {
+                Kind::Tools => {
+                    for (index, headers) in &part.param_headers {
+                        if won[*index as usize] {
+                            let routed = exposed[*index as usize].routed.clone();
+                            catalog.param_headers.insert(routed, headers.clone());
+                        }
+                    }
+                    for (index, support) in &part.task_support {
+                        if won[*index as usize] {
+                            let routed = exposed[*index as usize].routed.clone();
+                            catalog.task_support.insert(routed, *support);
+                        }
+                    }
+                }
+                Kind::ResourceTemplates => {
+                    for (index, head) in &part.templates {
+                        if index.is_none_or(|index| won[index as usize]) {
+                            catalog.templates.push(head.clone());
+                        }
+                    }
+                }
+                Kind::Prompts | Kind::Resources => {}
             }
         }
     }
-    let Builder {
-        mut catalog,
-        warnings,
-        ..
-    } = builder;
+    catalog.parts = parts;
     for kind in Kind::ALL {
-        catalog.digests[kind.index()] = digest_entries(catalog.entries(kind));
+        catalog.digests[kind.index()] = catalog.digest_of(kind);
     }
     catalog.merge_cache();
-    let unprefixed: Vec<&UpstreamListing> =
-        listings.iter().filter(|l| l.prefix.is_empty()).collect();
-    if let [only] = unprefixed.as_slice() {
-        if only.quarantine.admits_unlisted
-            && only.tool_filter.is_open()
-            && only.quarantine.whole.is_none()
-        {
-            catalog.unlisted_tools_to = Some(only.upstream.clone());
+    if let [only] = catalog.unprefixed_upstreams.as_slice() {
+        let part = catalog.parts.iter().find(|part| part.upstream == *only);
+        if part.is_some_and(|part| part.takes_unlisted_tools()) {
+            catalog.unlisted_tools_to = Some(only.clone());
         }
     }
-    let mut warnings = warnings;
-    warnings.extend(shadowing(&catalog, listings));
+    warnings.extend(shadowing(&catalog));
     (catalog, warnings)
+}
+
+/// Step 4 of the resource routing rule: a listed resource by its original URI,
+/// unless several upstreams list that URI.
+fn remember_original(catalog: &mut Catalog, routed: &Routed) {
+    match catalog.echoed_originals.entry(ByOriginal(routed.clone())) {
+        Entry::Occupied(mut listed) => {
+            if listed.key().0.route().upstream != routed.route().upstream {
+                *listed.get_mut() = false;
+            }
+        }
+        Entry::Vacant(slot) => {
+            slot.insert(true);
+        }
+    }
+}
+
+/// The warnings for a part's resources or templates when its URI namespace is
+/// another upstream's: they could not be routed back unambiguously, so none is shown.
+fn namespace_taken(
+    part: &UpstreamPart,
+    kind: Kind,
+    owner: &Arc<str>,
+    warnings: &mut Vec<CatalogWarning>,
+) {
+    let originals = part.exposed[kind.index()]
+        .iter()
+        .map(|item| &item.routed.route().original)
+        .chain(
+            part.held[kind.index()]
+                .iter()
+                .map(|(_, held)| &held.route.original),
+        );
+    for original in originals {
+        warnings.push(CatalogWarning::InvalidEntry {
+            kind,
+            upstream: part.upstream.clone(),
+            entry: original.clone(),
+            reason: format!(
+                "its prefix `{}` gives the URI namespace `{}`, which upstream `{owner}` already uses",
+                part.prefix,
+                part.namespace.as_deref().unwrap_or_default(),
+            ),
+        });
+    }
+}
+
+/// Fills the namespace tables, first come first served, and returns the later
+/// upstreams whose namespace was already taken, with the upstream that has it.
+fn claim_namespaces(
+    catalog: &mut Catalog,
+    parts: &[Arc<UpstreamPart>],
+) -> HashMap<Arc<str>, Arc<str>> {
+    let mut taken = HashMap::new();
+    for part in parts {
+        let Some(namespace) = &part.namespace else {
+            continue;
+        };
+        match catalog.upstreams_by_namespace.entry(namespace.clone()) {
+            Entry::Occupied(owner) if *owner.get() != part.upstream => {
+                taken.insert(part.upstream.clone(), owner.get().clone());
+            }
+            Entry::Occupied(_) => {}
+            Entry::Vacant(slot) => {
+                slot.insert(part.upstream.clone());
+                catalog
+                    .namespaces_by_upstream
+                    .insert(part.upstream.clone(), namespace.clone());
+            }
+        }
+    }
+    taken
 }
 
 /// Tools whose model-facing text names another upstream's prefix (`{prefix}__…`) or
 /// one of its exposed tools: a description steering calls to another server's tool
-/// is a known attack, so each is reported.
-fn shadowing(catalog: &Catalog, listings: &[UpstreamListing]) -> Vec<CatalogWarning> {
+/// is a known attack, so each is reported. Found from each part's words, so the
+/// cost follows the distinct words, not the text.
+fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
     let routes = &catalog.routes[Kind::Tools.index()];
-    let prefixes: HashMap<&str, &Arc<str>> = listings
+    let prefixes: HashMap<&str, &Arc<str>> = catalog
+        .parts
         .iter()
-        .filter(|listing| !listing.prefix.is_empty())
-        .map(|listing| (listing.prefix.as_str(), &listing.upstream))
+        .filter(|part| !part.prefix.is_empty())
+        .map(|part| (part.prefix.as_str(), &part.upstream))
         .collect();
     let mut warnings = Vec::new();
-    for entry in catalog.entries(Kind::Tools) {
-        let Some(route) = entry
-            .get("name")
-            .and_then(Value::as_str)
-            .and_then(|name| routes.get(name))
-        else {
-            continue;
-        };
-        let mut mentions = std::collections::BTreeSet::new();
-        let mut texts = Vec::new();
-        model_facing_text(entry, &mut texts);
-        for word in texts.iter().flat_map(|text| {
-            text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-        }) {
+    for part in &catalog.parts {
+        let exposed = &part.exposed[Kind::Tools.index()];
+        let mut mentions: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
+        for (word, tools) in &part.words {
             let names_other = routes
-                .get(word)
-                .is_some_and(|other| other.upstream != route.upstream)
+                .get(&**word)
+                .is_some_and(|other| other.route().upstream != part.upstream)
                 || word.split_once("__").is_some_and(|(prefix, _)| {
                     prefixes
                         .get(prefix)
-                        .is_some_and(|other| **other != route.upstream)
+                        .is_some_and(|other| **other != part.upstream)
                 });
-            if names_other {
-                mentions.insert(word.to_string());
+            if !names_other {
+                continue;
+            }
+            for tool in tools {
+                // Only a listed tool can steer anything.
+                let routed = &exposed[*tool as usize].routed;
+                if routes
+                    .get(routed.exposed())
+                    .is_some_and(|listed| listed.same(routed))
+                {
+                    mentions.entry(*tool).or_default().insert(word);
+                }
             }
         }
-        if !mentions.is_empty() {
+        for (tool, words) in mentions {
             warnings.push(CatalogWarning::Shadowing {
-                upstream: route.upstream.clone(),
-                tool: route.original.clone(),
-                mentions: mentions.into_iter().collect(),
+                upstream: part.upstream.clone(),
+                tool: exposed[tool as usize].routed.route().original.clone(),
+                mentions: words.into_iter().map(str::to_string).collect(),
             });
         }
     }
     warnings
-}
-
-/// Every `description` and `title` inside an entry, at any depth.
-fn model_facing_text<'a>(value: &'a Value, texts: &mut Vec<&'a str>) {
-    match value {
-        Value::Object(object) => {
-            for (key, member) in object {
-                match member {
-                    Value::String(text) if key == "description" || key == "title" => {
-                        texts.push(text)
-                    }
-                    _ => model_facing_text(member, texts),
-                }
-            }
-        }
-        Value::Array(items) => items.iter().for_each(|item| model_facing_text(item, texts)),
-        _ => {}
-    }
-}
-
-/// The snapshot being filled and what it has to report.
-struct Builder {
-    catalog: Catalog,
-    warnings: Vec<CatalogWarning>,
-    name_budget: usize,
-    namespace_conflicts: HashMap<Arc<str>, NamespaceConflict>,
-}
-
-/// Fills the namespace tables, first come first served, and returns the later upstreams
-/// whose namespace was already taken: their URIs could not be routed back unambiguously.
-fn claim_namespaces(
-    catalog: &mut Catalog,
-    listings: &[UpstreamListing],
-) -> HashMap<Arc<str>, NamespaceConflict> {
-    let mut conflicts = HashMap::new();
-    for listing in listings {
-        let Some(namespace) = uris::uri_namespace(&listing.prefix) else {
-            continue;
-        };
-        match catalog.upstreams_by_namespace.entry(namespace.clone()) {
-            Entry::Occupied(owner) if *owner.get() != listing.upstream => {
-                conflicts.insert(
-                    listing.upstream.clone(),
-                    NamespaceConflict {
-                        namespace,
-                        owner: owner.get().clone(),
-                    },
-                );
-            }
-            Entry::Occupied(_) => {}
-            Entry::Vacant(slot) => {
-                slot.insert(listing.upstream.clone());
-                catalog
-                    .namespaces_by_upstream
-                    .insert(listing.upstream.clone(), namespace);
-            }
-        }
-    }
-    conflicts
-}
-
-impl Builder {
-    /// Checks entry number `index` of `listing`'s `kind` and adds its exposed copy and route,
-    /// or records why it is left out.
-    fn add_entry(&mut self, listing: &UpstreamListing, kind: Kind, index: usize, entry: &Value) {
-        let (catalog, warnings) = (&mut self.catalog, &mut self.warnings);
-        let (original, schema_fix) = match check_entry(kind, entry, index, &listing.tool_filter) {
-            EntryCheck::Keep {
-                original,
-                schema_fix,
-            } => (original, schema_fix),
-            EntryCheck::Filtered => return,
-            EntryCheck::Invalid { entry, reason } => {
-                warnings.push(CatalogWarning::InvalidEntry {
-                    kind,
-                    upstream: listing.upstream.clone(),
-                    entry,
-                    reason,
-                });
-                return;
-            }
-        };
-        let exposed_key = match kind {
-            Kind::Tools | Kind::Prompts => {
-                names::exposed_name(&listing.prefix, &original, self.name_budget)
-            }
-            Kind::Resources | Kind::ResourceTemplates => {
-                if let Some(conflict) = self.namespace_conflicts.get(&listing.upstream) {
-                    let reason = format!(
-                        "its prefix `{}` gives the URI namespace `{}`, \
-                         which upstream `{}` already uses",
-                        listing.prefix, conflict.namespace, conflict.owner
-                    );
-                    warnings.push(CatalogWarning::InvalidEntry {
-                        kind,
-                        upstream: listing.upstream.clone(),
-                        entry: original,
-                        reason,
-                    });
-                    return;
-                }
-                let namespace = catalog.namespaces_by_upstream.get(&listing.upstream);
-                uris::expose(namespace.map(String::as_str), &original)
-            }
-        };
-        let route = Route {
-            upstream: listing.upstream.clone(),
-            original,
-        };
-        if let Some(change) = listing.quarantine.holds(kind, &route.original) {
-            // Held back: not listed, not routed, but known, so a caller learns why.
-            if kind == Kind::ResourceTemplates {
-                catalog.templates.push(TemplateHead {
-                    template: exposed_key.clone(),
-                    literal_head: uris::template_literal_head(&exposed_key).to_string(),
-                    upstream: listing.upstream.clone(),
-                    unprefixed: listing.prefix.is_empty(),
-                    held: Some(change.clone()),
-                });
-            }
-            catalog.held[kind.index()]
-                .entry(exposed_key)
-                .or_insert_with(|| Held {
-                    route,
-                    change: change.clone(),
-                });
-            return;
-        }
-        match catalog.routes[kind.index()].entry(exposed_key.clone()) {
-            Entry::Occupied(kept) => {
-                warnings.push(CatalogWarning::Collision {
-                    kind,
-                    exposed: exposed_key,
-                    kept: kept.get().clone(),
-                    rejected: route,
-                });
-                return;
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(route.clone());
-            }
-        }
-        if schema_fix != SchemaFix::None {
-            warnings.push(CatalogWarning::SchemaPatched {
-                upstream: listing.upstream.clone(),
-                tool: route.original.clone(),
-            });
-        }
-        if kind == Kind::Tools {
-            let designated = entry
-                .get("inputSchema")
-                .map(crate::headers::param_headers)
-                .and_then(Result::ok)
-                .unwrap_or_default();
-            if !designated.is_empty() {
-                catalog
-                    .param_headers
-                    .insert(exposed_key.clone(), designated.into());
-            }
-            if let Some(support) = super::TaskSupport::of_tool(entry) {
-                catalog.task_support.insert(exposed_key.clone(), support);
-            }
-        }
-        catalog.entries[kind.index()].push(exposed_entry(kind, entry, &exposed_key, schema_fix));
-        remember_for_resource_routing(catalog, listing, kind, &exposed_key, route);
-    }
-}
-
-/// Feeds steps 2 to 4 of the resource routing rule in [`crate::uris`].
-fn remember_for_resource_routing(
-    catalog: &mut Catalog,
-    listing: &UpstreamListing,
-    kind: Kind,
-    exposed_key: &str,
-    route: Route,
-) {
-    match kind {
-        Kind::Resources => match catalog.echoed_originals.entry(route.original.clone()) {
-            Entry::Occupied(mut listed) => {
-                let listed_by_another = listed
-                    .get()
-                    .as_ref()
-                    .is_some_and(|earlier| earlier.upstream != route.upstream);
-                if listed_by_another {
-                    listed.insert(None);
-                }
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(Some(route));
-            }
-        },
-        Kind::ResourceTemplates => {
-            let literal_head = uris::template_literal_head(exposed_key);
-            // An empty head would match every URI and shadow steps that can decide better.
-            if !literal_head.is_empty() {
-                catalog.templates.push(TemplateHead {
-                    template: exposed_key.to_string(),
-                    literal_head: literal_head.to_string(),
-                    upstream: route.upstream,
-                    unprefixed: listing.prefix.is_empty(),
-                    held: None,
-                });
-            }
-        }
-        _ => {}
-    }
 }
 
 #[cfg(test)]

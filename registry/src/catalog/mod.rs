@@ -1,9 +1,13 @@
 //! Immutable catalog snapshots: the exposed entries of each kind, their route tables,
-//! content digests and pages.
+//! content digests and pages. A snapshot is put together from one [`UpstreamPart`]
+//! per upstream, each built once per listing and shared by every snapshot (and view)
+//! until its upstream lists again.
 
 mod build;
+mod entries;
 mod entry;
 mod kind;
+mod part;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -12,7 +16,7 @@ mod tests;
 mod view;
 mod warning;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -25,8 +29,13 @@ use crate::headers::ParamHeader;
 use crate::quarantine::Quarantine;
 use crate::uris;
 
+pub use entries::Entries;
 pub use kind::Kind;
+pub use part::UpstreamPart;
 pub use view::View;
+
+use entries::EntryRef;
+use part::{ByOriginal, Routed};
 pub use warning::CatalogWarning;
 
 /// What one upstream listed, with how it is to be exposed.
@@ -89,7 +98,7 @@ pub struct Route {
 /// One page of a list result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Page<'a> {
-    pub items: &'a [Value],
+    pub items: Entries<'a>,
     pub next_cursor: Option<String>,
     /// What every page of this list may be cached for, merged over its upstreams.
     pub cache: CacheHint,
@@ -137,11 +146,13 @@ pub struct Held {
 /// An immutable snapshot of everything plexus exposes; share it behind an `Arc`.
 #[derive(Clone, Debug)]
 pub struct Catalog {
+    /// The upstreams' parts the entries live in, in listing order.
+    parts: Vec<Arc<UpstreamPart>>,
     /// Exposed entries per kind, indexed by [`Kind::index`].
-    entries: [Vec<Value>; 4],
+    entries: [Vec<EntryRef>; 4],
     digests: [[u8; 32]; 4],
-    /// Exposed name, URI or template -> route, per kind.
-    routes: [HashMap<String, Route>; 4],
+    /// Routes per kind, looked up by exposed name, URI or template.
+    routes: [HashSet<Routed>; 4],
     upstreams_by_namespace: HashMap<String, Arc<str>>,
     namespaces_by_upstream: HashMap<Arc<str>, String>,
     templates: Vec<TemplateHead>,
@@ -161,15 +172,15 @@ pub struct Catalog {
     /// In a view with resource globs: the URIs it lets be read beyond its listed
     /// resources and templates.
     uri_filter: Option<ToolFilter>,
-    /// Original resource URI -> its route, or `None` when several upstreams list it.
-    echoed_originals: HashMap<String, Option<Route>>,
+    /// Resources by original URI, and whether only one upstream lists it.
+    echoed_originals: HashMap<ByOriginal, bool>,
     page_size: usize,
     /// Exposed tool name -> the parameters its schema mirrors into headers (only
     /// tools that have any).
-    param_headers: HashMap<String, Arc<[ParamHeader]>>,
+    param_headers: HashMap<Routed, Arc<[ParamHeader]>>,
     /// Exposed tool name -> whether it may run as a task (`execution.taskSupport`
     /// of the handshake era: only tools that say `optional` or `required`).
-    task_support: HashMap<String, TaskSupport>,
+    task_support: HashMap<Routed, TaskSupport>,
     /// Each upstream's cache hints per kind, and their merge over the upstreams
     /// shown (computed with the snapshot, so a page costs nothing more).
     upstream_cache: HashMap<Arc<str>, [Option<CacheHint>; 4]>,
@@ -188,8 +199,9 @@ impl Catalog {
     }
 
     fn with_page_size(page_size: usize) -> Catalog {
-        let empty_digest = digest_entries(&[]);
+        let empty_digest = Sha256::digest([]).into();
         Catalog {
+            parts: Vec::new(),
             entries: Default::default(),
             digests: [empty_digest; 4],
             routes: Default::default(),
@@ -229,26 +241,55 @@ impl Catalog {
         listings: &[UpstreamListing],
         options: &CatalogOptions,
     ) -> (Catalog, Vec<CatalogWarning>) {
-        build::build(listings, options)
+        let mut warnings = Vec::new();
+        let parts = listings
+            .iter()
+            .map(|listing| {
+                let (part, found) = UpstreamPart::build(listing, options.name_budget);
+                warnings.extend(found);
+                Arc::new(part)
+            })
+            .collect();
+        let (catalog, found) = Catalog::assemble(parts, options);
+        warnings.extend(found);
+        (catalog, warnings)
+    }
+
+    /// Puts a snapshot together from upstreams' parts in the order given, with the
+    /// warnings only the whole shows (collisions across upstreams, URI namespaces
+    /// taken, shadowing); the parts' own warnings came with each part. Nothing of an
+    /// entry's JSON is read again: this is table work, linear in the entries.
+    pub fn assemble(
+        parts: Vec<Arc<UpstreamPart>>,
+        options: &CatalogOptions,
+    ) -> (Catalog, Vec<CatalogWarning>) {
+        build::assemble(parts, options)
     }
 
     /// The exposed entries: listings in the order given, each in its upstream's order.
-    pub fn entries(&self, kind: Kind) -> &[Value] {
-        &self.entries[kind.index()]
+    pub fn entries(&self, kind: Kind) -> Entries<'_> {
+        Entries {
+            kind,
+            parts: &self.parts,
+            refs: &self.entries[kind.index()],
+        }
     }
 
     pub fn len(&self, kind: Kind) -> usize {
-        self.entries(kind).len()
+        self.entries[kind.index()].len()
     }
 
-    /// SHA-256 over the exposed entries' compact JSON, each followed by a newline (which
-    /// compact JSON never contains), so equal snapshots have equal digests.
+    /// SHA-256 over the exposed entries' own hashes (the first half of SHA-256 of
+    /// each one's compact JSON), in order: equal lists have equal digests, and a
+    /// change to any entry, or to their order, changes it.
     pub fn digest(&self, kind: Kind) -> [u8; 32] {
         self.digests[kind.index()]
     }
 
     pub fn route_tool(&self, exposed_name: &str) -> Option<&Route> {
-        self.routes[Kind::Tools.index()].get(exposed_name)
+        self.routes[Kind::Tools.index()]
+            .get(exposed_name)
+            .map(Routed::route)
     }
 
     /// Where a tool name no table routes may still go: the one unprefixed upstream,
@@ -275,18 +316,22 @@ impl Catalog {
     }
 
     pub fn route_prompt(&self, exposed_name: &str) -> Option<&Route> {
-        self.routes[Kind::Prompts.index()].get(exposed_name)
+        self.routes[Kind::Prompts.index()]
+            .get(exposed_name)
+            .map(Routed::route)
     }
 
     pub fn route_template(&self, exposed_uri_template: &str) -> Option<&Route> {
-        self.routes[Kind::ResourceTemplates.index()].get(exposed_uri_template)
+        self.routes[Kind::ResourceTemplates.index()]
+            .get(exposed_uri_template)
+            .map(Routed::route)
     }
 
     /// Routes a resource read by the four steps documented in [`crate::uris`]; a URI
     /// that is held back (see [`Catalog::held`]) has no route.
     pub fn route_resource(&self, exposed_uri: &str) -> Option<Route> {
-        if let Some(route) = self.routes[Kind::Resources.index()].get(exposed_uri) {
-            return Some(route.clone());
+        if let Some(routed) = self.routes[Kind::Resources.index()].get(exposed_uri) {
+            return Some(routed.route().clone());
         }
         if self.held_resource(exposed_uri).is_some() || !self.view_permits_uri(exposed_uri) {
             return None;
@@ -307,8 +352,8 @@ impl Catalog {
                 original: exposed_uri.to_string(),
             });
         }
-        if let Some(route) = self.echoed_originals.get(exposed_uri).cloned().flatten() {
-            return Some(route);
+        if let Some((listed, true)) = self.echoed_originals.get_key_value(exposed_uri) {
+            return Some(listed.0.route().clone());
         }
         // Servers serve URIs they do not list (resource links, dynamic resources): a
         // URI nothing above routes goes to the one unprefixed upstream, if there is one.
@@ -437,8 +482,8 @@ impl Catalog {
     /// How many entries of `kind` each upstream has exposed, and held.
     pub fn counts_by_upstream(&self, kind: Kind) -> HashMap<Arc<str>, (usize, usize)> {
         let mut counts: HashMap<Arc<str>, (usize, usize)> = HashMap::new();
-        for route in self.routes[kind.index()].values() {
-            counts.entry(route.upstream.clone()).or_default().0 += 1;
+        for routed in &self.routes[kind.index()] {
+            counts.entry(routed.route().upstream.clone()).or_default().0 += 1;
         }
         for held in self.held[kind.index()].values() {
             counts.entry(held.route.upstream.clone()).or_default().1 += 1;
@@ -472,26 +517,31 @@ impl Catalog {
     /// The page starting at `cursor` (the first page for `None`); see [`crate::cursor`]
     /// for which cursors are valid.
     pub fn page(&self, kind: Kind, cursor: Option<&str>) -> Result<Page<'_>, CursorError> {
-        let entries = self.entries(kind);
+        let entries = &self.entries[kind.index()];
         let start = match cursor {
             None => 0,
             Some(cursor) => cursor::decode(cursor, entries.len())?,
         };
         let end = start.saturating_add(self.page_size).min(entries.len());
         Ok(Page {
-            items: &entries[start..end],
+            items: Entries {
+                kind,
+                parts: &self.parts,
+                refs: &entries[start..end],
+            },
             next_cursor: (end < entries.len()).then(|| cursor::encode(end)),
             cache: self.cache[kind.index()],
         })
     }
-}
 
-fn digest_entries(entries: &[Value]) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    for entry in entries {
-        // `Value`'s Display is its compact JSON serialisation.
-        hasher.update(entry.to_string().as_bytes());
-        hasher.update(b"\n");
+    /// SHA-256 over the entries' own hashes, in order.
+    fn digest_of(&self, kind: Kind) -> [u8; 32] {
+        let mut hasher = Sha256::new();
+        for entry in &self.entries[kind.index()] {
+            hasher.update(
+                self.parts[entry.part as usize].exposed[kind.index()][entry.index as usize].hash,
+            );
+        }
+        hasher.finalize().into()
     }
-    hasher.finalize().into()
 }

@@ -39,10 +39,10 @@ fn resource_catalog() -> Catalog {
 #[test]
 fn resources_and_templates_are_exposed_under_their_namespace() {
     let catalog = resource_catalog();
-    let uris: Vec<&str> = catalog
+    let uris: Vec<String> = catalog
         .entries(Kind::Resources)
         .iter()
-        .filter_map(|entry| entry["uri"].as_str())
+        .filter_map(|entry| entry["uri"].as_str().map(str::to_string))
         .collect();
     assert_eq!(
         uris,
@@ -52,10 +52,10 @@ fn resources_and_templates_are_exposed_under_their_namespace() {
             "u2b+note://one"
         ]
     );
-    let templates: Vec<&str> = catalog
+    let templates: Vec<String> = catalog
         .entries(Kind::ResourceTemplates)
         .iter()
-        .filter_map(|entry| entry["uriTemplate"].as_str())
+        .filter_map(|entry| entry["uriTemplate"].as_str().map(str::to_string))
         .collect();
     assert_eq!(
         templates,
@@ -264,10 +264,10 @@ fn header_designations_are_kept_per_tool_and_invalid_ones_left_out() {
         json!({"name": "plain", "inputSchema": {"type": "object"}}),
     ];
     let (catalog, warnings) = build_default(&[notes]);
-    let names: Vec<&str> = catalog
+    let names: Vec<String> = catalog
         .entries(Kind::Tools)
         .iter()
-        .filter_map(|entry| entry["name"].as_str())
+        .filter_map(|entry| entry["name"].as_str().map(str::to_string))
         .collect();
     assert_eq!(names, ["notes__query", "notes__plain"]);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -442,10 +442,10 @@ fn a_view_is_a_catalog_of_what_it_shows() {
         restricts_resources: true,
     };
     let restricted = catalog.restrict(&view);
-    let names: Vec<&str> = restricted
+    let names: Vec<String> = restricted
         .entries(Kind::Tools)
         .iter()
-        .map(|t| t["name"].as_str().unwrap())
+        .map(|t| t["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(names, ["alpha__read", "alpha__write"]);
     assert!(restricted.route_tool("alpha__delete").is_none());

@@ -6,10 +6,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use serde_json::Value;
-
-use super::entry::key_field;
-use super::{digest_entries, Catalog, Kind, Route};
+use super::{Catalog, Kind, Route};
 use crate::filter::ToolFilter;
 use crate::uris;
 
@@ -51,18 +48,16 @@ impl Catalog {
     /// The part of this catalog `view` shows, as a catalog of its own.
     pub fn restrict(&self, view: &View) -> Catalog {
         let mut restricted = Catalog::with_page_size(self.page_size);
+        // The view's entries live in the same parts: nothing of them is copied.
+        restricted.parts = self.parts.clone();
         for kind in Kind::ALL {
             let index = kind.index();
             for entry in &self.entries[index] {
-                let Some(key) = entry.get(key_field(kind)).and_then(Value::as_str) else {
-                    continue;
-                };
-                let Some(route) = self.routes[index].get(key) else {
-                    continue;
-                };
-                if view.shows(kind, key, route) {
-                    restricted.entries[index].push(entry.clone());
-                    restricted.routes[index].insert(key.to_string(), route.clone());
+                let routed =
+                    &self.parts[entry.part as usize].exposed[index][entry.index as usize].routed;
+                if view.shows(kind, routed.exposed(), routed.route()) {
+                    restricted.entries[index].push(*entry);
+                    restricted.routes[index].insert(routed.clone());
                 }
             }
             restricted.held[index] = self.held[index]
@@ -70,7 +65,7 @@ impl Catalog {
                 .filter(|(key, held)| view.shows(kind, key, &held.route))
                 .map(|(key, held)| (key.clone(), held.clone()))
                 .collect();
-            restricted.digests[index] = digest_entries(&restricted.entries[index]);
+            restricted.digests[index] = restricted.digest_of(kind);
         }
         // Shown: the upstreams the view names, or else those with anything in it.
         let visible: HashSet<Arc<str>> = match &view.upstreams {
@@ -81,7 +76,7 @@ impl Catalog {
             None => restricted
                 .routes
                 .iter()
-                .flat_map(|routes| routes.values().map(|route| route.upstream.clone()))
+                .flat_map(|routes| routes.iter().map(|routed| routed.route().upstream.clone()))
                 .chain(
                     restricted
                         .held
@@ -145,28 +140,28 @@ impl Catalog {
         restricted.echoed_originals = self
             .echoed_originals
             .iter()
-            .filter_map(|(original, route)| {
-                let route = route.as_ref()?;
+            .filter(|(listed, unique)| {
+                let route = listed.0.route();
                 let exposed = uris::expose(
                     self.namespaces_by_upstream
                         .get(&route.upstream)
                         .map(String::as_str),
-                    original,
+                    &route.original,
                 );
-                view.shows(Kind::Resources, &exposed, route)
-                    .then(|| (original.clone(), Some(route.clone())))
+                **unique && view.shows(Kind::Resources, &exposed, route)
             })
+            .map(|(listed, unique)| (listed.clone(), *unique))
             .collect();
         restricted.param_headers = self
             .param_headers
             .iter()
-            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains_key(*tool))
+            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains(*tool))
             .map(|(tool, headers)| (tool.clone(), headers.clone()))
             .collect();
         restricted.task_support = self
             .task_support
             .iter()
-            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains_key(*tool))
+            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains(*tool))
             .map(|(tool, support)| (tool.clone(), *support))
             .collect();
         restricted.visible = Some(visible);

@@ -2,8 +2,10 @@
 
 use super::*;
 use crate::catalog::test_support::{build_default, listing, tool};
+use crate::catalog::Route;
 use crate::filter::ToolFilter;
 use serde_json::json;
+use serde_json::Value;
 
 fn route(upstream: &str, original: &str) -> Route {
     Route {
@@ -12,11 +14,11 @@ fn route(upstream: &str, original: &str) -> Route {
     }
 }
 
-fn exposed_names(catalog: &Catalog, kind: Kind) -> Vec<&str> {
+fn exposed_names(catalog: &Catalog, kind: Kind) -> Vec<String> {
     catalog
         .entries(kind)
         .iter()
-        .filter_map(|entry| entry["name"].as_str())
+        .filter_map(|entry| entry["name"].as_str().map(str::to_string))
         .collect()
 }
 
@@ -56,7 +58,7 @@ fn name_budget_applies_to_the_whole_exposed_name() {
         page_size: 100,
     };
     let (catalog, _) = Catalog::build(&[long], &options);
-    let name = exposed_names(&catalog, Kind::Tools)[0];
+    let name = &exposed_names(&catalog, Kind::Tools)[0];
     assert_eq!(name.len(), 20);
     assert_eq!(
         catalog.route_tool(name),
@@ -83,7 +85,10 @@ fn collision_across_upstreams_keeps_the_first() {
         }]
     );
     assert_eq!(catalog.len(Kind::Tools), 1);
-    assert_eq!(catalog.entries(Kind::Tools)[0]["description"], "alpha");
+    assert_eq!(
+        catalog.entries(Kind::Tools).to_vec()[0]["description"],
+        "alpha"
+    );
     assert_eq!(
         catalog.route_tool("search"),
         Some(&route("alpha", "search"))
@@ -188,7 +193,10 @@ fn unknown_keys_survive_byte_for_byte() {
         .collect();
     let (catalog, warnings) = build_default(&[server]);
     assert_eq!(warnings, Vec::new());
-    for (text, exposed) in upstream_texts.iter().zip(catalog.entries(Kind::Tools)) {
+    for (text, exposed) in upstream_texts
+        .iter()
+        .zip(catalog.entries(Kind::Tools).iter())
+    {
         let mut unrenamed = exposed.clone();
         let original_name = catalog
             .route_tool(exposed["name"].as_str().unwrap())

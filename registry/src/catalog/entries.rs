@@ -1,0 +1,100 @@
+//! A run of a snapshot's exposed entries (a whole list, or one page of it): each
+//! entry is its upstream's JSON with the exposed name spliced in, so a page is
+//! written without building or cloning a tree of values, and parsed only when a
+//! caller asks for `Value`s.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::part::UpstreamPart;
+use super::Kind;
+
+/// Where a snapshot's entry lives: its part, and its place among that part's
+/// exposed entries of the kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct EntryRef {
+    pub part: u32,
+    pub index: u32,
+}
+
+/// Exposed entries of one kind, in list order.
+#[derive(Clone)]
+pub struct Entries<'a> {
+    pub(super) kind: Kind,
+    pub(super) parts: &'a [Arc<UpstreamPart>],
+    pub(super) refs: &'a [EntryRef],
+}
+
+impl<'a> Entries<'a> {
+    pub fn len(&self) -> usize {
+        self.refs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+
+    /// Entry `index` as a `Value`.
+    pub fn get(&self, index: usize) -> Option<Value> {
+        let entry = self.refs.get(index)?;
+        Some(self.parts[entry.part as usize].exposed_value(self.kind, entry.index as usize))
+    }
+
+    /// Every entry as a `Value`.
+    pub fn iter(&self) -> impl Iterator<Item = Value> + 'a {
+        let (kind, parts) = (self.kind, self.parts);
+        self.refs
+            .iter()
+            .map(move |entry| parts[entry.part as usize].exposed_value(kind, entry.index as usize))
+    }
+
+    /// The entries as `Value`s (each parsed from its JSON).
+    pub fn to_vec(&self) -> Vec<Value> {
+        self.iter().collect()
+    }
+
+    /// Entry `index`'s compact JSON, appended to `out`.
+    pub fn write_json(&self, index: usize, out: &mut Vec<u8>) {
+        if let Some(entry) = self.refs.get(index) {
+            self.parts[entry.part as usize].write_exposed(self.kind, entry.index as usize, out);
+        }
+    }
+
+    /// The entries as one compact JSON array, appended to `out`: what serialising
+    /// [`Entries::to_vec`] gives, without building it.
+    pub fn write_json_array(&self, out: &mut Vec<u8>) {
+        out.push(b'[');
+        for index in 0..self.len() {
+            if index > 0 {
+                out.push(b',');
+            }
+            self.write_json(index, out);
+        }
+        out.push(b']');
+    }
+}
+
+impl fmt::Debug for Entries<'_> {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Equal when their JSON is.
+impl PartialEq for Entries<'_> {
+    fn eq(&self, other: &Entries<'_>) -> bool {
+        if self.len() != other.len() || self.kind != other.kind {
+            return false;
+        }
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        (0..self.len()).all(|index| {
+            mine.clear();
+            theirs.clear();
+            self.write_json(index, &mut mine);
+            other.write_json(index, &mut theirs);
+            mine == theirs
+        })
+    }
+}

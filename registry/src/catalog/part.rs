@@ -1,0 +1,593 @@
+//! One upstream's share of a catalog, built once per listing and reused by every
+//! snapshot until that upstream lists again: its entries checked, named and
+//! routed, held back as its quarantine says, and kept as the compact JSON the
+//! upstream sent (a few offsets say where the exposed name and the schema fix go),
+//! so a snapshot holds no `Value` per entry and a rebuild touches only what changed.
+
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::entry::{check_entry, key_field, EntryCheck, SchemaFix};
+use super::{CatalogWarning, Held, Kind, Route, TaskSupport, TemplateHead, UpstreamListing};
+use crate::cache::CacheHint;
+use crate::filter::ToolFilter;
+use crate::headers::ParamHeader;
+use crate::quarantine::Quarantine;
+use crate::{names, uris};
+
+/// An exposed name, URI or template with its route. Shared by every snapshot (and
+/// view) that lists the entry; table keys borrow the exposed string from it.
+#[derive(Clone, Debug)]
+pub(super) struct Routed(Arc<RoutedEntry>);
+
+#[derive(Debug)]
+pub(super) struct RoutedEntry {
+    pub exposed: Box<str>,
+    pub route: Route,
+}
+
+impl Routed {
+    fn new(exposed: &str, route: Route) -> Routed {
+        Routed(Arc::new(RoutedEntry {
+            exposed: exposed.into(),
+            route,
+        }))
+    }
+
+    pub fn exposed(&self) -> &str {
+        &self.0.exposed
+    }
+
+    pub fn route(&self) -> &Route {
+        &self.0.route
+    }
+
+    pub fn same(&self, other: &Routed) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Keyed by the exposed name, URI or template.
+impl Borrow<str> for Routed {
+    fn borrow(&self) -> &str {
+        &self.0.exposed
+    }
+}
+
+impl Hash for Routed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.exposed().hash(state)
+    }
+}
+
+impl PartialEq for Routed {
+    fn eq(&self, other: &Routed) -> bool {
+        self.exposed() == other.exposed()
+    }
+}
+
+impl Eq for Routed {}
+
+/// A routed resource keyed by its original URI (for reads of URIs a client got
+/// from elsewhere, step 4 of the routing rule).
+#[derive(Clone, Debug)]
+pub(super) struct ByOriginal(pub Routed);
+
+impl Borrow<str> for ByOriginal {
+    fn borrow(&self) -> &str {
+        &self.0.route().original
+    }
+}
+
+impl Hash for ByOriginal {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.route().original.as_str().hash(state)
+    }
+}
+
+impl PartialEq for ByOriginal {
+    fn eq(&self, other: &ByOriginal) -> bool {
+        self.0.route().original == other.0.route().original
+    }
+}
+
+impl Eq for ByOriginal {}
+
+/// Where the schema fix-up goes in an entry's JSON (offsets from the entry's start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fix {
+    None,
+    /// `"type":"object"` before the schema's closing brace (a comma first unless
+    /// the schema is `{}`).
+    AddType {
+        at: u32,
+        empty: bool,
+    },
+    /// `,"inputSchema":{"type":"object"}` before the entry's closing brace.
+    AddSchema {
+        at: u32,
+    },
+}
+
+/// One listed entry of a part: what it is exposed as, and how its JSON becomes the
+/// exposed JSON.
+#[derive(Clone, Debug)]
+pub(super) struct Exposed {
+    /// Its position among the part's listed entries of its kind.
+    listed: u32,
+    pub routed: Routed,
+    /// The key field's value in the entry's JSON (offsets from the entry's start).
+    key_span: (u32, u32),
+    fix: Fix,
+    /// The first half of SHA-256 of the exposed JSON: snapshots digest these.
+    pub hash: [u8; 16],
+}
+
+/// The entries of one kind as the upstream listed them, as compact JSON one after
+/// another: one allocation per kind, not a tree of them per entry.
+#[derive(Clone, Debug, Default)]
+struct Listed {
+    text: String,
+    /// Where each entry's JSON ends in `text` (it starts where the one before ends).
+    ends: Vec<u32>,
+}
+
+impl Listed {
+    fn get(&self, index: usize) -> &str {
+        let start = match index {
+            0 => 0,
+            _ => self.ends[index - 1] as usize,
+        };
+        &self.text[start..self.ends[index] as usize]
+    }
+
+    fn values(&self) -> Vec<Value> {
+        (0..self.ends.len())
+            .map(|index| serde_json::from_str(self.get(index)).unwrap_or(Value::Null))
+            .collect()
+    }
+}
+
+/// Where, in an entry's compact JSON, the key field's value and the schema fix go.
+#[derive(Default)]
+struct Spans {
+    key: Option<(u32, u32)>,
+    /// The `inputSchema` object's closing brace, and whether it is `{}`.
+    schema_close: Option<(u32, bool)>,
+    close: u32,
+}
+
+/// One upstream's share of a snapshot; see the module's documentation.
+#[derive(Clone, Debug)]
+pub struct UpstreamPart {
+    pub(super) upstream: Arc<str>,
+    pub(super) prefix: String,
+    tool_filter: ToolFilter,
+    /// The URI namespace its prefix gives (a snapshot may find it taken).
+    pub(super) namespace: Option<String>,
+    listed: [Listed; 4],
+    pub(super) exposed: [Vec<Exposed>; 4],
+    /// Held entries by the exposed key they would have, in listing order.
+    pub(super) held: [Vec<(String, Held)>; 4],
+    /// Template heads in listing order, each with its place among the exposed
+    /// templates (None: held).
+    pub(super) templates: Vec<(Option<u32>, TemplateHead)>,
+    /// Exposed tools that mirror parameters into headers, or may run as tasks.
+    pub(super) param_headers: Vec<(u32, Arc<[ParamHeader]>)>,
+    pub(super) task_support: Vec<(u32, TaskSupport)>,
+    /// Each word of the exposed tools' descriptions and titles, with the tools
+    /// (places among the exposed tools) whose text has it: shadowing is found from
+    /// these, never by reading every description again.
+    pub(super) words: HashMap<Box<str>, Vec<u32>>,
+    instructions: Option<String>,
+    quarantine: Quarantine,
+    pub(super) cache: [Option<CacheHint>; 4],
+    /// How many listed entries the quarantine holds.
+    held_count: usize,
+}
+
+impl UpstreamPart {
+    /// Checks, names and routes `listing`'s entries, with the warnings about them
+    /// (collisions with other upstreams are found when the parts are put together).
+    pub fn build(
+        listing: &UpstreamListing,
+        name_budget: usize,
+    ) -> (UpstreamPart, Vec<CatalogWarning>) {
+        let mut part = UpstreamPart {
+            upstream: listing.upstream.clone(),
+            prefix: listing.prefix.clone(),
+            tool_filter: listing.tool_filter.clone(),
+            namespace: uris::uri_namespace(&listing.prefix),
+            listed: Default::default(),
+            exposed: Default::default(),
+            held: Default::default(),
+            templates: Vec::new(),
+            param_headers: Vec::new(),
+            task_support: Vec::new(),
+            words: HashMap::new(),
+            instructions: listing.instructions.clone(),
+            quarantine: listing.quarantine.clone(),
+            cache: listing.cache,
+            held_count: 0,
+        };
+        let mut warnings = Vec::new();
+        let mut scratch = Vec::new();
+        for kind in Kind::ALL {
+            let entries = listing.listed(kind);
+            let mut text = Vec::new();
+            let mut ends = Vec::with_capacity(entries.len());
+            // Exposed key -> the place of the entry that has it, within this upstream.
+            let mut taken: HashMap<String, usize> = HashMap::new();
+            for (index, entry) in entries.iter().enumerate() {
+                let start = text.len();
+                let spans = write_listed(kind, entry, &mut text);
+                ends.push(u32::try_from(text.len()).unwrap_or(u32::MAX));
+                if let Some(identity) = entry.get(key_field(kind)).and_then(Value::as_str) {
+                    part.held_count += usize::from(part.quarantine.holds(kind, identity).is_some());
+                }
+                let (original, schema_fix) =
+                    match check_entry(kind, entry, index, &listing.tool_filter) {
+                        EntryCheck::Keep {
+                            original,
+                            schema_fix,
+                        } => (original, schema_fix),
+                        EntryCheck::Filtered => continue,
+                        EntryCheck::Invalid { entry, reason } => {
+                            warnings.push(CatalogWarning::InvalidEntry {
+                                kind,
+                                upstream: listing.upstream.clone(),
+                                entry,
+                                reason,
+                            });
+                            continue;
+                        }
+                    };
+                let exposed_key = match kind {
+                    Kind::Tools | Kind::Prompts => {
+                        names::exposed_name(&listing.prefix, &original, name_budget)
+                    }
+                    Kind::Resources | Kind::ResourceTemplates => {
+                        uris::expose(part.namespace.as_deref(), &original)
+                    }
+                };
+                let route = Route {
+                    upstream: listing.upstream.clone(),
+                    original,
+                };
+                if let Some(change) = listing.quarantine.holds(kind, &route.original) {
+                    // Held back: not listed, not routed, but known, so a caller learns why.
+                    if kind == Kind::ResourceTemplates {
+                        part.templates.push((
+                            None,
+                            template_head(listing, &exposed_key, Some(change.clone())),
+                        ));
+                    }
+                    let held = Held {
+                        route,
+                        change: change.clone(),
+                    };
+                    part.held[kind.index()].push((exposed_key, held));
+                    continue;
+                }
+                let exposed = &mut part.exposed[kind.index()];
+                if let Some(kept) = taken.get(&exposed_key) {
+                    warnings.push(CatalogWarning::Collision {
+                        kind,
+                        exposed: exposed_key,
+                        kept: exposed[*kept].routed.route().clone(),
+                        rejected: route,
+                    });
+                    continue;
+                }
+                if schema_fix != SchemaFix::None {
+                    warnings.push(CatalogWarning::SchemaPatched {
+                        upstream: listing.upstream.clone(),
+                        tool: route.original.clone(),
+                    });
+                }
+                let place = u32::try_from(exposed.len()).unwrap_or(u32::MAX);
+                taken.insert(exposed_key.clone(), exposed.len());
+                let fix = match (schema_fix, spans.schema_close) {
+                    (SchemaFix::AddType, Some((at, empty))) => Fix::AddType { at, empty },
+                    (SchemaFix::AddSchema, _) => Fix::AddSchema { at: spans.close },
+                    _ => Fix::None,
+                };
+                let mut item = Exposed {
+                    listed: u32::try_from(index).unwrap_or(u32::MAX),
+                    routed: Routed::new(&exposed_key, route),
+                    key_span: spans.key.unwrap_or_default(),
+                    fix,
+                    hash: [0; 16],
+                };
+                scratch.clear();
+                item.write_json(&text[start..], &mut scratch);
+                let digest = Sha256::digest(&scratch);
+                item.hash.copy_from_slice(&digest[..16]);
+                match kind {
+                    Kind::Tools => {
+                        let designated = entry
+                            .get("inputSchema")
+                            .map(crate::headers::param_headers)
+                            .and_then(Result::ok)
+                            .unwrap_or_default();
+                        if !designated.is_empty() {
+                            part.param_headers.push((place, designated.into()));
+                        }
+                        if let Some(support) = TaskSupport::of_tool(entry) {
+                            part.task_support.push((place, support));
+                        }
+                        let mut texts = Vec::new();
+                        model_facing_text(entry, &mut texts);
+                        let mut seen = HashSet::new();
+                        for word in texts.iter().flat_map(|text| words(text)) {
+                            if seen.insert(word) {
+                                part.words.entry(word.into()).or_default().push(place);
+                            }
+                        }
+                    }
+                    Kind::ResourceTemplates => {
+                        // An empty head would match every URI and shadow steps that can decide better.
+                        if !uris::template_literal_head(&exposed_key).is_empty() {
+                            part.templates
+                                .push((Some(place), template_head(listing, &exposed_key, None)));
+                        }
+                    }
+                    Kind::Prompts | Kind::Resources => {}
+                }
+                exposed.push(item);
+            }
+            // The text grew by doubling; it is kept as long as the listing is.
+            text.shrink_to_fit();
+            part.listed[kind.index()] = Listed {
+                text: String::from_utf8(text)
+                    .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned()),
+                ends,
+            };
+        }
+        (part, warnings)
+    }
+
+    /// The listing this part was built from, entries and all (parsed again: asked
+    /// for only when a listing is judged or named anew).
+    pub fn listing(&self) -> UpstreamListing {
+        UpstreamListing {
+            upstream: self.upstream.clone(),
+            prefix: self.prefix.clone(),
+            tool_filter: self.tool_filter.clone(),
+            tools: self.listed[Kind::Tools.index()].values(),
+            prompts: self.listed[Kind::Prompts.index()].values(),
+            resources: self.listed[Kind::Resources.index()].values(),
+            resource_templates: self.listed[Kind::ResourceTemplates.index()].values(),
+            instructions: self.instructions.clone(),
+            quarantine: self.quarantine.clone(),
+            cache: self.cache,
+        }
+    }
+
+    pub fn upstream(&self) -> &Arc<str> {
+        &self.upstream
+    }
+
+    pub fn quarantine(&self) -> &Quarantine {
+        &self.quarantine
+    }
+
+    /// How many of the listed entries (of every kind) the quarantine holds.
+    pub fn held_count(&self) -> usize {
+        self.held_count
+    }
+
+    /// The instructions clients may see (None when there are none or they are held).
+    pub(super) fn shown_instructions(&self) -> Option<&String> {
+        self.instructions
+            .as_ref()
+            .filter(|_| !self.quarantine.instructions)
+    }
+
+    /// Whether tool names it does not list may be relayed to it, if it is the only
+    /// unprefixed upstream.
+    pub(super) fn takes_unlisted_tools(&self) -> bool {
+        self.quarantine.admits_unlisted
+            && self.tool_filter.is_open()
+            && self.quarantine.whole.is_none()
+    }
+
+    pub(super) fn held_whole(&self) -> Option<&Arc<Value>> {
+        self.quarantine.whole.as_ref()
+    }
+
+    /// The exposed JSON of exposed entry `index` of `kind`, appended to `out`.
+    pub(super) fn write_exposed(&self, kind: Kind, index: usize, out: &mut Vec<u8>) {
+        let item = &self.exposed[kind.index()][index];
+        item.write_json(
+            self.listed[kind.index()]
+                .get(item.listed as usize)
+                .as_bytes(),
+            out,
+        );
+    }
+
+    /// Exposed entry `index` of `kind` as a `Value`.
+    pub(super) fn exposed_value(&self, kind: Kind, index: usize) -> Value {
+        let mut json = Vec::new();
+        self.write_exposed(kind, index, &mut json);
+        serde_json::from_slice(&json).unwrap_or(Value::Null)
+    }
+}
+
+impl Exposed {
+    /// The exposed JSON, from the entry's JSON as listed: the key field's value
+    /// replaced, the schema fix inserted; byte for byte what serialising the
+    /// exposed entry gives.
+    fn write_json(&self, listed: &[u8], out: &mut Vec<u8>) {
+        let mut key = Vec::with_capacity(self.routed.exposed().len() + 2);
+        write_json(&mut key, &Value::from(self.routed.exposed()));
+        let (key_start, key_end) = (self.key_span.0 as usize, self.key_span.1 as usize);
+        let fix: (usize, &[u8]) = match self.fix {
+            Fix::None => (listed.len(), b""),
+            Fix::AddType { at, empty: true } => (at as usize, br#""type":"object""#),
+            Fix::AddType { at, empty: false } => (at as usize, br#","type":"object""#),
+            Fix::AddSchema { at } => (at as usize, br#","inputSchema":{"type":"object"}"#),
+        };
+        let mut edits = [(key_start, key_end, &key[..]), (fix.0, fix.0, fix.1)];
+        edits.sort_by_key(|edit| edit.0);
+        let mut from = 0;
+        for (start, end, text) in edits {
+            out.extend_from_slice(&listed[from..start]);
+            out.extend_from_slice(text);
+            from = end;
+        }
+        out.extend_from_slice(&listed[from..]);
+    }
+}
+
+fn template_head(
+    listing: &UpstreamListing,
+    exposed: &str,
+    held: Option<Arc<Value>>,
+) -> TemplateHead {
+    TemplateHead {
+        template: exposed.to_string(),
+        literal_head: uris::template_literal_head(exposed).to_string(),
+        upstream: listing.upstream.clone(),
+        unprefixed: listing.prefix.is_empty(),
+        held,
+    }
+}
+
+/// Appends `entry` as compact JSON, exactly as serde_json writes it, and says where
+/// its key field's value and its `inputSchema`'s closing brace are.
+fn write_listed(kind: Kind, entry: &Value, out: &mut Vec<u8>) -> Spans {
+    let start = out.len();
+    let offset = |at: usize| u32::try_from(at - start).unwrap_or(u32::MAX);
+    let Value::Object(object) = entry else {
+        write_json(out, entry);
+        return Spans::default();
+    };
+    let mut spans = Spans::default();
+    out.push(b'{');
+    for (position, (name, value)) in object.iter().enumerate() {
+        if position > 0 {
+            out.push(b',');
+        }
+        write_json(out, &Value::from(name.as_str()));
+        out.push(b':');
+        let value_start = out.len();
+        write_json(out, value);
+        if name == key_field(kind) {
+            spans.key = Some((offset(value_start), offset(out.len())));
+        }
+        if let ("inputSchema", Value::Object(schema)) = (name.as_str(), value) {
+            spans.schema_close = Some((offset(out.len() - 1), schema.is_empty()));
+        }
+    }
+    out.push(b'}');
+    spans.close = offset(out.len() - 1);
+    spans
+}
+
+fn write_json(out: &mut Vec<u8>, value: &Value) {
+    // Writing a `Value` into memory cannot fail: its keys are strings, and a
+    // `Vec` takes every byte.
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// Every `description` and `title` inside an entry, at any depth.
+fn model_facing_text<'a>(value: &'a Value, texts: &mut Vec<&'a str>) {
+    match value {
+        Value::Object(object) => {
+            for (key, member) in object {
+                match member {
+                    Value::String(text) if key == "description" || key == "title" => {
+                        texts.push(text)
+                    }
+                    _ => model_facing_text(member, texts),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| model_facing_text(item, texts)),
+        _ => {}
+    }
+}
+
+/// The words of a text that could be a name: runs of `[A-Za-z0-9_-]`.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .filter(|word| !word.is_empty())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::catalog::entry::exposed_entry;
+    use crate::catalog::test_support::listing;
+    use serde_json::json;
+
+    /// The spliced JSON of every exposed entry is byte for byte the serialised
+    /// exposed copy, whatever the order of the key, the schema and the fix.
+    #[test]
+    fn spliced_json_is_the_exposed_entry_serialised() {
+        let texts = [
+            r#"{"name":"plain","inputSchema":{"type":"object"}}"#,
+            r#"{"inputSchema":{"properties":{"n":{"type":"integer"}}},"description":"schema first","name":"untyped"}"#,
+            r#"{"name":"empty","inputSchema":{}}"#,
+            r#"{"description":"no schema","name":"bare"}"#,
+            r#"{"name":"bare_last"}"#,
+            r#"{"name":"esc\"aped\u00e9","inputSchema":{"type":"object"},"x":[1.5,2,-3e-7,"\n"]}"#,
+        ];
+        let mut server = listing("srv", "p");
+        server.tools = texts
+            .iter()
+            .map(|text| serde_json::from_str(text).unwrap())
+            .collect();
+        server.prompts = vec![json!({"description": "d", "name": "greet"})];
+        server.resources = vec![json!({"name": "r", "uri": "x://r", "size": 3})];
+        server.resource_templates = vec![json!({"uriTemplate": "x://{id}"})];
+        let (part, _) = UpstreamPart::build(&server, 64);
+        for kind in Kind::ALL {
+            let listed = server.listed(kind);
+            assert_eq!(part.exposed[kind.index()].len(), listed.len(), "{kind:?}");
+            for (index, item) in part.exposed[kind.index()].iter().enumerate() {
+                let entry = &listed[item.listed as usize];
+                let fix = match item.fix {
+                    Fix::None => SchemaFix::None,
+                    Fix::AddType { .. } => SchemaFix::AddType,
+                    Fix::AddSchema { .. } => SchemaFix::AddSchema,
+                };
+                let expected =
+                    serde_json::to_vec(&exposed_entry(kind, entry, item.routed.exposed(), fix))
+                        .unwrap();
+                let mut spliced = Vec::new();
+                part.write_exposed(kind, index, &mut spliced);
+                assert_eq!(
+                    String::from_utf8(spliced).unwrap(),
+                    String::from_utf8(expected).unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_listing_comes_back_as_it_was_listed() {
+        let mut server = listing("srv", "p");
+        server.tools = vec![
+            json!({"name": "t", "inputSchema": {"type": "object"}, "n": 5, "f": 5.0}),
+            json!("not an entry"),
+        ];
+        server.instructions = Some("hello".into());
+        let (part, warnings) = UpstreamPart::build(&server, 64);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        let back = part.listing();
+        assert_eq!(back.tools, server.tools);
+        assert_eq!(back.instructions, server.instructions);
+        assert_eq!(back.prefix, "p");
+    }
+}
