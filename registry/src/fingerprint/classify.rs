@@ -60,7 +60,10 @@ pub fn classify(old: &ListingSnapshot, new: &ListingSnapshot) -> Vec<Change> {
                     Change::whole(kind, name, ChangeClass::Security, "entry_added")
                         .with(None, Some(entry)),
                 ),
-                Some(previous) if security_hash(previous) != security_hash(entry) => {
+                // Equal values hash alike: only entries that differ are hashed.
+                Some(previous)
+                    if previous != entry && security_hash(previous) != security_hash(entry) =>
+                {
                     let mut found = Differences {
                         kind,
                         identity: name,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{classify, fingerprint, Change, ChangeClass, ListingSnapshot};
+use super::{classify, identity, security_hash, Change, ChangeClass, ListingSnapshot};
 use crate::{Kind, Quarantine};
 
 /// The entries of `observed` that differ from `pinned`, and whether the instructions
@@ -25,26 +25,30 @@ pub fn drift(pinned: &ListingSnapshot, observed: &ListingSnapshot) -> Quarantine
     }
     let mut entries = HashMap::new();
     for kind in Kind::ALL {
-        let pinned_hashes: HashMap<String, String> = pinned
+        let pinned_entries: HashMap<&str, &Value> = pinned
             .entries(kind)
             .iter()
-            .filter_map(|entry| fingerprint(kind, entry))
-            .map(|print| (print.identity, print.security))
+            .filter_map(|entry| Some((identity(kind, entry)?, entry)))
             .collect();
         for entry in observed.entries(kind) {
-            let Some(print) = fingerprint(kind, entry) else {
+            let Some(name) = identity(kind, entry) else {
                 continue;
             };
-            if pinned_hashes.get(&print.identity) == Some(&print.security) {
+            // Only the security hash counts here, and equal values have equal
+            // hashes: most entries of a listing are compared without hashing.
+            let same = pinned_entries.get(name).is_some_and(|pinned| {
+                *pinned == entry || security_hash(pinned) == security_hash(entry)
+            });
+            if same {
                 continue;
             }
             let change = summary(
                 by_entry
-                    .get(&(kind, print.identity.as_str()))
+                    .get(&(kind, name))
                     .map(Vec::as_slice)
                     .unwrap_or_default(),
             );
-            entries.insert((kind, print.identity), Arc::new(change));
+            entries.insert((kind, name.to_string()), Arc::new(change));
         }
     }
     Quarantine {

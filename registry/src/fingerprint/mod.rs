@@ -111,8 +111,9 @@ pub fn catalog_fingerprint(snapshot: &ListingSnapshot) -> String {
     let mut entries = BTreeSet::new();
     for kind in Kind::ALL {
         for entry in snapshot.entries(kind) {
-            if let Some(print) = fingerprint(kind, entry) {
-                entries.insert((kind.label(), print.identity, print.security));
+            // The security hash alone: the compatibility hash is not part of it.
+            if let Some(name) = identity(kind, entry) {
+                entries.insert((kind.label(), name.to_string(), security_hash(entry)));
             }
         }
     }
