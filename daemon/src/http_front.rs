@@ -19,7 +19,7 @@ use crate::access::{self, Refusal};
 use crate::config::DaemonSettings;
 use crate::era;
 use crate::hub::Hub;
-use crate::jsonrpc::{self, RelayError};
+use crate::jsonrpc::{self, Answer, RelayError};
 use crate::listener::Body;
 use crate::session::{CloseOnDrop, Continuations, Handled, Identity, Session};
 
@@ -305,10 +305,10 @@ impl HttpFront {
                     .protocol_version()
                     .is_some_and(|version| version.as_str() < "2025-06-18");
                 if !allows_batches || batch.is_empty() {
-                    Some(jsonrpc::error_response(
+                    Some(Answer::from(jsonrpc::error_response(
                         Value::Null,
                         &RelayError::InvalidRequest("batches are not accepted".into()),
-                    ))
+                    )))
                 } else {
                     let answers = futures::future::join_all(
                         batch.into_iter().map(|m| session.handle(m, None)),
@@ -317,11 +317,11 @@ impl HttpFront {
                     let responses: Vec<Value> = answers
                         .into_iter()
                         .filter_map(|handled| match handled {
-                            Handled::Respond(response) => Some(response),
+                            Handled::Respond(response) => Some(response.into_value()),
                             Handled::Nothing => None,
                         })
                         .collect();
-                    (!responses.is_empty()).then_some(Value::Array(responses))
+                    (!responses.is_empty()).then_some(Answer::from(Value::Array(responses)))
                 }
             }
             message => {
@@ -341,7 +341,7 @@ impl HttpFront {
             }
         };
         let mut response = match outcome {
-            Some(response) => json_response(StatusCode::OK, &response),
+            Some(response) => answer_response(StatusCode::OK, response),
             None => empty(StatusCode::ACCEPTED),
         };
         if is_initialize {
@@ -392,7 +392,7 @@ impl HttpFront {
         }
         let _closing = CloseOnDrop(session.clone());
         match session.handle(message, None).await {
-            Handled::Respond(response) => json_response(modern_status(&response), &response),
+            Handled::Respond(response) => answer_response(modern_status(&response), response),
             Handled::Nothing => empty(StatusCode::ACCEPTED),
         }
     }
@@ -536,7 +536,7 @@ async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -
             return match handled {
                 Handled::Respond(response) => {
                     let status = if modern { modern_status(&response) } else { StatusCode::OK };
-                    json_response(status, &response)
+                    answer_response(status, response)
                 }
                 Handled::Nothing => empty(StatusCode::ACCEPTED),
             };
@@ -571,7 +571,7 @@ async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -
                         let _ = frames.send(sse_event(&message)).await;
                     }
                     if let Handled::Respond(response) = handled {
-                        let _ = frames.send(sse_event(&response)).await;
+                        let _ = frames.send(sse_answer(response)).await;
                     }
                     return;
                 }
@@ -601,12 +601,8 @@ fn accepts_event_stream(headers: &HeaderMap) -> bool {
 
 /// 2026-07-28 over HTTP: an unknown method is 404, a malformed request (or one
 /// needing a capability it did not declare, an upstream's refusal included) 400.
-fn modern_status(response: &Value) -> StatusCode {
-    match response
-        .get("error")
-        .and_then(|e| e.get("code"))
-        .and_then(Value::as_i64)
-    {
+fn modern_status(response: &Answer) -> StatusCode {
+    match response.error_code() {
         Some(jsonrpc::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
         Some(
             jsonrpc::HEADER_MISMATCH
@@ -693,6 +689,15 @@ fn event_stream_response(body: Body) -> Response<Body> {
 }
 
 /// One server-sent event carrying a JSON-RPC message.
+/// An answer as an event: serialised bytes go out as they are (JSON has no raw
+/// newline, so one `data:` line holds it).
+fn sse_answer(answer: Answer) -> Bytes {
+    let mut event = b"event: message\ndata: ".to_vec();
+    answer.write_to(&mut event);
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
+}
+
 fn sse_event(message: &Value) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
 }
@@ -822,7 +827,14 @@ fn empty(status: StatusCode) -> Response<Body> {
 }
 
 fn json_response(status: StatusCode, message: &Value) -> Response<Body> {
-    let bytes = serde_json::to_vec(message).unwrap_or_default();
+    json_bytes_response(status, serde_json::to_vec(message).unwrap_or_default())
+}
+
+fn answer_response(status: StatusCode, answer: Answer) -> Response<Body> {
+    json_bytes_response(status, answer.into_bytes())
+}
+
+fn json_bytes_response(status: StatusCode, bytes: Vec<u8>) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *response.status_mut() = status;
     response.headers_mut().insert(

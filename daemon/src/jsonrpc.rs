@@ -306,6 +306,68 @@ impl RelayError {
 }
 
 /// A success response under the downstream id.
+/// A response ready to send: a JSON value, or bytes serialised already (a list
+/// page spliced from the catalog's own JSON, never parsed into values).
+#[derive(Debug)]
+pub enum Answer {
+    Value(Value),
+    Serialized(Vec<u8>),
+}
+
+impl From<Value> for Answer {
+    fn from(value: Value) -> Answer {
+        Answer::Value(value)
+    }
+}
+
+impl Answer {
+    /// A result response whose `result` is serialised already; the same bytes
+    /// [`result_response`] would give for it.
+    pub fn serialized_result(id: &Value, result: &[u8]) -> Answer {
+        let mut out = Vec::with_capacity(result.len() + 40);
+        out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+        // Writing a `Value` to memory cannot fail.
+        let _ = serde_json::to_writer(&mut out, id);
+        out.extend_from_slice(br#","result":"#);
+        out.extend_from_slice(result);
+        out.push(b'}');
+        Answer::Serialized(out)
+    }
+
+    /// Appends the answer's JSON to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        match self {
+            Answer::Value(value) => {
+                let _ = serde_json::to_writer(&mut *out, value);
+            }
+            Answer::Serialized(bytes) => out.extend_from_slice(bytes),
+        }
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Answer::Value(value) => serde_json::to_vec(&value).unwrap_or_default(),
+            Answer::Serialized(bytes) => bytes,
+        }
+    }
+
+    /// The answer as a value (batches hold values); serialised bytes are parsed.
+    pub fn into_value(self) -> Value {
+        match self {
+            Answer::Value(value) => value,
+            Answer::Serialized(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        }
+    }
+
+    /// `error.code`, if the answer is an error response (serialised ones never are).
+    pub fn error_code(&self) -> Option<i64> {
+        match self {
+            Answer::Value(value) => value.get("error")?.get("code")?.as_i64(),
+            Answer::Serialized(_) => None,
+        }
+    }
+}
+
 pub fn result_response(id: Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
@@ -329,6 +391,18 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_serialized_result_is_the_bytes_of_the_same_response_as_a_value() {
+        let result = json!({"tools": [{"name": "a__b", "inputSchema": {"type": "object"}}], "nextCursor": "x\"y"});
+        for id in [json!(7), json!("req-\u{e9}"), Value::Null] {
+            let serialized =
+                Answer::serialized_result(&id, &serde_json::to_vec(&result).unwrap_or_default());
+            let expected =
+                serde_json::to_vec(&result_response(id, result.clone())).unwrap_or_default();
+            assert_eq!(serialized.into_bytes(), expected);
+        }
+    }
 
     #[test]
     fn plexus_errors_carry_codes_and_data() {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::hub::Hub;
-use crate::jsonrpc::{self, RelayError};
+use crate::jsonrpc::{self, Answer, RelayError};
 use crate::session::{Continuations, Handled, Identity, Session};
 
 /// Longest line accepted from the client.
@@ -37,7 +37,7 @@ pub async fn serve<R, W>(
     let (session, mut events) = Session::new(hub.clone(), paused.clone(), Identity::local(view));
     let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
     metrics_gauge.inc();
-    let (replies, mut outgoing) = mpsc::channel::<Value>(256);
+    let (replies, mut outgoing) = mpsc::channel::<Answer>(256);
     let writer = tokio::spawn(async move {
         let mut output = output;
         let mut batch = Vec::new();
@@ -48,19 +48,18 @@ pub async fn serve<R, W>(
                     Some(reply) => {
                         // A request's progress and log messages go out before its response.
                         while let Ok(event) = events.try_recv() {
-                            batch.push(event);
+                            batch.push(Answer::from(event));
                         }
                         batch.push(reply);
                     }
                     None => break,
                 },
-                Some(event) = events.recv() => batch.push(event),
+                Some(event) = events.recv() => batch.push(Answer::from(event)),
             }
             let mut lines = Vec::new();
             for message in batch.drain(..) {
-                if serde_json::to_writer(&mut lines, &message).is_ok() {
-                    lines.push(b'\n');
-                }
+                message.write_to(&mut lines);
+                lines.push(b'\n');
             }
             if output.write_all(&lines).await.is_err() || output.flush().await.is_err() {
                 break;
@@ -80,7 +79,7 @@ pub async fn serve<R, W>(
             Some(Ok(Frame::TooLong { limit, .. })) => {
                 let error = RelayError::RequestTooLarge { limit };
                 let _ = replies
-                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .send(jsonrpc::error_response(Value::Null, &error).into())
                     .await;
                 continue;
             }
@@ -98,7 +97,7 @@ pub async fn serve<R, W>(
             Err(error) => {
                 let error = RelayError::Parse(error.to_string());
                 let _ = replies
-                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .send(jsonrpc::error_response(Value::Null, &error).into())
                     .await;
                 continue;
             }

@@ -108,7 +108,7 @@ pub struct ScopeChannels {
 /// The result of handling one incoming message.
 pub enum Handled {
     /// Send this response.
-    Respond(Value),
+    Respond(jsonrpc::Answer),
     /// Nothing to send (a notification, a response, or a cancelled request).
     Nothing,
 }
@@ -356,34 +356,42 @@ impl Session {
         let outcome = tokio::select! {
             outcome = async {
                 if modern {
-                    self.serve_modern(&id, &method, params, related).await
+                    self.serve_modern(&id, &method, params, related).await.map(Served::Reply)
+                } else if let Some(kind) = list_kind(&method) {
+                    self.list_serialized(kind, params).await.map(Served::Page)
                 } else {
-                    self.dispatch(&method, params, related).await
+                    self.dispatch(&method, params, related).await.map(Served::Reply)
                 }
             } => Some(outcome),
             _ = token.cancelled() => None,
         };
         match outcome {
-            Some(Ok(Reply::Result(mut result))) => {
+            Some(Ok(Served::Page(result))) => {
+                Handled::Respond(jsonrpc::Answer::serialized_result(&id, &result))
+            }
+            Some(Ok(Served::Reply(Reply::Result(mut result)))) => {
                 if modern {
                     era::mark_complete(&method, &mut result);
                 }
-                Handled::Respond(jsonrpc::result_response(id, result))
+                Handled::Respond(jsonrpc::result_response(id, result).into())
             }
-            Some(Ok(Reply::Error(mut error))) => {
+            Some(Ok(Served::Reply(Reply::Error(mut error)))) => {
                 if modern {
                     era::modern_upstream_error(&mut error);
                 }
-                Handled::Respond(jsonrpc::error_object_response(id, error))
+                Handled::Respond(jsonrpc::error_object_response(id, error).into())
             }
-            Some(Err(error)) => Handled::Respond(jsonrpc::error_object_response(
-                id,
-                if modern {
-                    error.to_modern_error_object()
-                } else {
-                    error.to_error_object()
-                },
-            )),
+            Some(Err(error)) => Handled::Respond(
+                jsonrpc::error_object_response(
+                    id,
+                    if modern {
+                        error.to_modern_error_object()
+                    } else {
+                        error.to_error_object()
+                    },
+                )
+                .into(),
+            ),
             // Ended with its session (plexus shutting down, or the session deleted or
             // expired): the client still gets an answer.
             None if self.closed.is_cancelled() => {
@@ -393,14 +401,17 @@ impl Session {
                 } else {
                     RelayError::InvalidRequest("the session ended while this request ran".into())
                 };
-                Handled::Respond(jsonrpc::error_object_response(
-                    id,
-                    if modern {
-                        error.to_modern_error_object()
-                    } else {
-                        error.to_error_object()
-                    },
-                ))
+                Handled::Respond(
+                    jsonrpc::error_object_response(
+                        id,
+                        if modern {
+                            error.to_modern_error_object()
+                        } else {
+                            error.to_error_object()
+                        },
+                    )
+                    .into(),
+                )
             }
             // A cancelled request gets no response (the client said it no longer wants one).
             None => Handled::Nothing,
@@ -607,16 +618,12 @@ impl Session {
         params: Option<Value>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
+        if let Some(kind) = list_kind(method) {
+            return self.list(kind, params).await.map(Reply::Result);
+        }
         match method {
             "initialize" => Ok(Reply::Result(self.initialize(params))),
             "ping" => Ok(Reply::Result(json!({}))),
-            "tools/list" => self.list(Kind::Tools, params).await.map(Reply::Result),
-            "prompts/list" => self.list(Kind::Prompts, params).await.map(Reply::Result),
-            "resources/list" => self.list(Kind::Resources, params).await.map(Reply::Result),
-            "resources/templates/list" => self
-                .list(Kind::ResourceTemplates, params)
-                .await
-                .map(Reply::Result),
             "tools/call" => {
                 let catalog = self.catalog();
                 let (params, name) = take_string(params, "name")?;
@@ -1030,18 +1037,43 @@ impl Session {
         lines.join("\n")
     }
 
-    async fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
-        // Only a session's first list waits for upstreams still starting.
+    /// A handshake-era client's list page as the bytes of its `result`: the
+    /// catalog's own JSON spliced in, never parsed into values and written again.
+    async fn list_serialized(
+        &self,
+        kind: Kind,
+        params: Option<Value>,
+    ) -> Result<Vec<u8>, RelayError> {
+        self.wait_for_first_list().await;
+        let catalog = self.catalog();
+        let page = catalog
+            .page(kind, cursor_of(&params))
+            .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
+        let mut out = Vec::with_capacity(64 * (page.items.len() + 1));
+        out.push(b'{');
+        // A result key is a plain identifier: no escaping needed.
+        out.extend_from_slice(format!("\"{}\":", kind.result_key()).as_bytes());
+        page.items.write_json_array(&mut out);
+        if let Some(next) = page.next_cursor {
+            out.extend_from_slice(br#","nextCursor":"#);
+            let _ = serde_json::to_writer(&mut out, &next);
+        }
+        out.push(b'}');
+        Ok(out)
+    }
+
+    /// Only a session's first list waits for upstreams still starting.
+    async fn wait_for_first_list(&self) {
         if !self.listed.swap(true, Ordering::Relaxed) {
             self.hub.wait_for_first_listings().await;
         }
+    }
+
+    async fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
+        self.wait_for_first_list().await;
         let catalog = self.catalog();
-        let cursor = params
-            .as_ref()
-            .and_then(|p| p.get("cursor"))
-            .and_then(Value::as_str);
         let page = catalog
-            .page(kind, cursor)
+            .page(kind, cursor_of(&params))
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
         let mut result = Map::with_capacity(4);
         result.insert(kind.result_key().into(), Value::Array(page.items.to_vec()));
@@ -1109,11 +1141,30 @@ impl Drop for InFlightEntry<'_> {
     }
 }
 
+/// What a request was served with: an upstream's or plexus's reply, or a list
+/// page serialised already.
+enum Served {
+    Reply(Reply),
+    Page(Vec<u8>),
+}
+
+/// The kind a list method lists.
+fn list_kind(method: &str) -> Option<Kind> {
+    match method {
+        "tools/list" => Some(Kind::Tools),
+        "prompts/list" => Some(Kind::Prompts),
+        "resources/list" => Some(Kind::Resources),
+        "resources/templates/list" => Some(Kind::ResourceTemplates),
+        _ => None,
+    }
+}
+
+fn cursor_of(params: &Option<Value>) -> Option<&str> {
+    params.as_ref()?.get("cursor")?.as_str()
+}
+
 fn invalid(id: Value, reason: &str) -> Handled {
-    Handled::Respond(jsonrpc::error_response(
-        id,
-        &RelayError::InvalidRequest(reason.into()),
-    ))
+    Handled::Respond(jsonrpc::error_response(id, &RelayError::InvalidRequest(reason.into())).into())
 }
 
 /// Takes the params object and one required string member of it.
