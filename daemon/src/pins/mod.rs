@@ -14,6 +14,7 @@ pub mod view;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use registry::fingerprint::{self, ListingSnapshot};
@@ -43,14 +44,41 @@ impl Policy {
 
 pub struct Pins {
     path: PathBuf,
-    state: Mutex<State>,
-    /// The newest file contents not yet written; writers take it in turn, so the
-    /// last write is always the newest state.
-    unwritten: Arc<Mutex<Option<Vec<u8>>>>,
-    writing: Arc<Mutex<()>>,
+    state: Arc<Mutex<State>>,
+    saves: Arc<Saves>,
     metrics: Arc<Metrics>,
     /// Changes and approvals go into the audit trail too.
     audit: Arc<crate::audit::Audit>,
+}
+
+/// Writes of the pin file. The file is serialised under the state lock and each
+/// serialisation numbered there, so the numbers follow the state's order; writers
+/// take turns and skip contents older than what is on disk. A change in the
+/// background is serialised by the writer itself, once for however many changes
+/// came before it ran (a start pins every upstream, one after another).
+#[derive(Default)]
+struct Saves {
+    numbered: AtomicU64,
+    /// The number of the contents on disk; held while writing.
+    written: Mutex<u64>,
+    /// A background write is on its way and will take the newest state.
+    scheduled: AtomicBool,
+}
+
+impl Saves {
+    /// Writes `bytes`, numbered `number`, unless newer contents are on disk already.
+    fn write(&self, path: &Path, number: u64, bytes: &[u8]) {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if number <= *written {
+            return;
+        }
+        match write_atomically(path, bytes, 0o600) {
+            Ok(()) => *written = number,
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "cannot write the pin file")
+            }
+        }
+    }
 }
 
 struct State {
@@ -67,12 +95,11 @@ impl Pins {
         let file = read(path);
         Pins {
             path: path.to_path_buf(),
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 file,
                 observed: HashMap::new(),
-            }),
-            unwritten: Arc::new(Mutex::new(None)),
-            writing: Arc::new(Mutex::new(())),
+            })),
+            saves: Arc::new(Saves::default()),
             metrics,
             audit,
         }
@@ -267,33 +294,39 @@ impl Pins {
             .inc();
     }
 
-    /// Writes the pin file (mode 0600, atomically): at once when `wait`, else off
-    /// the runtime. Never called for a file that could not be read.
+    /// Writes the pin file (mode 0600, atomically): at once when `wait` (the caller
+    /// holds the state lock and passes its file), else off the runtime, where the
+    /// writer serialises the newest state itself. Never called for a file that
+    /// could not be read.
     fn save(&self, file: &PinFile, wait: bool) {
-        *self
-            .unwritten
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(file.to_bytes());
-        let (unwritten, writing, path) = (
-            self.unwritten.clone(),
-            self.writing.clone(),
-            self.path.clone(),
-        );
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if wait || runtime.is_none() {
+            let number = self.saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
+            self.saves.write(&self.path, number, &file.to_bytes());
+            return;
+        }
+        if self.saves.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (state, saves, path) = (self.state.clone(), self.saves.clone(), self.path.clone());
         let write = move || {
-            let _turn = writing.lock().unwrap_or_else(PoisonError::into_inner);
-            let bytes = unwritten
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(bytes) = bytes {
-                if let Err(error) = write_atomically(&path, &bytes, 0o600) {
-                    tracing::error!(path = %path.display(), %error, "cannot write the pin file");
-                }
+            // Cleared first: a change after this point schedules a write of its own.
+            saves.scheduled.store(false, Ordering::Release);
+            let serialized = {
+                let state = state.lock().unwrap_or_else(PoisonError::into_inner);
+                let number = saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
+                state
+                    .file
+                    .as_ref()
+                    .ok()
+                    .map(|file| (number, file.to_bytes()))
+            };
+            if let Some((number, bytes)) = serialized {
+                saves.write(&path, number, &bytes);
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if !wait => drop(runtime.spawn_blocking(write)),
-            _ => write(),
+        if let Some(runtime) = runtime {
+            drop(runtime.spawn_blocking(write));
         }
     }
 }
