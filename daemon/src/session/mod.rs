@@ -381,17 +381,7 @@ impl Session {
                 }
                 Handled::Respond(jsonrpc::error_object_response(id, error).into())
             }
-            Some(Err(error)) => Handled::Respond(
-                jsonrpc::error_object_response(
-                    id,
-                    if modern {
-                        error.to_modern_error_object()
-                    } else {
-                        error.to_error_object()
-                    },
-                )
-                .into(),
-            ),
+            Some(Err(error)) => failed(id, &error, modern),
             // Ended with its session (plexus shutting down, or the session deleted or
             // expired): the client still gets an answer.
             None if self.closed.is_cancelled() => {
@@ -401,17 +391,7 @@ impl Session {
                 } else {
                     RelayError::InvalidRequest("the session ended while this request ran".into())
                 };
-                Handled::Respond(
-                    jsonrpc::error_object_response(
-                        id,
-                        if modern {
-                            error.to_modern_error_object()
-                        } else {
-                            error.to_error_object()
-                        },
-                    )
-                    .into(),
-                )
+                failed(id, &error, modern)
             }
             // A cancelled request gets no response (the client said it no longer wants one).
             None => Handled::Nothing,
@@ -1161,6 +1141,16 @@ fn list_kind(method: &str) -> Option<Kind> {
 
 fn cursor_of(params: &Option<Value>) -> Option<&str> {
     params.as_ref()?.get("cursor")?.as_str()
+}
+
+/// plexus's own error for a request, in the client's era.
+fn failed(id: Value, error: &RelayError, modern: bool) -> Handled {
+    let error = if modern {
+        error.to_modern_error_object()
+    } else {
+        error.to_error_object()
+    };
+    Handled::Respond(jsonrpc::error_object_response(id, error).into())
 }
 
 fn invalid(id: Value, reason: &str) -> Handled {
