@@ -27,6 +27,9 @@ pub enum Target {
     DirectHttp,
     /// plexus's HTTP front, the fixture its stdio upstream.
     PlexusHttp,
+    /// plexus's HTTP front, the fixture serving HTTP its upstream (the baseline's
+    /// own server behind plexus): plexus's cost without a stdio upstream's.
+    PlexusRemote,
     /// `plexus serve --stdio`: plexus's own cost without HTTP's.
     PlexusStdio,
     /// A 2026-07-28 client (no session, `_meta` on every request) over HTTP, to a
@@ -39,9 +42,10 @@ pub enum Target {
 impl Target {
     /// The order of a round: direct and plexus cells alternate, so drift on a
     /// noisy machine lands on both sides of a comparison alike.
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::DirectHttp,
         Target::PlexusHttp,
+        Target::PlexusRemote,
         Target::DirectStdio,
         Target::PlexusStdio,
         Target::Plexus2026,
@@ -56,6 +60,7 @@ impl Target {
             Target::DirectStdio => "direct-stdio",
             Target::DirectHttp => "direct-http",
             Target::PlexusHttp => "plexus-http",
+            Target::PlexusRemote => "plexus-remote",
             Target::PlexusStdio => "plexus-stdio",
             Target::Plexus2026 => "plexus-2026",
             Target::PlexusConnect => "plexus-connect",
@@ -67,38 +72,50 @@ impl Target {
         match self {
             Target::DirectStdio | Target::DirectHttp => "echo",
             Target::Plexus2026 => "modern__echo",
+            Target::PlexusRemote => "remote__echo",
             Target::PlexusHttp | Target::PlexusStdio | Target::PlexusConnect => "bench__echo",
         }
     }
 }
 
 /// The servers behind the targets: a fixture serving HTTP, and a daemon with two
-/// fixture upstreams over stdio (`bench`, and `modern` for 2026-07-28 clients).
+/// fixture upstreams over stdio (`bench`, and `modern` for 2026-07-28 clients) and
+/// that HTTP fixture as a third (`remote`).
 /// The stdio targets start their own processes per session.
 pub struct Rig {
     http_fixture: HttpFixture,
     daemon: Daemon,
+    /// The HTTP fixture's log, beside no daemon's: it starts first.
+    _fixture_dir: tempfile::TempDir,
 }
 
 impl Rig {
     pub async fn start() -> anyhow::Result<Rig> {
-        let daemon = Daemon::start("", &upstream_sections())
+        let fixture_dir = tempfile::tempdir().context("creating the HTTP fixture's directory")?;
+        let http_fixture = HttpFixture::start(
+            fixture_dir.path(),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            &["--name", "bench"],
+        )
+        .await
+        .context("starting the HTTP fixture")?;
+        // The baseline's own server is also an upstream of the daemon (`remote`).
+        let sections = format!(
+            "{}[upstreams.remote]\nurl = {:?}\n",
+            upstream_sections(),
+            http_fixture.url()
+        );
+        let daemon = Daemon::start("", &sections)
             .await
             .context("starting plexus")?;
         daemon
             .wait_ready(START_TIMEOUT)
             .await
             .context("waiting for plexus's upstreams")?;
-        let http_fixture = HttpFixture::start(
-            daemon.dir.path(),
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            &["--name", "bench"],
-        )
-        .await
-        .context("starting the HTTP fixture")?;
         Ok(Rig {
             http_fixture,
             daemon,
+            _fixture_dir: fixture_dir,
         })
     }
 
@@ -136,7 +153,9 @@ impl Rig {
                 client.serve(transport).await?
             }
             Target::DirectHttp => http_client(&self.http_fixture.url(), client).await?,
-            Target::PlexusHttp => http_client(&self.daemon.url, client).await?,
+            Target::PlexusHttp | Target::PlexusRemote => {
+                http_client(&self.daemon.url, client).await?
+            }
             Target::PlexusStdio => {
                 // A state directory per daemon: they share nothing, as separate hosts would.
                 let dir = self.daemon.dir.path();
