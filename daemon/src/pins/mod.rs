@@ -81,12 +81,29 @@ impl Saves {
     }
 }
 
+/// An upstream's last fresh listing, kept as compact JSON: a tree of values is
+/// about ten times its text, and it is read again only when a policy, an
+/// approval or a reset changes what is held.
+struct Observed(Vec<u8>);
+
+impl Observed {
+    fn of(snapshot: &ListingSnapshot) -> Observed {
+        Observed(serde_json::to_vec(snapshot).unwrap_or_default())
+    }
+
+    /// Written by `of` from the same type, so it reads back; if it ever did not,
+    /// callers fall back to what they would use with nothing observed.
+    fn snapshot(&self) -> Option<ListingSnapshot> {
+        serde_json::from_slice(&self.0).ok()
+    }
+}
+
 struct State {
     /// The file, or why it cannot be read.
     file: Result<PinFile, String>,
     /// Each upstream's last fresh listing in this run, so a policy change, an
     /// approval or a reset can be applied to it at once.
-    observed: HashMap<String, ListingSnapshot>,
+    observed: HashMap<String, Observed>,
 }
 
 impl Pins {
@@ -122,7 +139,7 @@ impl Pins {
         let mut state = self.lock();
         state
             .observed
-            .insert(upstream.to_string(), snapshot.clone());
+            .insert(upstream.to_string(), Observed::of(&snapshot));
         let file = match &mut state.file {
             Err(reason) => {
                 tracing::error!(upstream, "{reason}; the upstream's catalog is held until the pin file is mended and the configuration reloaded");
@@ -162,8 +179,13 @@ impl Pins {
     /// without recording anything.
     pub fn evaluate(&self, upstream: &str, listed: &ListingSnapshot, policy: Policy) -> Quarantine {
         let state = self.lock();
-        let snapshot = state.observed.get(upstream).unwrap_or(listed);
-        hold(&state.file, upstream, snapshot, policy)
+        let observed = state.observed.get(upstream).and_then(Observed::snapshot);
+        hold(
+            &state.file,
+            upstream,
+            observed.as_ref().unwrap_or(listed),
+            policy,
+        )
     }
 
     /// Approves what is pending for `upstream`, all of it or the entries named `name`.
@@ -196,7 +218,7 @@ impl Pins {
                 .map_err(|reason| unreadable(&self.path, reason))?;
             file.reset(upstream)?;
             self.save(file, true);
-            state.observed.get(upstream).cloned()
+            state.observed.get(upstream).and_then(Observed::snapshot)
         };
         tracing::info!(upstream, "pin reset");
         let mut line = serde_json::Map::new();
@@ -223,7 +245,7 @@ impl Pins {
         state
             .observed
             .iter()
-            .map(|(name, snapshot)| (name.clone(), snapshot.clone()))
+            .filter_map(|(name, observed)| Some((name.clone(), observed.snapshot()?)))
             .collect()
     }
 
