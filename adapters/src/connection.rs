@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::launch::LaunchSpec;
 use crate::remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransport};
 pub use crate::rpc::ConnectionStats;
-use crate::rpc::UpstreamEvent;
+use crate::rpc::Events;
 use crate::rpc::{
     encode_notification, encode_response, ConnectionError, Reply, SharedPending, Spawned,
 };
@@ -153,9 +153,9 @@ impl UpstreamConnection {
         upstream: Arc<str>,
         spec: &LaunchSpec,
         options: &StdioOptions,
-        events: tokio::sync::mpsc::Sender<UpstreamEvent>,
+        events: impl Into<Events>,
     ) -> Result<UpstreamConnection, SpawnError> {
-        let spawned = crate::stdio::spawn(upstream, spec, options, events)?;
+        let spawned = crate::stdio::spawn(upstream, spec, options, events.into())?;
         Ok(UpstreamConnection::from_spawned(spawned, Transport::Stdio))
     }
 
@@ -166,9 +166,9 @@ impl UpstreamConnection {
         upstream: Arc<str>,
         endpoint: &HttpEndpoint,
         options: &HttpOptions,
-        events: tokio::sync::mpsc::Sender<UpstreamEvent>,
+        events: impl Into<Events>,
     ) -> Result<UpstreamConnection, HttpError> {
-        let spawned = crate::remote::connect(upstream, endpoint, options, events).await?;
+        let spawned = crate::remote::connect(upstream, endpoint, options, events.into()).await?;
         Ok(UpstreamConnection::from_spawned(spawned, Transport::Http))
     }
 

@@ -15,5 +15,5 @@ pub mod stdio;
 pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, percent_decode, LaunchError, LaunchSpec, Launcher};
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
-pub use rpc::{ConnectionError, Reply, UpstreamEvent};
+pub use rpc::{ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio_util::sync::CancellationToken;
 
 use serde_json::{Map, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 /// What an upstream answered to a request, kept as sent.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +33,48 @@ pub enum UpstreamEvent {
         /// on streams not tied to a request (the GET stream, HTTP+SSE).
         origin: Option<u64>,
     },
+}
+
+/// Decides, on the task that read a notification, whether to handle it there and
+/// then; returns true if it did. What it handles reaches its destination before
+/// any reply read after it (a call's last progress before the call's result).
+pub type NotificationTap = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+
+/// Where the messages an upstream sends on its own go: the tap first, if any,
+/// then the queue of events.
+#[derive(Clone)]
+pub struct Events {
+    queue: mpsc::Sender<UpstreamEvent>,
+    tap: Option<NotificationTap>,
+}
+
+impl Events {
+    pub fn new(queue: mpsc::Sender<UpstreamEvent>) -> Events {
+        Events { queue, tap: None }
+    }
+
+    pub fn with_tap(mut self, tap: NotificationTap) -> Events {
+        self.tap = Some(tap);
+        self
+    }
+
+    /// Hands an event on, waiting for room in the queue.
+    pub(crate) async fn deliver(&self, upstream: &str, event: UpstreamEvent) {
+        if let (UpstreamEvent::Notification(message), Some(tap)) = (&event, &self.tap) {
+            if tap(message) {
+                return;
+            }
+        }
+        if self.queue.send(event).await.is_err() {
+            tracing::debug!(upstream, "no listener for upstream events");
+        }
+    }
+}
+
+impl From<mpsc::Sender<UpstreamEvent>> for Events {
+    fn from(queue: mpsc::Sender<UpstreamEvent>) -> Events {
+        Events::new(queue)
+    }
 }
 
 /// Why a request got no reply from the upstream.

@@ -12,7 +12,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
@@ -21,8 +21,8 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, ConnectionError, Incoming, PendingRequests,
-    SharedPending, UpstreamEvent,
+    classify, encode_request, id_in_head, our_id, ConnectionError, Events, Incoming,
+    PendingRequests, SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
 
@@ -150,7 +150,7 @@ pub(crate) fn spawn(
     upstream: Arc<str>,
     spec: &LaunchSpec,
     options: &StdioOptions,
-    events: mpsc::Sender<UpstreamEvent>,
+    events: Events,
 ) -> Result<Spawned<StdioTransport>, SpawnError> {
     let parent = std::env::vars_os()
         .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
@@ -257,7 +257,7 @@ struct ReadLoop {
     upstream: Arc<str>,
     stdout: ChildStdout,
     pending: SharedPending,
-    events: mpsc::Sender<UpstreamEvent>,
+    events: Events,
     stats: Arc<ConnectionStats>,
     max_message_bytes: usize,
     closed: CancellationToken,
@@ -322,22 +322,16 @@ async fn read_loop(state: ReadLoop) {
                 }
             }
             Incoming::Notification(message) => {
-                if events
-                    .send(UpstreamEvent::Notification(message))
+                events
+                    .deliver(&upstream, UpstreamEvent::Notification(message))
                     .await
-                    .is_err()
-                {
-                    tracing::debug!(upstream = %upstream, "no listener for upstream events");
-                }
             }
             Incoming::Request(message) => {
                 let event = UpstreamEvent::Request {
                     message,
                     origin: None,
                 };
-                if events.send(event).await.is_err() {
-                    tracing::debug!(upstream = %upstream, "no listener for upstream events");
-                }
+                events.deliver(&upstream, event).await
             }
             Incoming::Invalid => note_dropped_line(&upstream, &stats, &line),
         }

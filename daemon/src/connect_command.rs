@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use adapters::{
-    ConnectionError, HttpEndpoint, HttpOptions, HttpTransportKind, Reply, UpstreamConnection,
-    UpstreamEvent,
+    ConnectionError, Events, HttpEndpoint, HttpOptions, HttpTransportKind, Reply,
+    UpstreamConnection, UpstreamEvent,
 };
 use registry::headers::{encode_header_value, param_headers, ParamHeader};
 use serde_json::{json, Map, Value};
@@ -396,6 +396,12 @@ async fn keep_connected(bridge: Arc<Bridge>) {
     let mut first = true;
     loop {
         let (events, mut received) = mpsc::channel(256);
+        // Notifications are written out by the task that read them, so a call's
+        // progress is out before its result; the queue takes them only when full.
+        let output = bridge.output.clone();
+        let events = Events::new(events).with_tap(Arc::new(move |message| {
+            output.try_send(message.clone()).is_ok()
+        }));
         let endpoint = HttpEndpoint {
             url: bridge.target.url.clone(),
             headers: bridge

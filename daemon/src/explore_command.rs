@@ -139,7 +139,7 @@ pub async fn open(
         &config,
         Arc::new(ConnectionStats::default()),
         None,
-        events,
+        events.into(),
     )
     .await
     .map_err(|reason| ExploreError::Start {

@@ -530,18 +530,22 @@ async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -
         let _closing = modern.then(|| CloseOnDrop(session.clone()));
         session.handle(message, Some(&related)).await
     });
-    let first = tokio::select! {
+    let (first, done) = tokio::select! {
         biased;
-        handled = &mut handling => {
-            return match handled {
-                Handled::Respond(response) => {
-                    let status = if modern { modern_status(&response) } else { StatusCode::OK };
-                    answer_response(status, response)
-                }
-                Handled::Nothing => empty(StatusCode::ACCEPTED),
-            };
-        }
-        first = related_messages.recv() => first,
+        handled = &mut handling => match related_messages.try_recv() {
+            // Related messages queued before the answer go first, on a stream.
+            Ok(first) => (Some(first), Some(handled)),
+            Err(_) => {
+                return match handled {
+                    Handled::Respond(response) => {
+                        let status = if modern { modern_status(&response) } else { StatusCode::OK };
+                        answer_response(status, response)
+                    }
+                    Handled::Nothing => empty(StatusCode::ACCEPTED),
+                };
+            }
+        },
+        first = related_messages.recv() => (first, None),
     };
     let (frames, frame_stream) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
@@ -549,6 +553,21 @@ async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -
             if frames.send(sse_event(&first)).await.is_err() {
                 return;
             }
+        }
+        // Whatever was related to the request is sent before its answer.
+        let finish = |handled: Handled, mut related: mpsc::Receiver<Value>| {
+            let frames = frames.clone();
+            async move {
+                while let Ok(message) = related.try_recv() {
+                    let _ = frames.send(sse_event(&message)).await;
+                }
+                if let Handled::Respond(response) = handled {
+                    let _ = frames.send(sse_answer(response)).await;
+                }
+            }
+        };
+        if let Some(handled) = done {
+            return finish(handled, related_messages).await;
         }
         let mut related_open = true;
         // A comment line now and then keeps a long stream (a listen) open through idle proxies.
@@ -566,15 +585,7 @@ async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -
                     }
                     None => related_open = false,
                 },
-                handled = &mut handling => {
-                    while let Ok(message) = related_messages.try_recv() {
-                        let _ = frames.send(sse_event(&message)).await;
-                    }
-                    if let Handled::Respond(response) = handled {
-                        let _ = frames.send(sse_answer(response)).await;
-                    }
-                    return;
-                }
+                handled = &mut handling => return finish(handled, related_messages).await,
                 _ = keep_alive.tick() => {
                     if frames.send(Bytes::from_static(b":\n\n")).await.is_err() {
                         return;

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 use plexus_tests::{
-    fixture_binary, fixture_upstream, http_client, Daemon, RawHttpSession, RawStdioSession,
-    TestClient,
+    fixture_binary, fixture_upstream, http_client, plexus_binary, Daemon, RawHttpSession,
+    RawStdioSession, TestClient,
 };
 use serde_json::{json, Value};
 
@@ -499,6 +499,99 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
     ensure!(echo["result"]["content"][0]["text"] == "ok", "{echo}");
     let status = daemon.stop().await?;
     ensure!(status.success());
+    Ok(())
+}
+
+/// A call's last progress is sent just before its result, on the same pipe; it must
+/// reach the caller before the result does, however busy the daemon is: over the
+/// HTTP front, through `plexus connect`, and over the stdio front.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_last_progress_arrives_before_its_result() -> anyhow::Result<()> {
+    const CALLS: u64 = 40;
+    let sections = fixture_upstream("fx", "", &[]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let stdio = daemon.stdio_config(&sections)?;
+    let sleep = |token: u64| json!({"name": "fx__sleep", "arguments": {"ms": 1}, "_meta": {"progressToken": token}});
+    // Concurrent on one task: a raw stdio session is not `Send`.
+    let workers = (0..8u64).map(|worker| {
+        let url = daemon.url.clone();
+        let stdio = stdio.clone();
+        async move {
+            let front = match worker {
+                0..=3 => "http",
+                4..=5 => "connect",
+                _ => "stdio",
+            };
+            let mut http = match front {
+                "http" => Some(RawHttpSession::connect(&url).await?),
+                _ => None,
+            };
+            let mut stdio_session = match front {
+                "connect" => {
+                    Some(RawStdioSession::spawn(&plexus_binary(), &["connect", &url]).await?)
+                }
+                "stdio" => Some(
+                    RawStdioSession::spawn(
+                        &plexus_binary(),
+                        &["serve", "--stdio", "--config", &stdio.display().to_string()],
+                    )
+                    .await?,
+                ),
+                _ => None,
+            };
+            if let (Some(session), "stdio") = (&mut stdio_session, front) {
+                // The stdio front starts its own upstream: wait until it lists.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !session
+                    .request("tools/list", json!({}))
+                    .await?
+                    .to_string()
+                    .contains("fx__sleep")
+                {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "the stdio front never listed fx__sleep"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            for call in 0..CALLS {
+                let token = worker * CALLS + call;
+                let (answer, heard) = match (&mut http, &mut stdio_session) {
+                    (Some(session), _) => {
+                        session.streamed.clear();
+                        let answer = session.request("tools/call", sleep(token)).await?;
+                        (answer, session.streamed.clone())
+                    }
+                    (_, Some(session)) => {
+                        session.heard.clear();
+                        let answer = session.request("tools/call", sleep(token)).await?;
+                        (answer, session.heard.clone())
+                    }
+                    _ => unreachable!("every worker has a session"),
+                };
+                ensure!(
+                    answer["result"]["content"][0]["text"] == "slept 1 ms",
+                    "{answer}"
+                );
+                let last = heard.iter().rev().find(|message| {
+                    message["method"] == "notifications/progress"
+                        && message["params"]["progressToken"] == token
+                });
+                ensure!(
+                    last.is_some_and(|progress| progress["params"]["progress"] == 1.0),
+                    "{front}, call {token}: its 100% progress did not precede its result: {heard:?}"
+                );
+            }
+            if let Some(session) = stdio_session {
+                session.close().await;
+            }
+            anyhow::Ok(())
+        }
+    });
+    futures::future::try_join_all(workers).await?;
+    ensure!(daemon.stop().await?.success());
     Ok(())
 }
 

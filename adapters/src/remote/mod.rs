@@ -30,12 +30,11 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, ConnectionError, Incoming as Classified,
+    classify, encode_request, id_in_head, our_id, ConnectionError, Events, Incoming as Classified,
     PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
@@ -233,7 +232,7 @@ struct Shared {
     headers: HeaderMap,
     client: HttpClient,
     pending: SharedPending,
-    events: mpsc::Sender<UpstreamEvent>,
+    events: Events,
     closed: CancellationToken,
     stats: Arc<ConnectionStats>,
     max_message_bytes: usize,
@@ -419,7 +418,7 @@ pub(crate) async fn connect(
     upstream: Arc<str>,
     endpoint: &HttpEndpoint,
     options: &HttpOptions,
-    events: mpsc::Sender<UpstreamEvent>,
+    events: Events,
 ) -> Result<Spawned<HttpTransport>, HttpError> {
     let url = check_url(&endpoint.url)?;
     let mut headers = HeaderMap::new();
@@ -1112,9 +1111,7 @@ impl Shared {
                     continue;
                 }
             };
-            if self.events.send(event).await.is_err() {
-                tracing::debug!(upstream = %self.upstream, "no listener for upstream events");
-            }
+            self.events.deliver(&self.upstream, event).await;
         }
         answered
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use adapters::handshake::{self, ServerHello};
 use adapters::stdio::ConnectionStats;
 use adapters::{
-    ConnectionError, HttpOptions, Reply, StdioOptions, UpstreamConnection, UpstreamEvent,
+    ConnectionError, Events, HttpOptions, Reply, StdioOptions, UpstreamConnection, UpstreamEvent,
 };
 use registry::{CacheHint, Kind, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
@@ -148,6 +148,17 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let config = &upstream.config();
     let name = instance.name.clone();
     let (events_tx, events) = mpsc::channel(256);
+    // Progress goes straight to the call's stream from the task that read it, so a
+    // call's last progress is there before its result, which takes the reply's path.
+    let progress = upstream.supervision.progress.clone();
+    let events_tx = Events::new(events_tx).with_tap(Arc::new(move |message| {
+        let is_progress =
+            message.get("method").and_then(Value::as_str) == Some("notifications/progress");
+        if is_progress {
+            progress.route(message);
+        }
+        is_progress
+    }));
     // Held from the spawn (or connect) until the upstream is initialized and listed.
     let slot = tokio::select! {
         slot = upstream.supervision.starts.acquire() => slot,
@@ -286,7 +297,7 @@ pub async fn open_connection(
     config: &UpstreamConfig,
     stats: Arc<ConnectionStats>,
     keeper: Option<Arc<adapters::keeper::Keeper>>,
-    events: mpsc::Sender<UpstreamEvent>,
+    events: Events,
 ) -> Result<UpstreamConnection, String> {
     match &config.launch {
         Launch::Stdio(spec) => {
@@ -391,10 +402,6 @@ async fn serve_events(
                 if method.ends_with("/list_changed") {
                     // Coalesced: many notifications while a listing runs cause one more listing.
                     refresh.notify_one();
-                } else if method == "notifications/progress" {
-                    // Straight to the call's stream: its last progress must not trail
-                    // its result, which takes the connection's own path.
-                    upstream.supervision.progress.route(&message);
                 } else {
                     upstream
                         .report(SupervisorEvent::Notification {
