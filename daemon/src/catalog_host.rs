@@ -358,6 +358,17 @@ impl CatalogHost {
 /// with permissions `mode`.
 pub fn write_atomically(path: &Path, body: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
+    write_atomically_with(path, mode, |file| file.write_all(body))
+}
+
+/// Like [`write_atomically`], the contents written by `write` through a buffer, so
+/// a large file is never whole in memory.
+pub fn write_atomically_with(
+    path: &Path,
+    mode: u32,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -369,13 +380,19 @@ pub fn write_atomically(path: &Path, body: &[u8], mode: u32) -> std::io::Result<
         std::process::id(),
         WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(mode)
         .open(&temporary)?;
-    file.write_all(body)?;
-    file.sync_all()?;
+    let mut buffered = std::io::BufWriter::with_capacity(64 * 1024, file);
+    let written = write(&mut buffered)
+        .and_then(|()| buffered.flush())
+        .and_then(|()| buffered.get_ref().sync_all());
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(error);
+    }
     std::fs::rename(&temporary, path)
 }

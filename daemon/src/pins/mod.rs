@@ -21,7 +21,7 @@ use registry::fingerprint::{self, ListingSnapshot};
 use registry::{Kind, Quarantine};
 use serde_json::{json, Value};
 
-use crate::catalog_host::write_atomically;
+use crate::catalog_host::write_atomically_with;
 use crate::config::{PinMode, SchemaPolicy, UpstreamConfig};
 use crate::metrics::Metrics;
 use file::{Approval, Observation, PinError, PinFile};
@@ -51,11 +51,11 @@ pub struct Pins {
     audit: Arc<crate::audit::Audit>,
 }
 
-/// Writes of the pin file. The file is serialised under the state lock and each
-/// serialisation numbered there, so the numbers follow the state's order; writers
-/// take turns and skip contents older than what is on disk. A change in the
-/// background is serialised by the writer itself, once for however many changes
-/// came before it ran (a start pins every upstream, one after another).
+/// Writes of the pin file. The file is copied under the state lock and each copy
+/// numbered there, so the numbers follow the state's order; writers take turns
+/// and skip contents older than what is on disk. A change in the background is
+/// copied by the writer itself, once for however many changes came before it ran
+/// (a start pins every upstream, one after another).
 #[derive(Default)]
 struct Saves {
     numbered: AtomicU64,
@@ -66,13 +66,15 @@ struct Saves {
 }
 
 impl Saves {
-    /// Writes `bytes`, numbered `number`, unless newer contents are on disk already.
-    fn write(&self, path: &Path, number: u64, bytes: &[u8]) {
+    /// Writes `file`, numbered `number`, unless newer contents are on disk already.
+    /// Streamed: the file is several times its definitions' size, and one buffer
+    /// of it would raise the allocator's trim threshold for good.
+    fn write(&self, path: &Path, number: u64, file: &PinFile) {
         let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
         if number <= *written {
             return;
         }
-        match write_atomically(path, bytes, 0o600) {
+        match write_atomically_with(path, 0o600, |out| file.write_to(out)) {
             Ok(()) => *written = number,
             Err(error) => {
                 tracing::error!(path = %path.display(), %error, "cannot write the pin file")
@@ -88,7 +90,9 @@ struct Observed(Vec<u8>);
 
 impl Observed {
     fn of(snapshot: &ListingSnapshot) -> Observed {
-        Observed(serde_json::to_vec(snapshot).unwrap_or_default())
+        let mut json = serde_json::to_vec(snapshot).unwrap_or_default();
+        json.shrink_to_fit();
+        Observed(json)
     }
 
     /// Written by `of` from the same type, so it reads back; if it ever did not,
@@ -324,7 +328,7 @@ impl Pins {
         let runtime = tokio::runtime::Handle::try_current().ok();
         if wait || runtime.is_none() {
             let number = self.saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
-            self.saves.write(&self.path, number, &file.to_bytes());
+            self.saves.write(&self.path, number, file);
             return;
         }
         if self.saves.scheduled.swap(true, Ordering::AcqRel) {
@@ -334,17 +338,14 @@ impl Pins {
         let write = move || {
             // Cleared first: a change after this point schedules a write of its own.
             saves.scheduled.store(false, Ordering::Release);
-            let serialized = {
+            // A copy (compact definitions, so cheap) is written outside the lock.
+            let copied = {
                 let state = state.lock().unwrap_or_else(PoisonError::into_inner);
                 let number = saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
-                state
-                    .file
-                    .as_ref()
-                    .ok()
-                    .map(|file| (number, file.to_bytes()))
+                state.file.as_ref().ok().map(|file| (number, file.clone()))
             };
-            if let Some((number, bytes)) = serialized {
-                saves.write(&path, number, &bytes);
+            if let Some((number, file)) = copied {
+                saves.write(&path, number, &file);
             }
         };
         if let Some(runtime) = runtime {
