@@ -8,6 +8,9 @@ use bytes::{Buf, Bytes, BytesMut};
 
 /// How much of an oversized line is kept to identify it.
 pub const HEAD_BYTES: usize = 256;
+/// A buffer grown past this for one long line is let go once that line is out:
+/// an idle connection keeps no more than a short line's worth.
+const RETAINED_BYTES: usize = 64 * 1024;
 use tokio_util::codec::Decoder;
 
 /// One unit read off a newline-delimited stream.
@@ -59,6 +62,10 @@ impl Decoder for LineDecoder {
                 Some(end) => {
                     let mut line = buf.split_to(end + 1);
                     self.scanned = 0;
+                    if buf.is_empty() && buf.capacity() > RETAINED_BYTES {
+                        // The line keeps the allocation until it is dropped.
+                        *buf = BytesMut::new();
+                    }
                     line.truncate(end);
                     if line.last() == Some(&b'\r') {
                         line.truncate(end - 1);
@@ -162,5 +169,21 @@ mod tests {
     #[test]
     fn line_exactly_at_the_limit_passes() {
         assert_eq!(decode_all(b"0123456789\n", 10), vec![line("0123456789")]);
+    }
+
+    #[test]
+    fn a_buffer_grown_for_a_long_line_is_let_go_after_it() {
+        let mut decoder = LineDecoder::new(1 << 20);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&vec![b'x'; 200_000]);
+        assert_eq!(decoder.decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(b"\n");
+        let Some(Frame::Line(long)) = decoder.decode(&mut buf).unwrap() else {
+            panic!("no line")
+        };
+        assert_eq!(long.len(), 200_000);
+        assert!(buf.capacity() <= RETAINED_BYTES, "{}", buf.capacity());
+        buf.extend_from_slice(b"{}\n");
+        assert_eq!(decoder.decode(&mut buf).unwrap(), Some(line("{}")));
     }
 }
