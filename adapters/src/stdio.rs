@@ -221,19 +221,21 @@ pub(crate) fn spawn(
         closed: closed.clone(),
         stop: stop.clone(),
     }));
+    let stderr_done = CancellationToken::new();
     tokio::spawn(stderr_loop(
         upstream.clone(),
         stderr,
         stderr_tail.clone(),
         options.stderr_ring_lines,
         options.stats.clone(),
+        stderr_done.clone(),
     ));
     tokio::spawn(child_loop(
         upstream.clone(),
         child,
         stop.clone(),
         options.stop_grace,
-        exit_tx,
+        (exit_tx, stderr_done),
         options.keeper.clone(),
     ));
 
@@ -356,7 +358,9 @@ async fn stderr_loop(
     tail: Arc<Mutex<VecDeque<String>>>,
     ring_lines: usize,
     stats: Arc<ConnectionStats>,
+    done: CancellationToken,
 ) {
+    let _done = done.drop_guard();
     // Always drained: a child blocked on a full stderr pipe stops answering.
     let mut frames = FramedRead::new(stderr, LineDecoder::new(16 * 1024));
     let mut budget = LogBudget::new(tokio::time::Instant::now());
@@ -442,12 +446,15 @@ impl LogBudget {
     }
 }
 
+/// How long an exit's report waits for the rest of the child's stderr.
+const STDERR_AFTER_EXIT: Duration = Duration::from_millis(500);
+
 async fn child_loop(
     upstream: Arc<str>,
     mut child: Child,
     stop: CancellationToken,
     grace: Duration,
-    exit_tx: watch::Sender<Option<ExitReport>>,
+    (exit_tx, stderr_done): (watch::Sender<Option<ExitReport>>, CancellationToken),
     keeper: Option<Arc<crate::keeper::Keeper>>,
 ) {
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
@@ -492,6 +499,9 @@ async fn child_loop(
     };
     tracing::info!(upstream = %upstream, exit = %report, "upstream process ended");
     stop.cancel();
+    // Its last words (why it exited) belong to the exit's report: stderr is read to
+    // its end first, unless something that escaped the group keeps it open.
+    let _ = tokio::time::timeout(STDERR_AFTER_EXIT, stderr_done.cancelled()).await;
     let _ = exit_tx.send(Some(report));
 }
 

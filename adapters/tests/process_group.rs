@@ -202,3 +202,23 @@ async fn server_messages_arrive_as_events_and_dropped_calls_are_cancelled_upstre
     connection.shutdown().await;
     Ok(())
 }
+
+/// What a child writes to stderr just before it exits is in the tail its exit
+/// reports (it says why it exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_stderr_line_is_in_the_exits_tail() -> Result<(), Box<dyn std::error::Error>> {
+    for run in 0..30 {
+        let (events, _events) = mpsc::channel(8);
+        let connection = UpstreamConnection::spawn_stdio(
+            Arc::from("dying"),
+            &shell(&format!("echo 'last words {run}' >&2; exit 3")),
+            &options(500),
+            events,
+        )?;
+        let exit = connection.wait_exit().await;
+        assert_eq!(exit.code, Some(3));
+        let tail = connection.stderr_tail();
+        assert_eq!(tail, vec![format!("last words {run}")], "run {run}");
+    }
+    Ok(())
+}
