@@ -16,7 +16,6 @@ use tokio_util::task::TaskTracker;
 use crate::catalog_host::CatalogHost;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
-use crate::progress::ProgressRoutes;
 use crate::tasks::TaskRoutes;
 use crate::upstreams::{Caller, Instance, Upstream, UpstreamSet};
 
@@ -64,7 +63,6 @@ struct UpstreamRequest<'a> {
 pub struct Fanout {
     upstreams: Arc<UpstreamSet>,
     catalog: Arc<CatalogHost>,
-    progress: Arc<ProgressRoutes>,
     task_routes: Arc<TaskRoutes>,
     tasks: TaskTracker,
     /// The level plexus sets on upstreams: the most verbose any session asked for
@@ -85,7 +83,6 @@ impl Fanout {
     pub fn new(
         upstreams: Arc<UpstreamSet>,
         catalog: Arc<CatalogHost>,
-        progress: Arc<ProgressRoutes>,
         task_routes: Arc<TaskRoutes>,
         tasks: TaskTracker,
         log_level: watch::Sender<Option<LogLevel>>,
@@ -93,7 +90,6 @@ impl Fanout {
         Fanout {
             upstreams,
             catalog,
-            progress,
             task_routes,
             tasks,
             log_level,
@@ -420,12 +416,12 @@ impl Fanout {
         *self.log_level.borrow()
     }
 
-    /// Relays a notification an upstream sent on its own.
+    /// Relays a notification an upstream sent on its own (progress never comes
+    /// here: the supervisor's tap routes it as it is read).
     pub fn route_notification(&self, upstream: &str, message: &Value) {
         let method = message.get("method").and_then(Value::as_str).unwrap_or("");
         let params = message.get("params").cloned().unwrap_or(Value::Null);
         match method {
-            "notifications/progress" => self.progress.route(message),
             "notifications/message" => {
                 let Some(level) = params
                     .get("level")

@@ -118,7 +118,6 @@ impl Hub {
         let fanout = Arc::new(Fanout::new(
             upstreams.clone(),
             catalog.clone(),
-            progress.clone(),
             task_routes.clone(),
             tasks.clone(),
             log_level,
