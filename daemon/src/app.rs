@@ -18,7 +18,7 @@ use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::systemd::{self, Notifier};
-use crate::{admin, listener, own_stdio, stdio_front};
+use crate::{admin, listener, memory, own_stdio, stdio_front};
 
 /// The file in the state directory that tells tools where a running daemon listens.
 pub const RUNTIME_FILE: &str = "daemon.json";
@@ -88,6 +88,11 @@ impl Daemon {
         control_loop.start().await;
         tasks.spawn(control_loop.run(inbox));
         tasks.spawn(control::forward_signals(control.clone(), shutdown.clone()));
+        tasks.spawn(memory::release_after_changes(
+            hub.subscribe(),
+            shutdown.clone(),
+            memory::release_free_memory,
+        ));
         Ok(Daemon {
             hub,
             control,

@@ -18,6 +18,7 @@ mod hub;
 mod jsonrpc;
 mod listener;
 mod logging;
+mod memory;
 mod metrics;
 mod own_stdio;
 mod pins;
