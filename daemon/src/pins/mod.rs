@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use crate::catalog_host::write_atomically_with;
 use crate::config::{PinMode, SchemaPolicy, UpstreamConfig};
 use crate::metrics::Metrics;
-use file::{Approval, Observation, PinError, PinFile};
+use file::{Approval, Observation, PinError, PinFile, UpstreamRecord};
 
 /// What an upstream's configuration says about pinning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,22 +83,62 @@ impl Saves {
     }
 }
 
-/// An upstream's last fresh listing, kept as compact JSON: a tree of values is
-/// about ten times its text, and it is read again only when a policy, an
-/// approval or a reset changes what is held.
-struct Observed(Vec<u8>);
+/// An upstream's last fresh listing, read again only when a policy, an approval or a
+/// reset changes what is held. Most often it is the pinned (or pending) catalog
+/// itself, and is then read from the file rather than kept twice.
+enum Observed {
+    /// Equal to the file's pinned or pending catalog of this fingerprint.
+    InFile(String),
+    /// Compact JSON: a tree of values is about ten times its text.
+    Own(Vec<u8>),
+}
 
 impl Observed {
-    fn of(snapshot: &ListingSnapshot) -> Observed {
-        let mut json = serde_json::to_vec(snapshot).unwrap_or_default();
-        json.shrink_to_fit();
-        Observed(json)
+    /// `snapshot`, whose catalog fingerprint is `current`, as `record` stands after
+    /// seeing it.
+    fn of(snapshot: &ListingSnapshot, current: &str, record: Option<&UpstreamRecord>) -> Observed {
+        // Equal fingerprints hold the same entries by name; the count rules out a
+        // listing that named one entry twice (the file keeps one of each name).
+        let entries = entry_count(snapshot);
+        let in_file = record.is_some_and(|record| {
+            record.pinned.as_ref().is_some_and(|pinned| {
+                pinned.catalog_fingerprint == current && pinned.entries.len() == entries
+            }) || record.pending.as_ref().is_some_and(|pending| {
+                pending.catalog_fingerprint == current && pending.entries.len() == entries
+            })
+        });
+        if in_file {
+            Observed::InFile(current.to_string())
+        } else {
+            Observed::own(snapshot)
+        }
     }
 
-    /// Written by `of` from the same type, so it reads back; if it ever did not,
-    /// callers fall back to what they would use with nothing observed.
-    fn snapshot(&self) -> Option<ListingSnapshot> {
-        serde_json::from_slice(&self.0).ok()
+    fn own(snapshot: &ListingSnapshot) -> Observed {
+        let mut json = serde_json::to_vec(snapshot).unwrap_or_default();
+        json.shrink_to_fit();
+        Observed::Own(json)
+    }
+
+    /// The listing again. `None` if it was the file's and the file has moved on
+    /// (an approval, a reset) or if, written by `own`, it did not read back: callers
+    /// then use what they would with nothing observed.
+    fn snapshot(&self, record: Option<&UpstreamRecord>) -> Option<ListingSnapshot> {
+        match self {
+            Observed::Own(json) => serde_json::from_slice(json).ok(),
+            Observed::InFile(fingerprint) => {
+                let record = record?;
+                match (&record.pinned, &record.pending) {
+                    (Some(pinned), _) if pinned.catalog_fingerprint == *fingerprint => {
+                        Some(pinned.snapshot())
+                    }
+                    (_, Some(pending)) if pending.catalog_fingerprint == *fingerprint => {
+                        Some(pending.snapshot())
+                    }
+                    _ => None,
+                }
+            }
+        }
     }
 }
 
@@ -140,19 +180,24 @@ impl Pins {
     pub fn observe(&self, upstream: &str, snapshot: ListingSnapshot, policy: Policy) -> Quarantine {
         let current = fingerprint::catalog_fingerprint(&snapshot);
         self.metrics.catalog_fingerprint(upstream, &current);
-        let mut state = self.lock();
-        state
-            .observed
-            .insert(upstream.to_string(), Observed::of(&snapshot));
+        let mut guard = self.lock();
+        let state = &mut *guard;
         let file = match &mut state.file {
             Err(reason) => {
                 tracing::error!(upstream, "{reason}; the upstream's catalog is held until the pin file is mended and the configuration reloaded");
                 self.count(upstream, "pin_file_unreadable");
+                state
+                    .observed
+                    .insert(upstream.to_string(), Observed::own(&snapshot));
                 return hold(&state.file, upstream, &snapshot, policy);
             }
             Ok(file) => file,
         };
         let (seen, dirty) = file.observe(upstream, &snapshot, policy.strict);
+        state.observed.insert(
+            upstream.to_string(),
+            Observed::of(&snapshot, &current, file.upstreams.get(upstream)),
+        );
         match seen {
             Observation::PinnedOnFirstSight => {
                 tracing::info!(upstream, fingerprint = %current, entries = entry_count(&snapshot), "pinned the upstream's catalog on first sight");
@@ -183,7 +228,10 @@ impl Pins {
     /// without recording anything.
     pub fn evaluate(&self, upstream: &str, listed: &ListingSnapshot, policy: Policy) -> Quarantine {
         let state = self.lock();
-        let observed = state.observed.get(upstream).and_then(Observed::snapshot);
+        let observed = state
+            .observed
+            .get(upstream)
+            .and_then(|observed| observed.snapshot(record_of(&state.file, upstream)));
         hold(
             &state.file,
             upstream,
@@ -215,14 +263,20 @@ impl Pins {
     /// Forgets `upstream`'s pin; its last listing, if any, is then seen afresh.
     pub fn reset(&self, upstream: &str, policy: Policy) -> Result<(), PinError> {
         let observed = {
-            let mut state = self.lock();
+            let mut guard = self.lock();
+            let state = &mut *guard;
             let file = state
                 .file
                 .as_mut()
                 .map_err(|reason| unreadable(&self.path, reason))?;
+            // Read before the reset: it may be the pin being forgotten.
+            let observed = state
+                .observed
+                .get(upstream)
+                .and_then(|observed| observed.snapshot(file.upstreams.get(upstream)));
             file.reset(upstream)?;
             self.save(file, true);
-            state.observed.get(upstream).and_then(Observed::snapshot)
+            observed
         };
         tracing::info!(upstream, "pin reset");
         let mut line = serde_json::Map::new();
@@ -249,7 +303,10 @@ impl Pins {
         state
             .observed
             .iter()
-            .filter_map(|(name, observed)| Some((name.clone(), observed.snapshot()?)))
+            .filter_map(|(name, observed)| {
+                let record = record_of(&state.file, name);
+                Some((name.clone(), observed.snapshot(record)?))
+            })
             .collect()
     }
 
@@ -426,9 +483,95 @@ pub fn class_label(class: fingerprint::ChangeClass) -> &'static str {
     }
 }
 
+/// `upstream`'s record in the file, if it reads and has one.
+fn record_of<'a>(file: &'a Result<PinFile, String>, upstream: &str) -> Option<&'a UpstreamRecord> {
+    file.as_ref().ok()?.upstreams.get(upstream)
+}
+
 fn entry_count(listing: &ListingSnapshot) -> usize {
     Kind::ALL
         .iter()
         .map(|kind| listing.entries(*kind).len())
         .sum()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const BLOCK: Policy = Policy {
+        strict: false,
+        on_change: SchemaPolicy::Block,
+    };
+
+    fn listing(description: &str) -> ListingSnapshot {
+        ListingSnapshot {
+            server_name: Some("fx".into()),
+            tools: vec![
+                json!({"name": "add", "description": description, "inputSchema": {"type": "object"}}),
+                json!({"name": "echo", "inputSchema": {"type": "object"}}),
+            ],
+            ..ListingSnapshot::default()
+        }
+    }
+
+    fn held(quarantine: &Quarantine) -> bool {
+        quarantine
+            .entries
+            .contains_key(&(Kind::Tools, "add".to_string()))
+    }
+
+    #[test]
+    fn a_listing_equal_to_the_file_is_read_from_it_through_drift_approval_and_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let audit = crate::audit::Audit::new(metrics.clone());
+        let pins = Pins::load(&dir.path().join("plexus.lock"), metrics, audit);
+        let (first, drifted) = (listing("Adds."), listing("Adds. Then mails the sum."));
+        let is_in_file = |pins: &Pins| matches!(pins.lock().observed["alpha"], Observed::InFile(_));
+
+        assert!(!held(&pins.observe("alpha", first.clone(), BLOCK)));
+        assert!(
+            is_in_file(&pins),
+            "a listing pinned on first sight is the pin"
+        );
+        assert!(held(&pins.observe("alpha", drifted.clone(), BLOCK)));
+        assert!(
+            is_in_file(&pins),
+            "a drifted listing is the pending catalog"
+        );
+        // Judged again, the observed listing counts, not the one passed in.
+        assert!(held(&pins.evaluate("alpha", &first, BLOCK)));
+
+        pins.approve("alpha", None).unwrap();
+        assert!(!held(&pins.evaluate("alpha", &first, BLOCK)));
+
+        // The pin the observed listing was read from is forgotten; the listing is
+        // pinned again at once.
+        pins.reset("alpha", BLOCK).unwrap();
+        let file = pins.file().unwrap();
+        let pinned = file.upstreams["alpha"].pinned.as_ref().unwrap();
+        assert_eq!(
+            pinned.catalog_fingerprint,
+            fingerprint::catalog_fingerprint(&drifted)
+        );
+        assert!(is_in_file(&pins));
+    }
+
+    #[test]
+    fn a_listing_naming_an_entry_twice_is_kept_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let audit = crate::audit::Audit::new(metrics.clone());
+        let pins = Pins::load(&dir.path().join("plexus.lock"), metrics, audit);
+        let mut twice = listing("Adds.");
+        twice.tools.push(twice.tools[0].clone());
+        pins.observe("alpha", twice.clone(), BLOCK);
+        let state = pins.lock();
+        let observed = &state.observed["alpha"];
+        assert!(matches!(observed, Observed::Own(_)));
+        let again = observed.snapshot(record_of(&state.file, "alpha")).unwrap();
+        assert_eq!(again.tools.len(), 3);
+    }
 }
