@@ -86,12 +86,36 @@ pub struct Pinned {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EntryPin {
-    pub compatibility: String,
-    pub security: String,
+    /// SHA-256 digests, held as their bytes (a tenth of a catalog's pins went to
+    /// their hex text) and written as hex.
+    #[serde(with = "hex::serde")]
+    pub compatibility: [u8; 32],
+    #[serde(with = "hex::serde")]
+    pub security: [u8; 32],
     /// RFC 3339: when this definition was pinned.
     pub pinned_at: String,
     /// The entry exactly as the upstream sent it, so a change can be shown field by field.
     pub definition: Definition,
+}
+
+impl EntryPin {
+    /// `entry` pinned `at`; `None` for an entry without a name (nothing to pin it by).
+    fn of(kind: Kind, entry: &Value, at: &str) -> Option<EntryPin> {
+        let print = fingerprint::fingerprint(kind, entry)?;
+        Some(EntryPin {
+            compatibility: digest(&print.compatibility)?,
+            security: digest(&print.security)?,
+            pinned_at: at.to_string(),
+            definition: Definition::of(entry),
+        })
+    }
+}
+
+/// The bytes of a hex SHA-256 digest (the registry's fingerprints always are).
+fn digest(hex: &str) -> Option<[u8; 32]> {
+    let mut bytes = [0; 32];
+    hex::decode_to_slice(hex, &mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// An entry's definition, held as compact JSON (a tree of values is about ten
@@ -245,16 +269,8 @@ impl Pinned {
     fn of(snapshot: &ListingSnapshot, at: &str) -> Pinned {
         let mut entries = BTreeMap::new();
         for (key, (kind, entry)) in keyed(snapshot) {
-            if let Some(print) = fingerprint::fingerprint(kind, entry) {
-                entries.insert(
-                    key,
-                    EntryPin {
-                        compatibility: print.compatibility,
-                        security: print.security,
-                        pinned_at: at.to_string(),
-                        definition: Definition::of(entry),
-                    },
-                );
+            if let Some(pin) = EntryPin::of(kind, entry, at) {
+                entries.insert(key, pin);
             }
         }
         Pinned {
@@ -455,20 +471,11 @@ impl PinFile {
                     let kind = key
                         .split_once('/')
                         .and_then(|(kind, _)| Kind::from_label(kind));
-                    let Some(print) =
-                        kind.and_then(|kind| fingerprint::fingerprint(kind, &definition))
+                    let Some(pin) = kind.and_then(|kind| EntryPin::of(kind, &definition, &at))
                     else {
                         continue;
                     };
-                    pinned.entries.insert(
-                        key,
-                        EntryPin {
-                            compatibility: print.compatibility,
-                            security: print.security,
-                            pinned_at: at.clone(),
-                            definition: Definition::of(&definition),
-                        },
-                    );
+                    pinned.entries.insert(key, pin);
                 }
                 pinned.catalog_fingerprint = fingerprint::catalog_fingerprint(&pinned.snapshot());
                 let changes = all_changes
