@@ -162,8 +162,9 @@ const FIXTURE_TOOLS: usize = 6;
 /// How many times a walk, a serialisation or a page is measured; the median counts.
 const WALKS: usize = 5;
 const PAGES: usize = 200;
-/// How long the memory of a daemon that just became ready is left to settle.
-const SETTLE: Duration = Duration::from_millis(500);
+/// How long the memory of a daemon that just became ready is left to settle (it
+/// returns free memory once its catalog has been quiet for a second).
+const SETTLE: Duration = Duration::from_millis(2000);
 
 /// A catalog of `scale.upstreams × scale.tools` tools: time to ready (and at twice
 /// the upstreams, for linearity), memory beyond an idle daemon's against the JSON
@@ -190,6 +191,16 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let ready = started.elapsed();
     tokio::time::sleep(SETTLE).await;
     let rss = rss_kib(&daemon)?;
+
+    // The same again on the state it left: pins and listings read from disk.
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success(), "plexus exited with {status}");
+    let daemon = Daemon::start_in(dir, "", &sections)
+        .await
+        .context("restarting plexus on its state")?;
+    wait_ready_closely(&daemon).await?;
+    tokio::time::sleep(SETTLE).await;
+    let rss_restarted = rss_kib(&daemon)?;
 
     let mut lister = Lister::open(&daemon.url).await?;
     let pid = daemon.pid().context("plexus has no pid")?;
@@ -275,6 +286,13 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         kib(idle_rss),
         kib(extra_kib),
         (extra_kib * 1024) as f64 / json_bytes as f64
+    );
+    let extra_restarted = rss_restarted.saturating_sub(idle_rss);
+    println!(
+        "  restarted on its pins and cached listings: daemon RSS {:.1} MiB, {:.1} MiB more, {:.2}× the definitions' JSON",
+        kib(rss_restarted),
+        kib(extra_restarted),
+        (extra_restarted * 1024) as f64 / json_bytes as f64
     );
     println!(
         "  one tools/list page of 10 from the middle of {total_twice} tools: {:.0} µs; of a 10-tool catalog: {:.0} µs ({:.2}×)",
