@@ -89,7 +89,7 @@ impl Daemon {
         tasks.spawn(control_loop.run(inbox));
         tasks.spawn(control::forward_signals(control.clone(), shutdown.clone()));
         tasks.spawn(memory::release_after_changes(
-            hub.subscribe(),
+            hub.listings_installed(),
             shutdown.clone(),
             memory::release_free_memory,
         ));

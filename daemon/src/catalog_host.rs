@@ -43,6 +43,9 @@ impl Snapshot {
 pub struct CatalogHost {
     state: Mutex<Listings>,
     catalog: watch::Sender<Arc<Snapshot>>,
+    /// Counts the listings installed or judged anew, published or not (a listing
+    /// equal to the one shown publishes nothing, but was read and judged).
+    installed: watch::Sender<u64>,
     /// Where each upstream's last listing is kept, so it stays listed across restarts.
     directory: PathBuf,
     metrics: Arc<Metrics>,
@@ -79,6 +82,7 @@ impl CatalogHost {
                 dirty: false,
             }),
             catalog: watch::channel(Arc::new(Snapshot::default())).0,
+            installed: watch::channel(0).0,
             directory,
             metrics,
         }
@@ -91,6 +95,16 @@ impl CatalogHost {
     /// The whole catalog or one view of it, as published now.
     pub fn view(&self, view: Option<&str>) -> Arc<Catalog> {
         self.catalog.borrow().view(view)
+    }
+
+    /// Changes with every listing installed or judged anew.
+    pub fn installed(&self) -> watch::Receiver<u64> {
+        self.installed.subscribe()
+    }
+
+    /// `name`'s part of the catalog, if it lists anything.
+    pub fn part(&self, name: &str) -> Option<Arc<UpstreamPart>> {
+        self.lock().by_upstream.get(name).cloned()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
@@ -144,6 +158,7 @@ impl CatalogHost {
         let part = self.build_part(&mut state, &listing);
         state.by_upstream.insert(name, part);
         self.rebuild(&mut state);
+        self.installed.send_modify(|count| *count += 1);
         true
     }
 
@@ -179,6 +194,7 @@ impl CatalogHost {
         let part = self.build_part(&mut state, &listing);
         state.by_upstream.insert(name.to_string(), part);
         self.rebuild(&mut state);
+        self.installed.send_modify(|count| *count += 1);
     }
 
     /// Takes an upstream out of the catalog; listings of `generation` or older that

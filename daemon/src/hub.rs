@@ -178,6 +178,16 @@ impl Hub {
         self.catalog.update_quarantine(name, |listing| {
             self.pins.evaluate(name, &listed_snapshot(listing), policy)
         });
+        self.share_pinned_texts(name);
+    }
+
+    /// The pins of `name` take its catalog part's texts (a part just built has
+    /// texts of its own).
+    fn share_pinned_texts(&self, name: &str) {
+        if let Some(part) = self.catalog.part(name) {
+            let texts: Vec<_> = part.entry_texts().collect();
+            self.pins.share_texts(name, &texts);
+        }
     }
 
     /// Where each upstream's pin stands, with how many of its entries are held now.
@@ -323,6 +333,11 @@ impl Hub {
         self.catalog.current()
     }
 
+    /// Changes with every listing installed or judged anew, published or not.
+    pub fn listings_installed(&self) -> watch::Receiver<u64> {
+        self.catalog.installed()
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<Arc<crate::catalog_host::Snapshot>> {
         self.catalog.subscribe()
     }
@@ -465,6 +480,7 @@ impl Hub {
                     self.catalog.install(generation, *listing, |_| {
                         self.pins.observe(&name, snapshot, policy)
                     });
+                    self.share_pinned_texts(&name);
                 }
                 let _ = installed.send(());
             }

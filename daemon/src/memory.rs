@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 pub const SETTLE: Duration = Duration::from_secs(1);
 
 /// Releases free memory (`release`) once `changes` has been quiet for [`SETTLE`]
-/// after each burst of changes, until `stop`.
+/// after each burst of changes, and after the start (what was read before the
+/// call, such as the pin file, is a burst too), until `stop`.
 pub async fn release_after_changes<T, F>(
     mut changes: watch::Receiver<T>,
     stop: CancellationToken,
@@ -24,6 +25,7 @@ pub async fn release_after_changes<T, F>(
 ) where
     F: Fn() + Clone + Send + 'static,
 {
+    changes.mark_changed();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -78,6 +80,7 @@ mod tests {
         }
         assert_eq!(released.load(Ordering::SeqCst), 0, "released mid-burst");
         tokio::time::sleep(SETTLE).await;
+        // The start counts as a change: one release for it and the burst after it.
         // spawn_blocking runs on a real thread: wait for it without the clock.
         for _ in 0..1000 {
             if released.load(Ordering::SeqCst) > 0 {

@@ -14,8 +14,8 @@ pub mod uris;
 
 pub use cache::CacheHint;
 pub use catalog::{
-    Catalog, CatalogOptions, CatalogWarning, Entries, Held, Kind, Page, Route, TaskSupport,
-    UpstreamListing, UpstreamPart, View,
+    Catalog, CatalogOptions, CatalogWarning, Entries, EntryText, Held, Kind, Page, Route,
+    TaskSupport, UpstreamListing, UpstreamPart, View,
 };
 pub use cursor::CursorError;
 pub use filter::ToolFilter;

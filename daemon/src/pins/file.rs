@@ -6,12 +6,12 @@
 //! Sorted maps and pretty JSON, one block per upstream and per entry, so the file
 //! reads and diffs well under version control.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::SystemTime;
 
 use registry::fingerprint::{self, Change, ChangeClass, ListingSnapshot};
-use registry::Kind;
+use registry::{EntryText, Kind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -119,18 +119,28 @@ fn digest(hex: &str) -> Option<[u8; 32]> {
 }
 
 /// An entry's definition, held as compact JSON (a tree of values is about ten
-/// times its text) and written to the file pretty-printed like the rest.
+/// times its text) and written to the file pretty-printed like the rest. Where the
+/// catalog lists the same entry, the text is the catalog's, not a copy.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Definition(Box<str>);
+pub struct Definition(EntryText);
 
 impl Definition {
     pub fn of(value: &Value) -> Definition {
-        Definition(serde_json::to_string(value).unwrap_or_default().into())
+        Definition(EntryText::own(
+            serde_json::to_string(value).unwrap_or_default(),
+        ))
     }
 
     /// The definition as values; written by `of` from a value, so it reads back.
     pub fn value(&self) -> Value {
-        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+        serde_json::from_str(self.0.as_str()).unwrap_or(Value::Null)
+    }
+
+    /// Takes the equal text among `texts`, if there is one, instead of its own.
+    fn share(&mut self, texts: &HashMap<&str, &EntryText>) {
+        if let Some(text) = texts.get(self.0.as_str()) {
+            self.0 = (*text).clone();
+        }
     }
 }
 
@@ -373,6 +383,27 @@ impl PinFile {
         }
     }
 
+    /// `upstream`'s pinned and pending definitions take the equal texts among
+    /// `texts` (its catalog's), so an entry's JSON is kept once.
+    pub fn share_texts(&mut self, upstream: &str, texts: &[EntryText]) {
+        let Some(record) = self.upstreams.get_mut(upstream) else {
+            return;
+        };
+        let texts: HashMap<&str, &EntryText> =
+            texts.iter().map(|text| (text.as_str(), text)).collect();
+        let pinned = record
+            .pinned
+            .iter_mut()
+            .flat_map(|pinned| pinned.entries.values_mut().map(|pin| &mut pin.definition));
+        let pending = record
+            .pending
+            .iter_mut()
+            .flat_map(|pending| pending.entries.values_mut());
+        for definition in pinned.chain(pending) {
+            definition.share(&texts);
+        }
+    }
+
     /// The entry maps rebuilt in key order, with full nodes: read one entry at a
     /// time they are half empty, a fifth of a large catalog's pins.
     fn packed(mut self) -> PinFile {
@@ -601,6 +632,46 @@ mod tests {
             ],
             ..ListingSnapshot::default()
         }
+    }
+
+    #[test]
+    fn definitions_take_the_catalogs_texts_and_the_file_reads_the_same() {
+        let mut file = PinFile::empty();
+        let (pinned, drifted) = (listing("Adds."), listing("Adds. Then mails the sum."));
+        file.observe("alpha", &pinned, false);
+        file.observe("alpha", &drifted, false);
+        let before = file.to_bytes();
+        let part = |snapshot: &ListingSnapshot| {
+            let listing = registry::UpstreamListing {
+                upstream: "alpha".into(),
+                prefix: "alpha".into(),
+                tool_filter: registry::ToolFilter::default(),
+                tools: snapshot.tools.clone(),
+                prompts: Vec::new(),
+                resources: Vec::new(),
+                resource_templates: Vec::new(),
+                instructions: None,
+                quarantine: registry::Quarantine::default(),
+                cache: [None; 4],
+            };
+            registry::UpstreamPart::build(&listing, 64).0
+        };
+        // The catalog lists the drifted tools: the pending definitions and the
+        // pinned `echo` (unchanged) take its texts; the pinned `add` keeps its own.
+        let texts: Vec<EntryText> = part(&drifted).entry_texts().collect();
+        file.share_texts("alpha", &texts);
+        let record = &file.upstreams["alpha"];
+        let shared = |definition: &Definition| {
+            texts
+                .iter()
+                .any(|text| text.shares_text_with(&definition.0))
+        };
+        let pending = &record.pending.as_ref().unwrap().entries;
+        assert!(pending.values().all(shared));
+        let pins = &record.pinned.as_ref().unwrap().entries;
+        assert!(shared(&pins["tools/echo"].definition));
+        assert!(!shared(&pins["tools/add"].definition));
+        assert_eq!(file.to_bytes(), before);
     }
 
     #[test]

@@ -223,6 +223,15 @@ impl Pins {
         hold(&state.file, upstream, &snapshot, policy)
     }
 
+    /// `upstream`'s pinned and pending definitions take the equal texts of its
+    /// catalog part, so each entry's JSON is kept once (a copy goes to each write
+    /// of the file, which then copies references, not texts).
+    pub fn share_texts(&self, upstream: &str, texts: &[registry::EntryText]) {
+        if let Ok(file) = &mut self.lock().file {
+            file.share_texts(upstream, texts);
+        }
+    }
+
     /// What is held of `upstream`'s listing now: its last fresh listing in this run
     /// if there is one, else `listed` (a listing kept from an earlier run), judged
     /// without recording anything.

@@ -31,7 +31,7 @@ use crate::uris;
 
 pub use entries::Entries;
 pub use kind::Kind;
-pub use part::UpstreamPart;
+pub use part::{EntryText, UpstreamPart};
 pub use view::View;
 
 use entries::EntryRef;

@@ -132,24 +132,67 @@ pub(super) struct Exposed {
 /// another: one allocation per kind, not a tree of them per entry.
 #[derive(Clone, Debug, Default)]
 struct Listed {
-    text: String,
+    text: Arc<str>,
     /// Where each entry's JSON ends in `text` (it starts where the one before ends).
     ends: Vec<u32>,
 }
 
 impl Listed {
-    fn get(&self, index: usize) -> &str {
+    fn span(&self, index: usize) -> (u32, u32) {
         let start = match index {
             0 => 0,
-            _ => self.ends[index - 1] as usize,
+            _ => self.ends[index - 1],
         };
-        &self.text[start..self.ends[index] as usize]
+        (start, self.ends[index])
+    }
+
+    fn get(&self, index: usize) -> &str {
+        let (start, end) = self.span(index);
+        &self.text[start as usize..end as usize]
     }
 
     fn values(&self) -> Vec<Value> {
         (0..self.ends.len())
             .map(|index| serde_json::from_str(self.get(index)).unwrap_or(Value::Null))
             .collect()
+    }
+}
+
+/// One entry's compact JSON as its upstream listed it, sharing its part's text, so
+/// whoever else keeps the entry (the pins) need not keep a copy.
+#[derive(Clone, Debug)]
+pub struct EntryText {
+    text: Arc<str>,
+    start: u32,
+    end: u32,
+}
+
+impl EntryText {
+    /// A text of its own.
+    pub fn own(text: String) -> EntryText {
+        let end = u32::try_from(text.len()).unwrap_or(u32::MAX);
+        EntryText {
+            text: text.into(),
+            start: 0,
+            end,
+        }
+    }
+
+    /// Whether both are views of one text, not equal copies.
+    pub fn shares_text_with(&self, other: &EntryText) -> bool {
+        Arc::ptr_eq(&self.text, &other.text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.text
+            .get(self.start as usize..self.end as usize)
+            .unwrap_or_default()
+    }
+}
+
+impl PartialEq for EntryText {
+    fn eq(&self, other: &EntryText) -> bool {
+        self.as_str() == other.as_str()
     }
 }
 
@@ -345,7 +388,8 @@ impl UpstreamPart {
             text.shrink_to_fit();
             part.listed[kind.index()] = Listed {
                 text: String::from_utf8(text)
-                    .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned()),
+                    .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
+                    .into(),
                 ends,
             };
         }
@@ -367,6 +411,20 @@ impl UpstreamPart {
             quarantine: self.quarantine.clone(),
             cache: self.cache,
         }
+    }
+
+    /// Every listed entry's text (held ones too), sharing the part's.
+    pub fn entry_texts(&self) -> impl Iterator<Item = EntryText> + '_ {
+        self.listed.iter().flat_map(|listed| {
+            (0..listed.ends.len()).map(|index| {
+                let (start, end) = listed.span(index);
+                EntryText {
+                    text: listed.text.clone(),
+                    start,
+                    end,
+                }
+            })
+        })
     }
 
     pub fn upstream(&self) -> &Arc<str> {
