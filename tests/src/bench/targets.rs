@@ -144,7 +144,7 @@ impl Rig {
         Ok(match target {
             Target::DirectStdio => {
                 let mut command = Command::new(fixture_binary());
-                command.args(["--name", "bench"]);
+                command.args(["--name", "bench", "--unfiltered"]);
                 // Nor does the daemon put its upstream's stderr on our terminal.
                 let (transport, _stderr) = TokioChildProcess::builder(command)
                     .stderr(Stdio::null())
@@ -211,8 +211,13 @@ impl Rig {
 
 /// The daemon's upstreams (the stdio daemons have the same).
 fn upstream_sections() -> String {
-    fixture_upstream("bench", "", &["--name", "bench"])
-        + &fixture_upstream("modern", "", &["--name", "modern", "--modern"])
+    // Unfiltered: the stdio fixture then does the work the HTTP one does, no more.
+    fixture_upstream("bench", "", &["--name", "bench", "--unfiltered"])
+        + &fixture_upstream(
+            "modern",
+            "",
+            &["--name", "modern", "--modern", "--unfiltered"],
+        )
 }
 
 /// Waits until `client` lists `tool` (a stdio daemon starts its upstream after

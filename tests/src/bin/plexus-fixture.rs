@@ -32,7 +32,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use rmcp::{service::ServerInitializeError, ServiceExt};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, ReadBuf};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader, ReadBuf};
 
 use server::{AddSchema, Fixture};
 
@@ -107,6 +107,11 @@ struct Cli {
     /// of JSON each), each echoing its arguments: a large catalog for benchmarks.
     #[arg(long, value_name = "N", default_value_t = 0)]
     extra_tools: usize,
+    /// Over stdio, write rmcp's output straight to stdout, without the output
+    /// filter's vendor patches (which parse and write every message again, on a
+    /// task of their own): the server `--http` is, for benchmarks.
+    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk"])]
+    unfiltered: bool,
 }
 
 fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
@@ -249,18 +254,24 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             return Ok(0);
         }
 
-        // rmcp writes into `to_filter`; the filter owns the real stdout.
-        let (to_filter, from_rmcp) = tokio::io::duplex(64 * 1024);
-        let filter_task = tokio::spawn(filter::run(
-            from_rmcp,
-            tokio::io::stdout(),
-            filter::Options {
-                server_name: name.clone(),
-                banner: cli.banner,
-                drift_file: cli.drift_file.clone(),
-                oversized_junk: cli.oversized_junk,
-            },
-        ));
+        // rmcp writes into `to_filter`; the filter owns the real stdout (unless
+        // `--unfiltered`, when rmcp does).
+        let (to_filter, filter_task): (Box<dyn AsyncWrite + Send + Unpin>, _) = if cli.unfiltered {
+            (Box::new(tokio::io::stdout()), None)
+        } else {
+            let (to_filter, from_rmcp) = tokio::io::duplex(64 * 1024);
+            let filter_task = tokio::spawn(filter::run(
+                from_rmcp,
+                tokio::io::stdout(),
+                filter::Options {
+                    server_name: name.clone(),
+                    banner: cli.banner,
+                    drift_file: cli.drift_file.clone(),
+                    oversized_junk: cli.oversized_junk,
+                },
+            ));
+            (Box::new(to_filter), Some(filter_task))
+        };
 
         let stdin_eof = Arc::new(AtomicBool::new(false));
         let stdin = EofFlag {
@@ -301,10 +312,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         // The duplex writer is gone once the service is, so the filter ends
         // after writing what it already holds.
-        filter_task
-            .await
-            .context("joining the output filter")?
-            .context("writing stdout")?;
+        if let Some(filter_task) = filter_task {
+            filter_task
+                .await
+                .context("joining the output filter")?
+                .context("writing stdout")?;
+        }
         Ok(0)
     })
 }
