@@ -222,3 +222,36 @@ async fn the_last_stderr_line_is_in_the_exits_tail() -> Result<(), Box<dyn std::
     }
     Ok(())
 }
+
+/// A child's stdin and stdout are pipes of 1 MiB (the kernel's default cap for
+/// unprivileged processes), so a large message crosses in one round.
+#[tokio::test]
+async fn a_childs_pipes_hold_a_mebibyte() -> Result<(), Box<dyn std::error::Error>> {
+    let max: usize = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")?
+        .trim()
+        .parse()?;
+    let (events, _events) = mpsc::channel(8);
+    // F_GETPIPE_SZ is 1032 on Linux.
+    let connection = UpstreamConnection::spawn_stdio(
+        Arc::from("pipes"),
+        &LaunchSpec {
+            program: "python3".into(),
+            args: vec![
+                "-c".into(),
+                "import fcntl, sys; print(fcntl.fcntl(0, 1032), fcntl.fcntl(1, 1032), file=sys.stderr)"
+                    .into(),
+            ],
+            ..shell("")
+        },
+        &options(500),
+        events,
+    )?;
+    let exit = connection.wait_exit().await;
+    assert_eq!(exit.code, Some(0), "{:?}", connection.stderr_tail());
+    let expected = (1 << 20).min(max);
+    assert_eq!(
+        connection.stderr_tail(),
+        vec![format!("{expected} {expected}")]
+    );
+    Ok(())
+}
