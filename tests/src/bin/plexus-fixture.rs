@@ -20,6 +20,7 @@ mod tasks;
 use std::{
     io::Write as _,
     net::SocketAddr,
+    os::fd::AsFd,
     path::PathBuf,
     pin::Pin,
     sync::{
@@ -257,7 +258,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         // rmcp writes into `to_filter`; the filter owns the real stdout (unless
         // `--unfiltered`, when rmcp does).
         let (to_filter, filter_task): (Box<dyn AsyncWrite + Send + Unpin>, _) = if cli.unfiltered {
-            (Box::new(tokio::io::stdout()), None)
+            (polled_stdout(), None)
         } else {
             let (to_filter, from_rmcp) = tokio::io::duplex(64 * 1024);
             let filter_task = tokio::spawn(filter::run(
@@ -275,7 +276,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 
         let stdin_eof = Arc::new(AtomicBool::new(false));
         let stdin = EofFlag {
-            inner: tokio::io::stdin(),
+            inner: if cli.unfiltered {
+                polled_stdin()
+            } else {
+                Box::new(tokio::io::stdin())
+            },
             eof: stdin_eof.clone(),
         };
 
@@ -353,6 +358,29 @@ async fn hang<R: AsyncRead + Unpin>(stdin: R) {
             }
         }
     }
+}
+
+/// stdin polled on the runtime when it is a pipe, as a server written for speed
+/// would (tokio's `stdin()` hands every read to a blocking thread); else tokio's.
+fn polled_stdin() -> Box<dyn AsyncRead + Send + Unpin> {
+    std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
+        .map(|pipe| Box::new(pipe) as Box<dyn AsyncRead + Send + Unpin>)
+        .unwrap_or_else(|| Box::new(tokio::io::stdin()))
+}
+
+/// stdout polled on the runtime when it is a pipe (logs go to stderr); else tokio's.
+fn polled_stdout() -> Box<dyn AsyncWrite + Send + Unpin> {
+    std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok())
+        .map(|pipe| Box::new(pipe) as Box<dyn AsyncWrite + Send + Unpin>)
+        .unwrap_or_else(|| Box::new(tokio::io::stdout()))
 }
 
 /// Wraps stdin to record EOF, which tells `sleep` that a cancellation came
