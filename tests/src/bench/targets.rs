@@ -32,6 +32,9 @@ pub enum Target {
     PlexusRemote,
     /// `plexus serve --stdio`: plexus's own cost without HTTP's.
     PlexusStdio,
+    /// A 2026-07-28 client (no session, `_meta` on every request) straight to a
+    /// fixture serving HTTP in that revision: what the era itself costs, without plexus.
+    DirectHttp2026,
     /// A 2026-07-28 client (no session, `_meta` on every request) over HTTP, to a
     /// fixture that speaks 2026-07-28 too.
     Plexus2026,
@@ -42,12 +45,13 @@ pub enum Target {
 impl Target {
     /// The order of a round: direct and plexus cells alternate, so drift on a
     /// noisy machine lands on both sides of a comparison alike.
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::DirectHttp,
         Target::PlexusHttp,
         Target::PlexusRemote,
         Target::DirectStdio,
         Target::PlexusStdio,
+        Target::DirectHttp2026,
         Target::Plexus2026,
         Target::PlexusConnect,
     ];
@@ -62,6 +66,7 @@ impl Target {
             Target::PlexusHttp => "plexus-http",
             Target::PlexusRemote => "plexus-remote",
             Target::PlexusStdio => "plexus-stdio",
+            Target::DirectHttp2026 => "direct-http-2026",
             Target::Plexus2026 => "plexus-2026",
             Target::PlexusConnect => "plexus-connect",
         }
@@ -70,7 +75,7 @@ impl Target {
     /// The echo tool's name as this target lists it.
     pub fn tool(self) -> &'static str {
         match self {
-            Target::DirectStdio | Target::DirectHttp => "echo",
+            Target::DirectStdio | Target::DirectHttp | Target::DirectHttp2026 => "echo",
             Target::Plexus2026 => "modern__echo",
             Target::PlexusRemote => "remote__echo",
             Target::PlexusHttp | Target::PlexusStdio | Target::PlexusConnect => "bench__echo",
@@ -84,9 +89,12 @@ impl Target {
 /// The stdio targets start their own processes per session.
 pub struct Rig {
     http_fixture: HttpFixture,
+    /// The same, serving 2026-07-28 too (`--modern`).
+    modern_fixture: HttpFixture,
     daemon: Daemon,
-    /// The HTTP fixture's log, beside no daemon's: it starts first.
+    /// The HTTP fixtures' logs, beside no daemon's: they start first.
     _fixture_dir: tempfile::TempDir,
+    _modern_dir: tempfile::TempDir,
 }
 
 impl Rig {
@@ -99,6 +107,14 @@ impl Rig {
         )
         .await
         .context("starting the HTTP fixture")?;
+        let modern_dir = tempfile::tempdir().context("creating the modern fixture's directory")?;
+        let modern_fixture = HttpFixture::start(
+            modern_dir.path(),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            &["--name", "modern", "--modern"],
+        )
+        .await
+        .context("starting the modern HTTP fixture")?;
         // The baseline's own server is also an upstream of the daemon (`remote`).
         let sections = format!(
             "{}[upstreams.remote]\nurl = {:?}\n",
@@ -114,8 +130,10 @@ impl Rig {
             .context("waiting for plexus's upstreams")?;
         Ok(Rig {
             http_fixture,
+            modern_fixture,
             daemon,
             _fixture_dir: fixture_dir,
+            _modern_dir: modern_dir,
         })
     }
 
@@ -174,10 +192,14 @@ impl Rig {
                     .serve(TokioChildProcess::new(plexus_stdio_command(&config))?)
                     .await?
             }
-            Target::Plexus2026 => {
+            Target::DirectHttp2026 | Target::Plexus2026 => {
+                let url = match target {
+                    Target::DirectHttp2026 => self.modern_fixture.url(),
+                    _ => self.daemon.url.clone(),
+                };
                 client
                     .serve_with_lifecycle(
-                        StreamableHttpClientTransport::from_uri(self.daemon.url.clone()),
+                        StreamableHttpClientTransport::from_uri(url),
                         ClientLifecycleMode::Discover {
                             preferred_versions: vec![ProtocolVersion::V_2026_07_28],
                         },
@@ -202,6 +224,10 @@ impl Rig {
             .kill()
             .await
             .context("stopping the HTTP fixture")?;
+        self.modern_fixture
+            .kill()
+            .await
+            .context("stopping the modern HTTP fixture")?;
         if !status.success() {
             bail!("plexus exited with {status}:\n{log}");
         }
