@@ -111,6 +111,18 @@ impl EntryPin {
     }
 }
 
+/// Moves `definitions` into one buffer. Read from the file, each was allocated among
+/// the keys and times kept beside it; once the catalog's texts replace them, a
+/// buffer is freed whole, where scattered texts would leave pages the allocator
+/// cannot return.
+fn pack<'a>(definitions: impl Iterator<Item = &'a mut Definition>) {
+    let mut definitions: Vec<&mut Definition> = definitions.collect();
+    let packed = EntryText::pack(definitions.iter().map(|definition| definition.0.as_str()));
+    for (definition, text) in definitions.iter_mut().zip(packed) {
+        definition.0 = text;
+    }
+}
+
 /// The bytes of a hex SHA-256 digest (the registry's fingerprints always are).
 fn digest(hex: &str) -> Option<[u8; 32]> {
     let mut bytes = [0; 32];
@@ -410,9 +422,11 @@ impl PinFile {
         for record in self.upstreams.values_mut() {
             if let Some(pinned) = &mut record.pinned {
                 pinned.entries = std::mem::take(&mut pinned.entries).into_iter().collect();
+                pack(pinned.entries.values_mut().map(|pin| &mut pin.definition));
             }
             if let Some(pending) = &mut record.pending {
                 pending.entries = std::mem::take(&mut pending.entries).into_iter().collect();
+                pack(pending.entries.values_mut());
             }
         }
         self

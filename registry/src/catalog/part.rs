@@ -178,6 +178,27 @@ impl EntryText {
         }
     }
 
+    /// The texts copied into one buffer, each returned as a view of it: one
+    /// allocation for many small texts, freed as one.
+    pub fn pack<'a>(texts: impl IntoIterator<Item = &'a str>) -> Vec<EntryText> {
+        let mut buffer = String::new();
+        let mut spans = Vec::new();
+        for text in texts {
+            let start = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
+            buffer.push_str(text);
+            spans.push((start, u32::try_from(buffer.len()).unwrap_or(u32::MAX)));
+        }
+        let text: Arc<str> = buffer.into();
+        spans
+            .into_iter()
+            .map(|(start, end)| EntryText {
+                text: text.clone(),
+                start,
+                end,
+            })
+            .collect()
+    }
+
     /// Whether both are views of one text, not equal copies.
     pub fn shares_text_with(&self, other: &EntryText) -> bool {
         Arc::ptr_eq(&self.text, &other.text)
@@ -631,6 +652,17 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn packed_texts_read_back_and_share_one_buffer() {
+        let texts = ["{\"name\":\"a\"}", "", "{\"name\":\"é\"}"];
+        let packed = EntryText::pack(texts);
+        let read: Vec<&str> = packed.iter().map(EntryText::as_str).collect();
+        assert_eq!(read, texts);
+        assert!(packed[0].shares_text_with(&packed[2]));
+        assert!(!packed[0].shares_text_with(&EntryText::own(texts[0].to_string())));
+        assert_eq!(packed[0], EntryText::own(texts[0].to_string()));
     }
 
     #[test]
