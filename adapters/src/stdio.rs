@@ -88,19 +88,19 @@ impl std::fmt::Display for ExitReport {
 /// pipe's pages only as data arrives, so an idle pipe costs no more for it.
 const PIPE_BYTES: i32 = 1024 * 1024;
 
-/// Raises the capacity of one of a child's pipes to [`PIPE_BYTES`], as far as the
-/// system allows (`/proc/sys/fs/pipe-max-size`, 1 MiB by default); at the default
-/// otherwise.
+/// Raises the capacity of a pipe (a child's, or plexus's own stdin and stdout) to
+/// [`PIPE_BYTES`], as far as the system allows (`/proc/sys/fs/pipe-max-size`, 1 MiB
+/// by default); at the default otherwise. `pipe` names it in the log.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn widen_pipe(fd: std::os::fd::RawFd, upstream: &str) {
+pub fn widen_pipe(fd: std::os::fd::RawFd, pipe: &str) {
     use nix::fcntl::{fcntl, FcntlArg};
     if let Err(error) = fcntl(fd, FcntlArg::F_SETPIPE_SZ(PIPE_BYTES)) {
-        tracing::debug!(upstream, %error, "pipe capacity left at the default");
+        tracing::debug!(pipe, %error, "pipe capacity left at the default");
     }
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn widen_pipe(_fd: std::os::fd::RawFd, _upstream: &str) {}
+pub fn widen_pipe(_fd: std::os::fd::RawFd, _pipe: &str) {}
 
 /// The stdio side of an `UpstreamConnection`: the child's stdin, its exit, and
 /// the tail of its stderr.

@@ -2,7 +2,8 @@
 //! `plexus connect`. tokio's `stdin()` / `stdout()` hand every read and write to a
 //! blocking thread: two thread wake-ups per message each way. An MCP host gives its
 //! server pipes (or, from Node, Unix sockets); those are polled on the runtime
-//! instead, like any socket. Anything else (a terminal, a file, /dev/null) keeps
+//! instead, like any socket, and pipes are widened as an upstream's are (one round
+//! for a large message). Anything else (a terminal, a file, /dev/null) keeps
 //! tokio's blocking streams.
 
 use std::fs::{File, Metadata};
@@ -54,14 +55,20 @@ pub fn open() -> OwnStdio {
         })
         .collect();
     let input = registered(stdin.as_fd(), |fd, kind| match kind {
-        Kind::Pipe => Some(Box::pin(pipe::Receiver::from_owned_fd(fd).ok()?) as Input),
+        Kind::Pipe => {
+            adapters::stdio::widen_pipe(fd.as_raw_fd(), "stdin");
+            Some(Box::pin(pipe::Receiver::from_owned_fd(fd).ok()?) as Input)
+        }
         Kind::Socket => Some(Box::pin(socket(fd)?) as Input),
     })
     .unwrap_or_else(|| Box::pin(tokio::io::stdin()));
     let output = (!same_file(stdout.as_fd(), std::io::stderr().as_fd()))
         .then(|| {
             registered(stdout.as_fd(), |fd, kind| match kind {
-                Kind::Pipe => Some(Box::pin(pipe::Sender::from_owned_fd(fd).ok()?) as Output),
+                Kind::Pipe => {
+                    adapters::stdio::widen_pipe(fd.as_raw_fd(), "stdout");
+                    Some(Box::pin(pipe::Sender::from_owned_fd(fd).ok()?) as Output)
+                }
                 Kind::Socket => Some(Box::pin(socket(fd)?) as Output),
             })
         })

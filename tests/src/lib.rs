@@ -490,6 +490,18 @@ impl RawStdioSession {
         })
     }
 
+    /// How many bytes the pipes to the child's stdin and from its stdout hold.
+    pub fn pipe_capacities(&mut self) -> anyhow::Result<(i32, i32)> {
+        use nix::fcntl::{fcntl, FcntlArg};
+        use std::os::fd::AsRawFd;
+        let stdin = fcntl(self.stdin.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)?;
+        let stdout = fcntl(
+            self.lines.get_ref().get_ref().as_raw_fd(),
+            FcntlArg::F_GETPIPE_SZ,
+        )?;
+        Ok((stdin, stdout))
+    }
+
     /// The handshake, declaring `capabilities`; returns the `initialize` response.
     pub async fn initialize(&mut self, capabilities: Value) -> anyhow::Result<Value> {
         let hello = self

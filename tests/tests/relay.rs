@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::ensure;
+use anyhow::{ensure, Context};
 use plexus_tests::{
     fixture_binary, fixture_upstream, http_client, plexus_binary, Daemon, RawHttpSession,
     RawStdioSession, TestClient,
@@ -599,6 +599,39 @@ async fn a_calls_last_progress_arrives_before_its_result() -> anyhow::Result<()>
 /// not pipes, for stdin and stdout. plexus polls those on its runtime; a large
 /// message in both directions must arrive whole, and the caller's socket must be
 /// left as plexus found it (blocking) when plexus exits.
+/// The stdio front widens the pipes its host gives it, as plexus does an upstream's:
+/// a large message crosses in one round.
+#[tokio::test]
+async fn the_stdio_front_widens_its_hosts_pipes() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("stdio.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{}",
+            dir.path().join("state").display().to_string(),
+            fixture_upstream("fx", "", &[])
+        ),
+    )?;
+    let config = config.to_str().context("config path")?;
+    let mut session =
+        RawStdioSession::spawn(&plexus_binary(), &["serve", "--stdio", "--config", config]).await?;
+    // Answered, so the front has its stdio.
+    let listed = session.request("tools/list", json!({})).await?;
+    ensure!(listed["result"]["tools"].is_array(), "{listed}");
+    let max: i32 = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")?
+        .trim()
+        .parse()?;
+    let expected = (1 << 20).min(max);
+    let capacities = session.pipe_capacities()?;
+    ensure!(
+        capacities == (expected, expected),
+        "pipes of {capacities:?} bytes, not {expected}"
+    );
+    session.close().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_stdio_front_serves_a_host_that_hands_it_a_socket() -> anyhow::Result<()> {
     use std::os::unix::net::UnixStream;
