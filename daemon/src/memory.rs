@@ -81,27 +81,25 @@ mod tests {
         assert_eq!(released.load(Ordering::SeqCst), 0, "released mid-burst");
         tokio::time::sleep(SETTLE).await;
         // The start counts as a change: one release for it and the burst after it.
-        // spawn_blocking runs on a real thread: wait for it without the clock.
-        for _ in 0..1000 {
-            if released.load(Ordering::SeqCst) > 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(released.load(Ordering::SeqCst), 1);
+        assert_eq!(settled(&released, 1).await, 1);
         changes.send_replace(6);
         tokio::time::sleep(SETTLE * 2).await;
+        assert_eq!(settled(&released, 2).await, 2);
+        stop.cancel();
+        assert!(task.await.is_ok(), "the release task panicked");
+    }
+
+    /// The count once it reaches `at_least` (or after a second): `spawn_blocking`
+    /// runs on a real thread, so it is waited for without the paused clock.
+    async fn settled(released: &AtomicUsize, at_least: usize) -> usize {
         for _ in 0..1000 {
-            if released.load(Ordering::SeqCst) > 1 {
+            if released.load(Ordering::SeqCst) >= at_least {
                 break;
             }
             tokio::task::yield_now().await;
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(released.load(Ordering::SeqCst), 2);
-        stop.cancel();
-        assert!(task.await.is_ok(), "the release task panicked");
+        released.load(Ordering::SeqCst)
     }
 
     #[test]

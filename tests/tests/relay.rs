@@ -595,24 +595,26 @@ async fn a_calls_last_progress_arrives_before_its_result() -> anyhow::Result<()>
     Ok(())
 }
 
-/// Node-based hosts (Electron desktop apps among them) give a child Unix sockets,
-/// not pipes, for stdin and stdout. plexus polls those on its runtime; a large
-/// message in both directions must arrive whole, and the caller's socket must be
-/// left as plexus found it (blocking) when plexus exits.
+/// A `plexus serve --stdio` config in `dir` with one fixture upstream.
+fn stdio_config(dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let config = dir.join("stdio.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{}",
+            dir.join("state").display().to_string(),
+            fixture_upstream("fx", "", &[])
+        ),
+    )?;
+    Ok(config)
+}
+
 /// The stdio front widens the pipes its host gives it, as plexus does an upstream's:
 /// a large message crosses in one round.
 #[tokio::test]
 async fn the_stdio_front_widens_its_hosts_pipes() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let config = dir.path().join("stdio.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[daemon]\nstate_dir = {:?}\n\n{}",
-            dir.path().join("state").display().to_string(),
-            fixture_upstream("fx", "", &[])
-        ),
-    )?;
+    let config = stdio_config(dir.path())?;
     let config = config.to_str().context("config path")?;
     let mut session =
         RawStdioSession::spawn(&plexus_binary(), &["serve", "--stdio", "--config", config]).await?;
@@ -632,21 +634,17 @@ async fn the_stdio_front_widens_its_hosts_pipes() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Node-based hosts (Electron desktop apps among them) give a child Unix sockets,
+/// not pipes, for stdin and stdout. plexus polls those on its runtime; a large
+/// message in both directions must arrive whole, and the caller's socket must be
+/// left as plexus found it (blocking) when plexus exits.
 #[tokio::test]
 async fn the_stdio_front_serves_a_host_that_hands_it_a_socket() -> anyhow::Result<()> {
     use std::os::unix::net::UnixStream;
     use tokio::io::{AsyncBufReadExt, BufReader};
 
     let dir = tempfile::tempdir()?;
-    let config = dir.path().join("stdio.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[daemon]\nstate_dir = {:?}\n\n{}",
-            dir.path().join("state").display().to_string(),
-            fixture_upstream("fx", "", &[])
-        ),
-    )?;
+    let config = stdio_config(dir.path())?;
     let (ours, theirs) = UnixStream::pair()?;
     let theirs_out = theirs.try_clone()?;
     // The same open socket as plexus's stdin, to read its flags once plexus is gone.

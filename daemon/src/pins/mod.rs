@@ -525,6 +525,12 @@ mod tests {
         }
     }
 
+    fn pins_in(dir: &Path) -> Pins {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let audit = crate::audit::Audit::new(metrics.clone());
+        Pins::load(&dir.join("plexus.lock"), metrics, audit)
+    }
+
     fn held(quarantine: &Quarantine) -> bool {
         quarantine
             .entries
@@ -534,9 +540,7 @@ mod tests {
     #[test]
     fn a_listing_equal_to_the_file_is_read_from_it_through_drift_approval_and_reset() {
         let dir = tempfile::tempdir().unwrap();
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let audit = crate::audit::Audit::new(metrics.clone());
-        let pins = Pins::load(&dir.path().join("plexus.lock"), metrics, audit);
+        let pins = pins_in(dir.path());
         let (first, drifted) = (listing("Adds."), listing("Adds. Then mails the sum."));
         let is_in_file = |pins: &Pins| matches!(pins.lock().observed["alpha"], Observed::InFile(_));
 
@@ -571,9 +575,7 @@ mod tests {
     #[test]
     fn a_listing_naming_an_entry_twice_is_kept_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let audit = crate::audit::Audit::new(metrics.clone());
-        let pins = Pins::load(&dir.path().join("plexus.lock"), metrics, audit);
+        let pins = pins_in(dir.path());
         let mut twice = listing("Adds.");
         twice.tools.push(twice.tools[0].clone());
         pins.observe("alpha", twice.clone(), BLOCK);
