@@ -176,25 +176,28 @@ impl CatalogHost {
 
     /// Judges again what of an upstream's installed listing is held (after an
     /// approval, a reset, or a policy change) and publishes the result if it changed.
+    /// Returns whether the part was built anew.
     pub fn update_quarantine(
         &self,
         name: &str,
         quarantine: impl FnOnce(&UpstreamListing) -> Quarantine,
-    ) {
+    ) -> bool {
         let mut state = self.lock();
         let Some(part) = state.by_upstream.get(name) else {
-            return;
+            return false;
         };
         let mut listing = part.listing();
         let judged = quarantine(&listing);
+        // Judged anew either way: the listing was parsed again to be judged.
+        self.installed.send_modify(|count| *count += 1);
         if judged == listing.quarantine {
-            return;
+            return false;
         }
         listing.quarantine = judged;
         let part = self.build_part(&mut state, &listing);
         state.by_upstream.insert(name.to_string(), part);
         self.rebuild(&mut state);
-        self.installed.send_modify(|count| *count += 1);
+        true
     }
 
     /// Takes an upstream out of the catalog; listings of `generation` or older that

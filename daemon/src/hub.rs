@@ -175,10 +175,12 @@ impl Hub {
     /// Judges again what of `name`'s installed listing is held, and publishes it.
     fn requarantine(&self, name: &str) {
         let policy = self.policy(name);
-        self.catalog.update_quarantine(name, |listing| {
+        let rebuilt = self.catalog.update_quarantine(name, |listing| {
             self.pins.evaluate(name, &listed_snapshot(listing), policy)
         });
-        self.share_pinned_texts(name);
+        if rebuilt {
+            self.share_pinned_texts(name);
+        }
     }
 
     /// The pins of `name` take its catalog part's texts (a part just built has
