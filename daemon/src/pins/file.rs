@@ -148,11 +148,13 @@ impl Definition {
         serde_json::from_str(self.0.as_str()).unwrap_or(Value::Null)
     }
 
-    /// Takes the equal text among `texts`, if there is one, instead of its own.
+    /// Takes the equal text among `texts`, if there is one; otherwise a text of its
+    /// own, so a changed entry does not keep a whole earlier buffer alive.
     fn share(&mut self, texts: &HashMap<&str, &EntryText>) {
-        if let Some(text) = texts.get(self.0.as_str()) {
-            self.0 = (*text).clone();
-        }
+        self.0 = match texts.get(self.0.as_str()) {
+            Some(text) => (*text).clone(),
+            None => self.0.detached(),
+        };
     }
 }
 
@@ -685,6 +687,22 @@ mod tests {
         let pins = &record.pinned.as_ref().unwrap().entries;
         assert!(shared(&pins["tools/echo"].definition));
         assert!(!shared(&pins["tools/add"].definition));
+        let add_text = pins["tools/add"].definition.0.as_str().to_string();
+        // The changed entry's pin, once a view of the earlier catalog's texts, is
+        // moved to a text of its own when the next catalog no longer lists it.
+        let earlier: Vec<EntryText> = part(&pinned).entry_texts().collect();
+        file.share_texts("alpha", &earlier);
+        let add = file.upstreams["alpha"].pinned.as_ref().unwrap().entries["tools/add"]
+            .definition
+            .0
+            .clone();
+        assert!(earlier.iter().any(|text| text.shares_text_with(&add)));
+        file.share_texts("alpha", &texts);
+        let add = &file.upstreams["alpha"].pinned.as_ref().unwrap().entries["tools/add"]
+            .definition
+            .0;
+        assert!(!earlier.iter().any(|text| text.shares_text_with(add)));
+        assert_eq!(add.as_str(), add_text);
         assert_eq!(file.to_bytes(), before);
     }
 

@@ -199,6 +199,16 @@ impl EntryText {
             .collect()
     }
 
+    /// The same text, on a buffer of its own if it is a view of a larger one: a
+    /// view keeps its whole buffer (a catalog part's, a packed file's) alive.
+    pub fn detached(&self) -> EntryText {
+        if self.start == 0 && self.end as usize == self.text.len() {
+            self.clone()
+        } else {
+            EntryText::own(self.as_str().to_string())
+        }
+    }
+
     /// Whether both are views of one text, not equal copies.
     pub fn shares_text_with(&self, other: &EntryText) -> bool {
         Arc::ptr_eq(&self.text, &other.text)
@@ -663,6 +673,10 @@ mod tests {
         assert!(packed[0].shares_text_with(&packed[2]));
         assert!(!packed[0].shares_text_with(&EntryText::own(texts[0].to_string())));
         assert_eq!(packed[0], EntryText::own(texts[0].to_string()));
+        let detached = packed[2].detached();
+        assert_eq!(detached.as_str(), texts[2]);
+        assert!(!detached.shares_text_with(&packed[2]));
+        assert!(detached.detached().shares_text_with(&detached));
     }
 
     #[test]
