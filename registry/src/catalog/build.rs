@@ -203,9 +203,9 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
     for part in &catalog.parts {
         let exposed = &part.exposed[Kind::Tools.index()];
         let mut mentions: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-        for (word, tools) in &part.words {
+        for (word, tools) in part.words.iter() {
             let names_other = routes
-                .get(&**word)
+                .get(word)
                 .is_some_and(|other| other.route().upstream != part.upstream)
                 || word.split_once("__").is_some_and(|(prefix, _)| {
                     prefixes

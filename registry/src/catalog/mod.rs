@@ -15,6 +15,7 @@ mod test_support;
 mod tests;
 mod view;
 mod warning;
+mod words;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

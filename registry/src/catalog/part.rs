@@ -5,7 +5,7 @@
 //! so a snapshot holds no `Value` per entry and a rebuild touches only what changed.
 
 use std::borrow::Borrow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::entry::{check_entry, key_field, EntryCheck, SchemaFix};
+use super::words::{Words, WordsBuilder};
 use super::{CatalogWarning, Held, Kind, Route, TaskSupport, TemplateHead, UpstreamListing};
 use crate::cache::CacheHint;
 use crate::filter::ToolFilter;
@@ -257,7 +258,7 @@ pub struct UpstreamPart {
     /// Each word of the exposed tools' descriptions and titles, with the tools
     /// (places among the exposed tools) whose text has it: shadowing is found from
     /// these, never by reading every description again.
-    pub(super) words: HashMap<Box<str>, Vec<u32>>,
+    pub(super) words: Words,
     instructions: Option<String>,
     quarantine: Quarantine,
     pub(super) cache: [Option<CacheHint>; 4],
@@ -283,7 +284,7 @@ impl UpstreamPart {
             templates: Vec::new(),
             param_headers: Vec::new(),
             task_support: Vec::new(),
-            words: HashMap::new(),
+            words: Words::default(),
             instructions: listing.instructions.clone(),
             quarantine: listing.quarantine.clone(),
             cache: listing.cache,
@@ -291,6 +292,7 @@ impl UpstreamPart {
         };
         let mut warnings = Vec::new();
         let mut scratch = Vec::new();
+        let mut words = WordsBuilder::default();
         for kind in Kind::ALL {
             let entries = listing.listed(kind);
             let mut text = Vec::new();
@@ -397,12 +399,7 @@ impl UpstreamPart {
                         }
                         let mut texts = Vec::new();
                         model_facing_text(entry, &mut texts);
-                        let mut seen = HashSet::new();
-                        for word in texts.iter().flat_map(|text| words(text)) {
-                            if seen.insert(word) {
-                                part.words.entry(word.into()).or_default().push(place);
-                            }
-                        }
+                        words.add(place, &texts);
                     }
                     Kind::ResourceTemplates => {
                         // An empty head would match every URI and shadow steps that can decide better.
@@ -415,8 +412,10 @@ impl UpstreamPart {
                 }
                 exposed.push(item);
             }
-            // The text grew by doubling; it is kept as long as the listing is.
+            // Grown by doubling; kept as long as the listing is.
             text.shrink_to_fit();
+            part.exposed[kind.index()].shrink_to_fit();
+            part.held[kind.index()].shrink_to_fit();
             part.listed[kind.index()] = Listed {
                 text: String::from_utf8(text)
                     .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
@@ -424,6 +423,10 @@ impl UpstreamPart {
                 ends,
             };
         }
+        part.words = words.finish();
+        part.templates.shrink_to_fit();
+        part.param_headers.shrink_to_fit();
+        part.task_support.shrink_to_fit();
         (part, warnings)
     }
 
@@ -604,12 +607,6 @@ fn model_facing_text<'a>(value: &'a Value, texts: &mut Vec<&'a str>) {
         Value::Array(items) => items.iter().for_each(|item| model_facing_text(item, texts)),
         _ => {}
     }
-}
-
-/// The words of a text that could be a name: runs of `[A-Za-z0-9_-]`.
-fn words(text: &str) -> impl Iterator<Item = &str> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-        .filter(|word| !word.is_empty())
 }
 
 #[cfg(test)]
