@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use registry::fingerprint::{self, Change, ChangeClass, ListingSnapshot};
@@ -93,21 +94,62 @@ pub struct EntryPin {
     #[serde(with = "hex::serde")]
     pub security: [u8; 32],
     /// RFC 3339: when this definition was pinned.
-    pub pinned_at: String,
+    pub pinned_at: Stamp,
     /// The entry exactly as the upstream sent it, so a change can be shown field by field.
     pub definition: Definition,
 }
 
 impl EntryPin {
     /// `entry` pinned `at`; `None` for an entry without a name (nothing to pin it by).
-    fn of(kind: Kind, entry: &Value, at: &str) -> Option<EntryPin> {
+    fn of(kind: Kind, entry: &Value, at: &Stamp) -> Option<EntryPin> {
         let print = fingerprint::fingerprint(kind, entry)?;
         Some(EntryPin {
             compatibility: digest(&print.compatibility)?,
             security: digest(&print.security)?,
-            pinned_at: at.to_string(),
+            pinned_at: at.clone(),
             definition: Definition::of(entry),
         })
+    }
+}
+
+/// A time an entry was pinned, held once however many entries were pinned then
+/// (most of a catalog's are pinned at one time, and a copy each was a fifth of them).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Stamp(#[serde(with = "shared_str")] Arc<str>);
+
+impl Stamp {
+    pub fn new(at: &str) -> Stamp {
+        Stamp(at.into())
+    }
+
+    /// Whether both are the one stamp, not equal copies.
+    #[cfg(test)]
+    pub fn is_shared_with(&self, other: &Stamp) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+mod shared_str {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(text: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(text)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
+        String::deserialize(deserializer).map(Arc::from)
+    }
+}
+
+/// Every entry's stamp that equals another's becomes the same one.
+fn share_stamps<'a>(stamps: impl Iterator<Item = &'a mut Stamp>) {
+    let mut seen: HashMap<Stamp, Stamp> = HashMap::new();
+    for stamp in stamps {
+        let shared = seen.entry(stamp.clone()).or_insert_with(|| stamp.clone());
+        *stamp = shared.clone();
     }
 }
 
@@ -291,11 +333,12 @@ impl Pinned {
     }
 
     fn of(snapshot: &ListingSnapshot, at: &str) -> Pinned {
+        let stamp = Stamp::new(at);
         // Collected in key order, so the map is built with full nodes (inserted one
         // by one, its nodes would be half empty).
         let entries = keyed(snapshot)
             .into_iter()
-            .filter_map(|(key, (kind, entry))| Some((key, EntryPin::of(kind, entry, at)?)))
+            .filter_map(|(key, (kind, entry))| Some((key, EntryPin::of(kind, entry, &stamp)?)))
             .collect();
         Pinned {
             pinned_at: at.to_string(),
@@ -425,6 +468,7 @@ impl PinFile {
             if let Some(pinned) = &mut record.pinned {
                 pinned.entries = std::mem::take(&mut pinned.entries).into_iter().collect();
                 pack(pinned.entries.values_mut().map(|pin| &mut pin.definition));
+                share_stamps(pinned.entries.values_mut().map(|pin| &mut pin.pinned_at));
             }
             if let Some(pending) = &mut record.pending {
                 pending.entries = std::mem::take(&mut pending.entries).into_iter().collect();
@@ -537,11 +581,12 @@ impl PinFile {
                 for key in gone {
                     pinned.entries.remove(&key);
                 }
+                let stamp = Stamp::new(&at);
                 for (key, definition) in seen {
                     let kind = key
                         .split_once('/')
                         .and_then(|(kind, _)| Kind::from_label(kind));
-                    let Some(pin) = kind.and_then(|kind| EntryPin::of(kind, &definition, &at))
+                    let Some(pin) = kind.and_then(|kind| EntryPin::of(kind, &definition, &stamp))
                     else {
                         continue;
                     };
@@ -704,6 +749,28 @@ mod tests {
         assert!(!earlier.iter().any(|text| text.shares_text_with(add)));
         assert_eq!(add.as_str(), add_text);
         assert_eq!(file.to_bytes(), before);
+    }
+
+    /// Entries pinned at one time share one stamp, as pinned and as read back.
+    #[test]
+    fn entries_pinned_at_one_time_share_their_stamp() {
+        let mut file = PinFile::empty();
+        file.observe("alpha", &listing("Adds."), false);
+        let shared = |file: &PinFile| {
+            let pins = &file.upstreams["alpha"].pinned.as_ref().unwrap().entries;
+            let (add, echo) = (&pins["tools/add"].pinned_at, &pins["tools/echo"].pinned_at);
+            assert_eq!(add, echo);
+            add.is_shared_with(echo)
+        };
+        assert!(shared(&file));
+        let bytes = file.to_bytes();
+        let read = PinFile::parse(
+            Path::new("plexus.lock"),
+            std::str::from_utf8(&bytes).unwrap(),
+        )
+        .unwrap();
+        assert!(shared(&read));
+        assert_eq!(read.to_bytes(), bytes);
     }
 
     #[test]
