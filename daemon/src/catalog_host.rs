@@ -155,7 +155,10 @@ impl CatalogHost {
         }
         state.floor.insert(name.clone(), generation);
         listing.quarantine = quarantine(&listing);
-        let part = self.build_part(&mut state, &listing);
+        let mut part = self.build_part(&mut state, &listing);
+        if let Some(installed) = state.by_upstream.get(&name) {
+            part = installed.in_place_of(part);
+        }
         state.by_upstream.insert(name, part);
         self.rebuild(&mut state);
         self.installed.send_modify(|count| *count += 1);

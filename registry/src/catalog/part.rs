@@ -430,6 +430,42 @@ impl UpstreamPart {
         (part, warnings)
     }
 
+    /// What to install for `built`: this part itself if both were built from the
+    /// same listing, a copy of its tables with `built`'s instructions, their
+    /// judgement and cache hints if only those differ (a listing kept on disk has
+    /// neither), else `built`. A listing listed again unchanged (a restart's fresh
+    /// listing after the kept one, a scheduled re-check) then keeps the texts the
+    /// pins share, and the memory the new part took is given back whole.
+    pub fn in_place_of(self: &Arc<Self>, built: Arc<UpstreamPart>) -> Arc<UpstreamPart> {
+        let (mine, theirs) = (&self.quarantine, &built.quarantine);
+        let same_entries = self.upstream == built.upstream
+            && self.prefix == built.prefix
+            && self.tool_filter == built.tool_filter
+            && mine.whole == theirs.whole
+            && mine.entries == theirs.entries
+            && mine.admits_unlisted == theirs.admits_unlisted
+            && self
+                .listed
+                .iter()
+                .zip(&built.listed)
+                .all(|(mine, theirs)| mine.ends == theirs.ends && mine.text == theirs.text);
+        if !same_entries {
+            return built;
+        }
+        if self.instructions == built.instructions
+            && mine.instructions == theirs.instructions
+            && self.cache == built.cache
+        {
+            return self.clone();
+        }
+        Arc::new(UpstreamPart {
+            instructions: built.instructions.clone(),
+            quarantine: built.quarantine.clone(),
+            cache: built.cache,
+            ..UpstreamPart::clone(self)
+        })
+    }
+
     /// The listing this part was built from, entries and all (parsed again: asked
     /// for only when a listing is judged or named anew).
     pub fn listing(&self) -> UpstreamListing {
@@ -674,6 +710,46 @@ mod tests {
         assert_eq!(detached.as_str(), texts[2]);
         assert!(!detached.shares_text_with(&packed[2]));
         assert!(detached.detached().shares_text_with(&detached));
+    }
+
+    /// A listing built again unchanged installs the part already built (or a copy of
+    /// its tables where only instructions, their judgement or cache hints differ);
+    /// any change to an entry, a name or what is held installs the new part.
+    #[test]
+    fn an_unchanged_listing_keeps_the_installed_part() {
+        let mut server = listing("srv", "p");
+        server.tools = vec![json!({"name": "t", "inputSchema": {"type": "object"}})];
+        let build = |listing: &UpstreamListing| Arc::new(UpstreamPart::build(listing, 64).0);
+        let installed = build(&server);
+        let again = build(&server);
+        assert!(Arc::ptr_eq(&installed.in_place_of(again), &installed));
+
+        let mut fresh = server.clone();
+        fresh.instructions = Some("hello".into());
+        fresh.cache = [Some(CacheHint::NONE); 4];
+        let kept = installed.in_place_of(build(&fresh));
+        assert!(!Arc::ptr_eq(&kept, &installed));
+        assert!(kept.listed[0].text.as_ptr() == installed.listed[0].text.as_ptr());
+        assert!(kept.exposed[0][0]
+            .routed
+            .same(&installed.exposed[0][0].routed));
+        assert_eq!(kept.shown_instructions().map(String::as_str), Some("hello"));
+        assert_eq!(kept.cache, fresh.cache);
+
+        let mut changed = server.clone();
+        changed.tools[0]["description"] = json!("new");
+        let renamed = UpstreamListing {
+            prefix: "q".into(),
+            ..server.clone()
+        };
+        let mut held = server.clone();
+        held.quarantine
+            .entries
+            .insert((Kind::Tools, "t".into()), Arc::new(json!("changed")));
+        for other in [changed, renamed, held] {
+            let built = build(&other);
+            assert!(Arc::ptr_eq(&installed.in_place_of(built.clone()), &built));
+        }
     }
 
     #[test]
