@@ -12,7 +12,7 @@ use registry::{
     Catalog, CatalogOptions, CatalogWarning, Kind, Quarantine, ToolFilter, UpstreamListing,
     UpstreamPart, View,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -141,7 +141,7 @@ impl CatalogHost {
         &self,
         generation: u64,
         mut listing: UpstreamListing,
-        quarantine: impl FnOnce(&UpstreamListing) -> Quarantine,
+        quarantine: impl FnOnce(&mut UpstreamListing) -> Quarantine,
     ) -> bool {
         let mut state = self.lock();
         let name = listing.upstream.to_string();
@@ -154,7 +154,7 @@ impl CatalogHost {
             return false;
         }
         state.floor.insert(name.clone(), generation);
-        listing.quarantine = quarantine(&listing);
+        listing.quarantine = quarantine(&mut listing);
         let mut part = self.build_part(&mut state, &listing);
         if let Some(installed) = state.by_upstream.get(&name) {
             part = installed.in_place_of(part);
@@ -183,14 +183,14 @@ impl CatalogHost {
     pub fn update_quarantine(
         &self,
         name: &str,
-        quarantine: impl FnOnce(&UpstreamListing) -> Quarantine,
+        quarantine: impl FnOnce(&mut UpstreamListing) -> Quarantine,
     ) -> bool {
         let mut state = self.lock();
         let Some(part) = state.by_upstream.get(name) else {
             return false;
         };
         let mut listing = part.listing();
-        let judged = quarantine(&listing);
+        let judged = quarantine(&mut listing);
         // Judged anew either way: the listing was parsed again to be judged.
         self.installed.send_modify(|count| *count += 1);
         if judged == listing.quarantine {
@@ -332,19 +332,29 @@ impl CatalogHost {
         self.directory.join(format!("{upstream}.json"))
     }
 
-    /// Keeps a listing on disk, off the async runtime.
-    pub fn save(&self, listing: &UpstreamListing, capabilities: Value) {
-        let body = json!({
-            "capabilities": capabilities,
-            "tools": listing.tools,
-            "prompts": listing.prompts,
-            "resources": listing.resources,
-            "resourceTemplates": listing.resource_templates,
-        });
+    /// Keeps a listing on disk, off the async runtime (serialised here, from the
+    /// listing itself: a copy of its tree of values would be several times its text).
+    pub fn save(&self, listing: &UpstreamListing, capabilities: &Value) {
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Kept<'a> {
+            capabilities: &'a Value,
+            tools: &'a [Value],
+            prompts: &'a [Value],
+            resources: &'a [Value],
+            resource_templates: &'a [Value],
+        }
+        let kept = Kept {
+            capabilities,
+            tools: &listing.tools,
+            prompts: &listing.prompts,
+            resources: &listing.resources,
+            resource_templates: &listing.resource_templates,
+        };
+        let bytes = serde_json::to_vec(&kept).unwrap_or_default();
         let path = self.cache_path(&listing.upstream);
         let upstream = listing.upstream.clone();
         tokio::task::spawn_blocking(move || {
-            let bytes = serde_json::to_vec(&body).unwrap_or_default();
             if let Err(error) = write_atomically(&path, &bytes, 0o644) {
                 tracing::warn!(upstream = %upstream, %error, "could not keep the upstream's listing on disk");
             }

@@ -152,7 +152,7 @@ impl Hub {
     pub async fn apply(&self, diff: ConfigDiff, drain_timeout: Duration) -> ApplyReport {
         let report = self.upstreams.apply(diff, self, drain_timeout).await;
         for (name, snapshot) in self.pins.reread_if_unreadable() {
-            self.pins.observe(&name, snapshot, self.policy(&name));
+            self.pins.observe(&name, &snapshot, self.policy(&name));
         }
         for name in self.upstreams().keys() {
             self.requarantine(name);
@@ -176,7 +176,9 @@ impl Hub {
     fn requarantine(&self, name: &str) {
         let policy = self.policy(name);
         let rebuilt = self.catalog.update_quarantine(name, |listing| {
-            self.pins.evaluate(name, &listed_snapshot(listing), policy)
+            judged(listing, None, |snapshot| {
+                self.pins.evaluate(name, snapshot, policy)
+            })
         });
         if rebuilt {
             self.share_pinned_texts(name);
@@ -475,12 +477,13 @@ impl Hub {
             } => {
                 // A removed or replaced upstream's late listing is neither kept nor shown.
                 if self.catalog.accepts(&listing.upstream, generation) {
-                    let snapshot = snapshot_of(&listing, &hello);
                     let name = listing.upstream.clone();
                     let policy = self.policy(&name);
-                    self.catalog.save(&listing, capabilities);
-                    self.catalog.install(generation, *listing, |_| {
-                        self.pins.observe(&name, snapshot, policy)
+                    self.catalog.save(&listing, &capabilities);
+                    self.catalog.install(generation, *listing, |listing| {
+                        judged(listing, Some(&hello), |snapshot| {
+                            self.pins.observe(&name, snapshot, policy)
+                        })
                     });
                     self.share_pinned_texts(&name);
                 }
@@ -809,35 +812,39 @@ async fn wait_for(activity: Option<&Notify>) {
     }
 }
 
-/// A listing as received, with what the server said of itself: what pins are taken of.
-fn snapshot_of(listing: &UpstreamListing, hello: &ServerHello) -> ListingSnapshot {
+/// `listing`'s entries and instructions lent to `judge` as a snapshot (the entries
+/// moved there and back, never copied: a large listing's tree of values is several
+/// times its text), with what the server said of itself if it was listed afresh (a
+/// listing kept from an earlier run has no name or version).
+fn judged<T>(
+    listing: &mut UpstreamListing,
+    hello: Option<&ServerHello>,
+    judge: impl FnOnce(&ListingSnapshot) -> T,
+) -> T {
     let text = |key: &str| {
         hello
-            .server_info
-            .get(key)
+            .and_then(|hello| hello.server_info.get(key))
             .and_then(Value::as_str)
             .map(str::to_string)
     };
-    ListingSnapshot {
+    let snapshot = ListingSnapshot {
         server_name: text("name"),
         server_version: text("version"),
-        instructions: hello.instructions.clone(),
-        ..listed_snapshot(listing)
-    }
-}
-
-/// A listing's entries and instructions, without the server's name and version
-/// (a listing kept from an earlier run has none).
-fn listed_snapshot(listing: &UpstreamListing) -> ListingSnapshot {
-    ListingSnapshot {
-        server_name: None,
-        server_version: None,
-        instructions: listing.instructions.clone(),
-        tools: listing.tools.clone(),
-        prompts: listing.prompts.clone(),
-        resources: listing.resources.clone(),
-        resource_templates: listing.resource_templates.clone(),
-    }
+        instructions: match hello {
+            Some(hello) => hello.instructions.clone(),
+            None => listing.instructions.clone(),
+        },
+        tools: std::mem::take(&mut listing.tools),
+        prompts: std::mem::take(&mut listing.prompts),
+        resources: std::mem::take(&mut listing.resources),
+        resource_templates: std::mem::take(&mut listing.resource_templates),
+    };
+    let judgement = judge(&snapshot);
+    listing.tools = snapshot.tools;
+    listing.prompts = snapshot.prompts;
+    listing.resources = snapshot.resources;
+    listing.resource_templates = snapshot.resource_templates;
+    judgement
 }
 
 /// Hands supervisor events to the hub until shutdown.
@@ -878,7 +885,9 @@ impl SetHooks for Hub {
                 let policy = Policy::of(&config);
                 self.catalog
                     .install(upstream.generation(), listing, |listing| {
-                        self.pins.evaluate(name, &listed_snapshot(listing), policy)
+                        judged(listing, None, |snapshot| {
+                            self.pins.evaluate(name, snapshot, policy)
+                        })
                     });
                 true
             }

@@ -177,8 +177,13 @@ impl Pins {
     /// Checks a fresh listing of `upstream` against its pin (pinning it on first
     /// sight unless pinning is strict), reports what changed, and returns what of
     /// it is held back.
-    pub fn observe(&self, upstream: &str, snapshot: ListingSnapshot, policy: Policy) -> Quarantine {
-        let current = fingerprint::catalog_fingerprint(&snapshot);
+    pub fn observe(
+        &self,
+        upstream: &str,
+        snapshot: &ListingSnapshot,
+        policy: Policy,
+    ) -> Quarantine {
+        let current = fingerprint::catalog_fingerprint(snapshot);
         self.metrics.catalog_fingerprint(upstream, &current);
         let mut guard = self.lock();
         let state = &mut *guard;
@@ -188,24 +193,24 @@ impl Pins {
                 self.count(upstream, "pin_file_unreadable");
                 state
                     .observed
-                    .insert(upstream.to_string(), Observed::own(&snapshot));
-                return hold(&state.file, upstream, &snapshot, policy);
+                    .insert(upstream.to_string(), Observed::own(snapshot));
+                return hold(&state.file, upstream, snapshot, policy);
             }
             Ok(file) => file,
         };
-        let (seen, dirty) = file.observe(upstream, &snapshot, policy.strict);
+        let (seen, dirty) = file.observe(upstream, snapshot, policy.strict);
         state.observed.insert(
             upstream.to_string(),
-            Observed::of(&snapshot, &current, file.upstreams.get(upstream)),
+            Observed::of(snapshot, &current, file.upstreams.get(upstream)),
         );
         match seen {
             Observation::PinnedOnFirstSight => {
-                tracing::info!(upstream, fingerprint = %current, entries = entry_count(&snapshot), "pinned the upstream's catalog on first sight");
+                tracing::info!(upstream, fingerprint = %current, entries = entry_count(snapshot), "pinned the upstream's catalog on first sight");
                 self.count(upstream, "pinned");
             }
             Observation::Unapproved => {
                 if dirty {
-                    tracing::warn!(upstream, fingerprint = %current, entries = entry_count(&snapshot), "pin = \"strict\": nothing of the upstream is exposed until `plexus pins approve {upstream}`");
+                    tracing::warn!(upstream, fingerprint = %current, entries = entry_count(snapshot), "pin = \"strict\": nothing of the upstream is exposed until `plexus pins approve {upstream}`");
                 }
                 self.count(upstream, "unapproved");
             }
@@ -220,7 +225,7 @@ impl Pins {
         if dirty {
             self.save(file, false);
         }
-        hold(&state.file, upstream, &snapshot, policy)
+        hold(&state.file, upstream, snapshot, policy)
     }
 
     /// `upstream`'s pinned and pending definitions take the equal texts of its
@@ -292,7 +297,7 @@ impl Pins {
         line.insert("upstream".into(), json!(upstream));
         self.audit.record("pin_reset", line);
         if let Some(snapshot) = observed {
-            self.observe(upstream, snapshot, policy);
+            self.observe(upstream, &snapshot, policy);
         }
         Ok(())
     }
@@ -544,12 +549,12 @@ mod tests {
         let (first, drifted) = (listing("Adds."), listing("Adds. Then mails the sum."));
         let is_in_file = |pins: &Pins| matches!(pins.lock().observed["alpha"], Observed::InFile(_));
 
-        assert!(!held(&pins.observe("alpha", first.clone(), BLOCK)));
+        assert!(!held(&pins.observe("alpha", &first, BLOCK)));
         assert!(
             is_in_file(&pins),
             "a listing pinned on first sight is the pin"
         );
-        assert!(held(&pins.observe("alpha", drifted.clone(), BLOCK)));
+        assert!(held(&pins.observe("alpha", &drifted, BLOCK)));
         assert!(
             is_in_file(&pins),
             "a drifted listing is the pending catalog"
@@ -578,7 +583,7 @@ mod tests {
         let pins = pins_in(dir.path());
         let mut twice = listing("Adds.");
         twice.tools.push(twice.tools[0].clone());
-        pins.observe("alpha", twice.clone(), BLOCK);
+        pins.observe("alpha", &twice, BLOCK);
         let state = pins.lock();
         let observed = &state.observed["alpha"];
         assert!(matches!(observed, Observed::Own(_)));
