@@ -100,14 +100,15 @@ pub struct EntryPin {
 }
 
 impl EntryPin {
-    /// `entry` pinned `at`; `None` for an entry without a name (nothing to pin it by).
-    fn of(kind: Kind, entry: &Value, at: &Stamp) -> Option<EntryPin> {
+    /// `entry`, whose definition is `definition`, pinned `at`; `None` for an entry
+    /// without a name (nothing to pin it by).
+    fn of(kind: Kind, entry: &Value, at: &Stamp, definition: Definition) -> Option<EntryPin> {
         let print = fingerprint::fingerprint(kind, entry)?;
         Some(EntryPin {
             compatibility: digest(&print.compatibility)?,
             security: digest(&print.security)?,
             pinned_at: at.clone(),
-            definition: Definition::of(entry),
+            definition,
         })
     }
 }
@@ -183,6 +184,19 @@ impl Definition {
         Definition(EntryText::own(
             serde_json::to_string(value).unwrap_or_default(),
         ))
+    }
+
+    /// The definitions of `values`, written into one buffer: a catalog's are made
+    /// together, and freed together once the catalog's own texts replace them.
+    fn packed<'a>(values: impl IntoIterator<Item = &'a Value>) -> Vec<Definition> {
+        EntryText::pack_with(values, |value, out| {
+            if serde_json::to_writer(&mut *out, value).is_err() {
+                out.extend_from_slice(b"null");
+            }
+        })
+        .into_iter()
+        .map(Definition)
+        .collect()
     }
 
     /// The definition as values; written by `of` from a value, so it reads back.
@@ -336,9 +350,14 @@ impl Pinned {
         let stamp = Stamp::new(at);
         // Collected in key order, so the map is built with full nodes (inserted one
         // by one, its nodes would be half empty).
-        let entries = keyed(snapshot)
+        let keyed = keyed(snapshot);
+        let definitions = Definition::packed(keyed.values().map(|(_, entry)| *entry));
+        let entries = keyed
             .into_iter()
-            .filter_map(|(key, (kind, entry))| Some((key, EntryPin::of(kind, entry, &stamp)?)))
+            .zip(definitions)
+            .filter_map(|((key, (kind, entry)), definition)| {
+                Some((key, EntryPin::of(kind, entry, &stamp, definition)?))
+            })
             .collect();
         Pinned {
             pinned_at: at.to_string(),
@@ -356,13 +375,16 @@ impl Seen {
     }
 
     fn of(snapshot: &ListingSnapshot, fingerprint: String, at: &str) -> Seen {
+        let keyed = keyed(snapshot);
+        let definitions = Definition::packed(keyed.values().map(|(_, entry)| *entry));
         Seen {
             seen_at: at.to_string(),
             catalog_fingerprint: fingerprint,
             server: Server::of(snapshot),
-            entries: keyed(snapshot)
+            entries: keyed
                 .into_iter()
-                .map(|(key, (_, entry))| (key, Definition::of(entry)))
+                .zip(definitions)
+                .map(|((key, _), definition)| (key, definition))
                 .collect(),
         }
     }
@@ -586,8 +608,9 @@ impl PinFile {
                     let kind = key
                         .split_once('/')
                         .and_then(|(kind, _)| Kind::from_label(kind));
-                    let Some(pin) = kind.and_then(|kind| EntryPin::of(kind, &definition, &stamp))
-                    else {
+                    let Some(pin) = kind.and_then(|kind| {
+                        EntryPin::of(kind, &definition, &stamp, Definition::of(&definition))
+                    }) else {
                         continue;
                     };
                     pinned.entries.insert(key, pin);
@@ -751,16 +774,19 @@ mod tests {
         assert_eq!(file.to_bytes(), before);
     }
 
-    /// Entries pinned at one time share one stamp, as pinned and as read back.
+    /// Entries pinned at one time share one stamp, and their definitions one
+    /// buffer, as pinned and as read back.
     #[test]
-    fn entries_pinned_at_one_time_share_their_stamp() {
+    fn entries_pinned_at_one_time_share_their_stamp_and_buffer() {
         let mut file = PinFile::empty();
         file.observe("alpha", &listing("Adds."), false);
         let shared = |file: &PinFile| {
             let pins = &file.upstreams["alpha"].pinned.as_ref().unwrap().entries;
-            let (add, echo) = (&pins["tools/add"].pinned_at, &pins["tools/echo"].pinned_at);
-            assert_eq!(add, echo);
-            add.is_shared_with(echo)
+            let (add, echo) = (&pins["tools/add"], &pins["tools/echo"]);
+            assert_eq!(add.pinned_at, echo.pinned_at);
+            assert_eq!(add.definition.value()["name"], "add");
+            add.pinned_at.is_shared_with(&echo.pinned_at)
+                && add.definition.0.shares_text_with(&echo.definition.0)
         };
         assert!(shared(&file));
         let bytes = file.to_bytes();

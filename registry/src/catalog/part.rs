@@ -182,14 +182,26 @@ impl EntryText {
     /// The texts copied into one buffer, each returned as a view of it: one
     /// allocation for many small texts, freed as one.
     pub fn pack<'a>(texts: impl IntoIterator<Item = &'a str>) -> Vec<EntryText> {
-        let mut buffer = String::new();
+        EntryText::pack_with(texts, |text, out| out.extend_from_slice(text.as_bytes()))
+    }
+
+    /// Like [`EntryText::pack`], each text written into the buffer by `write` (as
+    /// UTF-8), so none is ever a string of its own.
+    pub fn pack_with<T>(
+        items: impl IntoIterator<Item = T>,
+        mut write: impl FnMut(T, &mut Vec<u8>),
+    ) -> Vec<EntryText> {
+        let mut buffer = Vec::new();
         let mut spans = Vec::new();
-        for text in texts {
+        for item in items {
             let start = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
-            buffer.push_str(text);
+            write(item, &mut buffer);
             spans.push((start, u32::try_from(buffer.len()).unwrap_or(u32::MAX)));
         }
-        let text: Arc<str> = buffer.into();
+        let text: Arc<str> = match String::from_utf8(buffer) {
+            Ok(text) => text.into(),
+            Err(error) => String::from_utf8_lossy(error.as_bytes()).into(),
+        };
         spans
             .into_iter()
             .map(|(start, end)| EntryText {
