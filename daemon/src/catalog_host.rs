@@ -365,14 +365,8 @@ impl CatalogHost {
     /// the upstream advertised then. `empty` is the upstream's listing with no entries.
     pub fn load(&self, mut listing: UpstreamListing) -> Option<(UpstreamListing, Value)> {
         let name = listing.upstream.clone();
-        let path = self.cache_path(&name);
-        // Parsed apart: the part built from it is then laid out in sequence, not
-        // among the freed pieces of the text and the tree.
-        let body = crate::memory::read_apart(|| {
-            let text = std::fs::read_to_string(&path).ok()?;
-            Some(serde_json::from_str::<Value>(&text))
-        })?;
-        let Ok(Value::Object(mut body)) = body else {
+        let text = std::fs::read_to_string(self.cache_path(&name)).ok()?;
+        let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(&text) else {
             tracing::warn!(upstream = %name, "ignoring an unreadable cached listing");
             return None;
         };

@@ -11,18 +11,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Runs `read` on a thread of its own and returns what it read: glibc gives each
-/// thread its own arena, so the short-lived values a read leaves behind (a file's
-/// text, a tree of values) are freed there whole, instead of staying between the
-/// long-lived ones as pages that cannot be returned. The caller builds what it keeps
-/// from the result, in its own arena, in sequence.
-pub fn read_apart<T: Send>(read: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| match scope.spawn(read).join() {
-        Ok(result) => result,
-        Err(panic) => std::panic::resume_unwind(panic),
-    })
-}
-
 /// How long the catalog must stay unchanged before memory is released: upstreams
 /// that start together list within moments of each other.
 pub const SETTLE: Duration = Duration::from_secs(1);
@@ -112,22 +100,6 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         released.load(Ordering::SeqCst)
-    }
-
-    #[test]
-    fn a_read_apart_runs_on_another_thread_and_returns_what_it_read() {
-        let caller = std::thread::current().id();
-        let text = String::from("{\"tools\":[]}");
-        let (thread, parsed) = read_apart(|| {
-            (
-                std::thread::current().id(),
-                serde_json::from_str::<serde_json::Value>(&text),
-            )
-        });
-        assert_ne!(thread, caller);
-        assert_eq!(parsed.ok(), Some(serde_json::json!({"tools": []})));
-        let panicked = std::panic::catch_unwind(|| read_apart(|| panic!("unreadable")));
-        assert!(panicked.is_err(), "a panic in the read reaches the caller");
     }
 
     #[test]

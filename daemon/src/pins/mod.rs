@@ -473,9 +473,7 @@ fn admitting_unlisted(policy: Policy) -> Quarantine {
 }
 
 fn read(path: &Path) -> Result<PinFile, String> {
-    // Copied out of the reading arena, in key order.
-    let read = crate::memory::read_apart(|| PinFile::read(path)).map(|file| PinFile::clone(&file));
-    read.map_err(|error| {
+    PinFile::read(path).map_err(|error| {
         let reason = error.to_string();
         tracing::error!(
             "{reason}; the upstreams it covers are held, and the file is left as it is"
