@@ -185,7 +185,7 @@ impl Bridge {
         let _ = self.output.send(message).await;
     }
 
-    async fn handle(self: Arc<Self>, message: Value) {
+    async fn handle(self: Arc<Self>, mut message: Value) {
         let method = message
             .get("method")
             .and_then(Value::as_str)
@@ -196,7 +196,8 @@ impl Bridge {
                 let key = id.to_string();
                 let task = {
                     let bridge = self.clone();
-                    let params = message.get("params").cloned();
+                    // Moved, not copied: a call's arguments may be megabytes.
+                    let params = message.get_mut("params").map(Value::take);
                     tokio::spawn(async move { bridge.request(id, &method, params).await })
                 };
                 self.in_flight
@@ -210,7 +211,7 @@ impl Bridge {
                     .remove(&key);
             }
             (Some(method), None) => {
-                self.notification(&method, message.get("params").cloned())
+                self.notification(&method, message.get_mut("params").map(Value::take))
                     .await
             }
             (None, Some(id)) => {
