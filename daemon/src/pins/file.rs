@@ -6,7 +6,7 @@
 //! Sorted maps and pretty JSON, one block per upstream and per entry, so the file
 //! reads and diffs well under version control.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -147,10 +147,14 @@ mod shared_str {
 
 /// Every entry's stamp that equals another's becomes the same one.
 fn share_stamps<'a>(stamps: impl Iterator<Item = &'a mut Stamp>) {
-    let mut seen: HashMap<Stamp, Stamp> = HashMap::new();
+    let mut seen: HashSet<Stamp> = HashSet::new();
     for stamp in stamps {
-        let shared = seen.entry(stamp.clone()).or_insert_with(|| stamp.clone());
-        *stamp = shared.clone();
+        match seen.get(stamp) {
+            Some(shared) => *stamp = shared.clone(),
+            None => {
+                seen.insert(stamp.clone());
+            }
+        }
     }
 }
 

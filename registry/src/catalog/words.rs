@@ -41,9 +41,11 @@ impl Words {
 /// Gathers words tool by tool, then packs them.
 #[derive(Default)]
 pub(super) struct WordsBuilder {
-    /// Word -> its place in `order`.
+    /// Word -> its place in `words`.
     index: HashMap<Box<str>, usize>,
-    order: Vec<(Box<str>, Vec<u32>)>,
+    /// The words' text and ends, final already; their tools, one vector a word.
+    words: Words,
+    tools: Vec<Vec<u32>>,
 }
 
 impl WordsBuilder {
@@ -56,28 +58,25 @@ impl WordsBuilder {
                 continue;
             }
             match self.index.get(word) {
-                Some(&at) => self.order[at].1.push(place),
+                Some(&at) => self.tools[at].push(place),
                 None => {
-                    self.index.insert(word.into(), self.order.len());
-                    self.order.push((word.into(), vec![place]));
+                    self.index.insert(word.into(), self.tools.len());
+                    self.tools.push(vec![place]);
+                    self.words.text.push_str(word);
+                    self.words.ends.push(offset(self.words.text.len()));
                 }
             }
         }
     }
 
     pub fn finish(self) -> Words {
-        let text_len = self.order.iter().map(|(word, _)| word.len()).sum();
-        let tools_len = self.order.iter().map(|(_, tools)| tools.len()).sum();
-        let mut words = Words {
-            text: String::with_capacity(text_len),
-            ends: Vec::with_capacity(self.order.len()),
-            tool_ends: Vec::with_capacity(self.order.len()),
-            tools: Vec::with_capacity(tools_len),
-        };
-        for (word, tools) in self.order {
-            words.text.push_str(&word);
+        let mut words = self.words;
+        words.text.shrink_to_fit();
+        words.ends.shrink_to_fit();
+        words.tools = Vec::with_capacity(self.tools.iter().map(Vec::len).sum());
+        words.tool_ends = Vec::with_capacity(self.tools.len());
+        for tools in self.tools {
             words.tools.extend_from_slice(&tools);
-            words.ends.push(offset(words.text.len()));
             words.tool_ends.push(offset(words.tools.len()));
         }
         words
