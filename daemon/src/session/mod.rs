@@ -524,8 +524,8 @@ impl Session {
         };
         let name = name.and_then(Value::as_str).unwrap_or_default().to_string();
         let route = match method {
-            "tools/call" => catalog.route_tool(&name).cloned(),
-            "prompts/get" => catalog.route_prompt(&name).cloned(),
+            "tools/call" => catalog.route_tool(&name),
+            "prompts/get" => catalog.route_prompt(&name),
             _ => catalog.route_resource(&name),
         };
         let arguments = crate::audit::arguments_hash(arguments);
@@ -607,19 +607,12 @@ impl Session {
             "tools/call" => {
                 let catalog = self.catalog();
                 let (params, name) = take_string(params, "name")?;
-                let unlisted;
                 let route = match catalog.route_tool(&name) {
                     Some(route) => route,
-                    None => match catalog
+                    None => catalog
                         .route_unlisted_tool(&name)
                         .filter(|_| catalog.held(Kind::Tools, &name).is_none())
-                    {
-                        Some(route) => {
-                            unlisted = route;
-                            &unlisted
-                        }
-                        None => return Err(unrouted(&catalog, Kind::Tools, &name)),
-                    },
+                        .ok_or_else(|| unrouted(&catalog, Kind::Tools, &name))?,
                 };
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let headers: Vec<(String, String)> = catalog
@@ -638,7 +631,7 @@ impl Session {
                 } else {
                     params
                 };
-                self.forward_named(method, params, route, &headers, related)
+                self.forward_named(method, params, &route, &headers, related)
                     .await
             }
             "prompts/get" => {
@@ -647,7 +640,7 @@ impl Session {
                 let route = catalog
                     .route_prompt(&name)
                     .ok_or_else(|| unrouted(&catalog, Kind::Prompts, &name))?;
-                self.forward_named(method, params, route, &[], related)
+                self.forward_named(method, params, &route, &[], related)
                     .await
             }
             "resources/read" => {
@@ -744,7 +737,6 @@ impl Session {
                     .unwrap_or_default();
                 let route = catalog
                     .route_prompt(name)
-                    .cloned()
                     .ok_or_else(|| unrouted(&catalog, Kind::Prompts, name))?;
                 ("name", route)
             }
@@ -755,7 +747,6 @@ impl Session {
                     .unwrap_or_default();
                 let route = catalog
                     .route_template(uri)
-                    .cloned()
                     .or_else(|| catalog.route_resource(uri))
                     .ok_or_else(|| unrouted(&catalog, Kind::ResourceTemplates, uri))?;
                 ("uri", route)

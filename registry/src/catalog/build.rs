@@ -6,8 +6,8 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::entries::EntryRef;
-use super::part::{ByOriginal, Routed, UpstreamPart};
+use super::entries::{exposed_key_of, original_key_of, EntryRef};
+use super::part::UpstreamPart;
 use super::{Catalog, CatalogOptions, CatalogWarning, Kind};
 
 pub(super) fn assemble(
@@ -23,7 +23,7 @@ pub(super) fn assemble(
             .map(|part| part.exposed[kind.index()].len())
             .sum();
         catalog.entries[kind.index()].reserve(total);
-        catalog.routes[kind.index()].reserve(total);
+        catalog.routes[kind.index()].reserve(total, exposed_key_of(&parts, kind));
     }
     for (position, part) in parts.iter().enumerate() {
         let upstream = &part.upstream;
@@ -53,50 +53,34 @@ pub(super) fn assemble(
             }
             // Places of this part's entries of `kind` that won their name.
             let mut won = vec![false; part.exposed[kind.index()].len()];
-            for (index, item) in part.exposed[kind.index()].iter().enumerate() {
-                if let Some(kept) = catalog.routes[kind.index()].get(item.routed.exposed()) {
+            for (index, won) in won.iter_mut().enumerate() {
+                let entry = EntryRef {
+                    part: part_number,
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                };
+                let routes = &mut catalog.routes[kind.index()];
+                if let Some(kept) = routes.insert(entry, exposed_key_of(&parts, kind)) {
+                    let kept = parts[kept.part as usize].route(kind, kept.index as usize);
                     warnings.push(CatalogWarning::Collision {
                         kind,
-                        exposed: item.routed.exposed().to_string(),
-                        kept: kept.route().clone(),
-                        rejected: item.routed.route().clone(),
+                        exposed: part.exposed_key(kind, index).to_string(),
+                        kept,
+                        rejected: part.route(kind, index),
                     });
                     continue;
                 }
-                won[index] = true;
-                catalog.routes[kind.index()].insert(item.routed.clone());
-                catalog.entries[kind.index()].push(EntryRef {
-                    part: part_number,
-                    index: u32::try_from(index).unwrap_or(u32::MAX),
-                });
+                *won = true;
+                catalog.entries[kind.index()].push(entry);
                 if kind == Kind::Resources {
-                    remember_original(&mut catalog, &item.routed);
+                    remember_original(&mut catalog, &parts, entry);
                 }
             }
-            let exposed = &part.exposed[kind.index()];
-            match kind {
-                Kind::Tools => {
-                    for (index, headers) in &part.param_headers {
-                        if won[*index as usize] {
-                            let routed = exposed[*index as usize].routed.clone();
-                            catalog.param_headers.insert(routed, headers.clone());
-                        }
-                    }
-                    for (index, support) in &part.task_support {
-                        if won[*index as usize] {
-                            let routed = exposed[*index as usize].routed.clone();
-                            catalog.task_support.insert(routed, *support);
-                        }
+            if kind == Kind::ResourceTemplates {
+                for (index, head) in &part.templates {
+                    if index.is_none_or(|index| won[index as usize]) {
+                        catalog.templates.push(head.clone());
                     }
                 }
-                Kind::ResourceTemplates => {
-                    for (index, head) in &part.templates {
-                        if index.is_none_or(|index| won[index as usize]) {
-                            catalog.templates.push(head.clone());
-                        }
-                    }
-                }
-                Kind::Prompts | Kind::Resources => {}
             }
         }
     }
@@ -117,15 +101,14 @@ pub(super) fn assemble(
 
 /// Step 4 of the resource routing rule: a listed resource by its original URI,
 /// unless several upstreams list that URI.
-fn remember_original(catalog: &mut Catalog, routed: &Routed) {
-    match catalog.echoed_originals.entry(ByOriginal(routed.clone())) {
-        Entry::Occupied(mut listed) => {
-            if listed.key().0.route().upstream != routed.route().upstream {
-                *listed.get_mut() = false;
-            }
-        }
-        Entry::Vacant(slot) => {
-            slot.insert(true);
+fn remember_original(catalog: &mut Catalog, parts: &[Arc<UpstreamPart>], entry: EntryRef) {
+    let originals = original_key_of(parts, Kind::Resources);
+    let listed = catalog
+        .echoed_originals
+        .insert((entry, true), |(entry, _)| originals(entry));
+    if let Some((listed, unique)) = listed {
+        if parts[listed.part as usize].upstream != parts[entry.part as usize].upstream {
+            *unique = false;
         }
     }
 }
@@ -138,19 +121,18 @@ fn namespace_taken(
     owner: &Arc<str>,
     warnings: &mut Vec<CatalogWarning>,
 ) {
-    let originals = part.exposed[kind.index()]
-        .iter()
-        .map(|item| &item.routed.route().original)
+    let originals = (0..part.exposed[kind.index()].len())
+        .map(|index| part.original(kind, index))
         .chain(
             part.held[kind.index()]
                 .iter()
-                .map(|(_, held)| &held.route.original),
+                .map(|(_, held)| held.route.original.as_str()),
         );
     for original in originals {
         warnings.push(CatalogWarning::InvalidEntry {
             kind,
             upstream: part.upstream.clone(),
-            entry: original.clone(),
+            entry: original.to_string(),
             reason: format!(
                 "its prefix `{}` gives the URI namespace `{}`, which upstream `{owner}` already uses",
                 part.prefix,
@@ -193,6 +175,7 @@ fn claim_namespaces(
 /// cost follows the distinct words, not the text.
 fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
     let routes = &catalog.routes[Kind::Tools.index()];
+    let exposed_key = exposed_key_of(&catalog.parts, Kind::Tools);
     let prefixes: HashMap<&str, &Arc<str>> = catalog
         .parts
         .iter()
@@ -200,13 +183,13 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
         .map(|part| (part.prefix.as_str(), &part.upstream))
         .collect();
     let mut warnings = Vec::new();
-    for part in &catalog.parts {
-        let exposed = &part.exposed[Kind::Tools.index()];
+    for (position, part) in catalog.parts.iter().enumerate() {
+        let part_number = u32::try_from(position).unwrap_or(u32::MAX);
         let mut mentions: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
         for (word, tools) in part.words.iter() {
             let names_other = routes
-                .get(word)
-                .is_some_and(|other| other.route().upstream != part.upstream)
+                .get(word, &exposed_key)
+                .is_some_and(|other| catalog.parts[other.part as usize].upstream != part.upstream)
                 || word.split_once("__").is_some_and(|(prefix, _)| {
                     prefixes
                         .get(prefix)
@@ -217,10 +200,13 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
             }
             for tool in tools {
                 // Only a listed tool can steer anything.
-                let routed = &exposed[*tool as usize].routed;
+                let entry = EntryRef {
+                    part: part_number,
+                    index: *tool,
+                };
                 if routes
-                    .get(routed.exposed())
-                    .is_some_and(|listed| listed.same(routed))
+                    .get(part.exposed_key(Kind::Tools, *tool as usize), &exposed_key)
+                    .is_some_and(|listed| *listed == entry)
                 {
                     mentions.entry(*tool).or_default().insert(word);
                 }
@@ -229,7 +215,7 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
         for (tool, words) in mentions {
             warnings.push(CatalogWarning::Shadowing {
                 upstream: part.upstream.clone(),
-                tool: exposed[tool as usize].routed.route().original.clone(),
+                tool: part.original(Kind::Tools, tool as usize).to_string(),
                 mentions: words.into_iter().map(str::to_string).collect(),
             });
         }

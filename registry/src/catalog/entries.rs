@@ -19,6 +19,31 @@ pub(super) struct EntryRef {
     pub index: u32,
 }
 
+/// Reads the exposed key of an entry of `kind` from its part (what the route
+/// tables are keyed by).
+pub(super) fn exposed_key_of<'p>(
+    parts: &'p [Arc<UpstreamPart>],
+    kind: Kind,
+) -> impl Fn(&EntryRef) -> &'p str + 'p {
+    move |entry| {
+        parts
+            .get(entry.part as usize)
+            .map_or("", |part| part.exposed_key(kind, entry.index as usize))
+    }
+}
+
+/// Reads the upstream's own key of an entry of `kind` from its part.
+pub(super) fn original_key_of<'p>(
+    parts: &'p [Arc<UpstreamPart>],
+    kind: Kind,
+) -> impl Fn(&EntryRef) -> &'p str + 'p {
+    move |entry| {
+        parts
+            .get(entry.part as usize)
+            .map_or("", |part| part.original(kind, entry.index as usize))
+    }
+}
+
 /// Exposed entries of one kind, in list order.
 #[derive(Clone)]
 pub struct Entries<'a> {

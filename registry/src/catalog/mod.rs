@@ -8,6 +8,7 @@ mod entries;
 mod entry;
 mod kind;
 mod part;
+mod table;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -17,7 +18,7 @@ mod view;
 mod warning;
 mod words;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -35,8 +36,8 @@ pub use kind::Kind;
 pub use part::{EntryText, UpstreamPart};
 pub use view::View;
 
-use entries::EntryRef;
-use part::{ByOriginal, Routed};
+use entries::{exposed_key_of, original_key_of, EntryRef};
+use table::Table;
 pub use warning::CatalogWarning;
 
 /// What one upstream listed, with how it is to be exposed.
@@ -152,8 +153,9 @@ pub struct Catalog {
     /// Exposed entries per kind, indexed by [`Kind::index`].
     entries: [Vec<EntryRef>; 4],
     digests: [[u8; 32]; 4],
-    /// Routes per kind, looked up by exposed name, URI or template.
-    routes: [HashSet<Routed>; 4],
+    /// Routes per kind, looked up by exposed name, URI or template (the keys are
+    /// the parts').
+    routes: [Table<EntryRef>; 4],
     upstreams_by_namespace: HashMap<String, Arc<str>>,
     namespaces_by_upstream: HashMap<Arc<str>, String>,
     templates: Vec<TemplateHead>,
@@ -174,14 +176,8 @@ pub struct Catalog {
     /// resources and templates.
     uri_filter: Option<ToolFilter>,
     /// Resources by original URI, and whether only one upstream lists it.
-    echoed_originals: HashMap<ByOriginal, bool>,
+    echoed_originals: Table<(EntryRef, bool)>,
     page_size: usize,
-    /// Exposed tool name -> the parameters its schema mirrors into headers (only
-    /// tools that have any).
-    param_headers: HashMap<Routed, Arc<[ParamHeader]>>,
-    /// Exposed tool name -> whether it may run as a task (`execution.taskSupport`
-    /// of the handshake era: only tools that say `optional` or `required`).
-    task_support: HashMap<Routed, TaskSupport>,
     /// Each upstream's cache hints per kind, and their merge over the upstreams
     /// shown (computed with the snapshot, so a page costs nothing more).
     upstream_cache: HashMap<Arc<str>, [Option<CacheHint>; 4]>,
@@ -216,10 +212,8 @@ impl Catalog {
             instructions: HashMap::new(),
             visible: None,
             uri_filter: None,
-            echoed_originals: HashMap::new(),
+            echoed_originals: Table::default(),
             page_size: page_size.max(1),
-            param_headers: HashMap::new(),
-            task_support: HashMap::new(),
             upstream_cache: HashMap::new(),
             cache: [CacheHint::NONE; 4],
         }
@@ -287,10 +281,23 @@ impl Catalog {
         self.digests[kind.index()]
     }
 
-    pub fn route_tool(&self, exposed_name: &str) -> Option<&Route> {
-        self.routes[Kind::Tools.index()]
-            .get(exposed_name)
-            .map(Routed::route)
+    /// The exposed entry of `kind` with this exposed name, URI or template.
+    fn routed(&self, kind: Kind, exposed: &str) -> Option<&EntryRef> {
+        self.routes[kind.index()].get(exposed, exposed_key_of(&self.parts, kind))
+    }
+
+    fn part(&self, entry: &EntryRef) -> &UpstreamPart {
+        &self.parts[entry.part as usize]
+    }
+
+    /// Where exposed `entry` of `kind` goes.
+    fn route_of(&self, kind: Kind, entry: &EntryRef) -> Route {
+        self.part(entry).route(kind, entry.index as usize)
+    }
+
+    pub fn route_tool(&self, exposed_name: &str) -> Option<Route> {
+        let entry = self.routed(Kind::Tools, exposed_name)?;
+        Some(self.route_of(Kind::Tools, entry))
     }
 
     /// Where a tool name no table routes may still go: the one unprefixed upstream,
@@ -305,34 +312,32 @@ impl Catalog {
 
     /// The parameters a tool mirrors into `Mcp-Param-*` headers (2026-07-28 over HTTP).
     pub fn param_headers(&self, exposed_tool: &str) -> &[ParamHeader] {
-        self.param_headers
-            .get(exposed_tool)
-            .map(|headers| &headers[..])
+        self.routed(Kind::Tools, exposed_tool)
+            .and_then(|entry| self.part(entry).param_headers(entry.index))
             .unwrap_or(&[])
     }
 
     /// Whether a tool may (or must) run as a task; `None` when it may not.
     pub fn task_support(&self, exposed_tool: &str) -> Option<TaskSupport> {
-        self.task_support.get(exposed_tool).copied()
+        let entry = self.routed(Kind::Tools, exposed_tool)?;
+        self.part(entry).task_support(entry.index)
     }
 
-    pub fn route_prompt(&self, exposed_name: &str) -> Option<&Route> {
-        self.routes[Kind::Prompts.index()]
-            .get(exposed_name)
-            .map(Routed::route)
+    pub fn route_prompt(&self, exposed_name: &str) -> Option<Route> {
+        let entry = self.routed(Kind::Prompts, exposed_name)?;
+        Some(self.route_of(Kind::Prompts, entry))
     }
 
-    pub fn route_template(&self, exposed_uri_template: &str) -> Option<&Route> {
-        self.routes[Kind::ResourceTemplates.index()]
-            .get(exposed_uri_template)
-            .map(Routed::route)
+    pub fn route_template(&self, exposed_uri_template: &str) -> Option<Route> {
+        let entry = self.routed(Kind::ResourceTemplates, exposed_uri_template)?;
+        Some(self.route_of(Kind::ResourceTemplates, entry))
     }
 
     /// Routes a resource read by the four steps documented in [`crate::uris`]; a URI
     /// that is held back (see [`Catalog::held`]) has no route.
     pub fn route_resource(&self, exposed_uri: &str) -> Option<Route> {
-        if let Some(routed) = self.routes[Kind::Resources.index()].get(exposed_uri) {
-            return Some(routed.route().clone());
+        if let Some(entry) = self.routed(Kind::Resources, exposed_uri) {
+            return Some(self.route_of(Kind::Resources, entry));
         }
         if self.held_resource(exposed_uri).is_some() || !self.view_permits_uri(exposed_uri) {
             return None;
@@ -353,8 +358,12 @@ impl Catalog {
                 original: exposed_uri.to_string(),
             });
         }
-        if let Some((listed, true)) = self.echoed_originals.get_key_value(exposed_uri) {
-            return Some(listed.0.route().clone());
+        let originals = original_key_of(&self.parts, Kind::Resources);
+        if let Some((listed, true)) = self
+            .echoed_originals
+            .get(exposed_uri, |(entry, _)| originals(entry))
+        {
+            return Some(self.route_of(Kind::Resources, listed));
         }
         // Servers serve URIs they do not list (resource links, dynamic resources): a
         // URI nothing above routes goes to the one unprefixed upstream, if there is one.
@@ -483,8 +492,9 @@ impl Catalog {
     /// How many entries of `kind` each upstream has exposed, and held.
     pub fn counts_by_upstream(&self, kind: Kind) -> HashMap<Arc<str>, (usize, usize)> {
         let mut counts: HashMap<Arc<str>, (usize, usize)> = HashMap::new();
-        for routed in &self.routes[kind.index()] {
-            counts.entry(routed.route().upstream.clone()).or_default().0 += 1;
+        for entry in &self.entries[kind.index()] {
+            let upstream = &self.part(entry).upstream;
+            counts.entry(upstream.clone()).or_default().0 += 1;
         }
         for held in self.held[kind.index()].values() {
             counts.entry(held.route.upstream.clone()).or_default().1 += 1;

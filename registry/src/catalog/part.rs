@@ -4,9 +4,7 @@
 //! upstream sent (a few offsets say where the exposed name and the schema fix go),
 //! so a snapshot holds no `Value` per entry and a rebuild touches only what changed.
 
-use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -21,83 +19,55 @@ use crate::headers::ParamHeader;
 use crate::quarantine::Quarantine;
 use crate::{names, uris};
 
-/// An exposed name, URI or template with its route. Shared by every snapshot (and
-/// view) that lists the entry; table keys borrow the exposed string from it.
-#[derive(Clone, Debug)]
-pub(super) struct Routed(Arc<RoutedEntry>);
-
-#[derive(Debug)]
-pub(super) struct RoutedEntry {
-    pub exposed: Box<str>,
-    pub route: Route,
+/// The exposed key and the upstream's own key of each exposed entry of one kind,
+/// one after the other in one text: a route is two offsets into it, not an
+/// allocation or two per entry (at 10,000 entries those were a megabyte).
+#[derive(Clone, Debug, Default)]
+struct Keys {
+    text: String,
+    /// Per entry, where its exposed key ends and where its original key ends.
+    ends: Vec<(u32, u32)>,
 }
 
-impl Routed {
-    fn new(exposed: &str, route: Route) -> Routed {
-        Routed(Arc::new(RoutedEntry {
-            exposed: exposed.into(),
-            route,
-        }))
+impl Keys {
+    fn push(&mut self, exposed: &str, original: &str) {
+        let end = |text: &String| u32::try_from(text.len()).unwrap_or(u32::MAX);
+        self.text.push_str(exposed);
+        let exposed_end = end(&self.text);
+        self.text.push_str(original);
+        self.ends.push((exposed_end, end(&self.text)));
     }
 
-    pub fn exposed(&self) -> &str {
-        &self.0.exposed
+    fn start(&self, index: usize) -> u32 {
+        match index {
+            0 => 0,
+            _ => self.ends.get(index - 1).map_or(0, |ends| ends.1),
+        }
     }
 
-    pub fn route(&self) -> &Route {
-        &self.0.route
+    fn slice(&self, start: u32, end: u32) -> &str {
+        self.text
+            .get(start as usize..end as usize)
+            .unwrap_or_default()
     }
 
-    pub fn same(&self, other: &Routed) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+    fn exposed(&self, index: usize) -> &str {
+        let end = self.ends.get(index).map_or(0, |ends| ends.0);
+        self.slice(self.start(index).min(end), end)
     }
-}
 
-/// Keyed by the exposed name, URI or template.
-impl Borrow<str> for Routed {
-    fn borrow(&self) -> &str {
-        &self.0.exposed
+    fn original(&self, index: usize) -> &str {
+        match self.ends.get(index) {
+            Some(&(start, end)) => self.slice(start, end),
+            None => "",
+        }
     }
-}
 
-impl Hash for Routed {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.exposed().hash(state)
-    }
-}
-
-impl PartialEq for Routed {
-    fn eq(&self, other: &Routed) -> bool {
-        self.exposed() == other.exposed()
-    }
-}
-
-impl Eq for Routed {}
-
-/// A routed resource keyed by its original URI (for reads of URIs a client got
-/// from elsewhere, step 4 of the routing rule).
-#[derive(Clone, Debug)]
-pub(super) struct ByOriginal(pub Routed);
-
-impl Borrow<str> for ByOriginal {
-    fn borrow(&self) -> &str {
-        &self.0.route().original
+    fn shrink_to_fit(&mut self) {
+        self.text.shrink_to_fit();
+        self.ends.shrink_to_fit();
     }
 }
-
-impl Hash for ByOriginal {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.route().original.as_str().hash(state)
-    }
-}
-
-impl PartialEq for ByOriginal {
-    fn eq(&self, other: &ByOriginal) -> bool {
-        self.0.route().original == other.0.route().original
-    }
-}
-
-impl Eq for ByOriginal {}
 
 /// Where the schema fix-up goes in an entry's JSON (offsets from the entry's start).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +91,6 @@ enum Fix {
 pub(super) struct Exposed {
     /// Its position among the part's listed entries of its kind.
     listed: u32,
-    pub routed: Routed,
     /// The key field's value in the entry's JSON (offsets from the entry's start).
     key_span: (u32, u32),
     fix: Fix,
@@ -259,6 +228,8 @@ pub struct UpstreamPart {
     pub(super) namespace: Option<String>,
     listed: [Listed; 4],
     pub(super) exposed: [Vec<Exposed>; 4],
+    /// The exposed entries' keys, exposed and original, in the order of `exposed`.
+    keys: [Keys; 4],
     /// Held entries by the exposed key they would have, in listing order.
     pub(super) held: [Vec<(String, Held)>; 4],
     /// Template heads in listing order, each with its place among the exposed
@@ -292,6 +263,7 @@ impl UpstreamPart {
             namespace: uris::uri_namespace(&listing.prefix),
             listed: Default::default(),
             exposed: Default::default(),
+            keys: Default::default(),
             held: Default::default(),
             templates: Vec::new(),
             param_headers: Vec::new(),
@@ -363,11 +335,15 @@ impl UpstreamPart {
                     continue;
                 }
                 let exposed = &mut part.exposed[kind.index()];
+                let keys = &mut part.keys[kind.index()];
                 if let Some(kept) = taken.get(&exposed_key) {
                     warnings.push(CatalogWarning::Collision {
                         kind,
                         exposed: exposed_key,
-                        kept: exposed[*kept].routed.route().clone(),
+                        kept: Route {
+                            upstream: listing.upstream.clone(),
+                            original: keys.original(*kept).to_string(),
+                        },
                         rejected: route,
                     });
                     continue;
@@ -387,13 +363,13 @@ impl UpstreamPart {
                 };
                 let mut item = Exposed {
                     listed: u32::try_from(index).unwrap_or(u32::MAX),
-                    routed: Routed::new(&exposed_key, route),
                     key_span: spans.key.unwrap_or_default(),
                     fix,
                     hash: [0; 16],
                 };
+                keys.push(&exposed_key, &route.original);
                 scratch.clear();
-                item.write_json(&text[start..], &mut scratch);
+                item.write_json(&text[start..], &exposed_key, &mut scratch);
                 let digest = Sha256::digest(&scratch);
                 item.hash.copy_from_slice(&digest[..16]);
                 match kind {
@@ -427,6 +403,7 @@ impl UpstreamPart {
             // Grown by doubling; kept as long as the listing is.
             text.shrink_to_fit();
             part.exposed[kind.index()].shrink_to_fit();
+            part.keys[kind.index()].shrink_to_fit();
             part.held[kind.index()].shrink_to_fit();
             part.listed[kind.index()] = Listed {
                 text: String::from_utf8(text)
@@ -548,8 +525,45 @@ impl UpstreamPart {
             self.listed[kind.index()]
                 .get(item.listed as usize)
                 .as_bytes(),
+            self.exposed_key(kind, index),
             out,
         );
+    }
+
+    /// The exposed name, URI or template of exposed entry `index` of `kind`.
+    pub(super) fn exposed_key(&self, kind: Kind, index: usize) -> &str {
+        self.keys[kind.index()].exposed(index)
+    }
+
+    /// The upstream's own name, URI or template of exposed entry `index` of `kind`.
+    pub(super) fn original(&self, kind: Kind, index: usize) -> &str {
+        self.keys[kind.index()].original(index)
+    }
+
+    /// The parameters exposed tool `index` mirrors into headers, if any.
+    pub(super) fn param_headers(&self, index: u32) -> Option<&[ParamHeader]> {
+        let found = self
+            .param_headers
+            .binary_search_by_key(&index, |(place, _)| *place)
+            .ok()?;
+        Some(&self.param_headers[found].1)
+    }
+
+    /// Whether exposed tool `index` may run as a task.
+    pub(super) fn task_support(&self, index: u32) -> Option<TaskSupport> {
+        let found = self
+            .task_support
+            .binary_search_by_key(&index, |(place, _)| *place)
+            .ok()?;
+        Some(self.task_support[found].1)
+    }
+
+    /// Where exposed entry `index` of `kind` goes.
+    pub(super) fn route(&self, kind: Kind, index: usize) -> Route {
+        Route {
+            upstream: self.upstream.clone(),
+            original: self.original(kind, index).to_string(),
+        }
     }
 
     /// Exposed entry `index` of `kind` as a `Value`.
@@ -564,9 +578,9 @@ impl Exposed {
     /// The exposed JSON, from the entry's JSON as listed: the key field's value
     /// replaced, the schema fix inserted; byte for byte what serialising the
     /// exposed entry gives.
-    fn write_json(&self, listed: &[u8], out: &mut Vec<u8>) {
-        let mut key = Vec::with_capacity(self.routed.exposed().len() + 2);
-        write_json(&mut key, &Value::from(self.routed.exposed()));
+    fn write_json(&self, listed: &[u8], exposed_key: &str, out: &mut Vec<u8>) {
+        let mut key = Vec::with_capacity(exposed_key.len() + 2);
+        write_json(&mut key, &Value::from(exposed_key));
         let (key_start, key_end) = (self.key_span.0 as usize, self.key_span.1 as usize);
         let fix: (usize, &[u8]) = match self.fix {
             Fix::None => (listed.len(), b""),
@@ -696,9 +710,13 @@ mod tests {
                     Fix::AddType { .. } => SchemaFix::AddType,
                     Fix::AddSchema { .. } => SchemaFix::AddSchema,
                 };
-                let expected =
-                    serde_json::to_vec(&exposed_entry(kind, entry, item.routed.exposed(), fix))
-                        .unwrap();
+                let expected = serde_json::to_vec(&exposed_entry(
+                    kind,
+                    entry,
+                    part.exposed_key(kind, index),
+                    fix,
+                ))
+                .unwrap();
                 let mut spliced = Vec::new();
                 part.write_exposed(kind, index, &mut spliced);
                 assert_eq!(
@@ -742,9 +760,7 @@ mod tests {
         let kept = installed.in_place_of(build(&fresh));
         assert!(!Arc::ptr_eq(&kept, &installed));
         assert!(kept.listed[0].text.as_ptr() == installed.listed[0].text.as_ptr());
-        assert!(kept.exposed[0][0]
-            .routed
-            .same(&installed.exposed[0][0].routed));
+        assert_eq!(kept.exposed_key(Kind::Tools, 0), "p__t");
         assert_eq!(kept.shown_instructions().map(String::as_str), Some("hello"));
         assert_eq!(kept.cache, fresh.cache);
 

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::test_support::{build_default, listing, tool};
-use super::{Catalog, CatalogOptions, Kind, Route, View};
+use super::{Catalog, CatalogOptions, CatalogWarning, Kind, Route, TaskSupport, View};
 use crate::cursor::{self, CursorError};
+use crate::filter::ToolFilter;
 
 fn route(upstream: &str, original: &str) -> Route {
     Route {
@@ -68,7 +69,7 @@ fn resources_and_templates_are_exposed_under_their_namespace() {
     );
     assert_eq!(
         catalog.route_template("fixture+fixture://items/{id}"),
-        Some(&route("fixture", "fixture://items/{id}"))
+        Some(route("fixture", "fixture://items/{id}"))
     );
 }
 
@@ -275,6 +276,39 @@ fn header_designations_are_kept_per_tool_and_invalid_ones_left_out() {
     assert_eq!(designated.len(), 1);
     assert_eq!(designated[0].header_name(), "mcp-param-region");
     assert!(catalog.param_headers("notes__plain").is_empty());
+}
+
+/// A tool's header designations and task support are those of the tool its name
+/// routes to: not a collision's loser's, and nothing for a tool a view hides.
+#[test]
+fn header_designations_and_task_support_follow_the_route() {
+    let designated = |name: &str| {
+        json!({"name": name, "execution": {"taskSupport": "optional"},
+        "inputSchema": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+        }}})
+    };
+    let mut first = listing("first", "");
+    first.tools = vec![tool("search")];
+    let mut second = listing("second", "");
+    second.tools = vec![designated("search"), designated("lookup")];
+    let (catalog, warnings) = build_default(&[first, second]);
+    assert!(matches!(warnings[..], [CatalogWarning::Collision { .. }]));
+    assert_eq!(catalog.route_tool("search"), Some(route("first", "search")));
+    assert!(catalog.param_headers("search").is_empty());
+    assert_eq!(catalog.task_support("search"), None);
+    assert_eq!(catalog.param_headers("lookup").len(), 1);
+    assert_eq!(catalog.task_support("lookup"), Some(TaskSupport::Optional));
+
+    let hides_lookup = View {
+        tools: ToolFilter::new(Vec::new(), vec!["lookup".to_string()]),
+        ..View::default()
+    };
+    let view = catalog.restrict(&hides_lookup);
+    assert_eq!(view.route_tool("lookup"), None);
+    assert!(view.param_headers("lookup").is_empty());
+    assert_eq!(view.task_support("lookup"), None);
+    assert_eq!(view.route_tool("search"), Some(route("first", "search")));
 }
 
 /// `alpha` (prefix `alpha`) with one of each kind held and one of each kind kept.

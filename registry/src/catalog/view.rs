@@ -6,7 +6,8 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use super::{Catalog, Kind, Route};
+use super::entries::{exposed_key_of, original_key_of};
+use super::{Catalog, Kind};
 use crate::filter::ToolFilter;
 use crate::uris;
 
@@ -39,8 +40,8 @@ impl View {
         }
     }
 
-    fn shows(&self, kind: Kind, exposed: &str, route: &Route) -> bool {
-        self.shows_upstream(&route.upstream) && self.filter(kind).permits(exposed)
+    fn shows(&self, kind: Kind, exposed: &str, upstream: &str) -> bool {
+        self.shows_upstream(upstream) && self.filter(kind).permits(exposed)
     }
 }
 
@@ -52,17 +53,17 @@ impl Catalog {
         restricted.parts = self.parts.clone();
         for kind in Kind::ALL {
             let index = kind.index();
+            let exposed_key = exposed_key_of(&self.parts, kind);
             for entry in &self.entries[index] {
-                let routed =
-                    &self.parts[entry.part as usize].exposed[index][entry.index as usize].routed;
-                if view.shows(kind, routed.exposed(), routed.route()) {
+                let upstream = &self.part(entry).upstream;
+                if view.shows(kind, exposed_key(entry), upstream) {
                     restricted.entries[index].push(*entry);
-                    restricted.routes[index].insert(routed.clone());
+                    restricted.routes[index].insert(*entry, &exposed_key);
                 }
             }
             restricted.held[index] = self.held[index]
                 .iter()
-                .filter(|(key, held)| view.shows(kind, key, &held.route))
+                .filter(|(key, held)| view.shows(kind, key, &held.route.upstream))
                 .map(|(key, held)| (key.clone(), held.clone()))
                 .collect();
             restricted.digests[index] = restricted.digest_of(kind);
@@ -74,9 +75,13 @@ impl Catalog {
                 .map(|name| Arc::from(name.as_str()))
                 .collect(),
             None => restricted
-                .routes
+                .entries
                 .iter()
-                .flat_map(|routes| routes.iter().map(|routed| routed.route().upstream.clone()))
+                .flat_map(|entries| {
+                    entries
+                        .iter()
+                        .map(|entry| self.part(entry).upstream.clone())
+                })
                 .chain(
                     restricted
                         .held
@@ -137,33 +142,21 @@ impl Catalog {
             .filter(|(upstream, _)| shown(upstream))
             .map(|(upstream, reason)| (upstream.clone(), reason.clone()))
             .collect();
-        restricted.echoed_originals = self
-            .echoed_originals
-            .iter()
-            .filter(|(listed, unique)| {
-                let route = listed.0.route();
-                let exposed = uris::expose(
-                    self.namespaces_by_upstream
-                        .get(&route.upstream)
-                        .map(String::as_str),
-                    &route.original,
-                );
-                **unique && view.shows(Kind::Resources, &exposed, route)
-            })
-            .map(|(listed, unique)| (listed.clone(), *unique))
-            .collect();
-        restricted.param_headers = self
-            .param_headers
-            .iter()
-            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains(*tool))
-            .map(|(tool, headers)| (tool.clone(), headers.clone()))
-            .collect();
-        restricted.task_support = self
-            .task_support
-            .iter()
-            .filter(|(tool, _)| restricted.routes[Kind::Tools.index()].contains(*tool))
-            .map(|(tool, support)| (tool.clone(), *support))
-            .collect();
+        let originals = original_key_of(&self.parts, Kind::Resources);
+        for (entry, unique) in self.echoed_originals.iter() {
+            let upstream = &self.part(entry).upstream;
+            let exposed = uris::expose(
+                self.namespaces_by_upstream
+                    .get(upstream)
+                    .map(String::as_str),
+                originals(entry),
+            );
+            if *unique && view.shows(Kind::Resources, &exposed, upstream) {
+                restricted
+                    .echoed_originals
+                    .insert((*entry, true), |(entry, _)| originals(entry));
+            }
+        }
         restricted.visible = Some(visible);
         restricted.uri_filter = view.restricts_resources.then(|| view.resources.clone());
         restricted

@@ -38,12 +38,12 @@ fn tools_and_prompts_are_prefixed_sanitised_and_routed() {
     assert_eq!(exposed_names(&catalog, Kind::Prompts), ["time__greet_me"]);
     assert_eq!(
         catalog.route_tool("time__a_b_c"),
-        Some(&route("time", "a.b c"))
+        Some(route("time", "a.b c"))
     );
-    assert_eq!(catalog.route_tool("echo"), Some(&route("bare", "echo")));
+    assert_eq!(catalog.route_tool("echo"), Some(route("bare", "echo")));
     assert_eq!(
         catalog.route_prompt("time__greet_me"),
-        Some(&route("time", "greet me"))
+        Some(route("time", "greet me"))
     );
     assert_eq!(catalog.route_tool("a.b c"), None);
     assert_eq!(catalog.len(Kind::Tools), 3);
@@ -62,7 +62,7 @@ fn name_budget_applies_to_the_whole_exposed_name() {
     assert_eq!(name.len(), 20);
     assert_eq!(
         catalog.route_tool(name),
-        Some(&route("long", &"n".repeat(40)))
+        Some(route("long", &"n".repeat(40)))
     );
 }
 
@@ -89,10 +89,7 @@ fn collision_across_upstreams_keeps_the_first() {
         catalog.entries(Kind::Tools).to_vec()[0]["description"],
         "alpha"
     );
-    assert_eq!(
-        catalog.route_tool("search"),
-        Some(&route("alpha", "search"))
-    );
+    assert_eq!(catalog.route_tool("search"), Some(route("alpha", "search")));
 }
 
 #[test]
@@ -109,7 +106,7 @@ fn sanitisation_collision_within_one_upstream() {
             rejected: route("srv", "a b"),
         }]
     );
-    assert_eq!(catalog.route_prompt("srv__a_b"), Some(&route("srv", "a.b")));
+    assert_eq!(catalog.route_prompt("srv__a_b"), Some(route("srv", "a.b")));
 }
 
 #[test]
@@ -245,7 +242,7 @@ fn clashing_uri_namespaces_leave_the_later_upstreams_uris_out() {
             reason: "its prefix `docs` gives the URI namespace `docs`, which upstream `first` already uses".to_string(),
         }]
     );
-    assert_eq!(catalog.route_tool("docs__t"), Some(&route("second", "t")));
+    assert_eq!(catalog.route_tool("docs__t"), Some(route("second", "t")));
     assert_eq!(
         catalog.route_resource("docs+b://2"),
         Some(route("first", "b://2"))
