@@ -202,13 +202,13 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
                 // Only a listed tool can steer anything.
                 let entry = EntryRef {
                     part: part_number,
-                    index: *tool,
+                    index: tool,
                 };
                 if routes
-                    .get(part.exposed_key(Kind::Tools, *tool as usize), &exposed_key)
+                    .get(part.exposed_key(Kind::Tools, tool as usize), &exposed_key)
                     .is_some_and(|listed| *listed == entry)
                 {
-                    mentions.entry(*tool).or_default().insert(word);
+                    mentions.entry(tool).or_default().insert(word);
                 }
             }
         }
