@@ -138,6 +138,9 @@ async fn stop(daemon: Daemon) -> anyhow::Result<()> {
 pub struct CatalogScale {
     pub upstreams: usize,
     pub tools: usize,
+    /// How many times each memory figure (idle, fresh, restarted) is taken; the
+    /// median counts.
+    pub samples: usize,
 }
 
 impl CatalogScale {
@@ -147,11 +150,13 @@ impl CatalogScale {
             CatalogScale {
                 upstreams: 2,
                 tools: 50,
+                samples: 1,
             }
         } else {
             CatalogScale {
                 upstreams: 10,
                 tools: 1000,
+                samples: 3,
             }
         }
     }
@@ -161,8 +166,6 @@ impl CatalogScale {
 const FIXTURE_TOOLS: usize = 6;
 /// How many times a walk, a serialisation or a page is measured; the median counts.
 const WALKS: usize = 5;
-/// How many times the daemon is restarted on its state; the median counts.
-const RESTARTS: usize = 3;
 const PAGES: usize = 200;
 /// How long the memory of a daemon that just became ready is left to settle (it
 /// returns free memory once its catalog has been quiet for a second).
@@ -175,31 +178,44 @@ const SETTLE: Duration = Duration::from_millis(2000);
 pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let expected = scale.upstreams * (FIXTURE_TOOLS + scale.tools);
 
-    let idle = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None))
-        .await
-        .context("starting the idle daemon")?;
-    wait_ready_closely(&idle).await?;
-    tokio::time::sleep(SETTLE).await;
-    let idle_rss = rss_kib(&idle)?;
-    stop(idle).await?;
-
+    // Idle and loaded daemons alternate, so drift on a noisy machine hits both;
+    // where a daemon's memory lands varies from start to start, so each figure is
+    // the median of a few.
     let drift = tempfile::NamedTempFile::new().context("creating the drift file")?;
     let sections = extra_upstreams(scale.upstreams, scale.tools, Some(drift.path()));
-    let started = Instant::now();
-    let daemon = Daemon::start("", &sections)
-        .await
-        .context("starting plexus")?;
-    wait_ready_closely(&daemon).await?;
-    let ready = started.elapsed();
-    tokio::time::sleep(SETTLE).await;
-    let rss = rss_kib(&daemon)?;
+    let (mut idle, mut fresh, mut readies) = (Vec::new(), Vec::new(), Vec::new());
+    let mut loaded = None;
+    for _ in 0..scale.samples.max(1) {
+        let daemon = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None))
+            .await
+            .context("starting the idle daemon")?;
+        wait_ready_closely(&daemon).await?;
+        tokio::time::sleep(SETTLE).await;
+        idle.push(rss_kib(&daemon)?);
+        stop(daemon).await?;
 
-    // The same again on the state it left: pins and listings read from disk. Where
-    // what is kept lands among what reading freed varies from run to run, so the
-    // daemon is restarted a few times.
-    let mut daemon = daemon;
-    let mut restarted = Vec::with_capacity(RESTARTS);
-    for _ in 0..RESTARTS {
+        if let Some(daemon) = loaded.take() {
+            stop(daemon).await?;
+        }
+        let started = Instant::now();
+        let daemon = Daemon::start("", &sections)
+            .await
+            .context("starting plexus")?;
+        wait_ready_closely(&daemon).await?;
+        readies.push(started.elapsed());
+        tokio::time::sleep(SETTLE).await;
+        fresh.push(rss_kib(&daemon)?);
+        loaded = Some(daemon);
+    }
+    let mut daemon = loaded.context("no daemon was started")?;
+    let ready = median(&mut readies);
+    idle.sort_unstable();
+    fresh.sort_unstable();
+    let (idle_rss, rss) = (idle[idle.len() / 2], fresh[fresh.len() / 2]);
+
+    // The same again on the state it left: pins and listings read from disk.
+    let mut restarted = Vec::with_capacity(scale.samples);
+    for _ in 0..scale.samples.max(1) {
         let (status, dir) = daemon.stop_keeping_state().await?;
         ensure!(status.success(), "plexus exited with {status}");
         daemon = Daemon::start_in(dir, "", &sections)
@@ -284,23 +300,27 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         json_bytes as f64 / 1e6
     );
     println!(
-        "  ready after {:.0} ms; {} upstreams ({total_twice} tools): {:.0} ms ({:.2}× for 2× the tools)",
+        "  ready after {:.0} ms (median of {}); {} upstreams ({total_twice} tools): {:.0} ms ({:.2}× for 2× the tools)",
         ms(ready),
+        scale.samples.max(1),
         scale.upstreams * 2,
         ms(ready_twice),
         ms(ready_twice) / ms(ready)
     );
+    let times_json = |rss: u64| (rss.saturating_sub(idle_rss) * 1024) as f64 / json_bytes as f64;
+    let samples = scale.samples.max(1);
     println!(
-        "  daemon RSS {:.1} MiB, idle with the same upstreams {:.1} MiB: {:.1} MiB more, {:.2}× the definitions' JSON",
+        "  daemon RSS {:.1} MiB, idle with the same upstreams {:.1} MiB (medians of {samples} starts each): {:.1} MiB more, {:.2}× [{:.2}–{:.2}] the definitions' JSON",
         kib(rss),
         kib(idle_rss),
         kib(extra_kib),
-        (extra_kib * 1024) as f64 / json_bytes as f64
+        times_json(rss),
+        times_json(fresh[0]),
+        times_json(fresh[fresh.len() - 1]),
     );
     let extra_restarted = rss_restarted.saturating_sub(idle_rss);
-    let times_json = |rss: u64| (rss.saturating_sub(idle_rss) * 1024) as f64 / json_bytes as f64;
     println!(
-        "  restarted on its pins and cached listings ({RESTARTS} times, median [min–max]): daemon RSS {:.1} MiB, {:.1} MiB more, {:.2}× [{:.2}–{:.2}] the definitions' JSON",
+        "  restarted on its pins and cached listings ({samples} times, median [min–max]): daemon RSS {:.1} MiB, {:.1} MiB more, {:.2}× [{:.2}–{:.2}] the definitions' JSON",
         kib(rss_restarted),
         kib(extra_restarted),
         times_json(rss_restarted),
