@@ -6,6 +6,7 @@
 //! Sorted maps and pretty JSON, one block per upstream and per entry, so the file
 //! reads and diffs well under version control.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -82,17 +83,15 @@ pub struct Pinned {
     pub catalog_fingerprint: String,
     pub server: Server,
     /// `<kind>/<name, URI or template>` → the entry as pinned.
-    pub entries: BTreeMap<String, EntryPin>,
+    #[serde(serialize_with = "with_digests")]
+    pub entries: BTreeMap<PinKey, EntryPin>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// An entry as pinned. The file gives each its compatibility and security digests
+/// too; they are a function of the definition, written from it (`with_digests`)
+/// and not held: nothing here reads them, and they were half of a catalog's pins.
+#[derive(Clone, Debug, Deserialize)]
 pub struct EntryPin {
-    /// SHA-256 digests, held as their bytes (a tenth of a catalog's pins went to
-    /// their hex text) and written as hex.
-    #[serde(with = "hex::serde")]
-    pub compatibility: [u8; 32],
-    #[serde(with = "hex::serde")]
-    pub security: [u8; 32],
     /// RFC 3339: when this definition was pinned.
     pub pinned_at: Stamp,
     /// The entry exactly as the upstream sent it, so a change can be shown field by field.
@@ -103,14 +102,46 @@ impl EntryPin {
     /// `entry`, whose definition is `definition`, pinned `at`; `None` for an entry
     /// without a name (nothing to pin it by).
     fn of(kind: Kind, entry: &Value, at: &Stamp, definition: Definition) -> Option<EntryPin> {
-        let print = fingerprint::fingerprint(kind, entry)?;
+        fingerprint::identity(kind, entry)?;
         Some(EntryPin {
-            compatibility: digest(&print.compatibility)?,
-            security: digest(&print.security)?,
             pinned_at: at.clone(),
             definition,
         })
     }
+}
+
+/// Pinned entries as the file has them: each one's digests (SHA-256, hex), then
+/// when it was pinned and its definition.
+fn with_digests<S: serde::Serializer>(
+    entries: &BTreeMap<PinKey, EntryPin>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    #[derive(Serialize)]
+    struct Written<'a> {
+        compatibility: &'a str,
+        security: &'a str,
+        pinned_at: &'a Stamp,
+        definition: &'a Value,
+    }
+    let mut map = serializer.serialize_map(Some(entries.len()))?;
+    for (key, pin) in entries {
+        let definition = pin.definition.value();
+        let print = key
+            .kind()
+            .and_then(|kind| fingerprint::fingerprint(kind, &definition));
+        let (compatibility, security) = print.as_ref().map_or(("", ""), |print| {
+            (print.compatibility.as_str(), print.security.as_str())
+        });
+        let written = Written {
+            compatibility,
+            security,
+            pinned_at: &pin.pinned_at,
+            definition: &definition,
+        };
+        map.serialize_entry(key, &written)?;
+    }
+    map.end()
 }
 
 /// A time an entry was pinned, held once however many entries were pinned then
@@ -145,6 +176,90 @@ mod shared_str {
     }
 }
 
+/// An entry's key in the file, `<kind>/<name, URI or template>`. The keys of a
+/// catalog read or pinned together are views of one buffer: a string each was a
+/// twentieth of a large catalog's pins.
+#[derive(Clone)]
+pub struct PinKey(EntryText);
+
+impl PinKey {
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+
+    /// The kind its `<kind>/` names.
+    fn kind(&self) -> Option<Kind> {
+        let (kind, _) = self.as_str().split_once('/')?;
+        Kind::from_label(kind)
+    }
+
+    /// `entries` with their keys moved into one buffer (and the map rebuilt in key
+    /// order, so with full nodes: read one entry at a time they are half empty).
+    fn pack<V>(entries: BTreeMap<PinKey, V>) -> BTreeMap<PinKey, V> {
+        let keys = EntryText::pack(entries.keys().map(PinKey::as_str));
+        keys.into_iter()
+            .map(PinKey)
+            .zip(entries.into_values())
+            .collect()
+    }
+}
+
+impl Borrow<str> for PinKey {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for PinKey {
+    fn eq(&self, other: &PinKey) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for PinKey {}
+
+impl PartialOrd for PinKey {
+    fn partial_cmp(&self, other: &PinKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PinKey {
+    fn cmp(&self, other: &PinKey) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for PinKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl std::fmt::Debug for PinKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
+}
+
+impl std::fmt::Display for PinKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for PinKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for PinKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(|key| PinKey(EntryText::own(key)))
+    }
+}
+
 /// Every entry's stamp that equals another's becomes the same one.
 fn share_stamps<'a>(stamps: impl Iterator<Item = &'a mut Stamp>) {
     let mut seen: HashSet<Stamp> = HashSet::new();
@@ -168,13 +283,6 @@ fn pack<'a>(definitions: impl Iterator<Item = &'a mut Definition>) {
     for (definition, text) in definitions.iter_mut().zip(packed) {
         definition.0 = text;
     }
-}
-
-/// The bytes of a hex SHA-256 digest (the registry's fingerprints always are).
-fn digest(hex: &str) -> Option<[u8; 32]> {
-    let mut bytes = [0; 32];
-    hex::decode_to_slice(hex, &mut bytes).ok()?;
-    Some(bytes)
 }
 
 /// An entry's definition, held as compact JSON (a tree of values is about ten
@@ -237,7 +345,7 @@ pub struct Seen {
     pub catalog_fingerprint: String,
     pub server: Server,
     /// `<kind>/<name, URI or template>` → the entry as seen.
-    pub entries: BTreeMap<String, Definition>,
+    pub entries: BTreeMap<PinKey, Definition>,
 }
 
 /// One approval: what was approved, between which fingerprints, and the changes it accepted.
@@ -288,8 +396,8 @@ pub fn now() -> String {
     humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
-fn key(kind: Kind, identity: &str) -> String {
-    format!("{}/{identity}", kind.label())
+fn key(kind: Kind, identity: &str) -> PinKey {
+    PinKey(EntryText::own(format!("{}/{identity}", kind.label())))
 }
 
 impl Server {
@@ -302,8 +410,8 @@ impl Server {
     }
 }
 
-/// The entries of a snapshot by key.
-fn keyed(snapshot: &ListingSnapshot) -> BTreeMap<String, (Kind, &Value)> {
+/// The entries of a snapshot by key, the keys in one buffer.
+fn keyed(snapshot: &ListingSnapshot) -> BTreeMap<PinKey, (Kind, &Value)> {
     let mut entries = BTreeMap::new();
     for kind in Kind::ALL {
         for entry in snapshot.entries(kind) {
@@ -312,13 +420,13 @@ fn keyed(snapshot: &ListingSnapshot) -> BTreeMap<String, (Kind, &Value)> {
             }
         }
     }
-    entries
+    PinKey::pack(entries)
 }
 
 /// A snapshot rebuilt from keyed definitions.
 fn snapshot_of<'a>(
     server: &Server,
-    entries: impl Iterator<Item = (&'a String, &'a Definition)>,
+    entries: impl Iterator<Item = (&'a PinKey, &'a Definition)>,
 ) -> ListingSnapshot {
     let mut snapshot = ListingSnapshot {
         server_name: server.name.clone(),
@@ -327,10 +435,7 @@ fn snapshot_of<'a>(
         ..ListingSnapshot::default()
     };
     for (key, definition) in entries {
-        let kind = key
-            .split_once('/')
-            .and_then(|(kind, _)| Kind::from_label(kind));
-        let list = match kind {
+        let list = match key.kind() {
             Some(Kind::Tools) => &mut snapshot.tools,
             Some(Kind::Prompts) => &mut snapshot.prompts,
             Some(Kind::Resources) => &mut snapshot.resources,
@@ -492,12 +597,12 @@ impl PinFile {
     fn packed(mut self) -> PinFile {
         for record in self.upstreams.values_mut() {
             if let Some(pinned) = &mut record.pinned {
-                pinned.entries = std::mem::take(&mut pinned.entries).into_iter().collect();
+                pinned.entries = PinKey::pack(std::mem::take(&mut pinned.entries));
                 pack(pinned.entries.values_mut().map(|pin| &mut pin.definition));
                 share_stamps(pinned.entries.values_mut().map(|pin| &mut pin.pinned_at));
             }
             if let Some(pending) = &mut record.pending {
-                pending.entries = std::mem::take(&mut pending.entries).into_iter().collect();
+                pending.entries = PinKey::pack(std::mem::take(&mut pending.entries));
                 pack(pending.entries.values_mut());
             }
         }
@@ -585,14 +690,18 @@ impl PinFile {
                     server: pending.server.clone(),
                     entries: BTreeMap::new(),
                 });
-                let named = |key: &String| key.split_once('/').is_some_and(|(_, id)| id == name);
-                let seen: Vec<(String, Value)> = pending
+                let named = |key: &PinKey| {
+                    key.as_str()
+                        .split_once('/')
+                        .is_some_and(|(_, id)| id == name)
+                };
+                let seen: Vec<(PinKey, Value)> = pending
                     .entries
                     .iter()
                     .filter(|(key, _)| named(key))
                     .map(|(key, definition)| (key.clone(), definition.value()))
                     .collect();
-                let gone: Vec<String> = pinned
+                let gone: Vec<PinKey> = pinned
                     .entries
                     .keys()
                     .filter(|key| named(key) && !pending.entries.contains_key(*key))
@@ -609,10 +718,7 @@ impl PinFile {
                 }
                 let stamp = Stamp::new(&at);
                 for (key, definition) in seen {
-                    let kind = key
-                        .split_once('/')
-                        .and_then(|(kind, _)| Kind::from_label(kind));
-                    let Some(pin) = kind.and_then(|kind| {
+                    let Some(pin) = key.kind().and_then(|kind| {
                         EntryPin::of(kind, &definition, &stamp, Definition::of(&definition))
                     }) else {
                         continue;
@@ -781,7 +887,7 @@ mod tests {
     /// Entries pinned at one time share one stamp, and their definitions one
     /// buffer, as pinned and as read back.
     #[test]
-    fn entries_pinned_at_one_time_share_their_stamp_and_buffer() {
+    fn entries_pinned_at_one_time_share_their_stamp_and_buffers() {
         let mut file = PinFile::empty();
         file.observe("alpha", &listing("Adds."), false);
         let shared = |file: &PinFile| {
@@ -789,8 +895,11 @@ mod tests {
             let (add, echo) = (&pins["tools/add"], &pins["tools/echo"]);
             assert_eq!(add.pinned_at, echo.pinned_at);
             assert_eq!(add.definition.value()["name"], "add");
+            let keys: Vec<&PinKey> = pins.keys().collect();
+            assert_eq!(keys[0].as_str(), "tools/add");
             add.pinned_at.is_shared_with(&echo.pinned_at)
                 && add.definition.0.shares_text_with(&echo.definition.0)
+                && keys[0].0.shares_text_with(&keys[1].0)
         };
         assert!(shared(&file));
         let bytes = file.to_bytes();
@@ -801,6 +910,35 @@ mod tests {
         .unwrap();
         assert!(shared(&read));
         assert_eq!(read.to_bytes(), bytes);
+    }
+
+    /// The digests the file gives each entry are its fingerprint, computed as the
+    /// file is written, whether the pin was taken now or read from a file.
+    #[test]
+    fn the_file_gives_each_entry_its_fingerprint() {
+        let mut file = PinFile::empty();
+        let snapshot = listing("Adds.");
+        file.observe("alpha", &snapshot, false);
+        let check = |bytes: &[u8]| {
+            let written: Value = serde_json::from_slice(bytes).unwrap();
+            let entries = &written["upstreams"]["alpha"]["pinned"]["entries"];
+            for tool in &snapshot.tools {
+                let name = tool["name"].as_str().unwrap();
+                let print = fingerprint::fingerprint(Kind::Tools, tool).unwrap();
+                let entry = &entries[format!("tools/{name}")];
+                assert_eq!(entry["compatibility"], print.compatibility.as_str());
+                assert_eq!(entry["security"], print.security.as_str());
+                assert_eq!(&entry["definition"], tool);
+            }
+        };
+        let bytes = file.to_bytes();
+        check(&bytes);
+        let read = PinFile::parse(
+            Path::new("plexus.lock"),
+            std::str::from_utf8(&bytes).unwrap(),
+        )
+        .unwrap();
+        check(&read.to_bytes());
     }
 
     #[test]
