@@ -19,17 +19,20 @@ use crate::headers::ParamHeader;
 use crate::quarantine::Quarantine;
 use crate::{names, uris};
 
-/// The exposed key and the upstream's own key of each exposed entry of one kind,
-/// one after the other in one text: a route is two offsets into it, not an
-/// allocation or two per entry (at 10,000 entries those were a megabyte).
+/// The exposed key of each exposed entry of one kind, and the upstream's own key
+/// where the entry's JSON does not spell it plainly, one after the other in one
+/// text: a route is two offsets into it, not an allocation or two per entry (at
+/// 10,000 entries those were a megabyte).
 #[derive(Clone, Debug, Default)]
 struct Keys {
     text: String,
-    /// Per entry, where its exposed key ends and where its original key ends.
+    /// Per entry, where its exposed key ends and where its original key ends
+    /// (empty: read it from the entry's JSON, between the quotes of its key field).
     ends: Vec<(u32, u32)>,
 }
 
 impl Keys {
+    /// `original` is empty when the entry's JSON spells it without escapes.
     fn push(&mut self, exposed: &str, original: &str) {
         let end = |text: &String| u32::try_from(text.len()).unwrap_or(u32::MAX);
         self.text.push_str(exposed);
@@ -337,12 +340,16 @@ impl UpstreamPart {
                 let exposed = &mut part.exposed[kind.index()];
                 let keys = &mut part.keys[kind.index()];
                 if let Some(kept) = taken.get(&exposed_key) {
+                    let kept = entries
+                        .get(exposed[*kept].listed as usize)
+                        .and_then(|entry| entry.get(key_field(kind)))
+                        .and_then(Value::as_str);
                     warnings.push(CatalogWarning::Collision {
                         kind,
                         exposed: exposed_key,
                         kept: Route {
                             upstream: listing.upstream.clone(),
-                            original: keys.original(*kept).to_string(),
+                            original: kept.unwrap_or_default().to_string(),
                         },
                         rejected: route,
                     });
@@ -367,7 +374,12 @@ impl UpstreamPart {
                     fix,
                     hash: [0; 16],
                 };
-                keys.push(&exposed_key, &route.original);
+                // Most keys need no escaping; those are read from the JSON.
+                let key_text = spans.key.and_then(|(from, to)| {
+                    text.get(start + from as usize + 1..(start + to as usize).checked_sub(1)?)
+                });
+                let plain = key_text == Some(route.original.as_bytes());
+                keys.push(&exposed_key, if plain { "" } else { &route.original });
                 scratch.clear();
                 item.write_json(&text[start..], &exposed_key, &mut scratch);
                 let digest = Sha256::digest(&scratch);
@@ -537,7 +549,18 @@ impl UpstreamPart {
 
     /// The upstream's own name, URI or template of exposed entry `index` of `kind`.
     pub(super) fn original(&self, kind: Kind, index: usize) -> &str {
-        self.keys[kind.index()].original(index)
+        let kept = self.keys[kind.index()].original(index);
+        if !kept.is_empty() {
+            return kept;
+        }
+        let Some(item) = self.exposed[kind.index()].get(index) else {
+            return "";
+        };
+        let (from, to) = (item.key_span.0 as usize, item.key_span.1 as usize);
+        let entry = self.listed[kind.index()].get(item.listed as usize);
+        entry
+            .get(from + 1..to.saturating_sub(1).max(from + 1))
+            .unwrap_or_default()
     }
 
     /// The parameters exposed tool `index` mirrors into headers, if any.
@@ -717,6 +740,11 @@ mod tests {
                     fix,
                 ))
                 .unwrap();
+                // The original is read from the entry's JSON unless it needs escapes.
+                assert_eq!(
+                    part.original(kind, index),
+                    entry[key_field(kind)].as_str().unwrap()
+                );
                 let mut spliced = Vec::new();
                 part.write_exposed(kind, index, &mut spliced);
                 assert_eq!(
