@@ -6,7 +6,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::entries::{exposed_key_of, original_key_of, EntryRef};
+use super::entries::{listed_key_of, original_key_of, EntryRef};
 use super::part::UpstreamPart;
 use super::{Catalog, CatalogOptions, CatalogWarning, Kind};
 
@@ -23,7 +23,8 @@ pub(super) fn assemble(
             .map(|part| part.exposed[kind.index()].len())
             .sum();
         catalog.entries[kind.index()].reserve(total);
-        catalog.routes[kind.index()].reserve(total, exposed_key_of(&parts, kind));
+        let listed = listed_key_of(&parts, &catalog.entries[kind.index()], kind);
+        catalog.routes[kind.index()].reserve(total, listed);
     }
     for (position, part) in parts.iter().enumerate() {
         let upstream = &part.upstream;
@@ -58,8 +59,18 @@ pub(super) fn assemble(
                     part: part_number,
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                 };
-                let routes = &mut catalog.routes[kind.index()];
-                if let Some(kept) = routes.insert(entry, exposed_key_of(&parts, kind)) {
+                // Listed first, so the table can read its key; taken back if the
+                // name is another's.
+                let entries = &mut catalog.entries[kind.index()];
+                let position = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+                entries.push(entry);
+                let listed = listed_key_of(&parts, entries, kind);
+                let kept = catalog.routes[kind.index()]
+                    .insert(position, listed)
+                    .and_then(|kept| entries.get(*kept as usize))
+                    .copied();
+                if let Some(kept) = kept {
+                    entries.pop();
                     let kept = parts[kept.part as usize].route(kind, kept.index as usize);
                     warnings.push(CatalogWarning::Collision {
                         kind,
@@ -70,7 +81,6 @@ pub(super) fn assemble(
                     continue;
                 }
                 *won = true;
-                catalog.entries[kind.index()].push(entry);
                 if kind == Kind::Resources {
                     remember_original(&mut catalog, &parts, entry);
                 }
@@ -175,7 +185,9 @@ fn claim_namespaces(
 /// cost follows the distinct words, not the text.
 fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
     let routes = &catalog.routes[Kind::Tools.index()];
-    let exposed_key = exposed_key_of(&catalog.parts, Kind::Tools);
+    let tools = &catalog.entries[Kind::Tools.index()];
+    let listed = listed_key_of(&catalog.parts, tools, Kind::Tools);
+    let listed_at = |position: &u32| tools.get(*position as usize);
     let prefixes: HashMap<&str, &Arc<str>> = catalog
         .parts
         .iter()
@@ -188,7 +200,8 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
         let mut mentions: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
         for (word, tools) in part.words.iter() {
             let names_other = routes
-                .get(word, &exposed_key)
+                .get(word, &listed)
+                .and_then(listed_at)
                 .is_some_and(|other| catalog.parts[other.part as usize].upstream != part.upstream)
                 || word.split_once("__").is_some_and(|(prefix, _)| {
                     prefixes
@@ -205,7 +218,8 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
                     index: tool,
                 };
                 if routes
-                    .get(part.exposed_key(Kind::Tools, tool as usize), &exposed_key)
+                    .get(part.exposed_key(Kind::Tools, tool as usize), &listed)
+                    .and_then(listed_at)
                     .is_some_and(|listed| *listed == entry)
                 {
                     mentions.entry(tool).or_default().insert(word);

@@ -32,6 +32,17 @@ pub(super) fn exposed_key_of<'p>(
     }
 }
 
+/// Reads the exposed key of the entry at a position of `entries` (of `kind`):
+/// what a snapshot's route tables hold, four bytes a route.
+pub(super) fn listed_key_of<'p>(
+    parts: &'p [Arc<UpstreamPart>],
+    entries: &'p [EntryRef],
+    kind: Kind,
+) -> impl Fn(&u32) -> &'p str + 'p {
+    let exposed_key = exposed_key_of(parts, kind);
+    move |position| entries.get(*position as usize).map_or("", &exposed_key)
+}
+
 /// Reads the upstream's own key of an entry of `kind` from its part.
 pub(super) fn original_key_of<'p>(
     parts: &'p [Arc<UpstreamPart>],

@@ -36,7 +36,7 @@ pub use kind::Kind;
 pub use part::{EntryText, UpstreamPart};
 pub use view::View;
 
-use entries::{exposed_key_of, original_key_of, EntryRef};
+use entries::{listed_key_of, original_key_of, EntryRef};
 use table::Table;
 pub use warning::CatalogWarning;
 
@@ -153,9 +153,9 @@ pub struct Catalog {
     /// Exposed entries per kind, indexed by [`Kind::index`].
     entries: [Vec<EntryRef>; 4],
     digests: [[u8; 32]; 4],
-    /// Routes per kind, looked up by exposed name, URI or template (the keys are
-    /// the parts').
-    routes: [Table<EntryRef>; 4],
+    /// Routes per kind: positions in `entries`, looked up by exposed name, URI or
+    /// template (the keys are the parts').
+    routes: [Table<u32>; 4],
     upstreams_by_namespace: HashMap<String, Arc<str>>,
     namespaces_by_upstream: HashMap<Arc<str>, String>,
     templates: Vec<TemplateHead>,
@@ -283,7 +283,10 @@ impl Catalog {
 
     /// The exposed entry of `kind` with this exposed name, URI or template.
     fn routed(&self, kind: Kind, exposed: &str) -> Option<&EntryRef> {
-        self.routes[kind.index()].get(exposed, exposed_key_of(&self.parts, kind))
+        let entries = &self.entries[kind.index()];
+        let position =
+            self.routes[kind.index()].get(exposed, listed_key_of(&self.parts, entries, kind))?;
+        entries.get(*position as usize)
     }
 
     fn part(&self, entry: &EntryRef) -> &UpstreamPart {

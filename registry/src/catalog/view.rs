@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use super::entries::{exposed_key_of, original_key_of};
+use super::entries::{exposed_key_of, listed_key_of, original_key_of};
 use super::{Catalog, Kind};
 use crate::filter::ToolFilter;
 use crate::uris;
@@ -57,8 +57,11 @@ impl Catalog {
             for entry in &self.entries[index] {
                 let upstream = &self.part(entry).upstream;
                 if view.shows(kind, exposed_key(entry), upstream) {
-                    restricted.entries[index].push(*entry);
-                    restricted.routes[index].insert(*entry, &exposed_key);
+                    let entries = &mut restricted.entries[index];
+                    let position = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+                    entries.push(*entry);
+                    let listed = listed_key_of(&self.parts, entries, kind);
+                    restricted.routes[index].insert(position, listed);
                 }
             }
             restricted.held[index] = self.held[index]
