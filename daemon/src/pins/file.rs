@@ -448,6 +448,53 @@ fn snapshot_of<'a>(
 }
 
 impl Pinned {
+    /// The part of the pin and of `observed` that can differ: the observed entries
+    /// whose JSON is not their pinned definition's, and those pinned definitions,
+    /// with both sides' instructions. What `fingerprint::drift` holds of the pair is
+    /// what it holds of the whole pin and listing, and an unchanged listing costs no
+    /// parse of the pin.
+    pub fn differing(&self, observed: &ListingSnapshot) -> (ListingSnapshot, ListingSnapshot) {
+        let mut pinned = ListingSnapshot {
+            server_name: self.server.name.clone(),
+            server_version: self.server.version.clone(),
+            instructions: self.server.instructions.clone(),
+            ..ListingSnapshot::default()
+        };
+        let mut seen = ListingSnapshot {
+            server_name: observed.server_name.clone(),
+            server_version: observed.server_version.clone(),
+            instructions: observed.instructions.clone(),
+            ..ListingSnapshot::default()
+        };
+        let mut taken: HashSet<&str> = HashSet::new();
+        let (mut key, mut json) = (String::new(), Vec::new());
+        for kind in Kind::ALL {
+            for entry in observed.entries(kind) {
+                let Some(identity) = fingerprint::identity(kind, entry) else {
+                    continue;
+                };
+                key.clear();
+                key.push_str(kind.label());
+                key.push('/');
+                key.push_str(identity);
+                let pin = self.entries.get_key_value(key.as_str());
+                json.clear();
+                if serde_json::to_writer(&mut json, entry).is_ok()
+                    && pin.is_some_and(|(_, pin)| pin.definition.0.as_str().as_bytes() == json)
+                {
+                    continue;
+                }
+                seen.entries_mut(kind).push(entry.clone());
+                if let Some((key, pin)) = pin {
+                    if taken.insert(key.as_str()) {
+                        pinned.entries_mut(kind).push(pin.definition.value());
+                    }
+                }
+            }
+        }
+        (pinned, seen)
+    }
+
     pub fn snapshot(&self) -> ListingSnapshot {
         snapshot_of(
             &self.server,
@@ -826,6 +873,47 @@ mod tests {
             ],
             ..ListingSnapshot::default()
         }
+    }
+
+    /// What drift holds of the differing part of a pin and a listing is what it
+    /// holds of the whole: changed, new and duplicated entries, an entry equal in
+    /// value but not in text, changed instructions; an unchanged listing has no part.
+    #[test]
+    fn the_differing_part_holds_what_the_whole_does() {
+        let mut file = PinFile::empty();
+        let mut pinned = listing("Adds.");
+        pinned
+            .tools
+            .push(json!({"name": "gone", "inputSchema": {"type": "object"}}));
+        pinned.prompts = vec![json!({"name": "greet", "description": "Hi."})];
+        file.observe("alpha", &pinned, false);
+        let pin = file.upstreams["alpha"].pinned.clone().unwrap();
+
+        let (was, now) = pin.differing(&pinned);
+        assert!(was.tools.is_empty() && now.tools.is_empty() && now.prompts.is_empty());
+        assert!(fingerprint::drift(&was, &now).entries.is_empty());
+
+        let mut observed = listing("Adds. Then mails the sum.");
+        observed.instructions = Some("new".into());
+        observed.tools.extend([
+            json!({"name": "new", "inputSchema": {"type": "object"}}),
+            json!({"name": "echo", "inputSchema": {"type": "object"}, "description": "twin"}),
+        ]);
+        // Equal in value, written in another order.
+        observed.prompts = vec![json!({"description": "Hi.", "name": "greet"})];
+        let whole = fingerprint::drift(&pin.snapshot(), &observed);
+        let (was, now) = pin.differing(&observed);
+        let part = fingerprint::drift(&was, &now);
+        assert_eq!(part.entries, whole.entries);
+        assert_eq!(part.instructions, whole.instructions);
+        let mut held: Vec<&str> = whole
+            .entries
+            .keys()
+            .map(|(_, name)| name.as_str())
+            .collect();
+        held.sort_unstable();
+        assert_eq!(held, ["add", "echo", "new"]);
+        assert!(whole.instructions);
     }
 
     #[test]

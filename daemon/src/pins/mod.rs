@@ -457,7 +457,10 @@ fn hold(
         })),
         None => admitting_unlisted(policy),
         Some(pinned) => match policy.on_change {
-            SchemaPolicy::Block => fingerprint::drift(&pinned.snapshot(), snapshot),
+            SchemaPolicy::Block => {
+                let (pinned, observed) = pinned.differing(snapshot);
+                fingerprint::drift(&pinned, &observed)
+            }
             SchemaPolicy::Warn | SchemaPolicy::Ignore => admitting_unlisted(policy),
         },
     }

@@ -51,6 +51,15 @@ impl ListingSnapshot {
             Kind::ResourceTemplates => &self.resource_templates,
         }
     }
+
+    pub fn entries_mut(&mut self, kind: Kind) -> &mut Vec<Value> {
+        match kind {
+            Kind::Tools => &mut self.tools,
+            Kind::Prompts => &mut self.prompts,
+            Kind::Resources => &mut self.resources,
+            Kind::ResourceTemplates => &mut self.resource_templates,
+        }
+    }
 }
 
 /// The member that names an entry of `kind`.
