@@ -6,7 +6,6 @@
 //! Sorted maps and pretty JSON, one block per upstream and per entry, so the file
 //! reads and diffs well under version control.
 
-use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +15,8 @@ use registry::fingerprint::{self, Change, ChangeClass, ListingSnapshot};
 use registry::{EntryText, Kind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::keyed::{PinKey, PinMap};
 
 pub const FORMAT: u32 = 2;
 
@@ -84,7 +85,7 @@ pub struct Pinned {
     pub server: Server,
     /// `<kind>/<name, URI or template>` → the entry as pinned.
     #[serde(serialize_with = "with_digests")]
-    pub entries: BTreeMap<PinKey, EntryPin>,
+    pub entries: PinMap<EntryPin>,
 }
 
 /// An entry as pinned. The file gives each its compatibility and security digests
@@ -113,7 +114,7 @@ impl EntryPin {
 /// Pinned entries as the file has them: each one's digests (SHA-256, hex), then
 /// when it was pinned and its definition.
 fn with_digests<S: serde::Serializer>(
-    entries: &BTreeMap<PinKey, EntryPin>,
+    entries: &PinMap<EntryPin>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
@@ -173,90 +174,6 @@ mod shared_str {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
         String::deserialize(deserializer).map(Arc::from)
-    }
-}
-
-/// An entry's key in the file, `<kind>/<name, URI or template>`. The keys of a
-/// catalog read or pinned together are views of one buffer: a string each was a
-/// twentieth of a large catalog's pins.
-#[derive(Clone)]
-pub struct PinKey(EntryText);
-
-impl PinKey {
-    pub fn as_str(&self) -> &str {
-        self.0.as_str()
-    }
-
-    /// The kind its `<kind>/` names.
-    fn kind(&self) -> Option<Kind> {
-        let (kind, _) = self.as_str().split_once('/')?;
-        Kind::from_label(kind)
-    }
-
-    /// `entries` with their keys moved into one buffer (and the map rebuilt in key
-    /// order, so with full nodes: read one entry at a time they are half empty).
-    fn pack<V>(entries: BTreeMap<PinKey, V>) -> BTreeMap<PinKey, V> {
-        let keys = EntryText::pack(entries.keys().map(PinKey::as_str));
-        keys.into_iter()
-            .map(PinKey)
-            .zip(entries.into_values())
-            .collect()
-    }
-}
-
-impl Borrow<str> for PinKey {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl PartialEq for PinKey {
-    fn eq(&self, other: &PinKey) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for PinKey {}
-
-impl PartialOrd for PinKey {
-    fn partial_cmp(&self, other: &PinKey) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for PinKey {
-    fn cmp(&self, other: &PinKey) -> std::cmp::Ordering {
-        self.as_str().cmp(other.as_str())
-    }
-}
-
-impl std::hash::Hash for PinKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
-    }
-}
-
-impl std::fmt::Debug for PinKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.as_str().fmt(f)
-    }
-}
-
-impl std::fmt::Display for PinKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Serialize for PinKey {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for PinKey {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(|key| PinKey(EntryText::own(key)))
     }
 }
 
@@ -345,7 +262,7 @@ pub struct Seen {
     pub catalog_fingerprint: String,
     pub server: Server,
     /// `<kind>/<name, URI or template>` → the entry as seen.
-    pub entries: BTreeMap<PinKey, Definition>,
+    pub entries: PinMap<Definition>,
 }
 
 /// One approval: what was approved, between which fingerprints, and the changes it accepted.
@@ -396,10 +313,6 @@ pub fn now() -> String {
     humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
-fn key(kind: Kind, identity: &str) -> PinKey {
-    PinKey(EntryText::own(format!("{}/{identity}", kind.label())))
-}
-
 impl Server {
     fn of(snapshot: &ListingSnapshot) -> Server {
         Server {
@@ -411,16 +324,17 @@ impl Server {
 }
 
 /// The entries of a snapshot by key, the keys in one buffer.
-fn keyed(snapshot: &ListingSnapshot) -> BTreeMap<PinKey, (Kind, &Value)> {
-    let mut entries = BTreeMap::new();
-    for kind in Kind::ALL {
-        for entry in snapshot.entries(kind) {
-            if let Some(identity) = fingerprint::identity(kind, entry) {
-                entries.insert(key(kind, identity), (kind, entry));
-            }
-        }
-    }
-    PinKey::pack(entries)
+fn keyed(snapshot: &ListingSnapshot) -> PinMap<(Kind, &Value)> {
+    Kind::ALL
+        .into_iter()
+        .flat_map(|kind| {
+            snapshot.entries(kind).iter().filter_map(move |entry| {
+                let identity = fingerprint::identity(kind, entry)?;
+                Some((PinKey::of(kind, identity), (kind, entry)))
+            })
+        })
+        .collect::<PinMap<_>>()
+        .packed()
 }
 
 /// A snapshot rebuilt from keyed definitions.
@@ -644,12 +558,12 @@ impl PinFile {
     fn packed(mut self) -> PinFile {
         for record in self.upstreams.values_mut() {
             if let Some(pinned) = &mut record.pinned {
-                pinned.entries = PinKey::pack(std::mem::take(&mut pinned.entries));
+                pinned.entries = std::mem::take(&mut pinned.entries).packed();
                 pack(pinned.entries.values_mut().map(|pin| &mut pin.definition));
                 share_stamps(pinned.entries.values_mut().map(|pin| &mut pin.pinned_at));
             }
             if let Some(pending) = &mut record.pending {
-                pending.entries = PinKey::pack(std::mem::take(&mut pending.entries));
+                pending.entries = std::mem::take(&mut pending.entries).packed();
                 pack(pending.entries.values_mut());
             }
         }
@@ -735,7 +649,7 @@ impl PinFile {
                     approved_at: None,
                     catalog_fingerprint: String::new(),
                     server: pending.server.clone(),
-                    entries: BTreeMap::new(),
+                    entries: PinMap::new(),
                 });
                 let named = |key: &PinKey| {
                     key.as_str()
@@ -751,7 +665,7 @@ impl PinFile {
                 let gone: Vec<PinKey> = pinned
                     .entries
                     .keys()
-                    .filter(|key| named(key) && !pending.entries.contains_key(*key))
+                    .filter(|key| named(key) && !pending.entries.contains_key(key.as_str()))
                     .cloned()
                     .collect();
                 if seen.is_empty() && gone.is_empty() {
@@ -761,7 +675,7 @@ impl PinFile {
                     });
                 }
                 for key in gone {
-                    pinned.entries.remove(&key);
+                    pinned.entries.remove(key.as_str());
                 }
                 let stamp = Stamp::new(&at);
                 for (key, definition) in seen {
@@ -987,7 +901,7 @@ mod tests {
             assert_eq!(keys[0].as_str(), "tools/add");
             add.pinned_at.is_shared_with(&echo.pinned_at)
                 && add.definition.0.shares_text_with(&echo.definition.0)
-                && keys[0].0.shares_text_with(&keys[1].0)
+                && keys[0].shares_buffer_with(keys[1])
         };
         assert!(shared(&file));
         let bytes = file.to_bytes();

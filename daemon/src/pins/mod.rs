@@ -10,6 +10,7 @@
 //! is held whole until it is mended and the configuration reloaded.
 
 pub mod file;
+pub mod keyed;
 pub mod view;
 
 use std::collections::HashMap;
