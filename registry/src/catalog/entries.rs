@@ -19,17 +19,26 @@ pub(super) struct EntryRef {
     pub index: u32,
 }
 
+/// Reads a key of an entry of `kind` from its part; `read` says which.
+fn key_of<'p>(
+    parts: &'p [Arc<UpstreamPart>],
+    kind: Kind,
+    read: fn(&'p UpstreamPart, Kind, usize) -> &'p str,
+) -> impl Fn(&EntryRef) -> &'p str + 'p {
+    move |entry| {
+        parts
+            .get(entry.part as usize)
+            .map_or("", |part| read(part, kind, entry.index as usize))
+    }
+}
+
 /// Reads the exposed key of an entry of `kind` from its part (what the route
 /// tables are keyed by).
 pub(super) fn exposed_key_of<'p>(
     parts: &'p [Arc<UpstreamPart>],
     kind: Kind,
 ) -> impl Fn(&EntryRef) -> &'p str + 'p {
-    move |entry| {
-        parts
-            .get(entry.part as usize)
-            .map_or("", |part| part.exposed_key(kind, entry.index as usize))
-    }
+    key_of(parts, kind, UpstreamPart::exposed_key)
 }
 
 /// Reads the exposed key of the entry at a position of `entries` (of `kind`):
@@ -48,11 +57,7 @@ pub(super) fn original_key_of<'p>(
     parts: &'p [Arc<UpstreamPart>],
     kind: Kind,
 ) -> impl Fn(&EntryRef) -> &'p str + 'p {
-    move |entry| {
-        parts
-            .get(entry.part as usize)
-            .map_or("", |part| part.original(kind, entry.index as usize))
-    }
+    key_of(parts, kind, UpstreamPart::original)
 }
 
 /// Exposed entries of one kind, in list order.
