@@ -184,10 +184,6 @@ fn claim_namespaces(
 /// is a known attack, so each is reported. Found from each part's words, so the
 /// cost follows the distinct words, not the text.
 fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
-    let routes = &catalog.routes[Kind::Tools.index()];
-    let tools = &catalog.entries[Kind::Tools.index()];
-    let listed = listed_key_of(&catalog.parts, tools, Kind::Tools);
-    let listed_at = |position: &u32| tools.get(*position as usize);
     let prefixes: HashMap<&str, &Arc<str>> = catalog
         .parts
         .iter()
@@ -199,9 +195,8 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
         let part_number = u32::try_from(position).unwrap_or(u32::MAX);
         let mut mentions: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
         for (word, tools) in part.words.iter() {
-            let names_other = routes
-                .get(word, &listed)
-                .and_then(listed_at)
+            let names_other = catalog
+                .routed(Kind::Tools, word)
                 .is_some_and(|other| catalog.parts[other.part as usize].upstream != part.upstream)
                 || word.split_once("__").is_some_and(|(prefix, _)| {
                     prefixes
@@ -217,9 +212,8 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
                     part: part_number,
                     index: tool,
                 };
-                if routes
-                    .get(part.exposed_key(Kind::Tools, tool as usize), &listed)
-                    .and_then(listed_at)
+                if catalog
+                    .routed(Kind::Tools, part.exposed_key(Kind::Tools, tool as usize))
                     .is_some_and(|listed| *listed == entry)
                 {
                     mentions.entry(tool).or_default().insert(word);

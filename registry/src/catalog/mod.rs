@@ -298,9 +298,14 @@ impl Catalog {
         self.part(entry).route(kind, entry.index as usize)
     }
 
+    /// Where the listed entry of `kind` exposed as `exposed` goes.
+    fn route_listed(&self, kind: Kind, exposed: &str) -> Option<Route> {
+        let entry = self.routed(kind, exposed)?;
+        Some(self.route_of(kind, entry))
+    }
+
     pub fn route_tool(&self, exposed_name: &str) -> Option<Route> {
-        let entry = self.routed(Kind::Tools, exposed_name)?;
-        Some(self.route_of(Kind::Tools, entry))
+        self.route_listed(Kind::Tools, exposed_name)
     }
 
     /// Where a tool name no table routes may still go: the one unprefixed upstream,
@@ -327,20 +332,18 @@ impl Catalog {
     }
 
     pub fn route_prompt(&self, exposed_name: &str) -> Option<Route> {
-        let entry = self.routed(Kind::Prompts, exposed_name)?;
-        Some(self.route_of(Kind::Prompts, entry))
+        self.route_listed(Kind::Prompts, exposed_name)
     }
 
     pub fn route_template(&self, exposed_uri_template: &str) -> Option<Route> {
-        let entry = self.routed(Kind::ResourceTemplates, exposed_uri_template)?;
-        Some(self.route_of(Kind::ResourceTemplates, entry))
+        self.route_listed(Kind::ResourceTemplates, exposed_uri_template)
     }
 
     /// Routes a resource read by the four steps documented in [`crate::uris`]; a URI
     /// that is held back (see [`Catalog::held`]) has no route.
     pub fn route_resource(&self, exposed_uri: &str) -> Option<Route> {
-        if let Some(entry) = self.routed(Kind::Resources, exposed_uri) {
-            return Some(self.route_of(Kind::Resources, entry));
+        if let Some(route) = self.route_listed(Kind::Resources, exposed_uri) {
+            return Some(route);
         }
         if self.held_resource(exposed_uri).is_some() || !self.view_permits_uri(exposed_uri) {
             return None;
