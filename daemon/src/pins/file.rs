@@ -368,12 +368,7 @@ impl Pinned {
     /// what it holds of the whole pin and listing, and an unchanged listing costs no
     /// parse of the pin.
     pub fn differing(&self, observed: &ListingSnapshot) -> (ListingSnapshot, ListingSnapshot) {
-        let mut pinned = ListingSnapshot {
-            server_name: self.server.name.clone(),
-            server_version: self.server.version.clone(),
-            instructions: self.server.instructions.clone(),
-            ..ListingSnapshot::default()
-        };
+        let mut pinned = snapshot_of(&self.server, std::iter::empty());
         let mut seen = ListingSnapshot {
             server_name: observed.server_name.clone(),
             server_version: observed.server_version.clone(),
@@ -387,10 +382,7 @@ impl Pinned {
                 let Some(identity) = fingerprint::identity(kind, entry) else {
                     continue;
                 };
-                key.clear();
-                key.push_str(kind.label());
-                key.push('/');
-                key.push_str(identity);
+                PinKey::write(kind, identity, &mut key);
                 let pin = self.entries.get_key_value(key.as_str());
                 json.clear();
                 if serde_json::to_writer(&mut json, entry).is_ok()

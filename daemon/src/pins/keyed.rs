@@ -26,7 +26,18 @@ impl PinKey {
 
     /// `<kind>/<identity>`.
     pub fn of(kind: Kind, identity: &str) -> PinKey {
-        PinKey(EntryText::own(format!("{}/{identity}", kind.label())))
+        let mut key = String::new();
+        PinKey::write(kind, identity, &mut key);
+        PinKey(EntryText::own(key))
+    }
+
+    /// `<kind>/<identity>` into `out`, replacing what it held: a key to look up by
+    /// without making one.
+    pub fn write(kind: Kind, identity: &str, out: &mut String) {
+        out.clear();
+        out.push_str(kind.label());
+        out.push('/');
+        out.push_str(identity);
     }
 
     /// The kind its `<kind>/` names.
