@@ -469,13 +469,28 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
             }
         }
     }
+    // A call that asks again after each answer: a 2026-07-28 client's call pauses,
+    // resumes and pauses again, once per round, and still ends with its result.
+    for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
+        let asked = call(client, "fx__ask", json!({"kind": "sampling", "times": 3}));
+        let result = tokio::time::timeout(Duration::from_secs(30), asked)
+            .await
+            .with_context(|| {
+                format!("{name} client: three rounds never ended\n{}", daemon.log())
+            })??;
+        let expected = vec![expected_ask("sampling", name); 3].join("|");
+        ensure!(
+            result["content"][0]["text"] == json!(expected),
+            "{name} client, three rounds: {result}"
+        );
+    }
     ensure!(
-        len_of(&old.sampled) == 2,
+        len_of(&old.sampled) == 5,
         "old client sampled {}",
         len_of(&old.sampled)
     );
     ensure!(
-        len_of(&new.sampled) == 2,
+        len_of(&new.sampled) == 5,
         "new client sampled {}",
         len_of(&new.sampled)
     );

@@ -317,7 +317,12 @@ enum Work {
 }
 
 impl Work {
+    /// Moves work polled in place to a task; work already on its task stays there
+    /// (a call that pauses a second time is detached already).
     fn detach(&mut self) {
+        if !matches!(self, Work::InPlace(_)) {
+            return;
+        }
         if let Work::InPlace(work) = std::mem::replace(self, Work::Moving) {
             let work = work.into_inner().unwrap_or_else(PoisonError::into_inner);
             *self = Work::Spawned(tokio::spawn(work));
