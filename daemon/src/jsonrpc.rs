@@ -369,12 +369,21 @@ impl Answer {
 }
 
 pub fn result_response(id: Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+    response(id, "result", result)
 }
 
 /// An error response from an error object (an upstream's, relayed as it was).
 pub fn error_object_response(id: Value, error: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": error})
+    response(id, "error", error)
+}
+
+/// The values are moved in: `json!` would copy them through `to_value`.
+fn response(id: Value, member: &str, body: Value) -> Value {
+    let mut response = Map::with_capacity(3);
+    response.insert("jsonrpc".into(), Value::String("2.0".into()));
+    response.insert("id".into(), id);
+    response.insert(member.into(), body);
+    Value::Object(response)
 }
 
 pub fn error_response(id: Value, error: &RelayError) -> Value {
@@ -382,10 +391,13 @@ pub fn error_response(id: Value, error: &RelayError) -> Value {
 }
 
 pub fn notification(method: &str, params: Option<Value>) -> Value {
-    match params {
-        Some(params) => json!({"jsonrpc": "2.0", "method": method, "params": params}),
-        None => json!({"jsonrpc": "2.0", "method": method}),
+    let mut notification = Map::with_capacity(3);
+    notification.insert("jsonrpc".into(), Value::String("2.0".into()));
+    notification.insert("method".into(), Value::String(method.into()));
+    if let Some(params) = params {
+        notification.insert("params".into(), params);
     }
+    Value::Object(notification)
 }
 
 #[cfg(test)]

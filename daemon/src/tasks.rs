@@ -72,6 +72,7 @@ impl TaskRoutes {
         let Reply::Result(mut result) = reply else {
             return reply;
         };
+        let recorded = std::cell::Cell::new(false);
         rewrite_task_ids(&mut result, &|id| {
             let exposed = expose_task_id(upstream, id);
             self.routes
@@ -82,9 +83,11 @@ impl TaskRoutes {
                     session,
                     order: self.next.fetch_add(1, Ordering::Relaxed),
                 });
+            recorded.set(true);
             Some(exposed)
         });
-        if self.routes.len() > MAX_TASK_ROUTES {
+        // Counting locks every shard: only when a result carried a task.
+        if recorded.get() && self.routes.len() > MAX_TASK_ROUTES {
             self.prune();
         }
         Reply::Result(result)
