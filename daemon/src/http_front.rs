@@ -2,6 +2,7 @@
 //! with a JSON body), GET opens the session's event stream, DELETE ends a session.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -76,6 +77,10 @@ pub struct HttpFront {
     paused: Arc<Continuations>,
     /// The sessions of 2026-07-28 requests being served, so a shutdown can answer them.
     stateless: DashMap<u64, std::sync::Weak<Session>>,
+    /// Entries added to `stateless`: every so many, the ended ones are swept.
+    stateless_added: AtomicUsize,
+    /// The queue of every stateless session, read by no one.
+    nowhere: mpsc::Sender<Value>,
 }
 
 impl HttpFront {
@@ -92,6 +97,8 @@ impl HttpFront {
             shutdown,
             paused: Arc::new(Continuations::default()),
             stateless: DashMap::new(),
+            stateless_added: AtomicUsize::new(0),
+            nowhere: mpsc::channel(1).0,
         });
         front
             .hub
@@ -380,8 +387,13 @@ impl HttpFront {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);
         }
-        let session = Session::stateless(self.hub.clone(), self.paused.clone(), identity);
-        if self.stateless.len() >= 1024 {
+        let session = Session::stateless(
+            self.hub.clone(),
+            self.paused.clone(),
+            identity,
+            &self.nowhere,
+        );
+        if self.stateless_added.fetch_add(1, Ordering::Relaxed) % 1024 == 1023 {
             self.stateless
                 .retain(|_, session| session.strong_count() > 0);
         }

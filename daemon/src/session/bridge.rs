@@ -219,10 +219,10 @@ impl Continuation {
                     return outcome;
                 }
                 Some(input) = self.channels.inputs.recv() => {
-                    self.add_pending(input);
+                    self.add_pending(*input);
                     // Several requests sent together go out together.
                     while let Ok(more) = self.channels.inputs.try_recv() {
-                        self.add_pending(more);
+                        self.add_pending(*more);
                     }
                     return Ok(self.pause(paused));
                 }

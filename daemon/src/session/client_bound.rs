@@ -94,12 +94,12 @@ impl Session {
     ) -> bool {
         if let Some(inputs) = &self.inputs {
             return inputs
-                .send(InputNeeded {
+                .send(Box::new(InputNeeded {
                     connection,
                     upstream_id,
                     method: method.to_string(),
                     params,
-                })
+                }))
                 .is_ok();
         }
         let target = ClientBound::Upstream {
@@ -181,13 +181,21 @@ impl Session {
         params: Value,
         call: CallContext<'_>,
     ) -> Result<Reply, RelayError> {
+        // A 2026-07-28 client retries for itself, and a handshake-era client is
+        // answered input_required only by a 2026-07-28 upstream: the params are
+        // kept for a retry unless neither can happen.
+        let may_retry = !self.is_scope()
+            && !self
+                .hub
+                .upstream_named(upstream)
+                .is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());
+        if !may_retry {
+            return self.hub.forward(upstream, method, Some(params), call).await;
+        }
         let mut reply = self
             .hub
             .forward(upstream, method, Some(params.clone()), call)
             .await?;
-        if self.is_scope() {
-            return Ok(reply);
-        }
         for _ in 0..MAX_INPUT_ROUNDS {
             let Reply::Result(result) = &mut reply else {
                 return Ok(reply);

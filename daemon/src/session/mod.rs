@@ -67,7 +67,7 @@ pub struct Session {
     next_client_bound: AtomicU64,
     /// Set on the scope of one 2026-07-28 request: where upstream requests go
     /// instead of to the client.
-    inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
+    inputs: Option<mpsc::UnboundedSender<Box<InputNeeded>>>,
     /// A session the HTTP front makes for one request that came without one.
     stateless: bool,
     /// The front's 2026-07-28 requests paused on input from their client.
@@ -102,7 +102,8 @@ impl Identity {
 /// What a request scope delivers: messages for the client, and upstream requests.
 pub struct ScopeChannels {
     pub events: mpsc::Receiver<Value>,
-    pub inputs: mpsc::UnboundedReceiver<InputNeeded>,
+    /// Boxed: a channel's first block holds 32 of them.
+    pub inputs: mpsc::UnboundedReceiver<Box<InputNeeded>>,
 }
 
 /// The result of handling one incoming message.
@@ -133,12 +134,17 @@ impl Session {
 
     /// A session for one HTTP request that came without a session: a 2026-07-28
     /// client's. It announces nothing; each request in it gets its own scope.
+    ///
+    /// `nowhere` is its queue for messages outside a request's stream: one whose
+    /// receiver is gone, shared by every such session, since a request without a
+    /// session has no stream but its own.
     pub fn stateless(
         hub: Arc<Hub>,
         paused: Arc<Continuations>,
         identity: Identity,
+        nowhere: &mpsc::Sender<Value>,
     ) -> Arc<Session> {
-        Session::build(hub, paused, None, None, true, identity).0
+        Session::with_outbound(hub, paused, None, None, true, identity, nowhere.clone())
     }
 
     /// The scope of one 2026-07-28 request: it carries that request's declared
@@ -177,13 +183,27 @@ impl Session {
         hub: Arc<Hub>,
         paused: Arc<Continuations>,
         owner: Option<u64>,
-        inputs: Option<mpsc::UnboundedSender<InputNeeded>>,
+        inputs: Option<mpsc::UnboundedSender<Box<InputNeeded>>>,
         stateless: bool,
         identity: Identity,
     ) -> (Arc<Session>, mpsc::Receiver<Value>) {
         let (outbound, receiver) = mpsc::channel(64);
+        let session =
+            Session::with_outbound(hub, paused, owner, inputs, stateless, identity, outbound);
+        (session, receiver)
+    }
+
+    fn with_outbound(
+        hub: Arc<Hub>,
+        paused: Arc<Continuations>,
+        owner: Option<u64>,
+        inputs: Option<mpsc::UnboundedSender<Box<InputNeeded>>>,
+        stateless: bool,
+        identity: Identity,
+        outbound: mpsc::Sender<Value>,
+    ) -> Arc<Session> {
         let id = hub.open_session();
-        let session = Arc::new(Session {
+        Arc::new(Session {
             id,
             owner: owner.unwrap_or(id),
             hub,
@@ -201,8 +221,7 @@ impl Session {
             identity,
             listed: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
-        });
-        (session, receiver)
+        })
     }
 
     pub fn hub(&self) -> &Arc<Hub> {
@@ -240,8 +259,11 @@ impl Session {
             return;
         }
         self.closed.cancel();
-        let subscriptions: Vec<String> = self.lock_subscriptions().drain().collect();
-        self.hub.fanout.end_session(self.id, subscriptions);
+        // A stateless session is never registered: its requests run in scopes that are.
+        if !self.stateless {
+            let subscriptions: Vec<String> = self.lock_subscriptions().drain().collect();
+            self.hub.fanout.end_session(self.id, subscriptions);
+        }
         // Upstreams waiting on this client learn it is gone instead of waiting out their deadline.
         let pending: Vec<_> = self
             .client_bound

@@ -240,6 +240,15 @@ impl Instance {
             .clone()
     }
 
+    /// Whether there is a hello and it satisfies `test`; nothing copied (calls ask per request).
+    pub fn hello_is(&self, test: impl FnOnce(&ServerHello) -> bool) -> bool {
+        self.hello
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(test)
+    }
+
     pub(super) fn live_connection(&self) -> Option<UpstreamConnection> {
         let connection = self
             .connection
@@ -278,9 +287,7 @@ impl Instance {
     /// Sets `level` on this instance if it is ready and logs: `logging/setLevel`, or
     /// for a 2026-07-28 upstream the level every request carries.
     pub async fn apply_log_level(&self, level: LogLevel) {
-        let logs = self
-            .hello()
-            .is_some_and(|hello| hello.has_capability("logging"));
+        let logs = self.hello_is(|hello| hello.has_capability("logging"));
         if !logs || self.state() != UpstreamState::Ready {
             return;
         }
@@ -566,9 +573,16 @@ impl Upstream {
                 .any(|instance| instance.value().has_call_from(session))
     }
 
+    /// Whether a handshake-era client's call is known to reach this upstream in the
+    /// handshake era (so it is never answered input_required): it speaks no other,
+    /// or it serves both and gives such clients an instance of their era.
+    pub fn meets_handshake_clients_in_their_era(&self) -> bool {
+        self.shared.hello_is(|hello| !hello.is_modern()) || self.serves_both_eras()
+    }
+
     /// Whether the shared instance speaks 2026-07-28 (per-request `_meta`, no session).
     pub fn speaks_per_request(&self) -> bool {
-        self.shared.hello().is_some_and(|hello| hello.is_modern())
+        self.shared.hello_is(ServerHello::is_modern)
     }
 
     pub fn known_capabilities(&self) -> Value {
@@ -597,8 +611,7 @@ impl Upstream {
         self.config().protocol.follows_client_era()
             && self
                 .shared
-                .hello()
-                .is_some_and(|hello| hello.is_modern() && hello.also_handshake)
+                .hello_is(|hello| hello.is_modern() && hello.also_handshake)
     }
 
     /// The instance serving `session`: the shared one, or that session's own; for
