@@ -52,6 +52,9 @@ pub fn rewrite_task_ids(value: &mut Value, rewrite: &dyn Fn(&str) -> Option<Stri
 #[derive(Default)]
 pub struct TaskRoutes {
     routes: DashMap<String, TaskRoute>,
+    /// Each session's exposed ids, so a session's end (each 2026-07-28 request's
+    /// scope ends one) forgets its routes without walking everyone's.
+    by_session: DashMap<u64, Vec<String>>,
     next: AtomicU64,
 }
 
@@ -75,14 +78,22 @@ impl TaskRoutes {
         let recorded = std::cell::Cell::new(false);
         rewrite_task_ids(&mut result, &|id| {
             let exposed = expose_task_id(upstream, id);
-            self.routes
-                .entry(exposed.clone())
-                .or_insert_with(|| TaskRoute {
+            let mut inserted = false;
+            self.routes.entry(exposed.clone()).or_insert_with(|| {
+                inserted = true;
+                TaskRoute {
                     upstream: upstream.to_string(),
                     original: id.to_string(),
                     session,
                     order: self.next.fetch_add(1, Ordering::Relaxed),
-                });
+                }
+            });
+            if let (true, Some(session)) = (inserted, session) {
+                self.by_session
+                    .entry(session)
+                    .or_default()
+                    .push(exposed.clone());
+            }
             recorded.set(true);
             Some(exposed)
         });
@@ -98,6 +109,15 @@ impl TaskRoutes {
         orders.sort_unstable();
         let cut = orders[orders.len() / 10];
         self.routes.retain(|_, route| route.order > cut);
+        let kept: std::collections::HashSet<String> = self
+            .routes
+            .iter()
+            .map(|route| route.key().clone())
+            .collect();
+        self.by_session.retain(|_, ids| {
+            ids.retain(|id| kept.contains(id));
+            !ids.is_empty()
+        });
     }
 
     /// The upstream and original id behind an exposed task id; `known` says which
@@ -116,8 +136,13 @@ impl TaskRoutes {
     }
 
     pub fn forget_session(&self, session: u64) {
-        self.routes
-            .retain(|_, route| route.session != Some(session));
+        let Some((_, ids)) = self.by_session.remove(&session) else {
+            return;
+        };
+        for id in ids {
+            self.routes
+                .remove_if(&id, |_, route| route.session == Some(session));
+        }
     }
 
     pub fn forget_upstream(&self, name: &str) {
@@ -151,8 +176,15 @@ mod tests {
             routes.route("up:t0", |name| name == "up"),
             Some(("up".into(), "t0".into()))
         );
+        // Pruning left each session's index with only the routes that remain.
+        let indexed: usize = routes.by_session.iter().map(|ids| ids.len()).sum();
+        assert_eq!(indexed, routes.len());
         routes.forget_session(0);
         assert!(routes.owner(&format!("up:t{MAX_TASK_ROUTES}")).is_none());
+        // The other session's routes stay.
+        let last_odd = MAX_TASK_ROUTES - 1 + MAX_TASK_ROUTES % 2;
+        assert_eq!(routes.owner(&format!("up:t{last_odd}")), Some(1));
+        assert!(routes.by_session.get(&0).is_none());
         routes.forget_upstream("up");
         assert_eq!(routes.len(), 0);
     }
