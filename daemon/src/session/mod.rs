@@ -29,6 +29,8 @@ use crate::logging::LogLevel;
 /// Protocol revisions plexus serves to clients, oldest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 pub const LATEST_VERSION: &str = "2025-11-25";
+/// Messages a session sends outside any request's stream, queued for its client.
+const OUTBOUND_QUEUE: usize = 64;
 
 /// What a client told plexus in `initialize`.
 #[derive(Clone, Debug, Default)]
@@ -121,7 +123,8 @@ impl Session {
         paused: Arc<Continuations>,
         identity: Identity,
     ) -> (Arc<Session>, mpsc::Receiver<Value>) {
-        let (session, receiver) = Session::build(hub, paused, None, None, false, identity);
+        let (outbound, receiver) = mpsc::channel(OUTBOUND_QUEUE);
+        let session = Session::build(hub, paused, None, None, false, identity, outbound);
         session.register();
         session.hub.spawn(announce_catalog_changes(session.clone()));
         (session, receiver)
@@ -144,7 +147,7 @@ impl Session {
         identity: Identity,
         nowhere: &mpsc::Sender<Value>,
     ) -> Arc<Session> {
-        Session::with_outbound(hub, paused, None, None, true, identity, nowhere.clone())
+        Session::build(hub, paused, None, None, true, identity, nowhere.clone())
     }
 
     /// The scope of one 2026-07-28 request: it carries that request's declared
@@ -153,13 +156,15 @@ impl Session {
     pub fn scope(&self, meta: RequestMeta) -> (Arc<Session>, ScopeChannels) {
         let (inputs, input_receiver) = mpsc::unbounded_channel();
         let owner = (!self.stateless).then_some(self.owner);
-        let (scope, events) = Session::build(
+        let (outbound, events) = mpsc::channel(OUTBOUND_QUEUE);
+        let scope = Session::build(
             self.hub.clone(),
             self.paused.clone(),
             owner,
             Some(inputs),
             false,
             self.identity.clone(),
+            outbound,
         );
         *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(era::MODERN_VERSION.to_string()),
@@ -180,20 +185,6 @@ impl Session {
     }
 
     fn build(
-        hub: Arc<Hub>,
-        paused: Arc<Continuations>,
-        owner: Option<u64>,
-        inputs: Option<mpsc::UnboundedSender<Box<InputNeeded>>>,
-        stateless: bool,
-        identity: Identity,
-    ) -> (Arc<Session>, mpsc::Receiver<Value>) {
-        let (outbound, receiver) = mpsc::channel(64);
-        let session =
-            Session::with_outbound(hub, paused, owner, inputs, stateless, identity, outbound);
-        (session, receiver)
-    }
-
-    fn with_outbound(
         hub: Arc<Hub>,
         paused: Arc<Continuations>,
         owner: Option<u64>,
