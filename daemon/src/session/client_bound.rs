@@ -190,7 +190,14 @@ impl Session {
                 .upstream_named(upstream)
                 .is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());
         if !may_retry {
-            return self.hub.forward(upstream, method, Some(params), call).await;
+            let mut reply = self
+                .hub
+                .forward(upstream, method, Some(params), call)
+                .await?;
+            if !self.is_scope() {
+                without_complete_type(&mut reply);
+            }
+            return Ok(reply);
         }
         let mut reply = self
             .hub
@@ -201,12 +208,7 @@ impl Session {
                 return Ok(reply);
             };
             if result.get("resultType").and_then(Value::as_str) != Some("input_required") {
-                // The handshake era has no result types.
-                if let Some(object) = result.as_object_mut() {
-                    if object.get("resultType").and_then(Value::as_str) == Some("complete") {
-                        object.remove("resultType");
-                    }
-                }
+                without_complete_type(&mut reply);
                 return Ok(reply);
             }
             let requests = result
@@ -295,6 +297,15 @@ impl Session {
                 "notifications/cancelled",
                 Some(json!({"requestId": id, "reason": "the upstream withdrew its request"})),
             ));
+        }
+    }
+}
+
+/// The handshake era has no result types: a complete result loses its `resultType`.
+fn without_complete_type(reply: &mut Reply) {
+    if let Reply::Result(Value::Object(result)) = reply {
+        if result.get("resultType").and_then(Value::as_str) == Some("complete") {
+            result.remove("resultType");
         }
     }
 }
