@@ -94,10 +94,10 @@ impl TaskRoutes {
                     .or_default()
                     .push(exposed.clone());
             }
-            recorded.set(true);
+            recorded.set(recorded.get() || inserted);
             Some(exposed)
         });
-        // Counting locks every shard: only when a result carried a task.
+        // Counting locks every shard: only when the result added a route.
         if recorded.get() && self.routes.len() > MAX_TASK_ROUTES {
             self.prune();
         }
@@ -109,6 +109,11 @@ impl TaskRoutes {
         orders.sort_unstable();
         let cut = orders[orders.len() / 10];
         self.routes.retain(|_, route| route.order > cut);
+        self.reindex();
+    }
+
+    /// Drops from the session index the ids whose routes are gone.
+    fn reindex(&self) {
         let kept: std::collections::HashSet<String> = self
             .routes
             .iter()
@@ -147,6 +152,7 @@ impl TaskRoutes {
 
     pub fn forget_upstream(&self, name: &str) {
         self.routes.retain(|_, route| route.upstream != name);
+        self.reindex();
     }
 
     #[cfg(test)]
@@ -187,6 +193,7 @@ mod tests {
         assert!(routes.by_session.get(&0).is_none());
         routes.forget_upstream("up");
         assert_eq!(routes.len(), 0);
+        assert_eq!(routes.by_session.len(), 0);
     }
 
     #[test]

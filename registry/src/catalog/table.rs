@@ -1,6 +1,6 @@
 //! A hash table of entries keyed by text their parts hold: the table keeps only
-//! each entry's place (eight bytes), and its key is read from the part when the
-//! table hashes or compares it, so a route table holds no string of its own.
+//! each entry's place (a route's is four bytes), and its key is read from the part
+//! when the table hashes or compares it, so a route table holds no string of its own.
 
 use std::hash::{BuildHasher, RandomState};
 
