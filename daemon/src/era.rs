@@ -40,9 +40,31 @@ pub fn declared_version(params: Option<&Value>) -> Option<&Value> {
     params?.get("_meta")?.get(META_PROTOCOL_VERSION)
 }
 
-/// Reads and checks the per-request fields: an unserved version is -32022 with
-/// the versions plexus serves; missing capabilities are -32602.
-pub fn parse_meta(params: Option<&Value>) -> Result<RequestMeta, RelayError> {
+/// Checks the per-request fields: an unserved version is -32022 with the
+/// versions plexus serves; missing capabilities are -32602.
+pub fn check_meta(params: Option<&Value>) -> Result<(), RelayError> {
+    checked_meta(params).map(drop)
+}
+
+/// Checks the per-request fields and takes the client's capabilities out of
+/// `params`: they belong to the request's scope, and what an upstream is told of
+/// them is what plexus relays (`set_client_capabilities`), never the original.
+pub fn take_meta(params: &mut Option<Value>) -> Result<RequestMeta, RelayError> {
+    let log_level = checked_meta(params.as_ref())?.1;
+    let capabilities = params
+        .as_mut()
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)
+        .and_then(|meta| meta.shift_remove(META_CLIENT_CAPABILITIES))
+        .unwrap_or_else(|| Value::Object(Map::new()));
+    Ok(RequestMeta {
+        capabilities,
+        log_level,
+    })
+}
+
+/// The checked per-request fields, borrowed: the capabilities and the log level.
+fn checked_meta(params: Option<&Value>) -> Result<(&Value, Option<LogLevel>), RelayError> {
     let meta = params
         .and_then(|p| p.get("_meta"))
         .and_then(Value::as_object);
@@ -62,7 +84,7 @@ pub fn parse_meta(params: Option<&Value>) -> Result<RequestMeta, RelayError> {
         }
     }
     let capabilities = match meta.and_then(|m| m.get(META_CLIENT_CAPABILITIES)) {
-        Some(capabilities @ Value::Object(_)) => capabilities.clone(),
+        Some(capabilities @ Value::Object(_)) => capabilities,
         _ => {
             return Err(RelayError::InvalidParams(format!(
                 "`_meta.{META_CLIENT_CAPABILITIES}` is required and must be an object"
@@ -73,15 +95,9 @@ pub fn parse_meta(params: Option<&Value>) -> Result<RequestMeta, RelayError> {
         .and_then(|m| m.get(META_LOG_LEVEL))
         .and_then(Value::as_str)
         .and_then(LogLevel::parse);
-    Ok(RequestMeta {
-        capabilities,
-        log_level,
-    })
+    Ok((capabilities, log_level))
 }
 
-/// Removes the per-request fields before a request goes to a handshake-era
-/// upstream: it negotiated once at `initialize`, and some servers reject a
-/// version in `_meta` they did not negotiate.
 /// Puts `capabilities` in a request's `_meta` as the client's.
 pub fn set_client_capabilities(params: &mut Option<Value>, capabilities: Value) {
     let params = params.get_or_insert_with(|| Value::Object(serde_json::Map::new()));
@@ -125,26 +141,31 @@ pub fn declare_tasks_extension(capabilities: &mut Value) {
     }
 }
 
+/// Removes the per-request fields before a request goes to a handshake-era
+/// upstream: it negotiated once at `initialize`, and some servers reject a
+/// version in `_meta` they did not negotiate.
 pub fn strip_request_meta(params: &mut Option<Value>) {
     let Some(Value::Object(params)) = params else {
         return;
     };
     let emptied = match params.get_mut("_meta") {
         Some(Value::Object(meta)) => {
-            for key in [
-                META_PROTOCOL_VERSION,
-                META_CLIENT_INFO,
-                META_CLIENT_CAPABILITIES,
-                META_LOG_LEVEL,
-            ] {
-                meta.remove(key);
-            }
+            // One pass, and the fields that stay keep their order.
+            meta.retain(|key, _| {
+                ![
+                    META_PROTOCOL_VERSION,
+                    META_CLIENT_INFO,
+                    META_CLIENT_CAPABILITIES,
+                    META_LOG_LEVEL,
+                ]
+                .contains(&key.as_str())
+            });
             meta.is_empty()
         }
         _ => false,
     };
     if emptied {
-        params.remove("_meta");
+        params.shift_remove("_meta");
     }
 }
 
@@ -278,14 +299,21 @@ mod tests {
 
     #[test]
     fn meta_is_checked_version_first() {
-        let ok = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {"sampling": {}}, META_LOG_LEVEL: "info"}});
-        let Ok(meta) = parse_meta(Some(&ok)) else {
+        let ok = json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {"sampling": {}}, META_LOG_LEVEL: "info", "progressToken": 1}});
+        assert!(check_meta(Some(&ok)).is_ok());
+        let mut params = Some(ok);
+        let Ok(meta) = take_meta(&mut params) else {
             panic!("valid meta refused");
         };
         assert_eq!(meta.capabilities, json!({"sampling": {}}));
         assert_eq!(meta.log_level, LogLevel::parse("info"));
+        // The capabilities were taken; the rest of `_meta` stays, in order.
+        assert_eq!(
+            serde_json::to_string(&params).ok(),
+            serde_json::to_string(&json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_LOG_LEVEL: "info", "progressToken": 1}})).ok()
+        );
 
-        let error_of = |params: Value| match parse_meta(Some(&params)) {
+        let error_of = |params: Value| match take_meta(&mut Some(params.clone())) {
             Ok(_) => panic!("accepted {params}"),
             Err(error) => error.to_error_object(),
         };

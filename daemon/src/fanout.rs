@@ -31,7 +31,7 @@ pub trait Client: Send + Sync {
     fn shows_upstream(&self, upstream: &str) -> bool;
     /// The capabilities the client declared (its `initialize`, or a 2026-07-28
     /// request's `_meta`).
-    fn declared_capabilities(&self) -> Value;
+    fn declared_capabilities(&self) -> Arc<Value>;
     /// A message of plexus's own for the client (logs, updates, list changes).
     fn notify(&self, message: Value);
     fn outbound(&self) -> &mpsc::Sender<Value>;
@@ -188,10 +188,12 @@ impl Fanout {
     /// declared capabilities, as far as plexus relays them (sampling, elicitation,
     /// roots), never plexus's.
     pub fn relayable_capabilities(&self, id: u64) -> Value {
-        let declared = self
+        let Some(declared) = self
             .session(id)
             .map(|session| session.declared_capabilities())
-            .unwrap_or(Value::Null);
+        else {
+            return Value::Object(Map::new());
+        };
         let mut relayable = Map::new();
         for key in ["sampling", "elicitation", "roots"] {
             if let Some(capability) = declared.get(key).filter(|value| !value.is_null()) {

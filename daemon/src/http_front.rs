@@ -382,7 +382,7 @@ impl HttpFront {
         let params = message.get("params");
         let catalog = self.hub.catalog_for(identity.view.as_deref());
         let checked = check_mirrored_headers(headers, method, params, &catalog)
-            .and_then(|()| era::parse_meta(params).map(drop));
+            .and_then(|()| era::check_meta(params));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);
@@ -646,7 +646,7 @@ fn check_mirrored_headers(
     params: Option<&Value>,
     catalog: &registry::Catalog,
 ) -> Result<(), RelayError> {
-    let header = |name: &str| -> Result<String, RelayError> {
+    let header = |name: &str| -> Result<std::borrow::Cow<'_, str>, RelayError> {
         let value = headers
             .get(name)
             .ok_or_else(|| RelayError::HeaderMismatch(format!("the {name} header is required")))?;
@@ -672,7 +672,7 @@ fn check_mirrored_headers(
     }
     if let Some(name) = era::mirrored_name(method, params) {
         let sent = header(NAME_HEADER)?;
-        if Some(sent.as_str()) != name {
+        if Some(&*sent) != name {
             return Err(RelayError::HeaderMismatch(format!(
                 "Mcp-Name `{sent}` does not match the body's `{}`",
                 name.unwrap_or_default()

@@ -3,6 +3,8 @@
 //! follow (a tool that breaks them is left out of the catalog), and the header
 //! value encoding, `=?base64?…?=` for anything that is not plain ASCII.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use serde_json::Value;
 
@@ -149,7 +151,7 @@ pub fn encode_header_value(text: &str) -> String {
 
 /// The text a header value stands for (the sentinel decoded); None when the
 /// sentinel's content is not base64 of UTF-8.
-pub fn decode_header_value(value: &str) -> Option<String> {
+pub fn decode_header_value(value: &str) -> Option<Cow<'_, str>> {
     match value
         .strip_prefix(SENTINEL_START)
         .and_then(|rest| rest.strip_suffix(SENTINEL_END))
@@ -157,8 +159,9 @@ pub fn decode_header_value(value: &str) -> Option<String> {
         Some(encoded) => base64::engine::general_purpose::STANDARD
             .decode(encoded)
             .ok()
-            .and_then(|bytes| String::from_utf8(bytes).ok()),
-        None => Some(value.to_string()),
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .map(Cow::Owned),
+        None => Some(Cow::Borrowed(value)),
     }
 }
 

@@ -36,7 +36,8 @@ const OUTBOUND_QUEUE: usize = 64;
 #[derive(Clone, Debug, Default)]
 pub struct ClientHello {
     pub protocol_version: Option<String>,
-    pub capabilities: Value,
+    /// Shared: every call to a 2026-07-28 upstream reads them.
+    pub capabilities: Arc<Value>,
 }
 
 /// A request an upstream sent while serving a 2026-07-28 client's request: it
@@ -168,7 +169,7 @@ impl Session {
         );
         *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(era::MODERN_VERSION.to_string()),
-            capabilities: meta.capabilities,
+            capabilities: Arc::new(meta.capabilities),
         };
         *scope
             .log_level
@@ -436,7 +437,7 @@ impl Session {
     /// Whether the client declared a capability in `initialize` (`sampling`, `elicitation`, `roots`).
     pub fn has_capability(&self, path: &[&str]) -> bool {
         let hello = self.hello.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut value = &hello.capabilities;
+        let mut value: &Value = &hello.capabilities;
         for key in path {
             match value.get(key) {
                 Some(inner) if !inner.is_null() => value = inner,
@@ -479,10 +480,10 @@ impl Session {
         &self,
         id: &Value,
         method: &str,
-        params: Option<Value>,
+        mut params: Option<Value>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
-        let meta = era::parse_meta(params.as_ref())?;
+        let meta = era::take_meta(&mut params)?;
         match method {
             "server/discover" => {
                 let catalog = self.catalog();
@@ -982,7 +983,7 @@ impl Session {
             .to_string();
         *self.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(version.clone()),
-            capabilities: params.get("capabilities").cloned().unwrap_or(Value::Null),
+            capabilities: Arc::new(params.get("capabilities").cloned().unwrap_or(Value::Null)),
         };
         json!({
             "protocolVersion": version,
@@ -1296,7 +1297,7 @@ impl Client for Session {
     fn shows_upstream(&self, upstream: &str) -> bool {
         self.identity.view.is_none() || self.catalog().shows_upstream(upstream)
     }
-    fn declared_capabilities(&self) -> Value {
+    fn declared_capabilities(&self) -> Arc<Value> {
         self.hello
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
