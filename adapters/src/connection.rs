@@ -71,6 +71,13 @@ impl OutgoingRequest<'_> {
         self
     }
 
+    /// The reply's result may come unread ([`Reply::Unread`]), for a caller that
+    /// relays it as the upstream wrote it; a transport that reads it anyway gives it read.
+    pub fn result_unread(self) -> Self {
+        self.connection.inner.pending.leave_unread(self.id);
+        self
+    }
+
     /// plexus's id of this request, as the upstream sees it.
     pub fn id(&self) -> u64 {
         self.id

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::connection::UpstreamConnection;
-use crate::rpc::{ConnectionError, Reply};
+use crate::rpc::ConnectionError;
 
 /// Protocol revisions with an `initialize` handshake, oldest first.
 pub const HANDSHAKE_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -137,9 +137,13 @@ pub async fn discover(
 ) -> Result<Option<ServerHello>, HandshakeError> {
     let meta = request_meta(identity);
     let params = json!({ "_meta": meta });
-    let result = match connection.request("server/discover", Some(params)).await? {
-        Reply::Result(result) => result,
-        Reply::Error(_) => return Ok(None),
+    let result = match connection
+        .request("server/discover", Some(params))
+        .await?
+        .into_result()
+    {
+        Ok(result) => result,
+        Err(_) => return Ok(None),
     };
     let versions = result
         .get("supportedVersions")
@@ -189,9 +193,13 @@ pub async fn initialize(
         "capabilities": identity.capabilities,
         "clientInfo": {"name": identity.name, "version": identity.version},
     });
-    let result = match connection.request("initialize", Some(params)).await? {
-        Reply::Result(result) => result,
-        Reply::Error(error) => {
+    let result = match connection
+        .request("initialize", Some(params))
+        .await?
+        .into_result()
+    {
+        Ok(result) => result,
+        Err(error) => {
             return Err(HandshakeError::Refused {
                 method: "initialize".into(),
                 error,
@@ -250,9 +258,9 @@ pub async fn list_all(
     let mut cursor: Option<Value> = None;
     for _ in 0..max_pages {
         let params = cursor.take().map(|cursor| json!({ "cursor": cursor }));
-        let mut result = match connection.request(method, params).await? {
-            Reply::Result(result) => result,
-            Reply::Error(error) => {
+        let mut result = match connection.request(method, params).await?.into_result() {
+            Ok(result) => result,
+            Err(error) => {
                 return Err(HandshakeError::Refused {
                     method: method.into(),
                     error,

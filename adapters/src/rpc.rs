@@ -7,16 +7,58 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio_util::sync::CancellationToken;
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 /// What an upstream answered to a request, kept as sent.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Reply {
     /// The `result` member.
     Result(Value),
+    /// The `result` member unread, as the upstream wrote it: only for a request
+    /// sent with [`crate::OutgoingRequest::result_unread`] (over stdio).
+    Unread(Box<RawValue>),
     /// The `error` member: `{code, message, data?}`, relayed unchanged.
     Error(Value),
+}
+
+impl Reply {
+    /// The reply with its result read, if it was not.
+    pub fn read(self) -> Reply {
+        match self {
+            Reply::Unread(raw) => Reply::Result(read_raw(&raw)),
+            read => read,
+        }
+    }
+
+    /// The result (read), or the error.
+    pub fn into_result(self) -> Result<Value, Value> {
+        match self {
+            Reply::Result(result) => Ok(result),
+            Reply::Unread(raw) => Ok(read_raw(&raw)),
+            Reply::Error(error) => Err(error),
+        }
+    }
+}
+
+/// The value of JSON that was checked when it arrived.
+pub fn read_raw(raw: &RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+}
+
+impl PartialEq for Reply {
+    fn eq(&self, other: &Reply) -> bool {
+        match (self, other) {
+            (Reply::Error(a), Reply::Error(b)) => a == b,
+            (Reply::Error(_), _) | (_, Reply::Error(_)) => false,
+            (Reply::Result(a), Reply::Result(b)) => a == b,
+            (Reply::Unread(a), Reply::Unread(b)) => a.get() == b.get(),
+            (Reply::Result(a), Reply::Unread(b)) | (Reply::Unread(b), Reply::Result(a)) => {
+                *a == read_raw(b)
+            }
+        }
+    }
 }
 
 /// Something an upstream sent that is not a reply to one of our requests.
@@ -112,19 +154,43 @@ fn detail_suffix(detail: &str) -> String {
 
 type ReplySender = oneshot::Sender<Result<Reply, ConnectionError>>;
 
+/// A request awaiting its reply: where the reply goes, and whether its result
+/// may stay unread.
+struct Waiting {
+    sender: ReplySender,
+    unread: bool,
+}
+
 /// Requests sent upstream and not yet answered, keyed by the id plexus gave them.
 #[derive(Default)]
 pub(crate) struct PendingRequests {
     next_id: AtomicU64,
-    waiting: Mutex<HashMap<u64, ReplySender>>,
+    waiting: Mutex<HashMap<u64, Waiting>>,
 }
 
 impl PendingRequests {
     pub(crate) fn register(&self) -> (u64, oneshot::Receiver<Result<Reply, ConnectionError>>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (sender, receiver) = oneshot::channel();
-        self.lock().insert(id, sender);
+        self.lock().insert(
+            id,
+            Waiting {
+                sender,
+                unread: false,
+            },
+        );
         (id, receiver)
+    }
+
+    /// The reply to `id` may keep its result unread.
+    pub(crate) fn leave_unread(&self, id: u64) {
+        if let Some(waiting) = self.lock().get_mut(&id) {
+            waiting.unread = true;
+        }
+    }
+
+    fn wants_unread(&self, id: u64) -> bool {
+        self.lock().get(&id).is_some_and(|waiting| waiting.unread)
     }
 
     /// Removes a request; true if it was still waiting (so a cancel is due).
@@ -134,9 +200,9 @@ impl PendingRequests {
 
     pub(crate) fn complete(&self, id: u64, outcome: Result<Reply, ConnectionError>) -> bool {
         match self.lock().remove(&id) {
-            Some(sender) => {
+            Some(waiting) => {
                 // The caller may have given up meanwhile; the late reply is dropped.
-                let _ = sender.send(outcome);
+                let _ = waiting.sender.send(outcome);
                 true
             }
             None => false,
@@ -145,8 +211,8 @@ impl PendingRequests {
 
     pub(crate) fn fail_all(&self, error: ConnectionError) {
         let drained: Vec<_> = self.lock().drain().collect();
-        for (_, sender) in drained {
-            let _ = sender.send(Err(error.clone()));
+        for (_, waiting) in drained {
+            let _ = waiting.sender.send(Err(error.clone()));
         }
     }
 
@@ -154,10 +220,44 @@ impl PendingRequests {
         self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, ReplySender>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
         // A panic while holding this lock cannot leave the map inconsistent.
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The members of a message that route it, the others unread.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    method: Option<&'a RawValue>,
+    #[serde(borrow)]
+    result: Option<&'a RawValue>,
+}
+
+/// Reads one message from an upstream. A reply whose request asked for its result
+/// unread is only skimmed (its head names the request); anything else is parsed
+/// whole. `None`: not JSON.
+pub(crate) fn read_message(bytes: &[u8], pending: &PendingRequests) -> Option<Incoming> {
+    let head = &bytes[..bytes.len().min(64)];
+    if id_in_head(head).is_some_and(|id| pending.wants_unread(id)) {
+        if let Ok(Envelope {
+            id: Some(id),
+            method: None,
+            result: Some(result),
+        }) = serde_json::from_slice::<Envelope>(bytes)
+        {
+            if let Ok(id) = serde_json::from_str::<Value>(id.get()) {
+                if our_id(&id).is_some_and(|id| pending.wants_unread(id)) {
+                    let reply = Reply::Unread(result.to_owned());
+                    return Some(Incoming::Reply { id, reply });
+                }
+            }
+        }
+    }
+    serde_json::from_slice::<Value>(bytes).ok().map(classify)
 }
 
 /// Classifies one parsed message from an upstream.
@@ -227,6 +327,7 @@ pub(crate) fn encode_response(id: Value, reply: Reply) -> Vec<u8> {
     object.insert("id".into(), id);
     match reply {
         Reply::Result(result) => object.insert("result".into(), result),
+        Reply::Unread(raw) => object.insert("result".into(), read_raw(&raw)),
         Reply::Error(error) => object.insert("error".into(), error),
     };
     encode_line(&Value::Object(object))
@@ -297,6 +398,53 @@ pub(crate) struct Spawned<T> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_result_stays_unread_only_for_a_request_that_asked() {
+        let pending = PendingRequests::default();
+        let (plain, _plain_reply) = pending.register();
+        let (unread, _unread_reply) = pending.register();
+        pending.leave_unread(unread);
+        let reply =
+            |id: u64| format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"b": 1, "a":[2]}}}}"#);
+
+        let Some(Incoming::Reply {
+            id,
+            reply: Reply::Unread(raw),
+        }) = read_message(reply(unread).as_bytes(), &pending)
+        else {
+            panic!("the reply was read");
+        };
+        assert_eq!(our_id(&id), Some(unread));
+        // As the upstream wrote it, spacing and order included.
+        assert_eq!(raw.get(), r#"{"b": 1, "a":[2]}"#);
+
+        assert!(matches!(
+            read_message(reply(plain).as_bytes(), &pending),
+            Some(Incoming::Reply { reply: Reply::Result(result), .. }) if result == json!({"b": 1, "a": [2]})
+        ));
+        // A request or an error under that id, and anything else, is read whole.
+        let request = format!(r#"{{"jsonrpc":"2.0","id":{unread},"method":"roots/list"}}"#);
+        assert!(matches!(
+            read_message(request.as_bytes(), &pending),
+            Some(Incoming::Request(_))
+        ));
+        let error =
+            format!(r#"{{"jsonrpc":"2.0","id":{unread},"error":{{"code":-1,"message":"m"}}}}"#);
+        assert!(matches!(
+            read_message(error.as_bytes(), &pending),
+            Some(Incoming::Reply {
+                reply: Reply::Error(_),
+                ..
+            })
+        ));
+        assert!(read_message(b"not json", &pending).is_none());
+        // Unread or read, the same reply.
+        assert_eq!(
+            Reply::Unread(RawValue::from_string("[1]".into()).unwrap_or_else(|_| unreachable!())),
+            Reply::Result(json!([1]))
+        );
+    }
 
     #[test]
     fn classifies_replies_events_and_garbage() {

@@ -22,7 +22,7 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, ConnectionError, Events, Incoming,
+    encode_request, id_in_head, our_id, read_message, ConnectionError, Events, Incoming,
     PendingRequests, SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
@@ -331,14 +331,11 @@ async fn read_loop(state: ReadLoop) {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let message = match serde_json::from_slice::<Value>(&line) {
-            Ok(message) => message,
-            Err(_) => {
-                note_dropped_line(&upstream, &stats, &line);
-                continue;
-            }
+        let Some(message) = read_message(&line, &pending) else {
+            note_dropped_line(&upstream, &stats, &line);
+            continue;
         };
-        match classify(message) {
+        match message {
             Incoming::Reply { id, reply } => {
                 let completed = our_id(&id).is_some_and(|id| pending.complete(id, Ok(reply)));
                 if !completed {

@@ -182,6 +182,14 @@ pub fn outcome(reply: &Result<adapters::Reply, crate::jsonrpc::RelayError>) -> V
                 json!("ok")
             }
         }
+        Ok(adapters::Reply::Unread(raw)) => {
+            let head = crate::jsonrpc::ResultHead::of(raw);
+            if head.and_then(|head| head.is_error).map(|flag| flag.get()) == Some("true") {
+                json!("is_error")
+            } else {
+                json!("ok")
+            }
+        }
         Ok(adapters::Reply::Error(error)) => error.get("code").cloned().unwrap_or(Value::Null),
         Err(error) => error.to_error_object()["code"].clone(),
     }

@@ -279,12 +279,12 @@ impl Bridge {
                 Err(error) => break Err(error),
             }
         };
-        let answer = match reply {
-            Ok(Reply::Result(result)) => {
+        let answer = match reply.map(Reply::into_result) {
+            Ok(Ok(result)) => {
                 self.learn(method, params.as_ref(), &result);
                 jsonrpc::result_response(id, result)
             }
-            Ok(Reply::Error(error)) => jsonrpc::error_object_response(id, error),
+            Ok(Err(error)) => jsonrpc::error_object_response(id, error),
             Err(error) => jsonrpc::error_object_response(
                 id,
                 json!({
@@ -498,7 +498,7 @@ async fn restore(bridge: &Bridge, connection: &UpstreamConnection) -> Result<(),
         return Ok(());
     };
     match connection.request("initialize", Some(initialize)).await {
-        Ok(Reply::Result(_)) => {}
+        Ok(Reply::Result(_) | Reply::Unread(_)) => {}
         Ok(Reply::Error(error)) => return Err(format!("initialize was refused: {error}")),
         Err(error) => return Err(error.to_string()),
     }

@@ -2,6 +2,9 @@
 //! carries its protocol version and the client's capabilities in `_meta`, every
 //! result names its `resultType`, and the HTTP headers mirror the body.
 
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::jsonrpc::RelayError;
@@ -167,6 +170,24 @@ pub fn strip_request_meta(params: &mut Option<Value>) {
     if emptied {
         params.shift_remove("_meta");
     }
+}
+
+/// [`mark_complete`] for a result relayed unread: one without a type gets
+/// `complete` spliced in before its closing brace. `None`: it must be read first
+/// (a result that may be cached, or one whose top level does not skim).
+pub fn mark_complete_unread<'a>(method: &str, raw: &'a RawValue) -> Option<Cow<'a, str>> {
+    if is_cacheable(method) {
+        return None;
+    }
+    let head = crate::jsonrpc::ResultHead::of(raw)?;
+    if head.result_type.is_some() {
+        return Some(Cow::Borrowed(raw.get()));
+    }
+    let open = raw.get().trim_end().strip_suffix('}')?;
+    let separator = if open.trim() == "{" { "" } else { "," };
+    Some(Cow::Owned(format!(
+        r#"{open}{separator}"resultType":"complete"}}"#
+    )))
 }
 
 /// 2026-07-28 results name their type, and cacheable ones say how long they
@@ -341,6 +362,33 @@ mod tests {
         let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
         strip_request_meta(&mut params);
         assert_eq!(params, Some(json!({})));
+    }
+
+    #[test]
+    fn unread_results_get_their_type_spliced_in() {
+        let mark = |method: &str, text: &str| {
+            let raw = RawValue::from_string(text.to_string()).ok()?;
+            mark_complete_unread(method, &raw).map(|marked| marked.into_owned())
+        };
+        assert_eq!(
+            mark("tools/call", r#"{"content": [] }"#).as_deref(),
+            Some(r#"{"content": [] ,"resultType":"complete"}"#)
+        );
+        assert_eq!(
+            mark("tools/call", "{ }").as_deref(),
+            Some(r#"{ "resultType":"complete"}"#)
+        );
+        let typed = r#"{"resultType":"input_required","inputRequests":{}}"#;
+        assert_eq!(mark("tools/call", typed).as_deref(), Some(typed));
+        // A type only nested is no type: spliced in at the top.
+        assert_eq!(
+            mark("tools/call", r#"{"structuredContent":{"resultType":"x"}}"#).as_deref(),
+            Some(r#"{"structuredContent":{"resultType":"x"},"resultType":"complete"}"#)
+        );
+        // What must be read first: a cacheable result, a duplicate member, a non-object.
+        assert_eq!(mark("resources/read", r#"{"contents":[]}"#), None);
+        assert_eq!(mark("tools/call", r#"{"task":1,"task":2}"#), None);
+        assert_eq!(mark("tools/call", "[]"), None);
     }
 
     #[test]

@@ -289,9 +289,14 @@ impl Explored {
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ExploreError> {
         self.schema(tool)?;
         let params = json!({"name": tool, "arguments": arguments});
-        match self.connection.request("tools/call", Some(params)).await {
-            Ok(Reply::Result(result)) => Ok(result),
-            Ok(Reply::Error(error)) => Ok(json!({"error": error})),
+        match self
+            .connection
+            .request("tools/call", Some(params))
+            .await
+            .map(Reply::into_result)
+        {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(error)) => Ok(json!({"error": error})),
             Err(error) => Err(ExploreError::Upstream {
                 upstream: self.name.clone(),
                 reason: error.to_string(),

@@ -312,7 +312,7 @@ impl Fanout {
         };
         let params = json!({"uri": route.original});
         match self.request_shared(&route.upstream, method, params).await? {
-            Reply::Result(_) => Ok(()),
+            Reply::Result(_) | Reply::Unread(_) => Ok(()),
             Reply::Error(error) => {
                 if subscribe {
                     // Not subscribed after all: the next subscriber tries again.
@@ -356,7 +356,7 @@ impl Fanout {
             .await?;
         let params = json!({"uri": route.original});
         match connection.request(method, Some(params)).await {
-            Ok(Reply::Result(_)) => Ok(()),
+            Ok(Reply::Result(_) | Reply::Unread(_)) => Ok(()),
             Ok(Reply::Error(error)) => Err(refused(route, method, &error)),
             Err(_) => Err(RelayError::FailedMidCall {
                 upstream: route.upstream.to_string(),

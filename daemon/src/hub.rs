@@ -78,6 +78,9 @@ pub struct CallContext<'a> {
     /// The calling client speaks 2026-07-28 (else the handshake era): an upstream
     /// that serves both eras is reached in the client's.
     pub modern: bool,
+    /// The caller relays the result as the upstream wrote it unless it must change
+    /// it, so it may come unread ([`Reply::Unread`]).
+    pub result_unread: bool,
 }
 
 /// How many supervisor events may wait for the pump.
@@ -542,7 +545,7 @@ impl Hub {
             .forward_inner(upstream_name, method, params, call)
             .await;
         let label = match &outcome {
-            Ok(Reply::Result(_)) => "ok",
+            Ok(Reply::Result(_) | Reply::Unread(_)) => "ok",
             Ok(Reply::Error(_)) => "upstream_error",
             Err(error) => error.kind(),
         };
@@ -611,9 +614,12 @@ impl Hub {
         // The request gets its upstream-side id first, so whatever the upstream sends
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.
-        let request = connection
+        let mut request = connection
             .prepare(method, params)
             .with_headers(call.headers.to_vec());
+        if call.result_unread {
+            request = request.result_unread();
+        }
         let _caller = instance.track_call(call.session, call.related.clone(), request.id());
         let activity = progress.as_ref().map(|route| route.activity.clone());
 
@@ -714,6 +720,7 @@ impl Hub {
                 related: call.related,
                 headers: &[],
                 modern: call.modern,
+                result_unread: false,
             };
             match self
                 .forward(&upstream, "tasks/list", Some(json!({})), context)

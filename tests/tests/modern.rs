@@ -456,6 +456,21 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
             )
             .await?;
             ensure!(echoed["content"][0]["text"] == "both", "{echoed}");
+            // Linked and embedded resources name their URIs as the client reads them.
+            let linked = call(
+                client,
+                &format!("{upstream}__echo"),
+                json!({"text": "both", "link": "fixture://items/7"}),
+            )
+            .await?;
+            let exposed = format!("{upstream}+fixture://items/7");
+            ensure!(
+                linked["content"][1]["resource"]["uri"] == exposed.as_str()
+                    && linked["content"][1]["resource"]["text"] == "both"
+                    && linked["content"][2]["type"] == "resource_link"
+                    && linked["content"][2]["uri"] == exposed.as_str(),
+                "{name} client, {upstream}: {linked}"
+            );
             for kind in ["sampling", "elicitation", "roots"] {
                 let text = ask(client, &format!("{upstream}__ask"), kind)
                     .await

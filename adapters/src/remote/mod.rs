@@ -592,7 +592,7 @@ impl HttpTransport {
                 status: status.as_u16(),
                 detail: error.to_string(),
             }),
-            Some(Ok(Reply::Result(_))) => Err(ConnectionError::NotSent),
+            Some(Ok(Reply::Result(_) | Reply::Unread(_))) => Err(ConnectionError::NotSent),
             Some(Err(error)) => Err(error),
             None => {
                 shared.close(SESSION_ENDED);

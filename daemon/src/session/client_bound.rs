@@ -190,15 +190,21 @@ impl Session {
                 .upstream_named(upstream)
                 .is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());
         if !may_retry {
-            let mut reply = self
+            let reply = self
                 .hub
                 .forward(upstream, method, Some(params), call)
                 .await?;
+            let mut reply = self.unread_unless_changed(reply);
             if !self.is_scope() {
                 without_complete_type(&mut reply);
             }
             return Ok(reply);
         }
+        // Every round's result is read: it may ask for input.
+        let call = CallContext {
+            result_unread: false,
+            ..call
+        };
         let mut reply = self
             .hub
             .forward(upstream, method, Some(params.clone()), call)
@@ -235,15 +241,15 @@ impl Session {
                 let sent = std::time::Instant::now();
                 let answered = self.ask_client(call.related, asked, asked_params).await;
                 self.audit_client_request(Some(upstream), asked, sent, &answered);
-                match answered? {
-                    Reply::Result(answer) => {
+                match answered?.into_result() {
+                    Ok(answer) => {
                         if answer.get("action").and_then(Value::as_str) == Some("accept") {
                             minted.extend(elicitation);
                         }
                         responses.insert(key, answer);
                     }
                     // The client refused: the call ends with its answer.
-                    Reply::Error(error) => return Ok(Reply::Error(error)),
+                    Err(error) => return Ok(Reply::Error(error)),
                 }
             }
             let mut retry = params.clone();
@@ -271,6 +277,32 @@ impl Session {
         Err(RelayError::InvalidRequest(format!(
             "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"
         )))
+    }
+
+    /// A result that came unread stays so unless plexus has something to change in
+    /// it: a linked resource's URI or a task (`forward_named`), or, for a
+    /// handshake-era client, a `resultType`.
+    fn unread_unless_changed(&self, reply: Reply) -> Reply {
+        let Reply::Unread(raw) = &reply else {
+            return reply;
+        };
+        let unchanged = jsonrpc::ResultHead::of(raw).is_some_and(|head| {
+            let mentions = |part: Option<&serde_json::value::RawValue>, what: &[&str]| {
+                part.is_some_and(|part| what.iter().any(|word| part.get().contains(word)))
+            };
+            head.task.is_none()
+                && head.task_id.is_none()
+                && head.tasks.is_none()
+                && !mentions(head.meta, &["task", "\\u"])
+                // Escapes could spell a block's type: such content is read.
+                && !mentions(head.content, &["resource", "\\u"])
+                && (self.is_scope() || head.result_type.is_none())
+        });
+        if unchanged {
+            reply
+        } else {
+            reply.read()
+        }
     }
 
     /// An upstream cancelled a request it had sent this client: pass the cancel on.

@@ -383,6 +383,23 @@ impl Session {
             Some(Ok(Served::Page(result))) => {
                 Handled::Respond(jsonrpc::Answer::serialized_result(&id, &result))
             }
+            Some(Ok(Served::Reply(Reply::Unread(raw)))) => {
+                let marked = if modern {
+                    era::mark_complete_unread(&method, &raw)
+                } else {
+                    Some(std::borrow::Cow::Borrowed(raw.get()))
+                };
+                match marked {
+                    Some(text) => {
+                        Handled::Respond(jsonrpc::Answer::serialized_result(&id, text.as_bytes()))
+                    }
+                    None => {
+                        let mut result = adapters::rpc::read_raw(&raw);
+                        era::mark_complete(&method, &mut result);
+                        Handled::Respond(jsonrpc::result_response(id, result).into())
+                    }
+                }
+            }
             Some(Ok(Served::Reply(Reply::Result(mut result)))) => {
                 if modern {
                     era::mark_complete(&method, &mut result);
@@ -547,6 +564,7 @@ impl Session {
         let reply = self.dispatch_unaudited(method, params, related).await;
         let response_bytes = match &reply {
             Ok(Reply::Result(result)) => crate::audit::serialized_len(result),
+            Ok(Reply::Unread(raw)) => raw.get().len(),
             Ok(Reply::Error(error)) => crate::audit::serialized_len(error),
             Err(_) => 0,
         };
@@ -796,6 +814,8 @@ impl Session {
         let params = with_string(params, "name", &route.original);
         let mut call = self.call_context(is_tool.then_some(route.original.as_str()), related);
         call.headers = headers;
+        // A tool's result usually passes as the upstream wrote it.
+        call.result_unread = is_tool;
         let reply = self
             .forward_with_input(&route.upstream, method, params, call)
             .await?;
@@ -970,6 +990,7 @@ impl Session {
             related,
             headers: &[],
             modern: self.is_scope(),
+            result_unread: false,
         }
     }
 

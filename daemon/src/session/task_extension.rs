@@ -111,8 +111,8 @@ pub fn is_handshake_task(reply: &Reply) -> bool {
 /// error still `completed` (the extension keeps `failed` for JSON-RPC errors).
 pub fn detailed(task: &Map<String, Value>, outcome: Option<Reply>) -> Value {
     let mut detailed = task_fields(task);
-    match outcome {
-        Some(Reply::Result(mut result)) => {
+    match outcome.map(Reply::into_result) {
+        Some(Ok(mut result)) => {
             if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
                 meta.remove(RELATED_TASK);
                 if meta.is_empty() {
@@ -122,7 +122,7 @@ pub fn detailed(task: &Map<String, Value>, outcome: Option<Reply>) -> Value {
             detailed.insert("status".into(), Value::from("completed"));
             detailed.insert("result".into(), result);
         }
-        Some(Reply::Error(error)) => {
+        Some(Err(error)) => {
             detailed.insert("status".into(), Value::from("failed"));
             detailed.insert("error".into(), error);
         }

@@ -351,7 +351,7 @@ async fn listen_for_changes(
                         return;
                     }
                 }
-                Ok(Reply::Result(_)) => {
+                Ok(Reply::Result(_) | Reply::Unread(_)) => {
                     tracing::debug!(upstream = %connection.upstream(), "upstream ended its listen stream; reopening");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
