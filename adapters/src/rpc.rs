@@ -24,27 +24,44 @@ pub enum Reply {
 }
 
 impl Reply {
-    /// The reply with its result read, if it was not.
-    pub fn read(self) -> Reply {
+    /// The reply with its result read, if it was not. Skimming checks less than
+    /// reading (a lone surrogate escape passes it): a result that cannot be read
+    /// is an error.
+    pub fn try_read(self) -> Result<Reply, serde_json::Error> {
         match self {
-            Reply::Unread(raw) => Reply::Result(read_raw(&raw)),
-            read => read,
+            Reply::Unread(raw) => read_raw(&raw).map(Reply::Result),
+            read => Ok(read),
+        }
+    }
+
+    /// [`Reply::try_read`], a result that cannot be read becoming an error reply.
+    pub fn read(self) -> Reply {
+        match self.try_read() {
+            Ok(reply) => reply,
+            Err(error) => Reply::Error(unreadable(&error)),
         }
     }
 
     /// The result (read), or the error.
     pub fn into_result(self) -> Result<Value, Value> {
-        match self {
+        match self.read() {
             Reply::Result(result) => Ok(result),
-            Reply::Unread(raw) => Ok(read_raw(&raw)),
             Reply::Error(error) => Err(error),
+            Reply::Unread(_) => Err(Value::Null),
         }
     }
 }
 
-/// The value of JSON that was checked when it arrived.
-pub fn read_raw(raw: &RawValue) -> Value {
-    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+fn read_raw(raw: &RawValue) -> Result<Value, serde_json::Error> {
+    serde_json::from_str(raw.get())
+}
+
+/// The error object for a result plexus could skim but not read.
+pub fn unreadable(error: &serde_json::Error) -> Value {
+    serde_json::json!({
+        "code": -32603,
+        "message": format!("the upstream's result is not JSON plexus can read: {error}"),
+    })
 }
 
 impl PartialEq for Reply {
@@ -55,7 +72,7 @@ impl PartialEq for Reply {
             (Reply::Result(a), Reply::Result(b)) => a == b,
             (Reply::Unread(a), Reply::Unread(b)) => a.get() == b.get(),
             (Reply::Result(a), Reply::Unread(b)) | (Reply::Unread(b), Reply::Result(a)) => {
-                *a == read_raw(b)
+                read_raw(b).is_ok_and(|b| *a == b)
             }
         }
     }
@@ -327,7 +344,10 @@ pub(crate) fn encode_response(id: Value, reply: Reply) -> Vec<u8> {
     object.insert("id".into(), id);
     match reply {
         Reply::Result(result) => object.insert("result".into(), result),
-        Reply::Unread(raw) => object.insert("result".into(), read_raw(&raw)),
+        Reply::Unread(raw) => match read_raw(&raw) {
+            Ok(result) => object.insert("result".into(), result),
+            Err(error) => object.insert("error".into(), unreadable(&error)),
+        },
         Reply::Error(error) => object.insert("error".into(), error),
     };
     encode_line(&Value::Object(object))
@@ -439,6 +459,12 @@ mod tests {
             })
         ));
         assert!(read_message(b"not json", &pending).is_none());
+        // Skimming lets a lone surrogate escape pass; reading it is an error.
+        let lone = format!(r#"{{"jsonrpc":"2.0","id":{unread},"result":{{"t":"\ud800"}}}}"#);
+        let Some(Incoming::Reply { reply, .. }) = read_message(lone.as_bytes(), &pending) else {
+            panic!("a skimmable reply was dropped");
+        };
+        assert!(matches!(reply.read(), Reply::Error(error) if error["code"] == -32603));
         // Unread or read, the same reply.
         assert_eq!(
             Reply::Unread(RawValue::from_string("[1]".into()).unwrap_or_else(|_| unreachable!())),

@@ -194,7 +194,7 @@ impl Session {
                 .hub
                 .forward(upstream, method, Some(params), call)
                 .await?;
-            let mut reply = self.unread_unless_changed(reply);
+            let mut reply = self.unread_unless_changed(upstream, reply);
             if !self.is_scope() {
                 without_complete_type(&mut reply);
             }
@@ -282,7 +282,7 @@ impl Session {
     /// A result that came unread stays so unless plexus has something to change in
     /// it: a linked resource's URI or a task (`forward_named`), or, for a
     /// handshake-era client, a `resultType`.
-    fn unread_unless_changed(&self, reply: Reply) -> Reply {
+    fn unread_unless_changed(&self, upstream: &str, reply: Reply) -> Reply {
         let Reply::Unread(raw) = &reply else {
             return reply;
         };
@@ -299,9 +299,14 @@ impl Session {
                 && (self.is_scope() || head.result_type.is_none())
         });
         if unchanged {
-            reply
-        } else {
-            reply.read()
+            return reply;
+        }
+        match reply.try_read() {
+            Ok(read) => read,
+            Err(error) => Reply::Error(json!({
+                "code": jsonrpc::UPSTREAM_FAILED,
+                "message": format!("upstream `{upstream}` sent a result plexus cannot read: {error}"),
+            })),
         }
     }
 

@@ -393,11 +393,15 @@ impl Session {
                     Some(text) => {
                         Handled::Respond(jsonrpc::Answer::serialized_result(&id, text.as_bytes()))
                     }
-                    None => {
-                        let mut result = adapters::rpc::read_raw(&raw);
-                        era::mark_complete(&method, &mut result);
-                        Handled::Respond(jsonrpc::result_response(id, result).into())
-                    }
+                    None => match Reply::Unread(raw).into_result() {
+                        Ok(mut result) => {
+                            era::mark_complete(&method, &mut result);
+                            Handled::Respond(jsonrpc::result_response(id, result).into())
+                        }
+                        Err(error) => {
+                            Handled::Respond(jsonrpc::error_object_response(id, error).into())
+                        }
+                    },
                 }
             }
             Some(Ok(Served::Reply(Reply::Result(mut result)))) => {
