@@ -72,7 +72,8 @@ impl OutgoingRequest<'_> {
     }
 
     /// The reply's result may come unread ([`Reply::Unread`]), for a caller that
-    /// relays it as the upstream wrote it; a transport that reads it anyway gives it read.
+    /// relays it as the upstream wrote it: a reply that is a message of its own (a
+    /// line, an event, a body) is only skimmed; one among others comes read.
     pub fn result_unread(self) -> Self {
         self.connection.inner.pending.leave_unread(self.id);
         self

@@ -17,7 +17,7 @@ pub enum Reply {
     /// The `result` member.
     Result(Value),
     /// The `result` member unread, as the upstream wrote it: only for a request
-    /// sent with [`crate::OutgoingRequest::result_unread`] (over stdio).
+    /// sent with [`crate::OutgoingRequest::result_unread`].
     Unread(Box<RawValue>),
     /// The `error` member: `{code, message, data?}`, relayed unchanged.
     Error(Value),
@@ -258,23 +258,31 @@ struct Envelope<'a> {
 /// unread is only skimmed (its head names the request); anything else is parsed
 /// whole. `None`: not JSON.
 pub(crate) fn read_message(bytes: &[u8], pending: &PendingRequests) -> Option<Incoming> {
-    let head = &bytes[..bytes.len().min(64)];
-    if id_in_head(head).is_some_and(|id| pending.wants_unread(id)) {
-        if let Ok(Envelope {
-            id: Some(id),
-            method: None,
-            result: Some(result),
-        }) = serde_json::from_slice::<Envelope>(bytes)
-        {
-            if let Ok(id) = serde_json::from_str::<Value>(id.get()) {
-                if our_id(&id).is_some_and(|id| pending.wants_unread(id)) {
-                    let reply = Reply::Unread(result.to_owned());
-                    return Some(Incoming::Reply { id, reply });
-                }
-            }
-        }
+    if let Some((id, reply)) = skim_reply(bytes, pending) {
+        return Some(Incoming::Reply { id, reply });
     }
     serde_json::from_slice::<Value>(bytes).ok().map(classify)
+}
+
+/// A reply (one message, nothing after it) to a request that asked for its result
+/// unread: plexus's id and the unread result. `None` for anything else.
+pub(crate) fn skim_reply(bytes: &[u8], pending: &PendingRequests) -> Option<(Value, Reply)> {
+    let head = &bytes[..bytes.len().min(64)];
+    if !id_in_head(head).is_some_and(|id| pending.wants_unread(id)) {
+        return None;
+    }
+    let Ok(Envelope {
+        id: Some(id),
+        method: None,
+        result: Some(result),
+    }) = serde_json::from_slice::<Envelope>(bytes)
+    else {
+        return None;
+    };
+    let id = serde_json::from_str::<Value>(id.get()).ok()?;
+    our_id(&id)
+        .is_some_and(|id| pending.wants_unread(id))
+        .then(|| (id, Reply::Unread(result.to_owned())))
 }
 
 /// Classifies one parsed message from an upstream.

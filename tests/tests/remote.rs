@@ -116,6 +116,18 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
             .with_arguments(plexus_tests::arguments(json!({"text": text})));
         let result = json_of(&client.call_tool(params).await?);
         ensure!(text_of(&result) == text, "{tool}: {result}");
+        // A result plexus must change (a linked resource's URI) is read, whatever
+        // the upstream's way of answering.
+        let params = rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(
+            plexus_tests::arguments(json!({"text": text, "link": "fixture://items/3"})),
+        );
+        let linked = json_of(&client.call_tool(params).await?);
+        let prefix = tool.split("__").next().unwrap_or_default();
+        ensure!(
+            linked["content"][1]["resource"]["uri"] == format!("{prefix}+fixture://items/3")
+                && linked["content"][2]["uri"] == format!("{prefix}+fixture://items/3"),
+            "{tool}: {linked}"
+        );
     }
     let whoami = json_of(
         &client

@@ -34,8 +34,8 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, ConnectionError, Events, Incoming as Classified,
-    PendingRequests, Reply, SharedPending, UpstreamEvent,
+    classify, encode_request, id_in_head, our_id, skim_reply, ConnectionError, Events,
+    Incoming as Classified, PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
 use sse::{SseDecoder, SseItem};
@@ -889,7 +889,16 @@ impl Shared {
                 // (its notifications, then the reply): each is taken as it comes.
                 let mut answered = false;
                 let mut unreadable = None;
-                for message in serde_json::Deserializer::from_slice(&body).into_iter::<Value>() {
+                // A tool's reply, usually the whole body, is skimmed: its result stays unread.
+                let skimmed = skim_reply(&body, &self.pending);
+                let messages = match skimmed {
+                    Some((reply_id, reply)) => {
+                        answered = self.settle(reply_id, reply, initialize) == Some(id);
+                        &[][..]
+                    }
+                    None => &body[..],
+                };
+                for message in serde_json::Deserializer::from_slice(messages).into_iter::<Value>() {
                     match message {
                         Ok(message) => {
                             if self.dispatch(message, Some(id), initialize).await == Some(id) {
@@ -1052,6 +1061,10 @@ impl Shared {
                         // Priming events, keep-alives, and event types that carry no message.
                         continue;
                     }
+                    if let Some((id, reply)) = skim_reply(&data, &self.pending) {
+                        answered.push(self.settle(id, reply, initialize));
+                        continue;
+                    }
                     match serde_json::from_slice::<Value>(&data) {
                         Ok(message) => {
                             answered.push(self.dispatch(message, origin, initialize).await)
@@ -1089,19 +1102,9 @@ impl Shared {
         for message in messages {
             let event = match classify(message) {
                 Classified::Reply { id, reply } => {
-                    let Some(id) = our_id(&id) else {
-                        tracing::debug!(upstream = %self.upstream, %id, "dropped a reply to an id plexus never sent");
-                        continue;
-                    };
-                    if Some(id) == initialize {
-                        if let Reply::Result(result) = &reply {
-                            self.initialized(result);
-                        }
+                    if let Some(id) = self.settle(id, reply, initialize) {
+                        answered = Some(id);
                     }
-                    if !self.pending.complete(id, Ok(reply)) {
-                        self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
-                    }
-                    answered = Some(id);
                     continue;
                 }
                 Classified::Notification(message) => UpstreamEvent::Notification(message),
@@ -1114,6 +1117,23 @@ impl Shared {
             self.events.deliver(&self.upstream, event).await;
         }
         answered
+    }
+
+    /// Completes the request a reply answers; its id, if plexus sent it.
+    fn settle(self: &Arc<Self>, id: Value, reply: Reply, initialize: Option<u64>) -> Option<u64> {
+        let Some(id) = our_id(&id) else {
+            tracing::debug!(upstream = %self.upstream, %id, "dropped a reply to an id plexus never sent");
+            return None;
+        };
+        if Some(id) == initialize {
+            if let Reply::Result(result) = &reply {
+                self.initialized(result);
+            }
+        }
+        if !self.pending.complete(id, Ok(reply)) {
+            self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(id)
     }
 
     fn note_dropped(&self, data: &[u8]) {
