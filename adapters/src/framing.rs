@@ -11,6 +11,8 @@ pub const HEAD_BYTES: usize = 256;
 /// A buffer grown past this for one long line is let go once that line is out:
 /// an idle connection keeps no more than a short line's worth.
 const RETAINED_BYTES: usize = 64 * 1024;
+/// A fresh buffer's room: what a new `FramedRead` starts with.
+const FRESH_BYTES: usize = 8 * 1024;
 use tokio_util::codec::Decoder;
 
 /// One unit read off a newline-delimited stream.
@@ -63,8 +65,10 @@ impl Decoder for LineDecoder {
                     let mut line = buf.split_to(end + 1);
                     self.scanned = 0;
                     if buf.is_empty() && buf.capacity() > RETAINED_BYTES {
-                        // The line keeps the allocation until it is dropped.
-                        *buf = BytesMut::new();
+                        // The line keeps the allocation until it is dropped. The next
+                        // read starts where a new reader's would, not at a few bytes
+                        // (a long line would then take eighteen reads per MiB).
+                        *buf = BytesMut::with_capacity(FRESH_BYTES);
                     }
                     line.truncate(end);
                     if line.last() == Some(&b'\r') {
