@@ -44,10 +44,10 @@ impl Reply {
 
     /// The result (read), or the error.
     pub fn into_result(self) -> Result<Value, Value> {
-        match self.read() {
+        match self {
             Reply::Result(result) => Ok(result),
+            Reply::Unread(raw) => read_raw(&raw).map_err(|error| unreadable(&error)),
             Reply::Error(error) => Err(error),
-            Reply::Unread(_) => Err(Value::Null),
         }
     }
 }
