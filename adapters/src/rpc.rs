@@ -34,15 +34,7 @@ impl Reply {
         }
     }
 
-    /// [`Reply::try_read`], a result that cannot be read becoming an error reply.
-    pub fn read(self) -> Reply {
-        match self.try_read() {
-            Ok(reply) => reply,
-            Err(error) => Reply::Error(unreadable(&error)),
-        }
-    }
-
-    /// The result (read), or the error.
+    /// The result (read), or the error; a result that cannot be read is an error.
     pub fn into_result(self) -> Result<Value, Value> {
         match self {
             Reply::Result(result) => Ok(result),
@@ -57,7 +49,7 @@ fn read_raw(raw: &RawValue) -> Result<Value, serde_json::Error> {
 }
 
 /// The error object for a result plexus could skim but not read.
-pub fn unreadable(error: &serde_json::Error) -> Value {
+fn unreadable(error: &serde_json::Error) -> Value {
     serde_json::json!({
         "code": -32603,
         "message": format!("the upstream's result is not JSON plexus can read: {error}"),
@@ -472,7 +464,7 @@ mod tests {
         let Some(Incoming::Reply { reply, .. }) = read_message(lone.as_bytes(), &pending) else {
             panic!("a skimmable reply was dropped");
         };
-        assert!(matches!(reply.read(), Reply::Error(error) if error["code"] == -32603));
+        assert!(matches!(reply.into_result(), Err(error) if error["code"] == -32603));
         // Unread or read, the same reply.
         assert_eq!(
             Reply::Unread(RawValue::from_string("[1]".into()).unwrap_or_else(|_| unreachable!())),

@@ -53,7 +53,7 @@ pub fn check_meta(params: Option<&Value>) -> Result<(), RelayError> {
 /// `params`: they belong to the request's scope, and what an upstream is told of
 /// them is what plexus relays (`set_client_capabilities`), never the original.
 pub fn take_meta(params: &mut Option<Value>) -> Result<RequestMeta, RelayError> {
-    let log_level = checked_meta(params.as_ref())?.1;
+    let log_level = checked_meta(params.as_ref())?;
     let capabilities = params
         .as_mut()
         .and_then(|p| p.get_mut("_meta"))
@@ -66,8 +66,8 @@ pub fn take_meta(params: &mut Option<Value>) -> Result<RequestMeta, RelayError> 
     })
 }
 
-/// The checked per-request fields, borrowed: the capabilities and the log level.
-fn checked_meta(params: Option<&Value>) -> Result<(&Value, Option<LogLevel>), RelayError> {
+/// Checks the per-request fields; the log level they ask for, if any.
+fn checked_meta(params: Option<&Value>) -> Result<Option<LogLevel>, RelayError> {
     let meta = params
         .and_then(|p| p.get("_meta"))
         .and_then(Value::as_object);
@@ -86,19 +86,18 @@ fn checked_meta(params: Option<&Value>) -> Result<(&Value, Option<LogLevel>), Re
             )))
         }
     }
-    let capabilities = match meta.and_then(|m| m.get(META_CLIENT_CAPABILITIES)) {
-        Some(capabilities @ Value::Object(_)) => capabilities,
-        _ => {
-            return Err(RelayError::InvalidParams(format!(
-                "`_meta.{META_CLIENT_CAPABILITIES}` is required and must be an object"
-            )))
-        }
-    };
-    let log_level = meta
+    if !meta
+        .and_then(|m| m.get(META_CLIENT_CAPABILITIES))
+        .is_some_and(Value::is_object)
+    {
+        return Err(RelayError::InvalidParams(format!(
+            "`_meta.{META_CLIENT_CAPABILITIES}` is required and must be an object"
+        )));
+    }
+    Ok(meta
         .and_then(|m| m.get(META_LOG_LEVEL))
         .and_then(Value::as_str)
-        .and_then(LogLevel::parse);
-    Ok((capabilities, log_level))
+        .and_then(LogLevel::parse))
 }
 
 /// Puts `capabilities` in a request's `_meta` as the client's.
