@@ -16,6 +16,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::repoll::Repoll;
+
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// What one listener allows its clients.
@@ -77,7 +79,8 @@ pub async fn serve<H, F>(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
             .serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        // Polled again in place when hyper wakes its own task (see `repoll`).
+        let connection = Repoll::new(graceful.watch(connection));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%peer, %error, "HTTP connection ended with an error");

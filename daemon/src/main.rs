@@ -24,6 +24,7 @@ mod own_stdio;
 mod pins;
 mod pins_command;
 mod progress;
+mod repoll;
 mod session;
 mod status;
 mod stdio_front;
