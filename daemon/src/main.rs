@@ -362,6 +362,8 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::from(EXIT_BAD_CONFIG);
             }
+            // Before the runtime's threads start allocating.
+            memory::fix_thresholds_for_reading();
             let Some(runtime) = runtime() else {
                 return ExitCode::FAILURE;
             };
