@@ -146,14 +146,15 @@ fn with_digests<S: serde::Serializer>(
 }
 
 /// A time an entry was pinned, held once however many entries were pinned then
-/// (most of a catalog's are pinned at one time, and a copy each was a fifth of them).
+/// (most of a catalog's are pinned at one time, and a copy each was a fifth of them),
+/// behind a thin pointer: every pinned entry holds one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Stamp(#[serde(with = "shared_str")] Arc<str>);
+pub struct Stamp(#[serde(with = "shared_str")] Arc<String>);
 
 impl Stamp {
     pub fn new(at: &str) -> Stamp {
-        Stamp(at.into())
+        Stamp(Arc::new(at.to_string()))
     }
 
     /// Whether both are the one stamp, not equal copies.
@@ -168,12 +169,14 @@ mod shared_str {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(text: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(text: &Arc<String>, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(text)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
-        String::deserialize(deserializer).map(Arc::from)
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Arc<String>, D::Error> {
+        String::deserialize(deserializer).map(Arc::new)
     }
 }
 

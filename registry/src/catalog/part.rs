@@ -105,7 +105,7 @@ pub(super) struct Exposed {
 /// another: one allocation per kind, not a tree of them per entry.
 #[derive(Clone, Debug, Default)]
 struct Listed {
-    text: Arc<str>,
+    text: SharedText,
     /// Where each entry's JSON ends in `text` (it starts where the one before ends).
     ends: Vec<u32>,
 }
@@ -131,11 +131,15 @@ impl Listed {
     }
 }
 
+/// A text shared by its views: a thin pointer (`Arc<str>` is two words), since a
+/// catalog's pins hold two views per entry.
+type SharedText = Arc<String>;
+
 /// One entry's compact JSON as its upstream listed it, sharing its part's text, so
 /// whoever else keeps the entry (the pins) need not keep a copy.
 #[derive(Clone, Debug)]
 pub struct EntryText {
-    text: Arc<str>,
+    text: SharedText,
     start: u32,
     end: u32,
 }
@@ -145,7 +149,7 @@ impl EntryText {
     pub fn own(text: String) -> EntryText {
         let end = u32::try_from(text.len()).unwrap_or(u32::MAX);
         EntryText {
-            text: text.into(),
+            text: Arc::new(text),
             start: 0,
             end,
         }
@@ -170,10 +174,10 @@ impl EntryText {
             write(item, &mut buffer);
             spans.push((start, u32::try_from(buffer.len()).unwrap_or(u32::MAX)));
         }
-        let text: Arc<str> = match String::from_utf8(buffer) {
-            Ok(text) => text.into(),
-            Err(error) => String::from_utf8_lossy(error.as_bytes()).into(),
-        };
+        let text = Arc::new(match String::from_utf8(buffer) {
+            Ok(text) => text,
+            Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
+        });
         spans
             .into_iter()
             .map(|(start, end)| EntryText {
