@@ -225,9 +225,11 @@ pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), Ser
 }
 
 async fn bind(address: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(address)
+    let listener = TcpListener::bind(address)
         .await
-        .map_err(|source| ServeError::Bind { address, source })
+        .map_err(|source| ServeError::Bind { address, source })?;
+    listener::accept_when_data_arrives(&listener);
+    Ok(listener)
 }
 
 fn local_address(listener: &TcpListener, configured: SocketAddr) -> SocketAddr {

@@ -108,6 +108,41 @@ pub async fn serve<H, F>(
     }
 }
 
+/// Lets the kernel hand a connection over only once its first bytes have arrived:
+/// an HTTP client speaks first, and a client that opens a connection per request
+/// (rmcp's does) otherwise wakes the daemon twice per request, once to accept and
+/// once to read. Connections that never send anything stay in the kernel and take
+/// no slot. Where the option is missing, accepting works as before.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub fn accept_when_data_arrives(listener: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    // Seconds the kernel holds a silent connection before handing it over anyway.
+    let seconds: libc::c_int = DEFER_ACCEPT_SECONDS;
+    let length = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
+    // SAFETY: the descriptor is the listener's own, open for the call; the value
+    // points to a live c_int whose size is passed with it.
+    let set = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::from_ref(&seconds).cast::<libc::c_void>(),
+            length,
+        )
+    } == 0;
+    if !set {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_DEFER_ACCEPT not set");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn accept_when_data_arrives(_listener: &TcpListener) {}
+
+/// Longer than any client takes to send its request line after connecting.
+#[cfg(target_os = "linux")]
+const DEFER_ACCEPT_SECONDS: libc::c_int = 10;
+
 /// How long exchanges ended at the drain deadline have to write their answer.
 const ANSWER_GRACE: Duration = Duration::from_secs(2);
 

@@ -360,6 +360,32 @@ async fn listening_beyond_loopback_needs_tokens() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A client that connects and says nothing is held by the kernel until it speaks,
+/// so it neither wakes the daemon nor takes one of its connection slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_take_no_slot() -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "max_connections = 1\nheader_read_timeout = \"30s\"",
+        &fixture_upstream("fx", "", &[]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let address = authority(&daemon.url);
+    let silent = TcpStream::connect(&address).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
+    let (status, text) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw_request(&address, &host, &initialize_body()),
+    )
+    .await
+    .context("a silent connection held the only slot")??;
+    ensure!(status == 200, "{text}");
+    drop(silent);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
 ) -> anyhow::Result<()> {
@@ -370,10 +396,13 @@ async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
     .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
-    // Three idle connections take every slot.
+    // Three idle connections take every slot: each has begun a request and gone
+    // quiet (a connection that has sent nothing is still the kernel's to hold).
     let mut idle = Vec::new();
     for _ in 0..3 {
-        idle.push(TcpStream::connect(&address).await?);
+        let mut stream = TcpStream::connect(&address).await?;
+        stream.write_all(b"POST /mcp HTTP/1.1\r\n").await?;
+        idle.push(stream);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
