@@ -24,6 +24,9 @@ pub fn drift(pinned: &ListingSnapshot, observed: &ListingSnapshot) -> Quarantine
         }
     }
     let mut entries = HashMap::new();
+    // Held entries mostly share a summary (every tool an upstream added says
+    // `entry_added`): one value each would be a kilobyte per held entry.
+    let mut summaries: HashMap<String, Arc<Value>> = HashMap::new();
     for kind in Kind::ALL {
         let pinned_entries: HashMap<&str, &Value> = pinned
             .entries(kind)
@@ -48,7 +51,11 @@ pub fn drift(pinned: &ListingSnapshot, observed: &ListingSnapshot) -> Quarantine
                     .map(Vec::as_slice)
                     .unwrap_or_default(),
             );
-            entries.insert((kind, name.to_string()), Arc::new(change));
+            let shared = summaries
+                .entry(change.to_string())
+                .or_insert_with(|| Arc::new(change))
+                .clone();
+            entries.insert((kind, name.to_string()), shared);
         }
     }
     Quarantine {

@@ -1,5 +1,7 @@
 //! Every classification rule and the `$ref` resolution, with data.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use super::*;
@@ -410,6 +412,25 @@ fn drift_holds_changed_and_new_entries_only() {
         held.holds(Kind::Tools, "new").unwrap()["fields"][0]["reason"],
         "entry_added"
     );
+
+    // Entries held for the same reason share one summary.
+    let added: Vec<Value> = (0..3)
+        .map(|n| json!({"name": format!("added_{n}"), "inputSchema": {"type": "object"}}))
+        .collect();
+    let grown = ListingSnapshot {
+        tools: pinned.tools.iter().cloned().chain(added).collect(),
+        ..pinned.clone()
+    };
+    let held = drift(&pinned, &grown);
+    let summaries: Vec<&Arc<Value>> = (0..3)
+        .map(|n| {
+            held.entries
+                .get(&(Kind::Tools, format!("added_{n}")))
+                .unwrap()
+        })
+        .collect();
+    assert!(summaries.iter().all(|s| Arc::ptr_eq(s, summaries[0])));
+    assert_eq!(summaries[0]["fields"][0]["reason"], "entry_added");
 
     // A renamed required parameter is breaking; changed instructions are held.
     let renamed = json!({"name": "weather", "description": "Current weather.", "inputSchema": {
