@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::jsonrpc;
+use crate::jsonrpc::{self, Answer};
 
 /// Where the bridge connects and with what.
 pub struct Target {
@@ -92,14 +92,14 @@ struct Bridge {
     /// The live connection; None while reconnecting.
     connection: watch::Sender<Option<UpstreamConnection>>,
     remembered: Mutex<Remembered>,
-    output: mpsc::Sender<Value>,
+    output: mpsc::Sender<Answer>,
     /// Requests in flight by the client's id, so its cancel can end them.
     in_flight: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
 /// Runs the bridge until the client's input ends.
 pub async fn run(target: Target) -> Result<(), String> {
-    let (output, mut outgoing) = mpsc::channel::<Value>(256);
+    let (output, mut outgoing) = mpsc::channel::<Answer>(256);
     let crate::own_stdio::OwnStdio {
         input,
         output: mut stdout,
@@ -107,7 +107,7 @@ pub async fn run(target: Target) -> Result<(), String> {
     } = crate::own_stdio::open();
     let writer = tokio::spawn(async move {
         while let Some(message) = outgoing.recv().await {
-            let mut line = serde_json::to_vec(&message).unwrap_or_default();
+            let mut line = message.into_bytes();
             line.push(b'\n');
             if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
                 return;
@@ -135,7 +135,7 @@ pub async fn run(target: Target) -> Result<(), String> {
                 let error = jsonrpc::RelayError::Parse(error.to_string());
                 let _ = bridge
                     .output
-                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .send(jsonrpc::error_response(Value::Null, &error).into())
                     .await;
                 continue;
             }
@@ -181,8 +181,8 @@ impl Bridge {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn send(&self, message: Value) {
-        let _ = self.output.send(message).await;
+    async fn send(&self, message: impl Into<Answer>) {
+        let _ = self.output.send(message.into()).await;
     }
 
     async fn handle(self: Arc<Self>, mut message: Value) {
@@ -258,14 +258,21 @@ impl Bridge {
         if method == "initialize" {
             self.remembered().initialize = params.clone();
         }
+        // A call's result is relayed as the daemon wrote it, never parsed here: it
+        // teaches the bridge nothing, and may be megabytes.
+        let relayed_unread = method == "tools/call";
         let reply = loop {
             let connection = self.connection().await;
             let headers = self.mirrored_headers(method, params.as_ref());
-            let outcome = connection
+            let request = connection
                 .prepare(method, params.clone())
-                .with_headers(headers)
-                .send()
-                .await;
+                .with_headers(headers);
+            let request = if relayed_unread {
+                request.result_unread()
+            } else {
+                request
+            };
+            let outcome = request.send().await;
             match outcome {
                 Ok(reply) => break Ok(reply),
                 // It never left: send it again on the next connection.
@@ -278,6 +285,14 @@ impl Bridge {
                 }
                 Err(error) => break Err(error),
             }
+        };
+        let reply = match reply {
+            Ok(Reply::Unread(raw)) if relayed_unread => {
+                return self
+                    .send(Answer::serialized_result(&id, raw.get().as_bytes()))
+                    .await;
+            }
+            reply => reply,
         };
         let answer = match reply.map(Reply::into_result) {
             Ok(Ok(result)) => {
@@ -401,7 +416,7 @@ async fn keep_connected(bridge: Arc<Bridge>) {
         // progress is out before its result; the queue takes them only when full.
         let output = bridge.output.clone();
         let events = Events::new(events).with_tap(Arc::new(move |message| {
-            output.try_send(message.clone()).is_ok()
+            output.try_send(message.clone().into()).is_ok()
         }));
         let endpoint = HttpEndpoint {
             url: bridge.target.url.clone(),
