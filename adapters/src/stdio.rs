@@ -384,7 +384,22 @@ async fn stderr_loop(
     // Always drained: a child blocked on a full stderr pipe stops answering.
     let mut frames = FramedRead::new(stderr, LineDecoder::new(16 * 1024));
     let mut budget = LogBudget::new(tokio::time::Instant::now());
-    while let Some(frame) = frames.next().await {
+    loop {
+        // Lines left out are counted in the log once it has room again, whether or
+        // not the upstream writes more: a burst that ends must not hide its count.
+        let next = match budget.summary_due() {
+            Some(due) => match tokio::time::timeout_at(due, frames.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    if let Some(suppressed) = budget.summarise(tokio::time::Instant::now()) {
+                        tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
+                    }
+                    continue;
+                }
+            },
+            None => frames.next().await,
+        };
+        let Some(frame) = next else { break };
         let text = match frame {
             Ok(Frame::Line(line)) => String::from_utf8_lossy(&line).into_owned(),
             Ok(Frame::TooLong { limit, head }) => format!(
@@ -450,10 +465,14 @@ impl LogBudget {
         }
     }
 
-    fn take(&mut self, now: tokio::time::Instant) -> Admit {
+    fn refill(&mut self, now: tokio::time::Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + elapsed * Self::PER_SECOND).min(Self::BURST);
+    }
+
+    fn take(&mut self, now: tokio::time::Instant) -> Admit {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             Admit::Log {
@@ -463,6 +482,26 @@ impl LogBudget {
             self.suppressed += 1;
             Admit::Suppress
         }
+    }
+}
+
+impl LogBudget {
+    /// When the log has room for the count of lines left out, if any were.
+    fn summary_due(&self) -> Option<tokio::time::Instant> {
+        (self.suppressed > 0).then(|| {
+            let wait = (1.0 - self.tokens).max(0.0) / Self::PER_SECOND;
+            self.last + Duration::from_secs_f64(wait)
+        })
+    }
+
+    /// The count of lines left out, taking the log's room for it, if it has room.
+    fn summarise(&mut self, now: tokio::time::Instant) -> Option<u64> {
+        self.refill(now);
+        if self.suppressed == 0 || self.tokens < 1.0 {
+            return None;
+        }
+        self.tokens -= 1.0;
+        Some(std::mem::take(&mut self.suppressed))
     }
 }
 
@@ -570,5 +609,21 @@ mod budget_tests {
             .filter(|_| budget.take(later) != Admit::Suppress)
             .count();
         assert_eq!(more, 19);
+    }
+
+    #[test]
+    fn a_burst_that_ends_is_counted_once_the_log_has_room() {
+        let start = tokio::time::Instant::now();
+        let mut budget = LogBudget::new(start);
+        assert_eq!(budget.summary_due(), None);
+        for _ in 0..150 {
+            budget.take(start);
+        }
+        let due = start + Duration::from_millis(50);
+        assert_eq!(budget.summary_due(), Some(due));
+        assert_eq!(budget.summarise(start), None, "no room yet");
+        assert_eq!(budget.summarise(due), Some(50));
+        assert_eq!(budget.summary_due(), None);
+        assert_eq!(budget.take(due), Admit::Suppress, "the count took the room");
     }
 }
