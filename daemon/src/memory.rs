@@ -43,7 +43,8 @@ pub async fn release_after_changes<T, F>(
     }
 }
 
-/// Returns the free pages of every glibc arena to the system.
+/// Returns the free pages of every glibc arena to the system, and from then on keeps
+/// a large message's buffers in the heap (see [`fix_thresholds_for_reading`]).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 pub fn release_free_memory() {
