@@ -114,15 +114,25 @@ async fn open_session(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
 
 /// The daemon's resident set size in KiB, from `/proc/<pid>/status`.
 fn rss_kib(daemon: &Daemon) -> anyhow::Result<u64> {
+    status_kib(daemon, "VmRSS:")
+}
+
+/// The anonymous part of it (the heap, not the binary's pages): steadier from start
+/// to start, since which code pages are resident varies.
+fn anon_kib(daemon: &Daemon) -> anyhow::Result<u64> {
+    status_kib(daemon, "RssAnon:")
+}
+
+fn status_kib(daemon: &Daemon, field: &str) -> anyhow::Result<u64> {
     let pid = daemon.pid().context("plexus has no pid")?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|value| value.trim().strip_suffix("kB"))
         .and_then(|kib| kib.trim().parse().ok())
-        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
 async fn stop(daemon: Daemon) -> anyhow::Result<()> {
@@ -184,6 +194,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let drift = tempfile::NamedTempFile::new().context("creating the drift file")?;
     let sections = extra_upstreams(scale.upstreams, scale.tools, Some(drift.path()));
     let (mut idle, mut fresh, mut readies) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut idle_anon, mut fresh_anon, mut restarted_anon) = (Vec::new(), Vec::new(), Vec::new());
     let mut loaded = None;
     for _ in 0..scale.samples.max(1) {
         let daemon = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None))
@@ -192,6 +203,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         wait_ready_closely(&daemon).await?;
         tokio::time::sleep(SETTLE).await;
         idle.push(rss_kib(&daemon)?);
+        idle_anon.push(anon_kib(&daemon)?);
         stop(daemon).await?;
 
         if let Some(daemon) = loaded.take() {
@@ -205,6 +217,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         readies.push(started.elapsed());
         tokio::time::sleep(SETTLE).await;
         fresh.push(rss_kib(&daemon)?);
+        fresh_anon.push(anon_kib(&daemon)?);
         loaded = Some(daemon);
     }
     let mut daemon = loaded.context("no daemon was started")?;
@@ -224,6 +237,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         wait_ready_closely(&daemon).await?;
         tokio::time::sleep(SETTLE).await;
         restarted.push(rss_kib(&daemon)?);
+        restarted_anon.push(anon_kib(&daemon)?);
     }
     restarted.sort_unstable();
     let rss_restarted = restarted[restarted.len() / 2];
@@ -326,6 +340,19 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         times_json(rss_restarted),
         times_json(restarted[0]),
         times_json(restarted[restarted.len() - 1]),
+    );
+    let anon_median = |samples: &mut Vec<u64>| {
+        samples.sort_unstable();
+        samples[samples.len() / 2]
+    };
+    let idle_anon = anon_median(&mut idle_anon);
+    let anon_times_json =
+        |anon: u64| (anon.saturating_sub(idle_anon) * 1024) as f64 / json_bytes as f64;
+    println!(
+        "  anonymous memory (RssAnon, medians), beyond an idle daemon's {:.1} MiB: {:.2}× the definitions' JSON fresh, {:.2}× restarted",
+        kib(idle_anon),
+        anon_times_json(anon_median(&mut fresh_anon)),
+        anon_times_json(anon_median(&mut restarted_anon)),
     );
     println!(
         "  one tools/list page of 10 from the middle of {total_twice} tools: {:.0} µs; of a 10-tool catalog: {:.0} µs ({:.2}×)",
