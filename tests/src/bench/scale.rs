@@ -135,6 +135,13 @@ fn status_kib(daemon: &Daemon, field: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
+/// The median of memory samples, taken at least once; sorts them, so their first
+/// and last are the range.
+fn median_kib(samples: &mut [u64]) -> u64 {
+    samples.sort_unstable();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
 async fn stop(daemon: Daemon) -> anyhow::Result<()> {
     let status = daemon.stop().await.context("stopping plexus")?;
     if !status.success() {
@@ -222,9 +229,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     }
     let mut daemon = loaded.context("no daemon was started")?;
     let ready = median(&mut readies);
-    idle.sort_unstable();
-    fresh.sort_unstable();
-    let (idle_rss, rss) = (idle[idle.len() / 2], fresh[fresh.len() / 2]);
+    let (idle_rss, rss) = (median_kib(&mut idle), median_kib(&mut fresh));
 
     // The same again on the state it left: pins and listings read from disk.
     let mut restarted = Vec::with_capacity(scale.samples);
@@ -239,8 +244,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         restarted.push(rss_kib(&daemon)?);
         restarted_anon.push(anon_kib(&daemon)?);
     }
-    restarted.sort_unstable();
-    let rss_restarted = restarted[restarted.len() / 2];
+    let rss_restarted = median_kib(&mut restarted);
 
     let mut lister = Lister::open(&daemon.url).await?;
     let pid = daemon.pid().context("plexus has no pid")?;
@@ -341,18 +345,14 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         times_json(restarted[0]),
         times_json(restarted[restarted.len() - 1]),
     );
-    let anon_median = |samples: &mut Vec<u64>| {
-        samples.sort_unstable();
-        samples[samples.len() / 2]
-    };
-    let idle_anon = anon_median(&mut idle_anon);
+    let idle_anon = median_kib(&mut idle_anon);
     let anon_times_json =
         |anon: u64| (anon.saturating_sub(idle_anon) * 1024) as f64 / json_bytes as f64;
     println!(
         "  anonymous memory (RssAnon, medians), beyond an idle daemon's {:.1} MiB: {:.2}× the definitions' JSON fresh, {:.2}× restarted",
         kib(idle_anon),
-        anon_times_json(anon_median(&mut fresh_anon)),
-        anon_times_json(anon_median(&mut restarted_anon)),
+        anon_times_json(median_kib(&mut fresh_anon)),
+        anon_times_json(median_kib(&mut restarted_anon)),
     );
     println!(
         "  one tools/list page of 10 from the middle of {total_twice} tools: {:.0} µs; of a 10-tool catalog: {:.0} µs ({:.2}×)",
