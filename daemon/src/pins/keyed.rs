@@ -2,9 +2,9 @@
 //! or seen of the entry. A map is one sorted vector (two allocations for a whole
 //! catalog, where a B-tree's thousand nodes, built while a file is read, were
 //! left scattered through memory the reading freed), and its keys are views of
-//! one buffer.
+//! the entries' own texts.
 
-use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -13,99 +13,172 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// An entry's key in the file, `<kind>/<name, URI or template>`. The keys of a
-/// catalog read or pinned together are views of one buffer: a string each was a
-/// twentieth of a large catalog's pins.
+/// An entry's key in the file, `<kind>/<name, URI or template>`: its kind, and its
+/// identity as a view of text. Where the entry's definition spells the identity
+/// (its JSON does, unless escapes do), the view is of the definition's buffer
+/// ([`PinMap::key_into`]): a buffer of keys beside the definitions was a sixth of
+/// a large catalog's pins.
 #[derive(Clone)]
-pub struct PinKey(EntryText);
+pub struct PinKey {
+    /// None: a kind this version does not know, kept as read; `text` is then the
+    /// whole key.
+    kind: Option<Kind>,
+    text: EntryText,
+}
+
+/// `<kind>/`, the start of a key of that kind. No prefix starts another, so
+/// keys of two kinds compare as their prefixes do.
+fn prefix(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Tools => "tools/",
+        Kind::Prompts => "prompts/",
+        Kind::Resources => "resources/",
+        Kind::ResourceTemplates => "resource_templates/",
+    }
+}
+
+/// `first` followed by `second`, against `other`.
+fn cmp_joined(first: &str, second: &str, other: &str) -> Ordering {
+    let (first, other) = (first.as_bytes(), other.as_bytes());
+    let common = first.len().min(other.len());
+    match first[..common].cmp(&other[..common]) {
+        Ordering::Equal if first.len() <= other.len() => {
+            second.as_bytes().cmp(&other[first.len()..])
+        }
+        Ordering::Equal => Ordering::Greater,
+        unequal => unequal,
+    }
+}
 
 impl PinKey {
-    pub fn as_str(&self) -> &str {
-        self.0.as_str()
-    }
-
-    /// `<kind>/<identity>`.
+    /// `<kind>/<identity>`, its identity a text of its own.
     pub fn of(kind: Kind, identity: &str) -> PinKey {
-        let mut key = String::new();
-        PinKey::write(kind, identity, &mut key);
-        PinKey(EntryText::own(key))
+        PinKey {
+            kind: Some(kind),
+            text: EntryText::own(identity.to_string()),
+        }
     }
 
     /// `<kind>/<identity>` into `out`, replacing what it held: a key to look up by
     /// without making one.
     pub fn write(kind: Kind, identity: &str, out: &mut String) {
         out.clear();
-        out.push_str(kind.label());
-        out.push('/');
+        out.push_str(prefix(kind));
         out.push_str(identity);
+    }
+
+    /// The key as the file spells it.
+    pub fn parse(key: &str) -> PinKey {
+        let known = Kind::ALL
+            .into_iter()
+            .find_map(|kind| Some((kind, key.strip_prefix(prefix(kind))?)));
+        match known {
+            Some((kind, identity)) => PinKey::of(kind, identity),
+            None => PinKey {
+                kind: None,
+                text: EntryText::own(key.to_string()),
+            },
+        }
     }
 
     /// The kind its `<kind>/` names.
     pub fn kind(&self) -> Option<Kind> {
-        let (kind, _) = self.as_str().split_once('/')?;
-        Kind::from_label(kind)
+        self.kind
     }
 
-    /// Whether both are views of one buffer.
+    /// The name, URI or template after `<kind>/`.
+    pub fn identity(&self) -> &str {
+        match self.kind {
+            Some(_) => self.text.as_str(),
+            None => self.text.as_str().split_once('/').map_or("", |(_, id)| id),
+        }
+    }
+
+    /// The identity made a view of `text` where `text` spells it, else a text of
+    /// its own (so it keeps no other buffer alive).
+    fn rest_in(&mut self, text: &EntryText) {
+        let found = match self.kind {
+            Some(_) => text.view_of(self.text.as_str()),
+            None => None,
+        };
+        self.text = found.unwrap_or_else(|| self.text.detached());
+    }
+
+    /// Against a key as the file spells it.
+    fn cmp_str(&self, key: &str) -> Ordering {
+        match self.kind {
+            Some(kind) => cmp_joined(prefix(kind), self.text.as_str(), key),
+            None => self.text.as_str().cmp(key),
+        }
+    }
+
+    /// Whether the identity is a view of `text`'s buffer.
     #[cfg(test)]
-    pub fn shares_buffer_with(&self, other: &PinKey) -> bool {
-        self.0.shares_text_with(&other.0)
-    }
-}
-
-impl Borrow<str> for PinKey {
-    fn borrow(&self) -> &str {
-        self.as_str()
+    pub fn is_view_of(&self, text: &EntryText) -> bool {
+        self.text.shares_text_with(text)
     }
 }
 
 impl PartialEq for PinKey {
     fn eq(&self, other: &PinKey) -> bool {
-        self.as_str() == other.as_str()
+        self.cmp(other) == Ordering::Equal
     }
 }
 
 impl Eq for PinKey {}
 
 impl PartialOrd for PinKey {
-    fn partial_cmp(&self, other: &PinKey) -> Option<std::cmp::Ordering> {
+    fn partial_cmp(&self, other: &PinKey) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
+/// As the keys' spellings compare.
 impl Ord for PinKey {
-    fn cmp(&self, other: &PinKey) -> std::cmp::Ordering {
-        self.as_str().cmp(other.as_str())
+    fn cmp(&self, other: &PinKey) -> Ordering {
+        let (mine, theirs) = (self.text.as_str(), other.text.as_str());
+        match (self.kind, other.kind) {
+            (Some(a), Some(b)) if a == b => mine.cmp(theirs),
+            (Some(a), Some(b)) => prefix(a).cmp(prefix(b)),
+            (Some(a), None) => cmp_joined(prefix(a), mine, theirs),
+            (None, Some(b)) => cmp_joined(prefix(b), theirs, mine).reverse(),
+            (None, None) => mine.cmp(theirs),
+        }
     }
 }
 
+/// Equal keys are of one kind (a known kind's spelling is always parsed as such).
 impl std::hash::Hash for PinKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
+        self.kind.hash(state);
+        self.text.as_str().hash(state);
     }
 }
 
-impl std::fmt::Debug for PinKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.as_str().fmt(f)
+impl fmt::Debug for PinKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.to_string(), f)
     }
 }
 
-impl std::fmt::Display for PinKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+impl fmt::Display for PinKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(kind) = self.kind {
+            f.write_str(prefix(kind))?;
+        }
+        f.write_str(self.text.as_str())
     }
 }
 
 impl Serialize for PinKey {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+        serializer.collect_str(self)
     }
 }
 
 impl<'de> Deserialize<'de> for PinKey {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(|key| PinKey(EntryText::own(key)))
+        String::deserialize(deserializer).map(|key| PinKey::parse(&key))
     }
 }
 
@@ -129,7 +202,7 @@ impl<V> PinMap<V> {
     }
 
     fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(have, _)| have.as_str().cmp(key))
+        self.0.binary_search_by(|(have, _)| have.cmp_str(key))
     }
 
     pub fn get(&self, key: &str) -> Option<&V> {
@@ -147,7 +220,7 @@ impl<V> PinMap<V> {
 
     /// Sets `key`'s value; the one it replaces, if any.
     pub fn insert(&mut self, key: PinKey, value: V) -> Option<V> {
-        match self.find(key.as_str()) {
+        match self.0.binary_search_by(|(have, _)| have.cmp(&key)) {
             Ok(found) => Some(std::mem::replace(&mut self.0[found].1, value)),
             Err(at) => {
                 self.0.insert(at, (key, value));
@@ -177,16 +250,14 @@ impl<V> PinMap<V> {
         self.0.iter_mut().map(|(_, value)| value)
     }
 
-    /// The same entries, their keys moved into one buffer and the vector to its length.
-    pub fn packed(self) -> PinMap<V> {
-        let keys = EntryText::pack(self.0.iter().map(|(key, _)| key.as_str()));
-        let mut entries: Vec<(PinKey, V)> = keys
-            .into_iter()
-            .map(PinKey)
-            .zip(self.0.into_iter().map(|(_, value)| value))
-            .collect();
-        entries.shrink_to_fit();
-        PinMap(entries)
+    /// Each key's identity made a view of its entry's text (`text_of`) where that
+    /// spells it, else a text of its own: keys then cost no buffer of their own,
+    /// and none keeps an earlier one alive. The vector is cut to its length.
+    pub fn key_into(&mut self, text_of: impl Fn(&V) -> &EntryText) {
+        for (key, value) in &mut self.0 {
+            key.rest_in(text_of(value));
+        }
+        self.0.shrink_to_fit();
     }
 }
 
@@ -281,7 +352,11 @@ mod tests {
     use super::*;
 
     fn key(text: &str) -> PinKey {
-        PinKey(EntryText::own(text.to_string()))
+        PinKey::parse(text)
+    }
+
+    fn spelled<V>(map: &PinMap<V>) -> Vec<String> {
+        map.keys().map(PinKey::to_string).collect()
     }
 
     #[test]
@@ -290,32 +365,69 @@ mod tests {
             .into_iter()
             .map(|(text, value)| (key(text), value))
             .collect();
-        let read: Vec<(&str, u32)> = map
+        let read: Vec<(String, u32)> = map
             .iter()
-            .map(|(key, value)| (key.as_str(), *value))
+            .map(|(key, value)| (key.to_string(), *value))
             .collect();
-        assert_eq!(read, [("tools/a", 2), ("tools/b", 3)]);
+        assert_eq!(
+            read,
+            [("tools/a".to_string(), 2), ("tools/b".to_string(), 3)]
+        );
         assert_eq!(map.insert(key("prompts/p"), 4), None);
         assert_eq!(map.insert(key("tools/a"), 5), Some(2));
         assert_eq!(map.remove("tools/b"), Some(3));
         assert_eq!(map.remove("tools/b"), None);
         assert!(map.contains_key("prompts/p") && !map.contains_key("tools/b"));
         assert_eq!(map["tools/a"], 5);
-        let packed = map.packed();
-        let keys: Vec<&PinKey> = packed.keys().collect();
-        assert_eq!(
-            keys.iter().map(|key| key.as_str()).collect::<Vec<_>>(),
-            ["prompts/p", "tools/a"]
-        );
-        assert!(keys[0].shares_buffer_with(keys[1]));
-        assert_eq!(keys[1].kind(), Some(Kind::Tools));
+        assert_eq!(spelled(&map), ["prompts/p", "tools/a"]);
+        let tools = map.keys().nth(1).unwrap();
+        assert_eq!((tools.kind(), tools.identity()), (Some(Kind::Tools), "a"));
 
-        let json = serde_json::to_string(&packed).unwrap();
+        let json = serde_json::to_string(&map).unwrap();
         assert_eq!(json, r#"{"prompts/p":4,"tools/a":5}"#);
         let read: PinMap<u32> = serde_json::from_str(r#"{"tools/z":1,"tools/a":2}"#).unwrap();
-        assert_eq!(
-            read.keys().map(PinKey::as_str).collect::<Vec<_>>(),
-            ["tools/a", "tools/z"]
-        );
+        assert_eq!(spelled(&read), ["tools/a", "tools/z"]);
+    }
+
+    #[test]
+    fn keys_sort_as_they_are_spelled_whatever_their_kind() {
+        let spellings = [
+            "tools/a",
+            "prompts/z",
+            "resource_templates/file:///{x}",
+            "resources/file:///a",
+            "resourcez/q",
+            "tool/x",
+            "tools",
+            "tools0/x",
+            "",
+            "zz",
+        ];
+        let map: PinMap<()> = spellings.iter().map(|text| (key(text), ())).collect();
+        let mut sorted: Vec<&str> = spellings.to_vec();
+        sorted.sort();
+        assert_eq!(spelled(&map), sorted);
+        for text in spellings {
+            assert!(map.contains_key(text), "{text}");
+        }
+        assert!(!map.contains_key("tools/"));
+        assert_eq!(key("resourcez/q").kind(), None);
+        assert_eq!(key("resourcez/q").identity(), "q");
+    }
+
+    #[test]
+    fn keys_become_views_of_their_entries_texts() {
+        let texts = EntryText::pack([r#"{"name":"a"}"#, r#"{"name":"b\u0041"}"#]);
+        let mut map: PinMap<EntryText> = [("tools/a", &texts[0]), ("tools/bA", &texts[1])]
+            .into_iter()
+            .map(|(text, entry)| (key(text), entry.clone()))
+            .collect();
+        map.key_into(|text| text);
+        let keys: Vec<&PinKey> = map.keys().collect();
+        assert!(keys[0].is_view_of(&texts[0]));
+        // Escaped in the JSON: a text of its own.
+        assert!(!keys[1].is_view_of(&texts[1]));
+        assert_eq!(spelled(&map), ["tools/a", "tools/bA"]);
+        assert!(map.contains_key("tools/bA"));
     }
 }

@@ -198,6 +198,19 @@ impl EntryText {
         }
     }
 
+    /// A view of the first place in this text that spells `part`, on the same
+    /// buffer: what is kept beside an entry's JSON and appears in it (its name)
+    /// then costs no text of its own.
+    pub fn view_of(&self, part: &str) -> Option<EntryText> {
+        let at = u32::try_from(self.as_str().find(part)?).ok()?;
+        let len = u32::try_from(part.len()).ok()?;
+        Some(EntryText {
+            text: self.text.clone(),
+            start: self.start.checked_add(at)?,
+            end: self.start.checked_add(at)?.checked_add(len)?,
+        })
+    }
+
     /// Whether both are views of one text, not equal copies.
     pub fn shares_text_with(&self, other: &EntryText) -> bool {
         Arc::ptr_eq(&self.text, &other.text)
@@ -708,6 +721,18 @@ mod tests {
 
     /// The spliced JSON of every exposed entry is byte for byte the serialised
     /// exposed copy, whatever the order of the key, the schema and the fix.
+    #[test]
+    fn a_view_of_a_part_shares_the_buffer() {
+        let texts = EntryText::pack([r#"{"name":"a"}"#, r#"{"name":"b\u0041"}"#]);
+        let name = texts[0].view_of("a").unwrap();
+        assert_eq!(name.as_str(), "a");
+        assert!(name.shares_text_with(&texts[0]));
+        // The second text's view starts past the first text.
+        assert_eq!(texts[1].view_of("name").unwrap().as_str(), "name");
+        assert!(texts[1].view_of("bA").is_none());
+        assert!(texts[1].view_of(r#"{"name":"a"}"#).is_none());
+    }
+
     #[test]
     fn spliced_json_is_the_exposed_entry_serialised() {
         let texts = [
