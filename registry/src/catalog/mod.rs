@@ -274,7 +274,7 @@ impl Catalog {
         self.entries[kind.index()].len()
     }
 
-    /// SHA-256 over the exposed entries' own hashes (the first half of SHA-256 of
+    /// SHA-256 over the exposed entries' own hashes (the first 64 bits of SHA-256 of
     /// each one's compact JSON), in order: equal lists have equal digests, and a
     /// change to any entry, or to their order, changes it.
     pub fn digest(&self, kind: Kind) -> [u8; 32] {

@@ -97,8 +97,9 @@ pub(super) struct Exposed {
     /// The key field's value in the entry's JSON (offsets from the entry's start).
     key_span: (u32, u32),
     fix: Fix,
-    /// The first half of SHA-256 of the exposed JSON: snapshots digest these.
-    pub hash: [u8; 16],
+    /// The first 64 bits of SHA-256 of the exposed JSON: snapshots digest these to
+    /// tell clients of a change (pins, not these, guard against a crafted one).
+    pub hash: [u8; 8],
 }
 
 /// The entries of one kind as the upstream listed them, as compact JSON one after
@@ -389,7 +390,7 @@ impl UpstreamPart {
                     listed: u32::try_from(index).unwrap_or(u32::MAX),
                     key_span: spans.key.unwrap_or_default(),
                     fix,
-                    hash: [0; 16],
+                    hash: [0; 8],
                 };
                 // Most keys need no escaping; those are read from the JSON.
                 let key_text = spans.key.and_then(|(from, to)| {
@@ -400,7 +401,7 @@ impl UpstreamPart {
                 scratch.clear();
                 item.write_json(&text[start..], &exposed_key, &mut scratch);
                 let digest = Sha256::digest(&scratch);
-                item.hash.copy_from_slice(&digest[..16]);
+                item.hash.copy_from_slice(&digest[..8]);
                 match kind {
                     Kind::Tools => {
                         let designated = entry
