@@ -187,6 +187,30 @@ const PAGES: usize = 200;
 /// How long the memory of a daemon that just became ready is left to settle (it
 /// returns free memory once its catalog has been quiet for a second).
 const SETTLE: Duration = Duration::from_millis(2000);
+/// After [`SETTLE`], how often memory is read again until two readings agree
+/// within [`SETTLED_WITHIN_KIB`], for at most [`SETTLE_AT_MOST`]: a fresh listing
+/// that arrives after ready (a restart serves its cached listings first) delays
+/// the release, and one reading could land before it.
+const SETTLE_STEP: Duration = Duration::from_millis(500);
+const SETTLED_WITHIN_KIB: u64 = 64;
+const SETTLE_AT_MOST: Duration = Duration::from_secs(10);
+
+/// `(RSS, anonymous RSS)` in KiB once they have settled (see [`SETTLE_STEP`]).
+async fn settled_memory(daemon: &Daemon) -> anyhow::Result<(u64, u64)> {
+    tokio::time::sleep(SETTLE).await;
+    let started = Instant::now();
+    let mut last = (rss_kib(daemon)?, anon_kib(daemon)?);
+    while started.elapsed() < SETTLE_AT_MOST {
+        tokio::time::sleep(SETTLE_STEP).await;
+        let now = (rss_kib(daemon)?, anon_kib(daemon)?);
+        let settled = now.1.abs_diff(last.1) <= SETTLED_WITHIN_KIB;
+        last = now;
+        if settled {
+            break;
+        }
+    }
+    Ok(last)
+}
 
 /// A catalog of `scale.upstreams × scale.tools` tools: time to ready (and at twice
 /// the upstreams, for linearity), memory beyond an idle daemon's against the JSON
@@ -208,9 +232,9 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
             .await
             .context("starting the idle daemon")?;
         wait_ready_closely(&daemon).await?;
-        tokio::time::sleep(SETTLE).await;
-        idle.push(rss_kib(&daemon)?);
-        idle_anon.push(anon_kib(&daemon)?);
+        let (rss, anon) = settled_memory(&daemon).await?;
+        idle.push(rss);
+        idle_anon.push(anon);
         stop(daemon).await?;
 
         if let Some(daemon) = loaded.take() {
@@ -222,9 +246,9 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
             .context("starting plexus")?;
         wait_ready_closely(&daemon).await?;
         readies.push(started.elapsed());
-        tokio::time::sleep(SETTLE).await;
-        fresh.push(rss_kib(&daemon)?);
-        fresh_anon.push(anon_kib(&daemon)?);
+        let (rss, anon) = settled_memory(&daemon).await?;
+        fresh.push(rss);
+        fresh_anon.push(anon);
         loaded = Some(daemon);
     }
     let mut daemon = loaded.context("no daemon was started")?;
@@ -240,9 +264,9 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
             .await
             .context("restarting plexus on its state")?;
         wait_ready_closely(&daemon).await?;
-        tokio::time::sleep(SETTLE).await;
-        restarted.push(rss_kib(&daemon)?);
-        restarted_anon.push(anon_kib(&daemon)?);
+        let (rss, anon) = settled_memory(&daemon).await?;
+        restarted.push(rss);
+        restarted_anon.push(anon);
     }
     let rss_restarted = median_kib(&mut restarted);
 
