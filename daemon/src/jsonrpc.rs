@@ -325,12 +325,19 @@ impl Answer {
     /// A result response whose `result` is serialised already; the same bytes
     /// [`result_response`] would give for it.
     pub fn serialized_result(id: &Value, result: &[u8]) -> Answer {
-        let mut out = Vec::with_capacity(result.len() + 40);
+        Answer::result_written(id, result.len(), |out| out.extend_from_slice(result))
+    }
+
+    /// [`Answer::serialized_result`] with the result written by `write` straight
+    /// into the answer, which is sized for `size` bytes of it: a list page is
+    /// neither grown nor copied on its way out.
+    pub fn result_written(id: &Value, size: usize, write: impl FnOnce(&mut Vec<u8>)) -> Answer {
+        let mut out = Vec::with_capacity(size + 64);
         out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
         // Writing a `Value` to memory cannot fail.
         let _ = serde_json::to_writer(&mut out, id);
         out.extend_from_slice(br#","result":"#);
-        out.extend_from_slice(result);
+        write(&mut out);
         out.push(b'}');
         Answer::Serialized(out)
     }

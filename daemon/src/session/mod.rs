@@ -372,7 +372,7 @@ impl Session {
                 if modern {
                     self.serve_modern(&id, &method, params, related).await.map(Served::Reply)
                 } else if let Some(kind) = list_kind(&method) {
-                    self.list_serialized(kind, params).await.map(Served::Page)
+                    self.list_serialized(kind, params, &id).await.map(Served::Page)
                 } else {
                     self.dispatch(&method, params, related).await.map(Served::Reply)
                 }
@@ -380,9 +380,7 @@ impl Session {
             _ = token.cancelled() => None,
         };
         match outcome {
-            Some(Ok(Served::Page(result))) => {
-                Handled::Respond(jsonrpc::Answer::serialized_result(&id, &result))
-            }
+            Some(Ok(Served::Page(answer))) => Handled::Respond(answer),
             Some(Ok(Served::Reply(Reply::Unread(raw)))) => {
                 let marked = if modern {
                     era::mark_complete_unread(&method, &raw)
@@ -1053,23 +1051,27 @@ impl Session {
         &self,
         kind: Kind,
         params: Option<Value>,
-    ) -> Result<Vec<u8>, RelayError> {
+        id: &Value,
+    ) -> Result<jsonrpc::Answer, RelayError> {
         self.wait_for_first_list().await;
         let catalog = self.catalog();
         let page = catalog
             .page(kind, cursor_of(&params))
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
-        let mut out = Vec::with_capacity(64 * (page.items.len() + 1));
-        out.push(b'{');
-        // A result key is a plain identifier: no escaping needed.
-        out.extend_from_slice(format!("\"{}\":", kind.result_key()).as_bytes());
-        page.items.write_json_array(&mut out);
-        if let Some(next) = page.next_cursor {
-            out.extend_from_slice(br#","nextCursor":"#);
-            let _ = serde_json::to_writer(&mut out, &next);
-        }
-        out.push(b'}');
-        Ok(out)
+        let size = page.items.json_size_hint() + 64;
+        Ok(jsonrpc::Answer::result_written(id, size, |out| {
+            out.push(b'{');
+            // A result key is a plain identifier: no escaping needed.
+            out.push(b'"');
+            out.extend_from_slice(kind.result_key().as_bytes());
+            out.extend_from_slice(b"\":");
+            page.items.write_json_array(out);
+            if let Some(next) = page.next_cursor {
+                out.extend_from_slice(br#","nextCursor":"#);
+                let _ = serde_json::to_writer(&mut *out, &next);
+            }
+            out.push(b'}');
+        }))
     }
 
     /// Only a session's first list waits for upstreams still starting.
@@ -1152,10 +1154,10 @@ impl Drop for InFlightEntry<'_> {
 }
 
 /// What a request was served with: an upstream's or plexus's reply, or a list
-/// page serialised already.
+/// page's answer serialised already.
 enum Served {
     Reply(Reply),
-    Page(Vec<u8>),
+    Page(jsonrpc::Answer),
 }
 
 /// The kind a list method lists.

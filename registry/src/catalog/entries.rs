@@ -103,6 +103,18 @@ impl<'a> Entries<'a> {
         }
     }
 
+    /// About how long [`Entries::write_json_array`]'s JSON is: a buffer this large
+    /// is written without growing (and copying) on the way.
+    pub fn json_size_hint(&self) -> usize {
+        self.refs
+            .iter()
+            .map(|entry| {
+                self.parts[entry.part as usize].exposed_size_hint(self.kind, entry.index as usize)
+            })
+            .sum::<usize>()
+            + 2
+    }
+
     /// The entries as one compact JSON array, appended to `out`: what serialising
     /// [`Entries::to_vec`] gives, without building it.
     pub fn write_json_array(&self, out: &mut Vec<u8>) {

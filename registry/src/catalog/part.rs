@@ -560,6 +560,16 @@ impl UpstreamPart {
         );
     }
 
+    /// About how long [`UpstreamPart::write_exposed`]'s JSON is, never less: the
+    /// upstream's JSON, the exposed key, and room for the schema fix and escapes.
+    pub(super) fn exposed_size_hint(&self, kind: Kind, index: usize) -> usize {
+        let Some(item) = self.exposed[kind.index()].get(index) else {
+            return 0;
+        };
+        let (start, end) = self.listed[kind.index()].span(item.listed as usize);
+        (end - start) as usize + 2 * self.exposed_key(kind, index).len() + 40
+    }
+
     /// The exposed name, URI or template of exposed entry `index` of `kind`.
     pub(super) fn exposed_key(&self, kind: Kind, index: usize) -> &str {
         self.keys[kind.index()].exposed(index)
