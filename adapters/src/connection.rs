@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -14,7 +15,7 @@ use crate::remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransport};
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Events;
 use crate::rpc::{
-    encode_notification, encode_response, ConnectionError, Reply, SharedPending, Spawned,
+    encode_notification, encode_response, ConnectionError, Params, Reply, SharedPending, Spawned,
 };
 use crate::stdio::{ExitReport, SpawnError, StdioOptions, StdioTransport};
 
@@ -58,7 +59,7 @@ impl Drop for Inner {
 pub struct OutgoingRequest<'a> {
     connection: &'a UpstreamConnection,
     id: u64,
-    message: Option<(String, Option<Value>)>,
+    message: Option<(String, Params)>,
     reply: Option<oneshot::Receiver<Result<Reply, ConnectionError>>>,
     headers: Vec<(String, String)>,
 }
@@ -131,7 +132,7 @@ impl Inner {
         &self,
         id: u64,
         method: &str,
-        params: Option<Value>,
+        params: Params,
         headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         match &self.transport {
@@ -208,6 +209,21 @@ impl UpstreamConnection {
     /// Gives a request plexus's id without sending it yet; see [`OutgoingRequest`].
     pub fn prepare(&self, method: &str, params: Option<Value>) -> OutgoingRequest<'_> {
         let params = self.with_request_meta(params);
+        self.prepare_params(method, Params::Values(params))
+    }
+
+    /// [`UpstreamConnection::prepare`] with params as they were written, passed on
+    /// unread (a relay's call of megabytes). A 2026-07-28 upstream, whose requests
+    /// each carry plexus's `_meta` fields, gets them read and extended as values.
+    pub fn prepare_written(&self, method: &str, params: Arc<RawValue>) -> OutgoingRequest<'_> {
+        if self.is_per_request() {
+            let params = serde_json::from_str(params.get()).ok();
+            return self.prepare(method, params);
+        }
+        self.prepare_params(method, Params::Written(params))
+    }
+
+    fn prepare_params(&self, method: &str, params: Params) -> OutgoingRequest<'_> {
         let (id, reply) = self.inner.pending.register();
         OutgoingRequest {
             connection: self,

@@ -317,15 +317,39 @@ pub(crate) fn classify(message: Value) -> Incoming {
 }
 
 /// Serializes a request with plexus's own id, adding a trailing newline.
-pub(crate) fn encode_request(id: u64, method: &str, params: Option<Value>) -> Vec<u8> {
-    let mut object = Map::with_capacity(4);
-    object.insert("jsonrpc".into(), Value::from("2.0"));
-    object.insert("id".into(), Value::from(id));
-    object.insert("method".into(), Value::from(method));
-    if let Some(params) = params {
-        object.insert("params".into(), params);
+/// A request's params: values, or JSON passed through as it was written (a
+/// relay's call, never parsed into values).
+#[derive(Debug)]
+pub(crate) enum Params {
+    Values(Option<Value>),
+    Written(Arc<RawValue>),
+}
+
+/// `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and a newline, written in
+/// one pass (no map built for the envelope).
+pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
+    let mut line = Vec::with_capacity(match &params {
+        Params::Written(raw) => raw.get().len() + 64,
+        Params::Values(_) => 128,
+    });
+    line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    // Writing numbers, strings and values to memory cannot fail.
+    let _ = serde_json::to_writer(&mut line, &id);
+    line.extend_from_slice(br#","method":"#);
+    let _ = serde_json::to_writer(&mut line, method);
+    match &params {
+        Params::Values(None) => {}
+        Params::Values(Some(params)) => {
+            line.extend_from_slice(br#","params":"#);
+            let _ = serde_json::to_writer(&mut line, params);
+        }
+        Params::Written(raw) => {
+            line.extend_from_slice(br#","params":"#);
+            line.extend_from_slice(raw.get().as_bytes());
+        }
     }
-    encode_line(&Value::Object(object))
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 pub(crate) fn encode_notification(method: &str, params: Option<Value>) -> Vec<u8> {
@@ -518,10 +542,20 @@ mod tests {
 
     #[test]
     fn requests_are_encoded_as_one_line() {
-        let bytes = encode_request(7, "tools/call", Some(json!({"name":"echo"})));
+        let line = "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n";
+        let bytes = encode_request(
+            7,
+            "tools/call",
+            Params::Values(Some(json!({"name":"echo"}))),
+        );
+        assert_eq!(String::from_utf8(bytes).unwrap(), line);
+        let written = Arc::from(RawValue::from_string(r#"{"name":"echo"}"#.into()).unwrap());
+        let bytes = encode_request(7, "tools/call", Params::Written(written));
+        assert_eq!(String::from_utf8(bytes).unwrap(), line);
+        let bytes = encode_request(8, "ping\"", Params::Values(None));
         assert_eq!(
-            String::from_utf8(bytes).unwrap(),
-            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n"
+            serde_json::from_slice::<Value>(&bytes).unwrap(),
+            json!({"jsonrpc": "2.0", "id": 8, "method": "ping\""})
         );
         assert_eq!(our_id(&json!("12")), Some(12));
         assert_eq!(

@@ -11,7 +11,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use serde_json::Value;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
@@ -22,7 +21,7 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    encode_request, id_in_head, our_id, read_message, ConnectionError, Events, Incoming,
+    encode_request, id_in_head, our_id, read_message, ConnectionError, Events, Incoming, Params,
     PendingRequests, SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
@@ -127,7 +126,7 @@ impl StdioTransport {
         &self,
         id: u64,
         method: &str,
-        params: Option<Value>,
+        params: Params,
     ) -> Result<(), ConnectionError> {
         self.send_line(encode_request(id, method, params))
     }

@@ -29,13 +29,14 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
     classify, encode_request, id_in_head, our_id, skim_reply, ConnectionError, Events,
-    Incoming as Classified, PendingRequests, Reply, SharedPending, UpstreamEvent,
+    Incoming as Classified, Params, PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
 use sse::{SseDecoder, SseItem};
@@ -257,6 +258,39 @@ struct Head {
     name: Option<HeaderValue>,
     params: Vec<(HeaderName, HeaderValue)>,
     initialize: bool,
+}
+
+/// The members of written params that a request's headers are made from, as
+/// values; the rest (a call's arguments) is skipped unread.
+fn head_fields(params: &RawValue) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Fields<'a> {
+        #[serde(rename = "_meta", borrow)]
+        meta: Option<&'a RawValue>,
+        #[serde(borrow)]
+        name: Option<&'a RawValue>,
+        #[serde(borrow)]
+        uri: Option<&'a RawValue>,
+        #[serde(rename = "taskId", borrow)]
+        task_id: Option<&'a RawValue>,
+    }
+    let Ok(fields) = serde_json::from_str::<Fields>(params.get()) else {
+        return Value::Null;
+    };
+    let members = [
+        ("_meta", fields.meta),
+        ("name", fields.name),
+        ("uri", fields.uri),
+        ("taskId", fields.task_id),
+    ];
+    Value::Object(
+        members
+            .into_iter()
+            .filter_map(|(key, raw)| {
+                Some((key.to_string(), serde_json::from_str(raw?.get()).ok()?))
+            })
+            .collect(),
+    )
 }
 
 impl Head {
@@ -489,14 +523,18 @@ impl HttpTransport {
         &self,
         id: u64,
         method: &str,
-        params: Option<Value>,
+        params: Params,
         headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         let shared = self.shared.clone();
         if shared.closed.is_cancelled() {
             return Err(ConnectionError::NotSent);
         }
-        let head = Head::of(method, params.as_ref()).with_params(headers);
+        let head = match &params {
+            Params::Values(params) => Head::of(method, params.as_ref()),
+            Params::Written(raw) => Head::of(method, Some(&head_fields(raw))),
+        }
+        .with_params(headers);
         let body = Bytes::from(encode_request(id, method, params));
         let mut streams = shared
             .streams
@@ -1455,6 +1493,16 @@ mod tests {
             "=?base64?IHBhZGRlZA==?="
         );
         assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
+        // Params passed on as written give the same headers, their arguments unread.
+        let written = RawValue::from_string(
+            r#"{"name":"héllo","arguments":{"text":"x"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#.into(),
+        )
+        .unwrap();
+        assert_eq!(head_fields(&written), params);
+        let head = Head::of("tools/call", Some(&head_fields(&written)));
+        assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
+        let odd = RawValue::from_string("[1]".into()).unwrap();
+        assert_eq!(head_fields(&odd), serde_json::Value::Null);
     }
 
     #[test]
