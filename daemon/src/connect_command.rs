@@ -16,14 +16,18 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use adapters::framing::{Frame, LineDecoder};
 use adapters::{
     ConnectionError, Events, HttpEndpoint, HttpOptions, HttpTransportKind, Reply,
     UpstreamConnection, UpstreamEvent,
 };
+use futures::StreamExt;
 use registry::headers::{encode_header_value, param_headers, ParamHeader};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
+use tokio_util::codec::FramedRead;
 
 use crate::jsonrpc::{self, Answer};
 
@@ -74,6 +78,64 @@ enum Gate {
     },
 }
 
+/// A line from the client: a tool call, its params kept as the client wrote them
+/// (they may be megabytes, and the bridge only passes them on), or any other
+/// message as values.
+enum Incoming {
+    Call { id: Value, params: Arc<RawValue> },
+    Other(Value),
+}
+
+impl Incoming {
+    fn read(line: &[u8]) -> Result<Incoming, serde_json::Error> {
+        #[derive(serde::Deserialize)]
+        struct Skim<'a> {
+            #[serde(borrow)]
+            method: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow)]
+            id: Option<&'a RawValue>,
+            #[serde(borrow)]
+            params: Option<&'a RawValue>,
+        }
+        if let Ok(skim) = serde_json::from_slice::<Skim>(line) {
+            if let (Some("tools/call"), Some(id), Some(params)) =
+                (skim.method.as_deref(), skim.id, skim.params)
+            {
+                if let Ok(id) = serde_json::from_str(id.get()) {
+                    let params = Arc::from(params.to_owned());
+                    return Ok(Incoming::Call { id, params });
+                }
+            }
+        }
+        // Anything else, malformed messages too, is read whole as before.
+        serde_json::from_slice(line).map(Incoming::Other)
+    }
+
+    fn is_initialize(&self) -> bool {
+        match self {
+            Incoming::Call { .. } => false,
+            Incoming::Other(message) => {
+                message.get("method").and_then(Value::as_str) == Some("initialize")
+            }
+        }
+    }
+}
+
+/// A request's params: as values, or as a tool call's were written.
+enum Params {
+    Values(Option<Value>),
+    Written(Arc<RawValue>),
+}
+
+impl Params {
+    fn values(&self) -> Option<&Value> {
+        match self {
+            Params::Values(params) => params.as_ref(),
+            Params::Written(_) => None,
+        }
+    }
+}
+
 /// What the bridge remembers of the client to restore it on a new connection.
 #[derive(Default)]
 struct Remembered {
@@ -122,27 +184,46 @@ pub async fn run(target: Target) -> Result<(), String> {
         in_flight: Mutex::new(HashMap::new()),
     });
     let keeper = tokio::spawn(keep_connected(bridge.clone()));
-    let mut lines = tokio::io::BufReader::new(input).lines();
+    // Lines as the stdio front reads them: capped, and bytes (a line that is not
+    // UTF-8 is a parse error to answer, not the end of the input).
+    let mut lines = FramedRead::new(
+        input,
+        LineDecoder::new(crate::stdio_front::MAX_CLIENT_LINE_BYTES),
+    );
     let mut tasks = tokio::task::JoinSet::new();
     let order = Arc::new(tokio::sync::RwLock::new(()));
-    while let Ok(Some(line)) = lines.next_line().await {
-        if line.trim().is_empty() {
+    while let Some(frame) = lines.next().await {
+        let line = match frame {
+            Ok(Frame::Line(line)) => line,
+            Ok(Frame::TooLong { limit, .. }) => {
+                let error = jsonrpc::RelayError::RequestTooLarge { limit };
+                bridge
+                    .send(jsonrpc::error_response(Value::Null, &error))
+                    .await;
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading stdin failed");
+                break;
+            }
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let message: Value = match serde_json::from_str(&line) {
+        let message = match Incoming::read(&line) {
             Ok(message) => message,
             Err(error) => {
                 let error = jsonrpc::RelayError::Parse(error.to_string());
-                let _ = bridge
-                    .output
-                    .send(jsonrpc::error_response(Value::Null, &error).into())
+                bridge
+                    .send(jsonrpc::error_response(Value::Null, &error))
                     .await;
                 continue;
             }
         };
+        drop(line);
         // Nothing overtakes an `initialize`: its session must exist before the
         // messages after it go out (they are otherwise relayed concurrently).
-        let gate = if message.get("method").and_then(Value::as_str) == Some("initialize") {
+        let gate = if message.is_initialize() {
             Gate::Exclusive {
                 _guard: order.clone().write_owned().await,
             }
@@ -154,7 +235,10 @@ pub async fn run(target: Target) -> Result<(), String> {
         let handled = bridge.clone();
         tasks.spawn(async move {
             let _gate = gate;
-            handled.handle(message).await
+            match message {
+                Incoming::Call { id, params } => handled.call(id, params).await,
+                Incoming::Other(message) => handled.handle(message).await,
+            }
         });
         // Finished tasks are collected as they go, so the set stays small.
         while tasks.try_join_next().is_some() {}
@@ -193,22 +277,8 @@ impl Bridge {
         let id = message.get("id").cloned();
         match (method, id) {
             (Some(method), Some(id)) => {
-                let key = id.to_string();
-                let task = {
-                    let bridge = self.clone();
-                    // Moved, not copied: a call's arguments may be megabytes.
-                    let params = message.get_mut("params").map(Value::take);
-                    tokio::spawn(async move { bridge.request(id, &method, params).await })
-                };
-                self.in_flight
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(key.clone(), task.abort_handle());
-                let _ = task.await;
-                self.in_flight
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&key);
+                let params = Params::Values(message.get_mut("params").map(Value::take));
+                self.relay(id, method, params).await
             }
             (Some(method), None) => {
                 self.notification(&method, message.get_mut("params").map(Value::take))
@@ -226,6 +296,30 @@ impl Bridge {
             }
             (None, None) => {}
         }
+    }
+
+    /// A tool call, its params passed on as written.
+    async fn call(self: Arc<Self>, id: Value, params: Arc<RawValue>) {
+        self.relay(id, "tools/call".into(), Params::Written(params))
+            .await
+    }
+
+    /// Relays a request on a task of its own, which the client's cancel ends.
+    async fn relay(self: Arc<Self>, id: Value, method: String, params: Params) {
+        let key = id.to_string();
+        let task = {
+            let bridge = self.clone();
+            tokio::spawn(async move { bridge.request(id, &method, params).await })
+        };
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), task.abort_handle());
+        let _ = task.await;
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
     }
 
     async fn notification(&self, method: &str, params: Option<Value>) {
@@ -254,19 +348,21 @@ impl Bridge {
     }
 
     /// Relays one request and writes its answer under the client's id.
-    async fn request(self: &Arc<Self>, id: Value, method: &str, params: Option<Value>) {
+    async fn request(self: &Arc<Self>, id: Value, method: &str, params: Params) {
         if method == "initialize" {
-            self.remembered().initialize = params.clone();
+            self.remembered().initialize = params.values().cloned();
         }
         // A call's result is relayed as the daemon wrote it, never parsed here: it
         // teaches the bridge nothing, and may be megabytes.
         let relayed_unread = method == "tools/call";
         let reply = loop {
             let connection = self.connection().await;
-            let headers = self.mirrored_headers(method, params.as_ref());
-            let request = connection
-                .prepare(method, params.clone())
-                .with_headers(headers);
+            let headers = self.mirrored_headers(method, &params);
+            let request = match &params {
+                Params::Values(values) => connection.prepare(method, values.clone()),
+                Params::Written(written) => connection.prepare_written(method, written.clone()),
+            }
+            .with_headers(headers);
             let request = if relayed_unread {
                 request.result_unread()
             } else {
@@ -296,7 +392,7 @@ impl Bridge {
         };
         let answer = match reply.map(Reply::into_result) {
             Ok(Ok(result)) => {
-                self.learn(method, params.as_ref(), &result);
+                self.learn(method, params.values(), &result);
                 jsonrpc::result_response(id, result)
             }
             Ok(Err(error)) => jsonrpc::error_object_response(id, error),
@@ -353,18 +449,53 @@ impl Bridge {
     }
 
     /// The `Mcp-Param-*` headers a 2026-07-28 `tools/call` must carry.
-    fn mirrored_headers(&self, method: &str, params: Option<&Value>) -> Vec<(String, String)> {
+    fn mirrored_headers(&self, method: &str, params: &Params) -> Vec<(String, String)> {
+        #[derive(serde::Deserialize)]
+        struct Call<'a> {
+            #[serde(borrow)]
+            name: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow)]
+            arguments: Option<&'a RawValue>,
+        }
         if method != "tools/call" {
             return Vec::new();
         }
-        let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else {
+        // Written params are skimmed for the name; their arguments are read only
+        // for a tool that mirrors some of them.
+        let written = match params {
+            Params::Written(written) => serde_json::from_str::<Call>(written.get()).ok(),
+            Params::Values(_) => None,
+        };
+        let name = match (params, &written) {
+            (Params::Values(values), _) => values
+                .as_ref()
+                .and_then(|p| p.get("name"))
+                .and_then(Value::as_str),
+            (Params::Written(_), Some(call)) => call.name.as_deref(),
+            (Params::Written(_), None) => None,
+        };
+        let Some(name) = name else {
             return Vec::new();
         };
         let remembered = self.remembered();
         let Some(designated) = remembered.param_headers.get(name) else {
             return Vec::new();
         };
-        let arguments = params.and_then(|p| p.get("arguments"));
+        let read;
+        let arguments = match (params, &written) {
+            (Params::Values(values), _) => values.as_ref().and_then(|p| p.get("arguments")),
+            (
+                Params::Written(_),
+                Some(Call {
+                    arguments: Some(raw),
+                    ..
+                }),
+            ) => {
+                read = serde_json::from_str::<Value>(raw.get()).ok();
+                read.as_ref()
+            }
+            (Params::Written(_), _) => None,
+        };
         designated
             .iter()
             .filter_map(|header| {

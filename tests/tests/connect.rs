@@ -280,3 +280,65 @@ async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> 
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// What a client writes reaches the daemon however it is written: a line that is
+/// not UTF-8 is answered with a parse error and the bridge goes on; a 2026-07-28
+/// client's call of a tool that mirrors a parameter into a header gets that
+/// header (the daemon refuses the call without it); a large call's arguments,
+/// passed on as the client wrote them, come back intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let daemon = Daemon::start("", &fixture_upstream("fx", "", &["--modern"])).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let mut bridge = connect_command(&daemon.url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = bridge.stdin.take().context("stdin")?;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let large = "é\"\\x".repeat(64 * 1024);
+    let messages = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "fx__regional", "arguments": {"region": "eu-west", "text": "hi"}, "_meta": meta}}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "fx__echo", "arguments": {"text": large}, "_meta": meta}}),
+    ];
+    let mut lines = tokio::io::BufReader::new(bridge.stdout.take().context("stdout")?).lines();
+    let mut next = async || -> anyhow::Result<serde_json::Value> {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .context("no answer")??
+            .context("the bridge ended")?;
+        Ok(serde_json::from_str(&line)?)
+    };
+    stdin.write_all(b"\xff\xfe not UTF-8\n").await?;
+    let refused = next().await?;
+    ensure!(refused["error"]["code"] == -32700, "{refused}");
+    for message in &messages {
+        stdin.write_all(format!("{message}\n").as_bytes()).await?;
+        let answer = next().await?;
+        ensure!(answer["id"] == message["id"], "{answer}");
+        ensure!(answer.get("error").is_none(), "{answer}");
+        match message["id"].as_i64() {
+            Some(2) => ensure!(
+                answer["result"]["content"][0]["text"] == "eu-west: hi",
+                "{answer}"
+            ),
+            Some(3) => ensure!(
+                answer["result"]["content"][0]["text"] == large.as_str(),
+                "the large echo came back changed"
+            ),
+            _ => {}
+        }
+    }
+    drop(stdin);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
