@@ -29,11 +29,14 @@ struct Keys {
     /// Per entry, where its exposed key ends and where its original key ends
     /// (empty: read it from the entry's JSON, between the quotes of its key field).
     ends: Vec<(u32, u32)>,
+    /// Some exposed key needs escapes in JSON (else each is copied between quotes).
+    escaped: bool,
 }
 
 impl Keys {
     /// `original` is empty when the entry's JSON spells it without escapes.
     fn push(&mut self, exposed: &str, original: &str) {
+        self.escaped |= needs_escapes(exposed);
         let end = |text: &String| u32::try_from(text.len()).unwrap_or(u32::MAX);
         self.text.push_str(exposed);
         let exposed_end = end(&self.text);
@@ -399,7 +402,7 @@ impl UpstreamPart {
                 let plain = key_text == Some(route.original.as_bytes());
                 keys.push(&exposed_key, if plain { "" } else { &route.original });
                 scratch.clear();
-                item.write_json(&text[start..], &exposed_key, &mut scratch);
+                item.write_json(&text[start..], &exposed_key, keys.escaped, &mut scratch);
                 let digest = Sha256::digest(&scratch);
                 item.hash.copy_from_slice(&digest[..8]);
                 match kind {
@@ -556,18 +559,20 @@ impl UpstreamPart {
                 .get(item.listed as usize)
                 .as_bytes(),
             self.exposed_key(kind, index),
+            self.keys[kind.index()].escaped,
             out,
         );
     }
 
-    /// About how long [`UpstreamPart::write_exposed`]'s JSON is, never less: the
-    /// upstream's JSON, the exposed key, and room for the schema fix and escapes.
+    /// About how long [`UpstreamPart::write_exposed`]'s JSON is: the upstream's
+    /// JSON, and room for the schema fix and a prefix (a longer key grows the
+    /// buffer once).
     pub(super) fn exposed_size_hint(&self, kind: Kind, index: usize) -> usize {
         let Some(item) = self.exposed[kind.index()].get(index) else {
             return 0;
         };
         let (start, end) = self.listed[kind.index()].span(item.listed as usize);
-        (end - start) as usize + 2 * self.exposed_key(kind, index).len() + 40
+        (end - start) as usize + 96
     }
 
     /// The exposed name, URI or template of exposed entry `index` of `kind`.
@@ -629,9 +634,8 @@ impl Exposed {
     /// The exposed JSON, from the entry's JSON as listed: the key field's value
     /// replaced, the schema fix inserted; byte for byte what serialising the
     /// exposed entry gives.
-    fn write_json(&self, listed: &[u8], exposed_key: &str, out: &mut Vec<u8>) {
-        let mut key = Vec::with_capacity(exposed_key.len() + 2);
-        write_json(&mut key, &Value::from(exposed_key));
+    /// `escaped`: the key may need escapes.
+    fn write_json(&self, listed: &[u8], exposed_key: &str, escaped: bool, out: &mut Vec<u8>) {
         let (key_start, key_end) = (self.key_span.0 as usize, self.key_span.1 as usize);
         let fix: (usize, &[u8]) = match self.fix {
             Fix::None => (listed.len(), b""),
@@ -639,15 +643,22 @@ impl Exposed {
             Fix::AddType { at, empty: false } => (at as usize, br#","type":"object""#),
             Fix::AddSchema { at } => (at as usize, br#","inputSchema":{"type":"object"}"#),
         };
-        let mut edits = [(key_start, key_end, &key[..]), (fix.0, fix.0, fix.1)];
-        edits.sort_by_key(|edit| edit.0);
-        let mut from = 0;
-        for (start, end, text) in edits {
-            out.extend_from_slice(&listed[from..start]);
-            out.extend_from_slice(text);
-            from = end;
+        // Written straight into `out`: a page of a hundred entries made a value
+        // and two buffers for each.
+        let key = |out: &mut Vec<u8>| write_json_str(out, exposed_key, escaped);
+        if key_start <= fix.0 {
+            out.extend_from_slice(&listed[..key_start]);
+            key(out);
+            out.extend_from_slice(&listed[key_end..fix.0]);
+            out.extend_from_slice(fix.1);
+            out.extend_from_slice(&listed[fix.0..]);
+        } else {
+            out.extend_from_slice(&listed[..fix.0]);
+            out.extend_from_slice(fix.1);
+            out.extend_from_slice(&listed[fix.0..key_start]);
+            key(out);
+            out.extend_from_slice(&listed[key_end..]);
         }
-        out.extend_from_slice(&listed[from..]);
     }
 }
 
@@ -696,6 +707,24 @@ fn write_listed(kind: Kind, entry: &Value, out: &mut Vec<u8>) -> Spans {
     spans
 }
 
+/// Whether serde_json writes `text` with escapes.
+fn needs_escapes(text: &str) -> bool {
+    text.bytes()
+        .any(|byte| byte < 0x20 || byte == b'"' || byte == b'\\')
+}
+
+/// `text` as serde_json writes a string; without escapes (as a part's keys
+/// most often are, known when it is built) it is copied between quotes.
+fn write_json_str(out: &mut Vec<u8>, text: &str, escaped: bool) {
+    if !escaped {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else if serde_json::to_writer(&mut *out, text).is_err() {
+        out.extend_from_slice(b"null");
+    }
+}
+
 fn write_json(out: &mut Vec<u8>, value: &Value) {
     // Writing a `Value` into memory cannot fail: its keys are strings, and a
     // `Vec` takes every byte.
@@ -733,6 +762,26 @@ mod tests {
     /// The spliced JSON of every exposed entry is byte for byte the serialised
     /// exposed copy, whatever the order of the key, the schema and the fix.
     #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        for text in [
+            "plain__name",
+            "",
+            "a\"quote",
+            "back\\slash",
+            "tab\there",
+            "é€😀",
+            "\u{1f}\u{7f}",
+        ] {
+            let mut out = Vec::new();
+            write_json_str(&mut out, text, needs_escapes(text));
+            assert_eq!(out, serde_json::to_vec(text).unwrap(), "{text:?}");
+            out.clear();
+            write_json_str(&mut out, text, true);
+            assert_eq!(out, serde_json::to_vec(text).unwrap(), "{text:?}");
+        }
+    }
+
+    #[test]
     fn a_view_of_a_part_shares_the_buffer() {
         let texts = EntryText::pack([r#"{"name":"a"}"#, r#"{"name":"b\u0041"}"#]);
         let name = texts[0].view_of("a").unwrap();
@@ -760,9 +809,14 @@ mod tests {
             .map(|text| serde_json::from_str(text).unwrap())
             .collect();
         server.prompts = vec![json!({"description": "d", "name": "greet"})];
-        server.resources = vec![json!({"name": "r", "uri": "x://r", "size": 3})];
+        server.resources = vec![
+            json!({"name": "r", "uri": "x://r", "size": 3}),
+            json!({"name": "q", "uri": "x://q\"uote\\"}),
+        ];
         server.resource_templates = vec![json!({"uriTemplate": "x://{id}"})];
         let (part, _) = UpstreamPart::build(&server, 64);
+        assert!(part.keys[Kind::Resources.index()].escaped);
+        assert!(!part.keys[Kind::Prompts.index()].escaped);
         for kind in Kind::ALL {
             let listed = server.listed(kind);
             assert_eq!(part.exposed[kind.index()].len(), listed.len(), "{kind:?}");
