@@ -89,7 +89,7 @@ impl Daemon {
         tasks.spawn(control_loop.run(inbox));
         tasks.spawn(control::forward_signals(control.clone(), shutdown.clone()));
         tasks.spawn(memory::release_after_changes(
-            hub.listings_installed(),
+            vec![hub.listings_installed(), hub.pin_files_written()],
             shutdown.clone(),
             memory::release_free_memory,
         ));

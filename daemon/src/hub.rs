@@ -345,6 +345,11 @@ impl Hub {
         self.catalog.installed()
     }
 
+    /// Changes once each write of the pin file has finished.
+    pub fn pin_files_written(&self) -> watch::Receiver<u64> {
+        self.pins.writes()
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<Arc<crate::catalog_host::Snapshot>> {
         self.catalog.subscribe()
     }

@@ -15,32 +15,44 @@ use tokio_util::sync::CancellationToken;
 /// that start together list within moments of each other.
 pub const SETTLE: Duration = Duration::from_secs(1);
 
-/// Releases free memory (`release`) once `changes` has been quiet for [`SETTLE`]
-/// after each burst of changes, and after the start (what was read before the
-/// call, such as the pin file, is a burst too), until `stop`.
-pub async fn release_after_changes<T, F>(
-    mut changes: watch::Receiver<T>,
+/// Releases free memory (`release`) once `changes` (any of them) have been quiet
+/// for [`SETTLE`] after each burst of changes, and after the start (what was read
+/// before the call, such as the pin file, is a burst too), until `stop` or until
+/// a sender of `changes` is gone.
+pub async fn release_after_changes<F>(
+    mut changes: Vec<watch::Receiver<u64>>,
     stop: CancellationToken,
     release: F,
 ) where
     F: Fn() + Clone + Send + 'static,
 {
-    changes.mark_changed();
+    if let Some(first) = changes.first_mut() {
+        first.mark_changed();
+    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            changed = changes.changed() => if changed.is_err() { return },
+            changed = any_changed(&mut changes) => if !changed { return },
         }
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(SETTLE) => break,
-                changed = changes.changed() => if changed.is_err() { return },
+                changed = any_changed(&mut changes) => if !changed { return },
             }
         }
         // Trimming walks and locks every arena: off the runtime's threads.
         let _ = tokio::task::spawn_blocking(release.clone()).await;
     }
+}
+
+/// Whether one of `changes` changed (false: its sender is gone, or there are none).
+async fn any_changed(changes: &mut [watch::Receiver<u64>]) -> bool {
+    if changes.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = changes.iter_mut().map(|change| Box::pin(change.changed()));
+    futures::future::select_all(waits).await.0.is_ok()
 }
 
 /// Returns the free pages of every glibc arena to the system, and from then on keeps
@@ -112,9 +124,14 @@ mod tests {
         let stop = CancellationToken::new();
         let released = Arc::new(AtomicUsize::new(0));
         let count = released.clone();
-        let task = tokio::spawn(release_after_changes(watched, stop.clone(), move || {
-            count.fetch_add(1, Ordering::SeqCst);
-        }));
+        let (writes, written) = watch::channel(0);
+        let task = tokio::spawn(release_after_changes(
+            vec![watched, written],
+            stop.clone(),
+            move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            },
+        ));
         for n in 1..=5 {
             changes.send_replace(n);
             tokio::time::sleep(SETTLE / 2).await;
@@ -126,6 +143,10 @@ mod tests {
         changes.send_replace(6);
         tokio::time::sleep(SETTLE * 2).await;
         assert_eq!(settled(&released, 2).await, 2);
+        // A change on another watch (a write finished) releases too.
+        writes.send_replace(1);
+        tokio::time::sleep(SETTLE * 2).await;
+        assert_eq!(settled(&released, 3).await, 3);
         stop.cancel();
         assert!(task.await.is_ok(), "the release task panicked");
     }

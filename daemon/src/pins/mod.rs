@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::watch;
+
 use registry::fingerprint::{self, ListingSnapshot};
 use registry::{Kind, Quarantine};
 use serde_json::{json, Value};
@@ -64,6 +66,9 @@ struct Saves {
     written: Mutex<u64>,
     /// A background write is on its way and will take the newest state.
     scheduled: AtomicBool,
+    /// Counts finished writes: a large catalog's write allocates for a second or
+    /// more, often after the catalog settled, and memory is released after it too.
+    finished: watch::Sender<u64>,
 }
 
 impl Saves {
@@ -81,6 +86,7 @@ impl Saves {
                 tracing::error!(path = %path.display(), %error, "cannot write the pin file")
             }
         }
+        self.finished.send_modify(|count| *count += 1);
     }
 }
 
@@ -396,6 +402,11 @@ impl Pins {
     /// holds the state lock and passes its file), else off the runtime, where the
     /// writer serialises the newest state itself. Never called for a file that
     /// could not be read.
+    /// Changes once each write of the pin file has finished.
+    pub fn writes(&self) -> watch::Receiver<u64> {
+        self.saves.finished.subscribe()
+    }
+
     fn save(&self, file: &PinFile, wait: bool) {
         let runtime = tokio::runtime::Handle::try_current().ok();
         if wait || runtime.is_none() {
