@@ -22,6 +22,26 @@ fn connect_command(url: &str) -> tokio::process::Command {
 }
 
 /// Calls `fx__echo` until it answers (the bridge reconnects behind the client's back).
+/// The bridge with its stdin and the lines of its stdout, for a test that writes
+/// raw lines.
+fn piped_bridge(
+    url: &str,
+) -> anyhow::Result<(
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut bridge = connect_command(url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdin = bridge.stdin.take().context("stdin")?;
+    let lines = tokio::io::BufReader::new(bridge.stdout.take().context("stdout")?).lines();
+    Ok((bridge, stdin, lines))
+}
+
 async fn echo_once_back(
     client: &plexus_tests::answering::AnsweringService,
     text: &str,
@@ -238,15 +258,10 @@ async fn the_bridge_relays_requests_progress_and_cancellation_in_each_era() -> a
 /// call answered in the session the `initialize` opened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
-    let mut bridge = connect_command(&daemon.url)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut stdin = bridge.stdin.take().context("stdin")?;
+    let (_bridge, mut stdin, mut lines) = piped_bridge(&daemon.url)?;
     let burst = [
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
@@ -259,7 +274,6 @@ async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> 
     .map(|message| format!("{message}\n"))
     .collect::<String>();
     stdin.write_all(burst.as_bytes()).await?;
-    let mut lines = tokio::io::BufReader::new(bridge.stdout.take().context("stdout")?).lines();
     let mut answered = None;
     while answered.is_none() {
         let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
@@ -288,15 +302,10 @@ async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> 
 /// passed on as the client wrote them, come back intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let daemon = Daemon::start("", &fixture_upstream("fx", "", &["--modern"])).await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
-    let mut bridge = connect_command(&daemon.url)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut stdin = bridge.stdin.take().context("stdin")?;
+    let (_bridge, mut stdin, mut lines) = piped_bridge(&daemon.url)?;
     let meta = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
@@ -310,7 +319,6 @@ async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
         json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
             "name": "fx__echo", "arguments": {"text": large}, "_meta": meta}}),
     ];
-    let mut lines = tokio::io::BufReader::new(bridge.stdout.take().context("stdout")?).lines();
     let mut next = async || -> anyhow::Result<serde_json::Value> {
         let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
             .await
