@@ -5,6 +5,7 @@
 mod connection;
 pub mod framing;
 pub mod handshake;
+pub mod json_out;
 pub mod keeper;
 pub mod launch;
 pub mod remote;

@@ -341,7 +341,7 @@ pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
         Params::Values(None) => {}
         Params::Values(Some(params)) => {
             line.extend_from_slice(br#","params":"#);
-            let _ = serde_json::to_writer(&mut line, params);
+            crate::json_out::write_value(&mut line, params);
         }
         Params::Written(raw) => {
             line.extend_from_slice(br#","params":"#);
@@ -378,9 +378,7 @@ pub(crate) fn encode_response(id: Value, reply: Reply) -> Vec<u8> {
 }
 
 fn encode_line(message: &Value) -> Vec<u8> {
-    // Serializing a `Value` cannot fail: its keys are strings and it holds no floats
-    // that JSON cannot express (serde_json refuses to build NaN values).
-    let mut bytes = serde_json::to_vec(message).unwrap_or_default();
+    let mut bytes = crate::json_out::to_vec(message);
     bytes.push(b'\n');
     bytes
 }

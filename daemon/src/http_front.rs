@@ -850,7 +850,7 @@ fn empty(status: StatusCode) -> Response<Body> {
 }
 
 fn json_response(status: StatusCode, message: &Value) -> Response<Body> {
-    json_bytes_response(status, serde_json::to_vec(message).unwrap_or_default())
+    json_bytes_response(status, adapters::json_out::to_vec(message))
 }
 
 fn answer_response(status: StatusCode, answer: Answer) -> Response<Body> {

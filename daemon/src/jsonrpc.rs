@@ -334,8 +334,7 @@ impl Answer {
     pub fn result_written(id: &Value, size: usize, write: impl FnOnce(&mut Vec<u8>)) -> Answer {
         let mut out = Vec::with_capacity(size + 64);
         out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-        // Writing a `Value` to memory cannot fail.
-        let _ = serde_json::to_writer(&mut out, id);
+        adapters::json_out::write_value(&mut out, id);
         out.extend_from_slice(br#","result":"#);
         write(&mut out);
         out.push(b'}');
@@ -345,16 +344,14 @@ impl Answer {
     /// Appends the answer's JSON to `out`.
     pub fn write_to(&self, out: &mut Vec<u8>) {
         match self {
-            Answer::Value(value) => {
-                let _ = serde_json::to_writer(&mut *out, value);
-            }
+            Answer::Value(value) => adapters::json_out::write_value(out, value),
             Answer::Serialized(bytes) => out.extend_from_slice(bytes),
         }
     }
 
     pub fn into_bytes(self) -> Vec<u8> {
         match self {
-            Answer::Value(value) => serde_json::to_vec(&value).unwrap_or_default(),
+            Answer::Value(value) => adapters::json_out::to_vec(&value),
             Answer::Serialized(bytes) => bytes,
         }
     }
