@@ -187,27 +187,32 @@ const PAGES: usize = 200;
 /// How long the memory of a daemon that just became ready is left to settle (it
 /// returns free memory once its catalog has been quiet for a second).
 const SETTLE: Duration = Duration::from_millis(2000);
-/// After [`SETTLE`], how often memory is read again until two readings agree
-/// within [`SETTLED_WITHIN_KIB`], for at most [`SETTLE_AT_MOST`]: a fresh listing
-/// that arrives after ready (a restart serves its cached listings first) delays
-/// the release, and one reading could land before it.
+/// After [`SETTLE`], how often memory is read again until it has stayed within
+/// [`SETTLED_WITHIN_KIB`] for [`SETTLED_READINGS`] readings in a row, for at most
+/// [`SETTLE_AT_MOST`]. The window (1.5 s) is longer than the daemon's own wait before
+/// it releases memory (1 s of quiet), so a release still due shows as a change: a
+/// fresh listing that arrives after ready (a restart serves its cached listings
+/// first) delays it, and one reading could land before it.
 const SETTLE_STEP: Duration = Duration::from_millis(500);
 const SETTLED_WITHIN_KIB: u64 = 64;
-const SETTLE_AT_MOST: Duration = Duration::from_secs(10);
+const SETTLED_READINGS: usize = 3;
+const SETTLE_AT_MOST: Duration = Duration::from_secs(12);
 
 /// `(RSS, anonymous RSS)` in KiB once they have settled (see [`SETTLE_STEP`]).
 async fn settled_memory(daemon: &Daemon) -> anyhow::Result<(u64, u64)> {
     tokio::time::sleep(SETTLE).await;
     let started = Instant::now();
     let mut last = (rss_kib(daemon)?, anon_kib(daemon)?);
-    while started.elapsed() < SETTLE_AT_MOST {
+    let mut steady = 0;
+    while steady < SETTLED_READINGS && started.elapsed() < SETTLE_AT_MOST {
         tokio::time::sleep(SETTLE_STEP).await;
         let now = (rss_kib(daemon)?, anon_kib(daemon)?);
-        let settled = now.1.abs_diff(last.1) <= SETTLED_WITHIN_KIB;
+        steady = if now.1.abs_diff(last.1) <= SETTLED_WITHIN_KIB {
+            steady + 1
+        } else {
+            0
+        };
         last = now;
-        if settled {
-            break;
-        }
     }
     Ok(last)
 }
