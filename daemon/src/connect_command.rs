@@ -355,14 +355,14 @@ impl Bridge {
         // A call's result is relayed as the daemon wrote it, never parsed here: it
         // teaches the bridge nothing, and may be megabytes.
         let relayed_unread = method == "tools/call";
+        let headers = self.mirrored_headers(method, &params);
         let reply = loop {
             let connection = self.connection().await;
-            let headers = self.mirrored_headers(method, &params);
             let request = match &params {
                 Params::Values(values) => connection.prepare(method, values.clone()),
                 Params::Written(written) => connection.prepare_written(method, written.clone()),
             }
-            .with_headers(headers);
+            .with_headers(headers.clone());
             let request = if relayed_unread {
                 request.result_unread()
             } else {
@@ -460,8 +460,13 @@ impl Bridge {
         if method != "tools/call" {
             return Vec::new();
         }
-        // Written params are skimmed for the name; their arguments are read only
-        // for a tool that mirrors some of them.
+        let remembered = self.remembered();
+        // Most daemons list no tool that mirrors a parameter: a call's params are
+        // then not looked at. Otherwise written params are skimmed for the name,
+        // and their arguments are read only for a tool that mirrors some of them.
+        if remembered.param_headers.is_empty() {
+            return Vec::new();
+        }
         let written = match params {
             Params::Written(written) => serde_json::from_str::<Call>(written.get()).ok(),
             Params::Values(_) => None,
@@ -477,7 +482,6 @@ impl Bridge {
         let Some(name) = name else {
             return Vec::new();
         };
-        let remembered = self.remembered();
         let Some(designated) = remembered.param_headers.get(name) else {
             return Vec::new();
         };
