@@ -73,6 +73,14 @@ async fn pins(dir: &Path, args: &[&str]) -> anyhow::Result<(i32, String, String)
 
 /// The names (or URIs) a list method returns.
 async fn listed(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Vec<String>> {
+    walk(session, kind)
+        .await?
+        .with_context(|| format!("{kind} changed while it was being paged"))
+}
+
+/// Every page of a list, or `None` when the list shrank under the walk's cursor (the
+/// daemon refuses a cursor past the end of a changed list; a client lists again).
+async fn walk(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Option<Vec<String>>> {
     let (method, key, field) = match kind {
         "tools" => ("tools/list", "tools", "name"),
         "prompts" => ("prompts/list", "prompts", "name"),
@@ -87,7 +95,16 @@ async fn listed(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Vec<
     let mut names = Vec::new();
     let mut params = json!({});
     loop {
+        let paging = params.get("cursor").is_some();
         let answer = session.request(method, params).await?;
+        if paging
+            && answer["error"]["code"] == -32602
+            && answer["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("invalid cursor"))
+        {
+            return Ok(None);
+        }
         let entries = answer["result"][key]
             .as_array()
             .with_context(|| format!("{method}: {answer}"))?;
@@ -98,7 +115,7 @@ async fn listed(session: &mut RawHttpSession, kind: &str) -> anyhow::Result<Vec<
         );
         match answer["result"]["nextCursor"].as_str() {
             Some(cursor) => params = json!({ "cursor": cursor }),
-            None => return Ok(names),
+            None => return Ok(Some(names)),
         }
     }
 }
@@ -124,9 +141,10 @@ async fn listed_until(
 ) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let names = listed(session, kind).await?;
-        if wanted(&names) {
-            return Ok(names);
+        // The list changes while this waits, so a walk may meet a shrunk list: list again.
+        let names = walk(session, kind).await?;
+        if let Some(names) = names.as_deref().filter(|names| wanted(names)) {
+            return Ok(names.to_vec());
         }
         if Instant::now() > deadline {
             bail!("{kind} never became as wanted: {names:?}\n{}", daemon.log());
