@@ -12,9 +12,11 @@ pub mod remote;
 pub mod rpc;
 mod stdin_writer;
 pub mod stdio;
+pub mod unread;
 
 pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, percent_decode, LaunchError, LaunchSpec, Launcher};
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
 pub use rpc::{ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};
+pub use unread::RawResult;

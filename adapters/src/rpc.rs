@@ -7,9 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio_util::sync::CancellationToken;
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
+
+use crate::unread::{Members, RawResult};
 
 /// What an upstream answered to a request, kept as sent.
 #[derive(Clone, Debug)]
@@ -18,7 +21,7 @@ pub enum Reply {
     Result(Value),
     /// The `result` member unread, as the upstream wrote it: only for a request
     /// sent with [`crate::OutgoingRequest::result_unread`].
-    Unread(Box<RawValue>),
+    Unread(RawResult),
     /// The `error` member: `{code, message, data?}`, relayed unchanged.
     Error(Value),
 }
@@ -29,7 +32,7 @@ impl Reply {
     /// is an error.
     pub fn try_read(self) -> Result<Reply, serde_json::Error> {
         match self {
-            Reply::Unread(raw) => read_raw(&raw).map(Reply::Result),
+            Reply::Unread(raw) => raw.read().map(Reply::Result),
             read => Ok(read),
         }
     }
@@ -38,14 +41,10 @@ impl Reply {
     pub fn into_result(self) -> Result<Value, Value> {
         match self {
             Reply::Result(result) => Ok(result),
-            Reply::Unread(raw) => read_raw(&raw).map_err(|error| unreadable(&error)),
+            Reply::Unread(raw) => raw.read().map_err(|error| unreadable(&error)),
             Reply::Error(error) => Err(error),
         }
     }
-}
-
-fn read_raw(raw: &RawValue) -> Result<Value, serde_json::Error> {
-    serde_json::from_str(raw.get())
 }
 
 /// The error object for a result plexus could skim but not read.
@@ -62,9 +61,9 @@ impl PartialEq for Reply {
             (Reply::Error(a), Reply::Error(b)) => a == b,
             (Reply::Error(_), _) | (_, Reply::Error(_)) => false,
             (Reply::Result(a), Reply::Result(b)) => a == b,
-            (Reply::Unread(a), Reply::Unread(b)) => a.get() == b.get(),
+            (Reply::Unread(a), Reply::Unread(b)) => a.bytes() == b.bytes(),
             (Reply::Result(a), Reply::Unread(b)) | (Reply::Unread(b), Reply::Result(a)) => {
-                read_raw(b).is_ok_and(|b| *a == b)
+                b.read().is_ok_and(|b| *a == b)
             }
         }
     }
@@ -243,22 +242,24 @@ struct Envelope<'a> {
     #[serde(borrow)]
     method: Option<&'a RawValue>,
     #[serde(borrow)]
-    result: Option<&'a RawValue>,
+    result: Option<Members<'a>>,
 }
 
 /// Reads one message from an upstream. A reply whose request asked for its result
 /// unread is only skimmed (its head names the request); anything else is parsed
 /// whole. `None`: not JSON.
-pub(crate) fn read_message(bytes: &[u8], pending: &PendingRequests) -> Option<Incoming> {
-    if let Some((id, reply)) = skim_reply(bytes, pending) {
+pub(crate) fn read_message(bytes: Bytes, pending: &PendingRequests) -> Option<Incoming> {
+    if let Some((id, reply)) = skim_reply(&bytes, pending) {
         return Some(Incoming::Reply { id, reply });
     }
-    serde_json::from_slice::<Value>(bytes).ok().map(classify)
+    serde_json::from_slice::<Value>(&bytes).ok().map(classify)
 }
 
 /// A reply (one message, nothing after it) to a request that asked for its result
-/// unread: plexus's id and the unread result. `None` for anything else.
-pub(crate) fn skim_reply(bytes: &[u8], pending: &PendingRequests) -> Option<(Value, Reply)> {
+/// unread: plexus's id and the unread result, which keeps `bytes` rather than a copy
+/// of its part. `None` for anything else, and for a result that does not skim (not an
+/// object, an empty one, a key with escapes): such a result is read.
+pub(crate) fn skim_reply(bytes: &Bytes, pending: &PendingRequests) -> Option<(Value, Reply)> {
     let head = &bytes[..bytes.len().min(64)];
     if !id_in_head(head).is_some_and(|id| pending.wants_unread(id)) {
         return None;
@@ -272,9 +273,10 @@ pub(crate) fn skim_reply(bytes: &[u8], pending: &PendingRequests) -> Option<(Val
         return None;
     };
     let id = serde_json::from_str::<Value>(id.get()).ok()?;
-    our_id(&id)
-        .is_some_and(|id| pending.wants_unread(id))
-        .then(|| (id, Reply::Unread(result.to_owned())))
+    if !our_id(&id).is_some_and(|id| pending.wants_unread(id)) {
+        return None;
+    }
+    Some((id, Reply::Unread(RawResult::of(bytes, &result.0)?)))
 }
 
 /// Classifies one parsed message from an upstream.
@@ -368,7 +370,7 @@ pub(crate) fn encode_response(id: Value, reply: Reply) -> Vec<u8> {
     object.insert("id".into(), id);
     match reply {
         Reply::Result(result) => object.insert("result".into(), result),
-        Reply::Unread(raw) => match read_raw(&raw) {
+        Reply::Unread(raw) => match raw.read() {
             Ok(result) => object.insert("result".into(), result),
             Err(error) => object.insert("error".into(), unreadable(&error)),
         },
@@ -453,44 +455,45 @@ mod tests {
         let Some(Incoming::Reply {
             id,
             reply: Reply::Unread(raw),
-        }) = read_message(reply(unread).as_bytes(), &pending)
+        }) = read_message(reply(unread).into(), &pending)
         else {
             panic!("the reply was read");
         };
         assert_eq!(our_id(&id), Some(unread));
         // As the upstream wrote it, spacing and order included.
-        assert_eq!(raw.get(), r#"{"b": 1, "a":[2]}"#);
+        assert_eq!(raw.bytes(), br#"{"b": 1, "a":[2]}"#);
+        assert_eq!(raw.member("a"), Some(&b"[2]"[..]));
 
         assert!(matches!(
-            read_message(reply(plain).as_bytes(), &pending),
+            read_message(reply(plain).into(), &pending),
             Some(Incoming::Reply { reply: Reply::Result(result), .. }) if result == json!({"b": 1, "a": [2]})
         ));
         // A request or an error under that id, and anything else, is read whole.
         let request = format!(r#"{{"jsonrpc":"2.0","id":{unread},"method":"roots/list"}}"#);
         assert!(matches!(
-            read_message(request.as_bytes(), &pending),
+            read_message(request.into(), &pending),
             Some(Incoming::Request(_))
         ));
         let error =
             format!(r#"{{"jsonrpc":"2.0","id":{unread},"error":{{"code":-1,"message":"m"}}}}"#);
         assert!(matches!(
-            read_message(error.as_bytes(), &pending),
+            read_message(error.into(), &pending),
             Some(Incoming::Reply {
                 reply: Reply::Error(_),
                 ..
             })
         ));
-        assert!(read_message(b"not json", &pending).is_none());
+        assert!(read_message(Bytes::from_static(b"not json"), &pending).is_none());
         // Skimming lets a lone surrogate escape pass; reading it is an error.
         let lone = format!(r#"{{"jsonrpc":"2.0","id":{unread},"result":{{"t":"\ud800"}}}}"#);
-        let Some(Incoming::Reply { reply, .. }) = read_message(lone.as_bytes(), &pending) else {
+        let Some(Incoming::Reply { reply, .. }) = read_message(lone.into(), &pending) else {
             panic!("a skimmable reply was dropped");
         };
         assert!(matches!(reply.into_result(), Err(error) if error["code"] == -32603));
         // Unread or read, the same reply.
         assert_eq!(
-            Reply::Unread(RawValue::from_string("[1]".into()).unwrap_or_else(|_| unreachable!())),
-            Reply::Result(json!([1]))
+            Reply::Unread(RawResult::skim(&br#"{"a":[1]}"#[..]).unwrap()),
+            Reply::Result(json!({"a": [1]}))
         );
     }
 

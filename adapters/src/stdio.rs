@@ -302,7 +302,8 @@ async fn read_loop(state: ReadLoop) {
     let mut frames = FramedRead::new(stdout, LineDecoder::new(max_message_bytes));
     while let Some(frame) = frames.next().await {
         let line = match frame {
-            Ok(Frame::Line(line)) => line,
+            // Frozen, so an unread result can keep the line rather than a copy of its part.
+            Ok(Frame::Line(line)) => line.freeze(),
             Ok(Frame::TooLong { limit, head }) => {
                 // The call it answered learns why. A line that names no call (not JSON,
                 // or its id not in its head) could belong to any: every call in flight
@@ -330,7 +331,7 @@ async fn read_loop(state: ReadLoop) {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let Some(message) = read_message(&line, &pending) else {
+        let Some(message) = read_message(line.clone(), &pending) else {
             note_dropped_line(&upstream, &stats, &line);
             continue;
         };

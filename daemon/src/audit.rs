@@ -183,8 +183,7 @@ pub fn outcome(reply: &Result<adapters::Reply, crate::jsonrpc::RelayError>) -> V
             }
         }
         Ok(adapters::Reply::Unread(raw)) => {
-            let head = crate::jsonrpc::ResultHead::of(raw);
-            if head.and_then(|head| head.is_error).map(|flag| flag.get()) == Some("true") {
+            if raw.member("isError") == Some(b"true") {
                 json!("is_error")
             } else {
                 json!("ok")

@@ -384,9 +384,7 @@ impl Bridge {
         };
         let reply = match reply {
             Ok(Reply::Unread(raw)) if relayed_unread => {
-                return self
-                    .send(Answer::serialized_result(&id, raw.get().as_bytes()))
-                    .await;
+                return self.send(Answer::serialized_result(&id, raw.bytes())).await;
             }
             reply => reply,
         };

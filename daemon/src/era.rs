@@ -2,9 +2,7 @@
 //! carries its protocol version and the client's capabilities in `_meta`, every
 //! result names its `resultType`, and the HTTP headers mirror the body.
 
-use std::borrow::Cow;
-
-use serde_json::value::RawValue;
+use adapters::RawResult;
 use serde_json::{json, Map, Value};
 
 use crate::jsonrpc::RelayError;
@@ -171,22 +169,19 @@ pub fn strip_request_meta(params: &mut Option<Value>) {
     }
 }
 
-/// [`mark_complete`] for a result relayed unread: one without a type gets
-/// `complete` spliced in before its closing brace. `None`: it must be read first
-/// (a result that may be cached, or one whose top level does not skim).
-pub fn mark_complete_unread<'a>(method: &str, raw: &'a RawValue) -> Option<Cow<'a, str>> {
+/// [`mark_complete`] for a result relayed unread: its bytes, then what closes it,
+/// `"resultType":"complete"` added at its end unless it has a type. `None`: it must
+/// be read first (a result that may be cached).
+pub fn mark_complete_unread<'a>(method: &str, raw: &'a RawResult) -> Option<[&'a [u8]; 2]> {
     if is_cacheable(method) {
         return None;
     }
-    let head = crate::jsonrpc::ResultHead::of(raw)?;
-    if head.result_type.is_some() {
-        return Some(Cow::Borrowed(raw.get()));
+    if raw.member("resultType").is_some() {
+        return Some([raw.bytes(), b""]);
     }
-    let open = raw.get().trim_end().strip_suffix('}')?;
-    let separator = if open.trim() == "{" { "" } else { "," };
-    Some(Cow::Owned(format!(
-        r#"{open}{separator}"resultType":"complete"}}"#
-    )))
+    // A skimmed result is an object with members: it ends in `}`.
+    let open = raw.bytes().strip_suffix(b"}")?;
+    Some([open, br#","resultType":"complete"}"#])
 }
 
 /// 2026-07-28 results name their type, and cacheable ones say how long they
@@ -366,16 +361,13 @@ mod tests {
     #[test]
     fn unread_results_get_their_type_spliced_in() {
         let mark = |method: &str, text: &str| {
-            let raw = RawValue::from_string(text.to_string()).ok()?;
-            mark_complete_unread(method, &raw).map(|marked| marked.into_owned())
+            let raw = RawResult::skim(text.to_string())?;
+            let [head, tail] = mark_complete_unread(method, &raw)?;
+            Some(String::from_utf8_lossy(&[head, tail].concat()).into_owned())
         };
         assert_eq!(
             mark("tools/call", r#"{"content": [] }"#).as_deref(),
             Some(r#"{"content": [] ,"resultType":"complete"}"#)
-        );
-        assert_eq!(
-            mark("tools/call", "{ }").as_deref(),
-            Some(r#"{ "resultType":"complete"}"#)
         );
         let typed = r#"{"resultType":"input_required","inputRequests":{}}"#;
         assert_eq!(mark("tools/call", typed).as_deref(), Some(typed));
@@ -384,10 +376,15 @@ mod tests {
             mark("tools/call", r#"{"structuredContent":{"resultType":"x"}}"#).as_deref(),
             Some(r#"{"structuredContent":{"resultType":"x"},"resultType":"complete"}"#)
         );
-        // What must be read first: a cacheable result, a duplicate member, a non-object.
+        // What must be read first: a cacheable result; an empty object, a duplicate
+        // member and a non-object are not even skimmed.
         assert_eq!(mark("resources/read", r#"{"contents":[]}"#), None);
-        assert_eq!(mark("tools/call", r#"{"task":1,"task":2}"#), None);
-        assert_eq!(mark("tools/call", "[]"), None);
+        for unskimmed in ["{ }", r#"{"task":1,"task":2}"#, "[]"] {
+            assert!(
+                RawResult::skim(unskimmed.to_string()).is_none(),
+                "{unskimmed}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 pub const PARSE_ERROR: i64 = -32700;
@@ -403,33 +402,6 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
         notification.insert("params".into(), params);
     }
     Value::Object(notification)
-}
-
-/// A result's top level, skimmed without building it: enough to relay a result
-/// unread, or to see that plexus must read it to change it. `of` is `None` for
-/// anything but an object with each of these members at most once.
-#[derive(serde::Deserialize)]
-pub struct ResultHead<'a> {
-    #[serde(rename = "resultType", borrow)]
-    pub result_type: Option<&'a RawValue>,
-    #[serde(rename = "isError", borrow)]
-    pub is_error: Option<&'a RawValue>,
-    #[serde(borrow)]
-    pub task: Option<&'a RawValue>,
-    #[serde(rename = "taskId", borrow)]
-    pub task_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    pub tasks: Option<&'a RawValue>,
-    #[serde(rename = "_meta", borrow)]
-    pub meta: Option<&'a RawValue>,
-    #[serde(borrow)]
-    pub content: Option<&'a RawValue>,
-}
-
-impl ResultHead<'_> {
-    pub fn of(raw: &RawValue) -> Option<ResultHead<'_>> {
-        serde_json::from_str(raw.get()).ok()
-    }
 }
 
 #[cfg(test)]

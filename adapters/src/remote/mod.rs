@@ -923,6 +923,7 @@ impl Shared {
         }
         match self.read_body(response.into_body()).await {
             Ok(body) => {
+                let body = Bytes::from(body);
                 // Usually one message; a server may put several on separate lines
                 // (its notifications, then the reply): each is taken as it comes.
                 let mut answered = false;
@@ -1099,6 +1100,7 @@ impl Shared {
                         // Priming events, keep-alives, and event types that carry no message.
                         continue;
                     }
+                    let data = Bytes::from(data);
                     if let Some((id, reply)) = skim_reply(&data, &self.pending) {
                         answered.push(self.settle(id, reply, initialize));
                         continue;

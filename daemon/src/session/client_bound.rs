@@ -286,23 +286,20 @@ impl Session {
         let Reply::Unread(raw) = &reply else {
             return reply;
         };
-        let unchanged = jsonrpc::ResultHead::of(raw).is_some_and(|head| {
-            // memchr's search is vectorised: a megabyte of content is searched twice.
-            let mentions = |part: Option<&serde_json::value::RawValue>, what: &[&str]| {
-                part.is_some_and(|part| {
-                    what.iter().any(|word| {
-                        memchr::memmem::find(part.get().as_bytes(), word.as_bytes()).is_some()
-                    })
-                })
-            };
-            head.task.is_none()
-                && head.task_id.is_none()
-                && head.tasks.is_none()
-                && !mentions(head.meta, &["task", "\\u"])
-                // Escapes could spell a block's type: such content is read.
-                && !mentions(head.content, &["resource", "\\u"])
-                && (self.is_scope() || head.result_type.is_none())
-        });
+        // memchr's search is vectorised: a megabyte of content is searched twice.
+        let mentions = |member: &str, what: &[&str]| {
+            raw.member(member).is_some_and(|text| {
+                what.iter()
+                    .any(|word| memchr::memmem::find(text, word.as_bytes()).is_some())
+            })
+        };
+        let unchanged = raw.member("task").is_none()
+            && raw.member("taskId").is_none()
+            && raw.member("tasks").is_none()
+            && !mentions("_meta", &["task", "\\u"])
+            // Escapes could spell a block's type: such content is read.
+            && !mentions("content", &["resource", "\\u"])
+            && (self.is_scope() || raw.member("resultType").is_none());
         if unchanged {
             return reply;
         }

@@ -385,12 +385,14 @@ impl Session {
                 let marked = if modern {
                     era::mark_complete_unread(&method, &raw)
                 } else {
-                    Some(std::borrow::Cow::Borrowed(raw.get()))
+                    Some([raw.bytes(), b""])
                 };
                 match marked {
-                    Some(text) => {
-                        Handled::Respond(jsonrpc::Answer::serialized_result(&id, text.as_bytes()))
-                    }
+                    Some(parts) => Handled::Respond(jsonrpc::Answer::result_written(
+                        &id,
+                        parts[0].len() + parts[1].len(),
+                        |out| parts.iter().for_each(|part| out.extend_from_slice(part)),
+                    )),
                     None => match Reply::Unread(raw).into_result() {
                         Ok(mut result) => {
                             era::mark_complete(&method, &mut result);
@@ -566,7 +568,7 @@ impl Session {
         let reply = self.dispatch_unaudited(method, params, related).await;
         let response_bytes = match &reply {
             Ok(Reply::Result(result)) => crate::audit::serialized_len(result),
-            Ok(Reply::Unread(raw)) => raw.get().len(),
+            Ok(Reply::Unread(raw)) => raw.bytes().len(),
             Ok(Reply::Error(error)) => crate::audit::serialized_len(error),
             Err(_) => 0,
         };

@@ -1,0 +1,186 @@
+//! A result relayed unread: the upstream's bytes, kept in the buffer they arrived
+//! in, with the result's top-level members found by the same skim that found its
+//! end. A relay looks at a few members (`isError`, `_meta`, `content`...) and passes
+//! the rest on; skimming once and copying nothing keeps a megabyte result's cost to
+//! one scan of it.
+
+use std::fmt;
+use std::ops::Range;
+
+use bytes::Bytes;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// A result object as the upstream wrote it: spacing and member order included.
+#[derive(Clone)]
+pub struct RawResult {
+    /// The message the result came in (or the result alone).
+    message: Bytes,
+    /// Where the result is in it, from `{` to `}`.
+    span: Range<usize>,
+    /// Its members in order: each key's text (between its quotes; it has no escapes)
+    /// and its value's.
+    members: Vec<(Range<usize>, Range<usize>)>,
+}
+
+impl RawResult {
+    /// Skims a result on its own. `None` unless it is an object with at least one
+    /// member, no key that needs unescaping and none named twice (anything else is
+    /// read instead).
+    pub fn skim(text: impl Into<Bytes>) -> Option<RawResult> {
+        let message = text.into();
+        let members = serde_json::from_slice::<Members>(&message).ok()?;
+        RawResult::of(&message, &members.0)
+    }
+
+    /// A result found in `message` by a skim that borrowed its members from it.
+    pub(crate) fn of(message: &Bytes, members: &[(&str, &RawValue)]) -> Option<RawResult> {
+        let base = message.as_ptr() as usize;
+        let range = |text: &str| {
+            let start = (text.as_ptr() as usize).checked_sub(base)?;
+            let end = start + text.len();
+            (end <= message.len()).then_some(start..end)
+        };
+        let members = members
+            .iter()
+            .map(|(key, value)| Some((range(key)?, range(value.get())?)))
+            .collect::<Option<Vec<_>>>()?;
+        // A key named twice is left to a reader to settle (readers keep the last).
+        let named_twice = members.iter().enumerate().any(|(index, (key, _))| {
+            members[..index]
+                .iter()
+                .any(|(earlier, _)| message[earlier.clone()] == message[key.clone()])
+        });
+        if named_twice {
+            return None;
+        }
+        let blank = |byte: &&u8| matches!(**byte, b' ' | b'\t' | b'\n' | b'\r');
+        // Only whitespace lies between `{` and the first key's quote, and between the
+        // last value and `}`: the skim checked the object's syntax.
+        let first_quote = members.first()?.0.start.checked_sub(1)?;
+        let open = first_quote
+            - message[..first_quote]
+                .iter()
+                .rev()
+                .take_while(blank)
+                .count();
+        let last_end = members.last()?.1.end;
+        let close = last_end + message[last_end..].iter().take_while(blank).count();
+        if open == 0 || message[open - 1] != b'{' || message.get(close) != Some(&b'}') {
+            return None;
+        }
+        Some(RawResult {
+            message: message.clone(),
+            span: open - 1..close + 1,
+            members,
+        })
+    }
+
+    /// The result's JSON text.
+    pub fn bytes(&self) -> &[u8] {
+        &self.message[self.span.clone()]
+    }
+
+    /// The JSON text of the member named `key`.
+    pub fn member(&self, key: &str) -> Option<&[u8]> {
+        self.members
+            .iter()
+            .find(|(name, _)| &self.message[name.clone()] == key.as_bytes())
+            .map(|(_, value)| &self.message[value.clone()])
+    }
+
+    /// Reads the result into a value. Skimming checks less than reading (a lone
+    /// surrogate escape passes it), so this may fail.
+    pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_slice(self.bytes())
+    }
+}
+
+impl fmt::Debug for RawResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RawResult")
+            .field(&String::from_utf8_lossy(self.bytes()))
+            .finish()
+    }
+}
+
+/// An object's members borrowed from the text being skimmed: keys without escapes
+/// (a key with one fails the skim), values unread.
+pub(crate) struct Members<'a>(pub Vec<(&'a str, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Skim<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for Skim<'a> {
+            type Value = Members<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'a>, A::Error> {
+                let mut members = Vec::with_capacity(4);
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    members.push((key, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Skim(std::marker::PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_is_found_with_its_members_as_written() {
+        let message = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"result": { "b" : 1,"a":[2, {"b":3}] ,"c":"x" } }"#,
+        );
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(borrow)]
+            result: Members<'a>,
+        }
+        let envelope: Envelope =
+            serde_json::from_slice(&message).unwrap_or_else(|_| unreachable!());
+        let result = RawResult::of(&message, &envelope.result.0);
+        let Some(result) = result else {
+            panic!("not skimmed");
+        };
+        assert_eq!(result.bytes(), br#"{ "b" : 1,"a":[2, {"b":3}] ,"c":"x" }"#);
+        assert_eq!(result.member("a"), Some(&br#"[2, {"b":3}]"#[..]));
+        assert_eq!(result.member("b"), Some(&b"1"[..]));
+        assert_eq!(result.member("c"), Some(&br#""x""#[..]));
+        assert_eq!(result.member("d"), None);
+        assert_eq!(
+            result.read().ok(),
+            Some(serde_json::json!({"b": 1, "a": [2, {"b": 3}], "c": "x"}))
+        );
+    }
+
+    #[test]
+    fn only_objects_with_plain_keys_are_skimmed() {
+        assert!(RawResult::skim(&b"{\"a\":1}"[..]).is_some());
+        assert!(RawResult::skim(&b"  {\n\"a\" :1\t}  "[..])
+            .is_some_and(|r| r.bytes() == b"{\n\"a\" :1\t}"));
+        for text in [
+            &b"{}"[..],
+            b"{ }",
+            b"[1]",
+            b"null",
+            b"{\"\\u0061\":1}",
+            b"{\"a\":1",
+            b"{\"a\":}",
+            b"{\"a\":1,\"a\":2}",
+        ] {
+            assert!(
+                RawResult::skim(text).is_none(),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+}
