@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use serde_json::value::RawValue;
+use crate::raw_object::RawObject;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -215,9 +215,9 @@ impl UpstreamConnection {
     /// [`UpstreamConnection::prepare`] with params as they were written, passed on
     /// unread (a relay's call of megabytes). A 2026-07-28 upstream, whose requests
     /// each carry plexus's `_meta` fields, gets them read and extended as values.
-    pub fn prepare_written(&self, method: &str, params: Arc<RawValue>) -> OutgoingRequest<'_> {
+    pub fn prepare_written(&self, method: &str, params: RawObject) -> OutgoingRequest<'_> {
         if self.is_per_request() {
-            let params = serde_json::from_str(params.get()).ok();
+            let params = params.read().ok();
             return self.prepare(method, params);
         }
         self.prepare_params(method, Params::Written(params))

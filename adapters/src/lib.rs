@@ -8,15 +8,15 @@ pub mod handshake;
 pub mod json_out;
 pub mod keeper;
 pub mod launch;
+pub mod raw_object;
 pub mod remote;
 pub mod rpc;
 mod stdin_writer;
 pub mod stdio;
-pub mod unread;
 
 pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, percent_decode, LaunchError, LaunchSpec, Launcher};
+pub use raw_object::RawObject;
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
 pub use rpc::{ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};
-pub use unread::RawResult;

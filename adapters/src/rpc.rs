@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::unread::{Members, RawResult};
+use crate::raw_object::{Members, RawObject};
 
 /// What an upstream answered to a request, kept as sent.
 #[derive(Clone, Debug)]
@@ -21,7 +21,7 @@ pub enum Reply {
     Result(Value),
     /// The `result` member unread, as the upstream wrote it: only for a request
     /// sent with [`crate::OutgoingRequest::result_unread`].
-    Unread(RawResult),
+    Unread(RawObject),
     /// The `error` member: `{code, message, data?}`, relayed unchanged.
     Error(Value),
 }
@@ -276,7 +276,7 @@ pub(crate) fn skim_reply(bytes: &Bytes, pending: &PendingRequests) -> Option<(Va
     if !our_id(&id).is_some_and(|id| pending.wants_unread(id)) {
         return None;
     }
-    Some((id, Reply::Unread(RawResult::of(bytes, &result.0)?)))
+    Some((id, Reply::Unread(RawObject::of(bytes, &result)?)))
 }
 
 /// Classifies one parsed message from an upstream.
@@ -324,14 +324,14 @@ pub(crate) fn classify(message: Value) -> Incoming {
 #[derive(Debug)]
 pub(crate) enum Params {
     Values(Option<Value>),
-    Written(Arc<RawValue>),
+    Written(RawObject),
 }
 
 /// `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and a newline, written in
 /// one pass (no map built for the envelope).
 pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
     let mut line = Vec::with_capacity(match &params {
-        Params::Written(raw) => raw.get().len() + 64,
+        Params::Written(raw) => raw.bytes().len() + 64,
         Params::Values(_) => 128,
     });
     line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
@@ -347,7 +347,7 @@ pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
         }
         Params::Written(raw) => {
             line.extend_from_slice(br#","params":"#);
-            line.extend_from_slice(raw.get().as_bytes());
+            line.extend_from_slice(raw.bytes());
         }
     }
     line.extend_from_slice(b"}\n");
@@ -492,7 +492,7 @@ mod tests {
         assert!(matches!(reply.into_result(), Err(error) if error["code"] == -32603));
         // Unread or read, the same reply.
         assert_eq!(
-            Reply::Unread(RawResult::skim(&br#"{"a":[1]}"#[..]).unwrap()),
+            Reply::Unread(RawObject::skim(&br#"{"a":[1]}"#[..]).unwrap()),
             Reply::Result(json!({"a": [1]}))
         );
     }
@@ -550,7 +550,7 @@ mod tests {
             Params::Values(Some(json!({"name":"echo"}))),
         );
         assert_eq!(String::from_utf8(bytes).unwrap(), line);
-        let written = Arc::from(RawValue::from_string(r#"{"name":"echo"}"#.into()).unwrap());
+        let written = RawObject::skim(&br#"{"name":"echo"}"#[..]).unwrap();
         let bytes = encode_request(7, "tools/call", Params::Written(written));
         assert_eq!(String::from_utf8(bytes).unwrap(), line);
         let bytes = encode_request(8, "ping\"", Params::Values(None));

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use adapters::framing::{Frame, LineDecoder};
 use adapters::{
-    ConnectionError, Events, HttpEndpoint, HttpOptions, HttpTransportKind, Reply,
+    ConnectionError, Events, HttpEndpoint, HttpOptions, HttpTransportKind, RawObject, Reply,
     UpstreamConnection, UpstreamEvent,
 };
+use bytes::Bytes;
 use futures::StreamExt;
 use registry::headers::{encode_header_value, param_headers, ParamHeader};
 use serde_json::value::RawValue;
@@ -82,12 +83,13 @@ enum Gate {
 /// (they may be megabytes, and the bridge only passes them on), or any other
 /// message as values.
 enum Incoming {
-    Call { id: Value, params: Arc<RawValue> },
+    Call { id: Value, params: RawObject },
     Other(Value),
 }
 
 impl Incoming {
-    fn read(line: &[u8]) -> Result<Incoming, serde_json::Error> {
+    /// Reads a line; a tool call's params stay in the line, their members found.
+    fn read(line: Bytes) -> Result<Incoming, serde_json::Error> {
         #[derive(serde::Deserialize)]
         struct Skim<'a> {
             #[serde(borrow)]
@@ -95,20 +97,20 @@ impl Incoming {
             #[serde(borrow)]
             id: Option<&'a RawValue>,
             #[serde(borrow)]
-            params: Option<&'a RawValue>,
+            params: Option<adapters::raw_object::Members<'a>>,
         }
-        if let Ok(skim) = serde_json::from_slice::<Skim>(line) {
+        if let Ok(skim) = serde_json::from_slice::<Skim>(&line) {
             if let (Some("tools/call"), Some(id), Some(params)) =
                 (skim.method.as_deref(), skim.id, skim.params)
             {
-                if let Ok(id) = serde_json::from_str(id.get()) {
-                    let params = Arc::from(params.to_owned());
+                let id = serde_json::from_str(id.get());
+                if let (Ok(id), Some(params)) = (id, RawObject::of(&line, &params)) {
                     return Ok(Incoming::Call { id, params });
                 }
             }
         }
         // Anything else, malformed messages too, is read whole as before.
-        serde_json::from_slice(line).map(Incoming::Other)
+        serde_json::from_slice(&line).map(Incoming::Other)
     }
 
     fn is_initialize(&self) -> bool {
@@ -124,7 +126,7 @@ impl Incoming {
 /// A request's params: as values, or as a tool call's were written.
 enum Params {
     Values(Option<Value>),
-    Written(Arc<RawValue>),
+    Written(RawObject),
 }
 
 impl Params {
@@ -210,7 +212,7 @@ pub async fn run(target: Target) -> Result<(), String> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let message = match Incoming::read(&line) {
+        let message = match Incoming::read(line.freeze()) {
             Ok(message) => message,
             Err(error) => {
                 let error = jsonrpc::RelayError::Parse(error.to_string());
@@ -220,7 +222,6 @@ pub async fn run(target: Target) -> Result<(), String> {
                 continue;
             }
         };
-        drop(line);
         // Nothing overtakes an `initialize`: its session must exist before the
         // messages after it go out (they are otherwise relayed concurrently).
         let gate = if message.is_initialize() {
@@ -299,7 +300,7 @@ impl Bridge {
     }
 
     /// A tool call, its params passed on as written.
-    async fn call(self: Arc<Self>, id: Value, params: Arc<RawValue>) {
+    async fn call(self: Arc<Self>, id: Value, params: RawObject) {
         self.relay(id, "tools/call".into(), Params::Written(params))
             .await
     }
@@ -448,55 +449,41 @@ impl Bridge {
 
     /// The `Mcp-Param-*` headers a 2026-07-28 `tools/call` must carry.
     fn mirrored_headers(&self, method: &str, params: &Params) -> Vec<(String, String)> {
-        #[derive(serde::Deserialize)]
-        struct Call<'a> {
-            #[serde(borrow)]
-            name: Option<std::borrow::Cow<'a, str>>,
-            #[serde(borrow)]
-            arguments: Option<&'a RawValue>,
-        }
         if method != "tools/call" {
             return Vec::new();
         }
         let remembered = self.remembered();
         // Most daemons list no tool that mirrors a parameter: a call's params are
-        // then not looked at. Otherwise written params are skimmed for the name,
-        // and their arguments are read only for a tool that mirrors some of them.
+        // then not looked at. Otherwise the name is read, and the arguments only
+        // for a tool that mirrors some of them.
         if remembered.param_headers.is_empty() {
             return Vec::new();
         }
-        let written = match params {
-            Params::Written(written) => serde_json::from_str::<Call>(written.get()).ok(),
-            Params::Values(_) => None,
-        };
-        let name = match (params, &written) {
-            (Params::Values(values), _) => values
+        let written_name;
+        let name = match params {
+            Params::Values(values) => values
                 .as_ref()
                 .and_then(|p| p.get("name"))
                 .and_then(Value::as_str),
-            (Params::Written(_), Some(call)) => call.name.as_deref(),
-            (Params::Written(_), None) => None,
+            Params::Written(written) => {
+                written_name = written
+                    .member("name")
+                    .and_then(|name| serde_json::from_slice::<std::borrow::Cow<str>>(name).ok());
+                written_name.as_deref()
+            }
         };
-        let Some(name) = name else {
-            return Vec::new();
-        };
-        let Some(designated) = remembered.param_headers.get(name) else {
+        let Some(designated) = name.and_then(|name| remembered.param_headers.get(name)) else {
             return Vec::new();
         };
         let read;
-        let arguments = match (params, &written) {
-            (Params::Values(values), _) => values.as_ref().and_then(|p| p.get("arguments")),
-            (
-                Params::Written(_),
-                Some(Call {
-                    arguments: Some(raw),
-                    ..
-                }),
-            ) => {
-                read = serde_json::from_str::<Value>(raw.get()).ok();
+        let arguments = match params {
+            Params::Values(values) => values.as_ref().and_then(|p| p.get("arguments")),
+            Params::Written(written) => {
+                read = written
+                    .member("arguments")
+                    .and_then(|arguments| serde_json::from_slice::<Value>(arguments).ok());
                 read.as_ref()
             }
-            (Params::Written(_), _) => None,
         };
         designated
             .iter()

@@ -2,7 +2,7 @@
 //! carries its protocol version and the client's capabilities in `_meta`, every
 //! result names its `resultType`, and the HTTP headers mirror the body.
 
-use adapters::RawResult;
+use adapters::RawObject;
 use serde_json::{json, Map, Value};
 
 use crate::jsonrpc::RelayError;
@@ -172,7 +172,7 @@ pub fn strip_request_meta(params: &mut Option<Value>) {
 /// [`mark_complete`] for a result relayed unread: its bytes, then what closes it,
 /// `"resultType":"complete"` added at its end unless it has a type. `None`: it must
 /// be read first (a result that may be cached).
-pub fn mark_complete_unread<'a>(method: &str, raw: &'a RawResult) -> Option<[&'a [u8]; 2]> {
+pub fn mark_complete_unread<'a>(method: &str, raw: &'a RawObject) -> Option<[&'a [u8]; 2]> {
     if is_cacheable(method) {
         return None;
     }
@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn unread_results_get_their_type_spliced_in() {
         let mark = |method: &str, text: &str| {
-            let raw = RawResult::skim(text.to_string())?;
+            let raw = RawObject::skim(text.to_string())?;
             let [head, tail] = mark_complete_unread(method, &raw)?;
             Some(String::from_utf8_lossy(&[head, tail].concat()).into_owned())
         };
@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(mark("resources/read", r#"{"contents":[]}"#), None);
         for unskimmed in ["{ }", r#"{"task":1,"task":2}"#, "[]"] {
             assert!(
-                RawResult::skim(unskimmed.to_string()).is_none(),
+                RawObject::skim(unskimmed.to_string()).is_none(),
                 "{unskimmed}"
             );
         }

@@ -1,8 +1,8 @@
-//! A result relayed unread: the upstream's bytes, kept in the buffer they arrived
-//! in, with the result's top-level members found by the same skim that found its
-//! end. A relay looks at a few members (`isError`, `_meta`, `content`...) and passes
-//! the rest on; skimming once and copying nothing keeps a megabyte result's cost to
-//! one scan of it.
+//! A JSON object passed on unread (a tool's result, a call's params): its bytes,
+//! kept in the buffer they arrived in, with its top-level members found by the same
+//! skim that found its end. A relay looks at a few members (`isError`, `_meta`,
+//! `name`...) and passes the rest on; skimming once and copying nothing keeps a
+//! megabyte message's cost to one scan of it.
 
 use std::fmt;
 use std::ops::Range;
@@ -11,30 +11,31 @@ use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-/// A result object as the upstream wrote it: spacing and member order included.
+/// An object as its sender wrote it: spacing and member order included.
 #[derive(Clone)]
-pub struct RawResult {
-    /// The message the result came in (or the result alone).
+pub struct RawObject {
+    /// The message the object came in (or the object alone).
     message: Bytes,
-    /// Where the result is in it, from `{` to `}`.
+    /// Where the object is in it, from `{` to `}`.
     span: Range<usize>,
     /// Its members in order: each key's text (between its quotes; it has no escapes)
     /// and its value's.
     members: Vec<(Range<usize>, Range<usize>)>,
 }
 
-impl RawResult {
-    /// Skims a result on its own. `None` unless it is an object with at least one
+impl RawObject {
+    /// Skims an object on its own. `None` unless it is an object with at least one
     /// member, no key that needs unescaping and none named twice (anything else is
     /// read instead).
-    pub fn skim(text: impl Into<Bytes>) -> Option<RawResult> {
+    pub fn skim(text: impl Into<Bytes>) -> Option<RawObject> {
         let message = text.into();
         let members = serde_json::from_slice::<Members>(&message).ok()?;
-        RawResult::of(&message, &members.0)
+        RawObject::of(&message, &members)
     }
 
-    /// A result found in `message` by a skim that borrowed its members from it.
-    pub(crate) fn of(message: &Bytes, members: &[(&str, &RawValue)]) -> Option<RawResult> {
+    /// The object whose members a skim of `message` borrowed from it (a [`Members`]
+    /// field of a larger message's skim). `None` as for [`RawObject::skim`].
+    pub fn of(message: &Bytes, members: &Members) -> Option<RawObject> {
         let base = message.as_ptr() as usize;
         let range = |text: &str| {
             let start = (text.as_ptr() as usize).checked_sub(base)?;
@@ -42,6 +43,7 @@ impl RawResult {
             (end <= message.len()).then_some(start..end)
         };
         let members = members
+            .0
             .iter()
             .map(|(key, value)| Some((range(key)?, range(value.get())?)))
             .collect::<Option<Vec<_>>>()?;
@@ -69,14 +71,14 @@ impl RawResult {
         if open == 0 || message[open - 1] != b'{' || message.get(close) != Some(&b'}') {
             return None;
         }
-        Some(RawResult {
+        Some(RawObject {
             message: message.clone(),
             span: open - 1..close + 1,
             members,
         })
     }
 
-    /// The result's JSON text.
+    /// The object's JSON text.
     pub fn bytes(&self) -> &[u8] {
         &self.message[self.span.clone()]
     }
@@ -89,24 +91,25 @@ impl RawResult {
             .map(|(_, value)| &self.message[value.clone()])
     }
 
-    /// Reads the result into a value. Skimming checks less than reading (a lone
+    /// Reads the object into a value. Skimming checks less than reading (a lone
     /// surrogate escape passes it), so this may fail.
     pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_slice(self.bytes())
     }
 }
 
-impl fmt::Debug for RawResult {
+impl fmt::Debug for RawObject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RawResult")
+        f.debug_tuple("RawObject")
             .field(&String::from_utf8_lossy(self.bytes()))
             .finish()
     }
 }
 
 /// An object's members borrowed from the text being skimmed: keys without escapes
-/// (a key with one fails the skim), values unread.
-pub(crate) struct Members<'a>(pub Vec<(&'a str, &'a RawValue)>);
+/// (a key with one fails the skim), values unread. Deserialize a message with one
+/// in place of the object, then make it a [`RawObject`].
+pub struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -146,7 +149,7 @@ mod tests {
         }
         let envelope: Envelope =
             serde_json::from_slice(&message).unwrap_or_else(|_| unreachable!());
-        let result = RawResult::of(&message, &envelope.result.0);
+        let result = RawObject::of(&message, &envelope.result);
         let Some(result) = result else {
             panic!("not skimmed");
         };
@@ -163,8 +166,8 @@ mod tests {
 
     #[test]
     fn only_objects_with_plain_keys_are_skimmed() {
-        assert!(RawResult::skim(&b"{\"a\":1}"[..]).is_some());
-        assert!(RawResult::skim(&b"  {\n\"a\" :1\t}  "[..])
+        assert!(RawObject::skim(&b"{\"a\":1}"[..]).is_some());
+        assert!(RawObject::skim(&b"  {\n\"a\" :1\t}  "[..])
             .is_some_and(|r| r.bytes() == b"{\n\"a\" :1\t}"));
         for text in [
             &b"{}"[..],
@@ -177,7 +180,7 @@ mod tests {
             b"{\"a\":1,\"a\":2}",
         ] {
             assert!(
-                RawResult::skim(text).is_none(),
+                RawObject::skim(text).is_none(),
                 "{}",
                 String::from_utf8_lossy(text)
             );
