@@ -48,12 +48,7 @@ impl RawObject {
             .map(|(key, value)| Some((range(key)?, range(value.get())?)))
             .collect::<Option<Vec<_>>>()?;
         // A key named twice is left to a reader to settle (readers keep the last).
-        let named_twice = members.iter().enumerate().any(|(index, (key, _))| {
-            members[..index]
-                .iter()
-                .any(|(earlier, _)| message[earlier.clone()] == message[key.clone()])
-        });
-        if named_twice {
+        if named_twice(message, &members) {
             return None;
         }
         let blank = |byte: &&u8| matches!(**byte, b' ' | b'\t' | b'\n' | b'\r');
@@ -104,6 +99,22 @@ impl fmt::Debug for RawObject {
             .field(&String::from_utf8_lossy(self.bytes()))
             .finish()
     }
+}
+
+/// Whether two of the members share a key. A few are compared pairwise; many (a
+/// hostile sender's hundred thousand) go through a set, so this stays linear.
+fn named_twice(message: &[u8], members: &[(Range<usize>, Range<usize>)]) -> bool {
+    const PAIRWISE: usize = 16;
+    let key = |range: &Range<usize>| &message[range.clone()];
+    if members.len() <= PAIRWISE {
+        return members.iter().enumerate().any(|(index, (name, _))| {
+            members[..index]
+                .iter()
+                .any(|(earlier, _)| key(earlier) == key(name))
+        });
+    }
+    let mut seen = std::collections::HashSet::with_capacity(members.len());
+    !members.iter().all(|(name, _)| seen.insert(key(name)))
 }
 
 /// An object's members borrowed from the text being skimmed: keys without escapes
@@ -162,6 +173,18 @@ mod tests {
             result.read().ok(),
             Some(serde_json::json!({"b": 1, "a": [2, {"b": 3}], "c": "x"}))
         );
+    }
+
+    #[test]
+    fn many_members_are_checked_for_repeats_in_linear_time() {
+        let object = |keys: &mut dyn Iterator<Item = usize>| {
+            let members: Vec<String> = keys.map(|k| format!("\"k{k}\":{k}")).collect();
+            format!("{{{}}}", members.join(","))
+        };
+        let distinct = RawObject::skim(object(&mut (0..100_000)));
+        assert!(distinct.is_some_and(|o| o.member("k99999") == Some(&b"99999"[..])));
+        let repeated = object(&mut (0..100_000).chain(std::iter::once(5)));
+        assert!(RawObject::skim(repeated).is_none());
     }
 
     #[test]
