@@ -440,8 +440,22 @@ async fn a_lost_session_is_replaced_by_a_new_one() -> anyhow::Result<()> {
     let echo = json!({"name": "remote__echo", "arguments": {"text": "again"}});
     let lost = session.request("tools/call", echo.clone()).await?;
     ensure!(lost["error"]["code"] == -33001, "{lost}");
-    daemon.wait_ready(Duration::from_secs(20)).await?;
-    let back = session.request("tools/call", echo).await?;
+    // The upstream backs off, then reconnects: the call is retried as the error says
+    // a client may (readiness polled right after the loss can still be the old one).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let back = loop {
+        let answer = session.request("tools/call", echo.clone()).await?;
+        let error = &answer["error"];
+        if error.is_null() || Instant::now() > deadline {
+            break answer;
+        }
+        ensure!(
+            error["code"] == -33001 && error["data"]["retryable"] == true,
+            "{answer}"
+        );
+        let wait = error["data"]["retry_after_ms"].as_u64().unwrap_or(100);
+        tokio::time::sleep(Duration::from_millis(wait.clamp(10, 1000))).await;
+    };
     ensure!(text_of(&back["result"]) == "again", "{back}");
     ensure!(
         daemon
