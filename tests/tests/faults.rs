@@ -11,6 +11,9 @@ use plexus_tests::{
 };
 use serde_json::{json, Value};
 
+/// How long a restarted upstream has to take calls again.
+const WAIT_BACK: Duration = Duration::from_secs(30);
+
 fn control_section() -> String {
     fixture_upstream("control", "", &["--name", "control"])
 }
@@ -37,6 +40,30 @@ async fn wait_for_state(
             "{upstream} never reached {state}: {readiness}\n{}",
             daemon.log()
         );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Calls `tool` once a restarting upstream takes the call. Readiness read just after
+/// a crash can still be the old one, so a call refused with the upstream's state
+/// (-33001) is made again; any other answer is returned.
+async fn call_once_back(
+    session: &mut RawHttpSession,
+    tool: &str,
+    arguments: Value,
+    within: Duration,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let answer = session
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": arguments.clone()}),
+            )
+            .await?;
+        if answer["error"]["code"] != -33001 || Instant::now() > deadline {
+            return Ok(answer);
+        }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -133,12 +160,7 @@ async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> 
     // The victim is restarted and serves again.
     wait_for_state(&daemon, "victim", "ready", Duration::from_secs(30)).await?;
     let (mut again, _) = session_id(&daemon.url).await?;
-    let back = again
-        .request(
-            "tools/call",
-            json!({"name": "victim__whoami", "arguments": {}}),
-        )
-        .await?;
+    let back = call_once_back(&mut again, "victim__whoami", json!({}), WAIT_BACK).await?;
     ensure!(back["result"]["content"][0]["text"] == "victim", "{back}");
     control.finish().await?;
     ensure!(daemon.stop().await?.success());
@@ -245,17 +267,14 @@ async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()
     let first = session.request("tools/call", call.clone()).await?;
     ensure!(first["error"]["code"] == -33003, "{first}");
     wait_for_state(&daemon, "brittle", "ready", Duration::from_secs(10)).await?;
-    // Readiness read just after the crash can still be the old one: a call while the
-    // restart is on its way is refused with the state (-33001); once it is back, the
-    // call kills it again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let second = loop {
-        let answer = session.request("tools/call", call.clone()).await?;
-        if answer["error"]["code"] != -33001 || Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
+    // Once it is back, the call kills it again.
+    let second = call_once_back(
+        &mut session,
+        "brittle__echo",
+        json!({"text": "x"}),
+        WAIT_BACK,
+    )
+    .await?;
     ensure!(second["error"]["code"] == -33003, "{second}");
     wait_for_state(&daemon, "brittle", "failed", Duration::from_secs(10)).await?;
     let started = Instant::now();
@@ -437,12 +456,13 @@ async fn stderr_floods_and_oversized_lines_are_survived() -> anyhow::Result<()> 
         "{oversized}"
     );
     wait_for_state(&daemon, "small", "ready", Duration::from_secs(30)).await?;
-    let fine = session
-        .request(
-            "tools/call",
-            json!({"name": "small__echo", "arguments": {"text": "short"}}),
-        )
-        .await?;
+    let fine = call_once_back(
+        &mut session,
+        "small__echo",
+        json!({"text": "short"}),
+        WAIT_BACK,
+    )
+    .await?;
     ensure!(fine["result"]["content"][0]["text"] == "short", "{fine}");
     control.finish().await?;
     ensure!(daemon.stop().await?.success());
