@@ -448,8 +448,27 @@ impl RawHttpSession {
 /// Raw JSON-RPC over a child's stdin/stdout: what a server sends, unmodified. The
 /// child may be an upstream or `plexus serve --stdio`, so one exchange can be made
 /// both directly and through plexus and compared byte for byte.
-pub struct RawStdioSession {
+/// A child in a process group of its own, which is killed with it when dropped: a
+/// launcher such as `npx` leaves its node child running when only it is killed, and
+/// some servers do not exit when their stdin closes.
+struct GroupChild {
     child: Child,
+    group: Option<i32>,
+}
+
+impl Drop for GroupChild {
+    fn drop(&mut self) {
+        if let Some(group) = self.group {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+pub struct RawStdioSession {
+    child: GroupChild,
     stdin: tokio::process::ChildStdin,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     next_id: u64,
@@ -477,11 +496,13 @@ impl RawStdioSession {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()?;
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = child.stdout.take().context("stdout")?;
+        let group = child.id().and_then(|pid| i32::try_from(pid).ok());
         Ok(RawStdioSession {
-            child,
+            child: GroupChild { child, group },
             stdin,
             lines: tokio::io::BufReader::new(stdout).lines(),
             next_id: 0,
@@ -573,7 +594,7 @@ impl RawStdioSession {
 
     pub async fn close(mut self) {
         drop(self.stdin);
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.child.wait()).await;
     }
 }
 
