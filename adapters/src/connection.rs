@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::raw_object::RawObject;
+use crate::raw_object::{RawObject, WrittenMember};
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -221,6 +221,25 @@ impl UpstreamConnection {
             return self.prepare(method, params);
         }
         self.prepare_params(method, Params::Written(params))
+    }
+
+    /// [`UpstreamConnection::prepare`] with one member of the params (`member`'s key,
+    /// which `params` must not hold) passed on as its sender wrote it, unread.
+    pub fn prepare_with_member(
+        &self,
+        method: &str,
+        params: Map<String, Value>,
+        member: WrittenMember,
+    ) -> OutgoingRequest<'_> {
+        let params = match self.with_request_meta(Some(Value::Object(params))) {
+            Some(Value::Object(mut params)) => {
+                params.remove(member.key());
+                params
+            }
+            // `with_request_meta` keeps an object an object.
+            _ => Map::new(),
+        };
+        self.prepare_params(method, Params::WithMember(params, member))
     }
 
     fn prepare_params(&self, method: &str, params: Params) -> OutgoingRequest<'_> {

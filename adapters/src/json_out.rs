@@ -3,7 +3,7 @@
 //! turn, which made writing a call's arguments again (a 1 MiB string) the largest
 //! cost of relaying it.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// `value` as compact JSON, appended to `out`: the bytes `serde_json::to_writer`
 /// gives.
@@ -27,19 +27,22 @@ pub fn write_value(out: &mut Vec<u8>, value: &Value) {
             }
             out.push(b']');
         }
-        Value::Object(members) => {
-            out.push(b'{');
-            for (index, (key, member)) in members.iter().enumerate() {
-                if index > 0 {
-                    out.push(b',');
-                }
-                write_str(out, key);
-                out.push(b':');
-                write_value(out, member);
-            }
-            out.push(b'}');
-        }
+        Value::Object(members) => write_map(out, members),
     }
+}
+
+/// An object's members as compact JSON, appended to `out`.
+pub fn write_map(out: &mut Vec<u8>, members: &Map<String, Value>) {
+    out.push(b'{');
+    for (index, (key, member)) in members.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_str(out, key);
+        out.push(b':');
+        write_value(out, member);
+    }
+    out.push(b'}');
 }
 
 /// `value` as compact JSON, in a buffer of its own.

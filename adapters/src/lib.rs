@@ -16,7 +16,7 @@ pub mod stdio;
 
 pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, percent_decode, LaunchError, LaunchSpec, Launcher};
-pub use raw_object::RawObject;
+pub use raw_object::{RawObject, WrittenMember};
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
 pub use rpc::{ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};

@@ -101,6 +101,85 @@ impl fmt::Debug for RawObject {
     }
 }
 
+/// One member of a request's params passed on as its sender wrote it (a tool
+/// call's arguments of many kilobytes): the rest of the params are values, this
+/// member's value stays the JSON text it arrived as, in the buffer it arrived in.
+#[derive(Clone)]
+pub struct WrittenMember {
+    key: &'static str,
+    text: Bytes,
+}
+
+impl WrittenMember {
+    /// `text` must be one JSON value (a skim found it); it is written out as it is.
+    /// `None` if a `\u` escape in it names half a surrogate pair: a skim lets that
+    /// pass, a reader refuses it, and some upstreams drop such a message unanswered.
+    pub fn new(key: &'static str, text: Bytes) -> Option<WrittenMember> {
+        surrogates_pair_up(&text).then_some(WrittenMember { key, text })
+    }
+
+    /// The member's key.
+    pub fn key(&self) -> &'static str {
+        self.key
+    }
+
+    /// The value's JSON text.
+    pub fn text(&self) -> &[u8] {
+        &self.text
+    }
+
+    /// Reads the value. Skimming checks less than reading (a lone surrogate
+    /// escape passes it), so this may fail.
+    pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_slice(&self.text)
+    }
+}
+
+impl fmt::Debug for WrittenMember {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WrittenMember")
+            .field("key", &self.key)
+            .field("bytes", &self.text.len())
+            .finish()
+    }
+}
+
+/// Whether every `\u` escape for a UTF-16 surrogate in `text` (valid JSON) is
+/// half of a pair, high then low, as a reader requires.
+fn surrogates_pair_up(text: &[u8]) -> bool {
+    let hex = |at: usize| {
+        let digits = text.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    };
+    let mut at = 0;
+    while let Some(found) = text.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        let slash = at + found;
+        // Valid JSON: a backslash starts an escape, inside a string.
+        if text.get(slash + 1) != Some(&b'u') {
+            at = slash + 2;
+            continue;
+        }
+        let Some(unit) = hex(slash + 2) else {
+            return false;
+        };
+        at = slash + 6;
+        match unit {
+            0xD800..=0xDBFF => {
+                let low = (text.get(at..at + 2) == Some(&b"\\u"[..]))
+                    .then(|| hex(at + 2))
+                    .flatten();
+                if !low.is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) {
+                    return false;
+                }
+                at += 6;
+            }
+            0xDC00..=0xDFFF => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
 /// Whether two of the members share a key. A few are compared pairwise; many (a
 /// hostile sender's hundred thousand) go through a set, so this stays linear.
 fn named_twice(message: &[u8], members: &[(Range<usize>, Range<usize>)]) -> bool {
@@ -121,6 +200,13 @@ fn named_twice(message: &[u8], members: &[(Range<usize>, Range<usize>)]) -> bool
 /// (a key with one fails the skim), values unread. Deserialize a message with one
 /// in place of the object, then make it a [`RawObject`].
 pub struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'a> Members<'a> {
+    /// Each member's key and unread value, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&'a str, &'a RawValue)> + Clone + '_ {
+        self.0.iter().copied()
+    }
+}
 
 impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -185,6 +271,26 @@ mod tests {
         assert!(distinct.is_some_and(|o| o.member("k99999") == Some(&b"99999"[..])));
         let repeated = object(&mut (0..100_000).chain(std::iter::once(5)));
         assert!(RawObject::skim(repeated).is_none());
+    }
+
+    #[test]
+    fn a_member_with_half_a_surrogate_pair_is_refused() {
+        let member =
+            |text: &str| WrittenMember::new("arguments", Bytes::from(text.to_string())).is_some();
+        assert!(member(
+            r#"{"t":"plain \\u escaped \" \u00e9 \ud83d\ude00 \\ud800"}"#
+        ));
+        for lone in [
+            r#"{"t":"\ud800"}"#,
+            r#"{"t":"\ud800x"}"#,
+            r#"{"t":"\uD800\u0041"}"#,
+            r#"{"t":"\udc00"}"#,
+            r#"{"t":"\\\ud800"}"#,
+        ] {
+            assert!(!member(lone), "{lone}");
+        }
+        // Each escape is checked, not just the first.
+        assert!(!member(r#"{"a":"\ud83d\ude00","b":"\n\ude00"}"#));
     }
 
     #[test]

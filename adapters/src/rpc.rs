@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::raw_object::{Members, RawObject};
+use crate::raw_object::{Members, RawObject, WrittenMember};
 
 /// What an upstream answered to a request, kept as sent.
 #[derive(Clone, Debug)]
@@ -325,6 +325,8 @@ pub(crate) fn classify(message: Value) -> Incoming {
 pub(crate) enum Params {
     Values(Option<Value>),
     Written(RawObject),
+    /// An object of values (without the member's key) and one member as written.
+    WithMember(Map<String, Value>, WrittenMember),
 }
 
 /// `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and a newline, written in
@@ -332,6 +334,7 @@ pub(crate) enum Params {
 pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
     let mut line = Vec::with_capacity(match &params {
         Params::Written(raw) => raw.bytes().len() + 64,
+        Params::WithMember(_, member) => member.text().len() + 192,
         Params::Values(_) => 128,
     });
     line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
@@ -348,6 +351,21 @@ pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
         Params::Written(raw) => {
             line.extend_from_slice(br#","params":"#);
             line.extend_from_slice(raw.bytes());
+        }
+        Params::WithMember(values, member) => {
+            line.extend_from_slice(br#","params":"#);
+            if values.is_empty() {
+                line.push(b'{');
+            } else {
+                crate::json_out::write_map(&mut line, values);
+                // The object's closing brace gives way to one more member.
+                line.pop();
+                line.push(b',');
+            }
+            crate::json_out::write_str(&mut line, member.key());
+            line.push(b':');
+            line.extend_from_slice(member.text());
+            line.push(b'}');
         }
     }
     line.extend_from_slice(b"}\n");
@@ -553,6 +571,27 @@ mod tests {
         let written = RawObject::skim(&br#"{"name":"echo"}"#[..]).unwrap();
         let bytes = encode_request(7, "tools/call", Params::Written(written));
         assert_eq!(String::from_utf8(bytes).unwrap(), line);
+        // One member as written, spacing kept, after the values.
+        let arguments =
+            WrittenMember::new("arguments", Bytes::from_static(b"{ \"text\": \"x\" }")).unwrap();
+        let values = json!({"name": "echo", "_meta": {"progressToken": 1}});
+        let Value::Object(values) = values else {
+            unreachable!()
+        };
+        let bytes = encode_request(
+            7,
+            "tools/call",
+            Params::WithMember(values, arguments.clone()),
+        );
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"_meta\":{\"progressToken\":1},\"arguments\":{ \"text\": \"x\" }}}\n"
+        );
+        let bytes = encode_request(7, "tools/call", Params::WithMember(Map::new(), arguments));
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"arguments\":{ \"text\": \"x\" }}}\n"
+        );
         let bytes = encode_request(8, "ping\"", Params::Values(None));
         assert_eq!(
             serde_json::from_slice::<Value>(&bytes).unwrap(),

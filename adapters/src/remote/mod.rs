@@ -30,7 +30,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -262,20 +262,18 @@ struct Head {
 
 /// The members of written params that a request's headers are made from, as
 /// values; the rest (a call's arguments) stays unread.
-fn head_fields(params: &RawObject) -> Value {
-    Value::Object(
-        ["_meta", "name", "uri", "taskId"]
-            .into_iter()
-            .filter_map(|key| {
-                let value = serde_json::from_slice(params.member(key)?).ok()?;
-                Some((key.to_string(), value))
-            })
-            .collect(),
-    )
+fn head_fields(params: &RawObject) -> Map<String, Value> {
+    ["_meta", "name", "uri", "taskId"]
+        .into_iter()
+        .filter_map(|key| {
+            let value = serde_json::from_slice(params.member(key)?).ok()?;
+            Some((key.to_string(), value))
+        })
+        .collect()
 }
 
 impl Head {
-    fn of(method: &str, params: Option<&Value>) -> Head {
+    fn of(method: &str, params: Option<&Map<String, Value>>) -> Head {
         let initialize = method == "initialize";
         let modern_version = params
             .and_then(|params| params.get("_meta"))
@@ -512,8 +510,9 @@ impl HttpTransport {
             return Err(ConnectionError::NotSent);
         }
         let head = match &params {
-            Params::Values(params) => Head::of(method, params.as_ref()),
+            Params::Values(params) => Head::of(method, params.as_ref().and_then(Value::as_object)),
             Params::Written(raw) => Head::of(method, Some(&head_fields(raw))),
+            Params::WithMember(values, _) => Head::of(method, Some(values)),
         }
         .with_params(headers);
         let body = Bytes::from(encode_request(id, method, params));
@@ -1467,11 +1466,15 @@ mod tests {
             "name": "héllo",
             "_meta": {PROTOCOL_VERSION_META: "2026-07-28"},
         });
+        let Value::Object(params) = params else {
+            unreachable!()
+        };
         let head = Head::of("tools/call", Some(&params));
         assert_eq!(head.modern_version.unwrap(), "2026-07-28");
         assert_eq!(head.method.unwrap(), "tools/call");
         assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
-        let plain = Head::of("tools/call", Some(&serde_json::json!({"name": "echo"})));
+        let plain = Map::from_iter([("name".to_string(), Value::from("echo"))]);
+        let plain = Head::of("tools/call", Some(&plain));
         assert!(plain.modern_version.is_none() && plain.name.is_none());
         assert!(Head::of("initialize", None).initialize);
         assert_eq!(
