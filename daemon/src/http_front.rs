@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Refusal};
+use crate::client_message::ClientMessage;
 use crate::config::DaemonSettings;
 use crate::era;
 use crate::hub::Hub;
@@ -265,8 +266,8 @@ impl HttpFront {
                 )
             }
         };
-        let message: Value = match serde_json::from_slice(&body) {
-            Ok(message) => message,
+        let received = match ClientMessage::read(body) {
+            Ok(received) => received,
             Err(error) => {
                 return json_error(
                     StatusCode::BAD_REQUEST,
@@ -274,6 +275,7 @@ impl HttpFront {
                 )
             }
         };
+        let message = &received.message;
         if let Err(error) = check_version_header(&parts.headers) {
             let id = message.get("id").cloned().unwrap_or(Value::Null);
             return json_response(
@@ -290,7 +292,7 @@ impl HttpFront {
         // sent so is an unknown method of that revision, not a handshake.
         if modern_header || era::declared_version(message.get("params")).is_some() {
             return self
-                .post_modern(&parts.headers, message, Identity { principal, view })
+                .post_modern(&parts.headers, received, Identity { principal, view })
                 .await;
         }
         let http_session = if is_initialize && !parts.headers.contains_key(SESSION_HEADER) {
@@ -305,7 +307,7 @@ impl HttpFront {
             }
         };
         let session = &http_session.session;
-        let outcome = match message {
+        let outcome = match received.message {
             Value::Array(batch) => {
                 // Batches exist only before 2025-06-18.
                 let allows_batches = session
@@ -333,15 +335,19 @@ impl HttpFront {
             }
             message => {
                 let is_request = message.get("method").is_some() && message.get("id").is_some();
+                let received = ClientMessage {
+                    message,
+                    arguments: received.arguments,
+                };
                 let accepts_events = parts
                     .headers
                     .get(header::ACCEPT)
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|accept| accept.contains("text/event-stream"));
                 if is_request && accepts_events && !is_initialize {
-                    return answer_on_stream(session.clone(), message, false).await;
+                    return answer_on_stream(session.clone(), received, false).await;
                 }
-                match session.handle(message, None).await {
+                match session.handle(received, None).await {
                     Handled::Respond(response) => Some(response),
                     Handled::Nothing => None,
                 }
@@ -365,9 +371,10 @@ impl HttpFront {
     async fn post_modern(
         &self,
         headers: &HeaderMap,
-        message: Value,
+        mut received: ClientMessage,
         identity: Identity,
     ) -> Response<Body> {
+        let message = &received.message;
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let Some(method) = message.get("method").and_then(Value::as_str) else {
             return json_error(
@@ -379,9 +386,23 @@ impl HttpFront {
             // This revision defines no notification a client sends over HTTP.
             return empty(StatusCode::ACCEPTED);
         }
-        let params = message.get("params");
         let catalog = self.hub.catalog_for(identity.view.as_deref());
-        let checked = check_mirrored_headers(headers, method, params, &catalog)
+        // The headers are checked against the arguments a tool mirrors into them.
+        let mirrors_arguments = era::mirrored_name(method, message.get("params"))
+            .flatten()
+            .is_some_and(|name| !catalog.param_headers(name).is_empty());
+        let mut checked = Ok(());
+        if mirrors_arguments {
+            checked = received.read_arguments();
+        }
+        let message = &received.message;
+        let method = message
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let params = message.get("params");
+        let checked = checked
+            .and_then(|()| check_mirrored_headers(headers, method, params, &catalog))
             .and_then(|()| era::check_meta(params));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
@@ -400,10 +421,10 @@ impl HttpFront {
         self.stateless
             .insert(session.id(), Arc::downgrade(&session));
         if accepts_event_stream(headers) {
-            return answer_on_stream(session, message, true).await;
+            return answer_on_stream(session, received, true).await;
         }
         let _closing = CloseOnDrop(session.clone());
-        match session.handle(message, None).await {
+        match session.handle(received, None).await {
             Handled::Respond(response) => answer_response(modern_status(&response), response),
             Handled::Nothing => empty(StatusCode::ACCEPTED),
         }
@@ -535,7 +556,11 @@ impl HttpFront {
 /// Answers one request. A quick answer is a plain JSON body; if a related message
 /// (progress, a request from the upstream) comes first, the answer becomes an
 /// event stream carrying those messages and then the response.
-async fn answer_on_stream(session: Arc<Session>, message: Value, modern: bool) -> Response<Body> {
+async fn answer_on_stream(
+    session: Arc<Session>,
+    message: ClientMessage,
+    modern: bool,
+) -> Response<Body> {
     let (related, mut related_messages) = mpsc::channel::<Value>(64);
     let mut handling = Box::pin(async move {
         // A session made for this one request ends with it.

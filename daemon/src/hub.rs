@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use adapters::handshake::ServerHello;
-use adapters::{ConnectionError, Reply};
+use adapters::{ConnectionError, Reply, WrittenMember};
 use registry::fingerprint::ListingSnapshot;
 use registry::{Catalog, CatalogOptions, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
@@ -81,6 +81,9 @@ pub struct CallContext<'a> {
     /// The caller relays the result as the upstream wrote it unless it must change
     /// it, so it may come unread ([`Reply::Unread`]).
     pub result_unread: bool,
+    /// A tool call's arguments as the client wrote them, not among the params:
+    /// passed on unread.
+    pub arguments: Option<&'a WrittenMember>,
 }
 
 /// How many supervisor events may wait for the pump.
@@ -619,9 +622,18 @@ impl Hub {
         // The request gets its upstream-side id first, so whatever the upstream sends
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.
-        let mut request = connection
-            .prepare(method, params)
-            .with_headers(call.headers.to_vec());
+        let request = match (call.arguments, params) {
+            (Some(arguments), params) => {
+                let params = match params {
+                    Some(Value::Object(params)) => params,
+                    // A tool call's params are an object by the time they are relayed.
+                    _ => serde_json::Map::new(),
+                };
+                connection.prepare_with_member(method, params, arguments.clone())
+            }
+            (None, params) => connection.prepare(method, params),
+        };
+        let mut request = request.with_headers(call.headers.to_vec());
         if call.result_unread {
             request = request.result_unread();
         }
@@ -726,6 +738,7 @@ impl Hub {
                 headers: &[],
                 modern: call.modern,
                 result_unread: false,
+                arguments: None,
             };
             match self
                 .forward(&upstream, "tasks/list", Some(json!({})), context)

@@ -7,6 +7,7 @@ mod admin_client;
 mod app;
 mod audit;
 mod catalog_host;
+mod client_message;
 mod config;
 mod connect_command;
 mod control;

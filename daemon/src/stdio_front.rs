@@ -12,6 +12,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::client_message::ClientMessage;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, Answer, RelayError};
 use crate::session::{Continuations, Handled, Identity, Session};
@@ -92,7 +93,7 @@ pub async fn serve<R, W>(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let message: Value = match serde_json::from_slice(&line) {
+        let message = match ClientMessage::read(line.freeze()) {
             Ok(message) => message,
             Err(error) => {
                 let error = RelayError::Parse(error.to_string());
@@ -102,7 +103,8 @@ pub async fn serve<R, W>(
                 continue;
             }
         };
-        let is_request = message.get("id").is_some() && message.get("method").is_some();
+        let is_request =
+            message.message.get("id").is_some() && message.message.get("method").is_some();
         if is_request {
             // Requests run concurrently: a slow tool must not hold up a quick one.
             let session = session.clone();

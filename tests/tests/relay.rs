@@ -263,6 +263,28 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
     ensure!(missing["error"]["code"] == -32602, "{missing}");
     let not_json = session.post_raw(b"{not json").await?;
     ensure!(not_json["error"]["code"] == -32700, "{not_json}");
+    // A large call's arguments go on unread, but not with half a surrogate pair in
+    // them: a reader refuses that (some upstreams drop it unanswered), and so does plexus.
+    let lone = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"healthy__echo","arguments":{{"text":"{}\ud800"}}}}}}"#,
+        "p".repeat(4096)
+    );
+    let started = Instant::now();
+    let refused = session.post_raw(lone.as_bytes()).await?;
+    ensure!(refused["error"]["code"] == -32700, "{refused}");
+    ensure!(started.elapsed() < Duration::from_secs(5));
+    let large = "é\"\\x\u{1F600}\\u0041".repeat(1024);
+    let echoed = session
+        .request(
+            "tools/call",
+            json!({"name": "healthy__echo", "arguments": {"text": large, "n": [1.5e3, -0]}}),
+        )
+        .await?;
+    ensure!(
+        echoed["result"]["content"][0]["text"] == large.as_str(),
+        "the large echo came back changed: {:.300}",
+        echoed.to_string()
+    );
     let no_method = session.post(&json!({"jsonrpc": "2.0", "id": 99})).await?;
     ensure!(no_method["error"]["code"] == -32600, "{no_method}");
 

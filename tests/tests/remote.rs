@@ -650,9 +650,9 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
     });
-    let call = |region: &str, header: Option<&str>| {
+    let call = |region: &str, header: Option<&str>, text: &str| {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-            "name": "geo__regional", "arguments": {"region": region, "text": "hi"}, "_meta": meta}});
+            "name": "geo__regional", "arguments": {"region": region, "text": text}, "_meta": meta}});
         let mut request = client
             .post(&daemon.url)
             .header("content-type", "application/json")
@@ -670,23 +670,37 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
         }
     };
 
-    let (status, answer) = call("eu-west", Some("eu-west")).await?;
+    let (status, answer) = call("eu-west", Some("eu-west"), "hi").await?;
     ensure!(status == 200, "{status} {answer}");
     ensure!(text_of(&answer["result"]) == "eu-west: hi", "{answer}");
-    let (status, answer) = call("eu-west", None).await?;
+    let (status, answer) = call("eu-west", None, "hi").await?;
     ensure!(
         status == 400 && answer["error"]["code"] == -32020,
         "missing: {status} {answer}"
     );
-    let (status, answer) = call("eu-west", Some("us-east")).await?;
+    let (status, answer) = call("eu-west", Some("us-east"), "hi").await?;
     ensure!(
         status == 400 && answer["error"]["code"] == -32020,
         "mismatched: {status} {answer}"
     );
     // Not plain ASCII: the base64 form, decoded before comparing.
-    let (status, answer) = call("Zürich", Some("=?base64?WsO8cmljaA==?=")).await?;
+    let (status, answer) = call("Zürich", Some("=?base64?WsO8cmljaA==?="), "hi").await?;
     ensure!(status == 200, "{status} {answer}");
     ensure!(text_of(&answer["result"]) == "Zürich: hi", "{answer}");
+    // Arguments of kilobytes pass through plexus unread, but not to a tool that
+    // mirrors them: the headers are checked against them.
+    let long = "long ".repeat(400);
+    let (status, answer) = call("eu-west", Some("us-east"), &long).await?;
+    ensure!(
+        status == 400 && answer["error"]["code"] == -32020,
+        "mismatched, long: {status} {answer}"
+    );
+    let (status, answer) = call("eu-west", Some("eu-west"), &long).await?;
+    ensure!(status == 200, "long: {status} {answer}");
+    ensure!(
+        text_of(&answer["result"]) == format!("eu-west: {long}"),
+        "{answer}"
+    );
 
     // A handshake-era client sends no such header: plexus computes it for the upstream.
     let legacy =
@@ -694,12 +708,12 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
     let result = legacy
         .call_tool(
             rmcp::model::CallToolRequestParams::new("geo__regional").with_arguments(
-                plexus_tests::arguments(json!({"region": "ap-south", "text": "hi"})),
+                plexus_tests::arguments(json!({"region": "ap-south", "text": long})),
             ),
         )
         .await?;
     ensure!(
-        text_of(&plexus_tests::json_of(&result)) == "ap-south: hi",
+        text_of(&plexus_tests::json_of(&result)) == format!("ap-south: {long}"),
         "{}",
         plexus_tests::json_of(&result)
     );
@@ -714,7 +728,7 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
         .filter_map(|line| line["mcp_param_region"].as_str())
         .collect();
     ensure!(
-        regions == ["eu-west", "=?base64?WsO8cmljaA==?=", "ap-south"],
+        regions == ["eu-west", "=?base64?WsO8cmljaA==?=", "eu-west", "ap-south"],
         "headers the upstream got: {sent:?}"
     );
     ensure!(daemon.stop().await?.success());

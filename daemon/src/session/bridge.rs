@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use adapters::Reply;
+use adapters::{Reply, WrittenMember};
 use dashmap::DashMap;
 use registry::Kind;
 use serde_json::{json, Map, Value};
@@ -115,6 +115,7 @@ pub async fn serve(
     parent: &Session,
     method: &str,
     params: Option<Value>,
+    arguments: Option<WrittenMember>,
     meta: RequestMeta,
     related: &mpsc::Sender<Value>,
 ) -> Result<Reply, RelayError> {
@@ -165,7 +166,7 @@ pub async fn serve(
         let method = method.to_string();
         Work::InPlace(Mutex::new(Box::pin(async move {
             let sink = scope.outbound().clone();
-            scope.dispatch(&method, params, &sink).await
+            scope.dispatch(&method, params, arguments, &sink).await
         })))
     };
     Continuation {

@@ -14,12 +14,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use adapters::{Reply, UpstreamConnection};
+use adapters::{Reply, UpstreamConnection, WrittenMember};
 use registry::{Catalog, Kind};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::client_message::{self, ClientMessage};
 use crate::era::{self, RequestMeta};
 use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
@@ -294,7 +295,12 @@ impl Session {
     /// request (its progress, requests an upstream sends while serving it) go to
     /// `related` when given (the request's own HTTP stream), else to the session's
     /// outbound queue.
-    pub async fn handle(&self, message: Value, related: Option<&mpsc::Sender<Value>>) -> Handled {
+    pub async fn handle(
+        &self,
+        message: impl Into<ClientMessage>,
+        related: Option<&mpsc::Sender<Value>>,
+    ) -> Handled {
+        let ClientMessage { message, arguments } = message.into();
         let Value::Object(mut object) = message else {
             return invalid(Value::Null, "a message must be a JSON object");
         };
@@ -316,7 +322,8 @@ impl Session {
         match (method, object.remove("id")) {
             (Some(method), Some(id)) => {
                 let related = related.unwrap_or(&self.outbound);
-                self.handle_request(id, method, params, related).await
+                self.handle_request(id, method, params, arguments, related)
+                    .await
             }
             (Some(method), None) => {
                 self.handle_notification(&method, params);
@@ -342,6 +349,7 @@ impl Session {
         id: Value,
         method: String,
         params: Option<Value>,
+        arguments: Option<WrittenMember>,
         related: &mpsc::Sender<Value>,
     ) -> Handled {
         if !(id.is_string() || id.is_i64() || id.is_u64()) {
@@ -370,11 +378,15 @@ impl Session {
         let outcome = tokio::select! {
             outcome = async {
                 if modern {
-                    self.serve_modern(&id, &method, params, related).await.map(Served::Reply)
+                    self.serve_modern(&id, &method, params, arguments, related)
+                        .await
+                        .map(Served::Reply)
                 } else if let Some(kind) = list_kind(&method) {
                     self.list_serialized(kind, params, &id).await.map(Served::Page)
                 } else {
-                    self.dispatch(&method, params, related).await.map(Served::Reply)
+                    self.dispatch(&method, params, arguments, related)
+                        .await
+                        .map(Served::Reply)
                 }
             } => Some(outcome),
             _ = token.cancelled() => None,
@@ -502,6 +514,7 @@ impl Session {
         id: &Value,
         method: &str,
         mut params: Option<Value>,
+        arguments: Option<WrittenMember>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         let meta = era::take_meta(&mut params)?;
@@ -533,20 +546,28 @@ impl Session {
             // The tasks extension has neither: `tasks/get` inlines the outcome.
             | "tasks/list"
             | "tasks/result" => Err(RelayError::MethodNotFound(method.to_string())),
-            _ => bridge::serve(self, method, params, meta, related).await,
+            _ => bridge::serve(self, method, params, arguments, meta, related).await,
         }
     }
 
+    /// Serves a request; a tool call's `arguments`, when given, are not in `params`.
     pub(crate) async fn dispatch(
         &self,
         method: &str,
-        params: Option<Value>,
+        mut params: Option<Value>,
+        arguments: Option<WrittenMember>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         let audited = matches!(method, "tools/call" | "prompts/get" | "resources/read")
             && self.hub.audit().enabled();
         if !audited {
-            return self.dispatch_unaudited(method, params, related).await;
+            return self
+                .dispatch_unaudited(method, params, arguments, related)
+                .await;
+        }
+        // The trail hashes the arguments.
+        if let Some(arguments) = arguments {
+            client_message::read_into(&mut params, arguments)?;
         }
         // What the trail says of the request, taken before it is consumed.
         let catalog = self.catalog();
@@ -565,7 +586,7 @@ impl Session {
         };
         let arguments = crate::audit::arguments_hash(arguments);
         let started = std::time::Instant::now();
-        let reply = self.dispatch_unaudited(method, params, related).await;
+        let reply = self.dispatch_unaudited(method, params, None, related).await;
         let response_bytes = match &reply {
             Ok(Reply::Result(result)) => crate::audit::serialized_len(result),
             Ok(Reply::Unread(raw)) => raw.bytes().len(),
@@ -632,6 +653,7 @@ impl Session {
         &self,
         method: &str,
         params: Option<Value>,
+        arguments: Option<WrittenMember>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         if let Some(kind) = list_kind(method) {
@@ -642,7 +664,7 @@ impl Session {
             "ping" => Ok(Reply::Result(json!({}))),
             "tools/call" => {
                 let catalog = self.catalog();
-                let (params, name) = take_string(params, "name")?;
+                let (mut params, name) = take_string(params, "name")?;
                 let route = match catalog.route_tool(&name) {
                     Some(route) => route,
                     None => catalog
@@ -651,8 +673,20 @@ impl Session {
                         .ok_or_else(|| unrouted(&catalog, Kind::Tools, &name))?,
                 };
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
-                let headers: Vec<(String, String)> = catalog
-                    .param_headers(&name)
+                let designated = catalog.param_headers(&name);
+                let arguments = match arguments {
+                    Some(arguments) if !designated.is_empty() => {
+                        let mut object = Some(Value::Object(params));
+                        client_message::read_into(&mut object, arguments)?;
+                        params = match object {
+                            Some(Value::Object(object)) => object,
+                            _ => Map::new(),
+                        };
+                        None
+                    }
+                    arguments => arguments,
+                };
+                let headers: Vec<(String, String)> = designated
                     .iter()
                     .filter_map(|designated| {
                         let value = designated.value_in(params.get("arguments"))?;
@@ -667,8 +701,15 @@ impl Session {
                 } else {
                     params
                 };
-                self.forward_named(method, params, &route, &headers, related)
-                    .await
+                self.forward_named(
+                    method,
+                    params,
+                    arguments.as_ref(),
+                    &route,
+                    &headers,
+                    related,
+                )
+                .await
             }
             "prompts/get" => {
                 let catalog = self.catalog();
@@ -676,7 +717,7 @@ impl Session {
                 let route = catalog
                     .route_prompt(&name)
                     .ok_or_else(|| unrouted(&catalog, Kind::Prompts, &name))?;
-                self.forward_named(method, params, &route, &[], related)
+                self.forward_named(method, params, None, &route, &[], related)
                     .await
             }
             "resources/read" => {
@@ -810,6 +851,7 @@ impl Session {
         &self,
         method: &str,
         params: Map<String, Value>,
+        arguments: Option<&WrittenMember>,
         route: &registry::Route,
         headers: &[(String, String)],
         related: &mpsc::Sender<Value>,
@@ -818,6 +860,7 @@ impl Session {
         let params = with_string(params, "name", &route.original);
         let mut call = self.call_context(is_tool.then_some(route.original.as_str()), related);
         call.headers = headers;
+        call.arguments = arguments;
         // A tool's result usually passes as the upstream wrote it.
         call.result_unread = is_tool;
         let reply = self
@@ -995,6 +1038,7 @@ impl Session {
             headers: &[],
             modern: self.is_scope(),
             result_unread: false,
+            arguments: None,
         }
     }
 

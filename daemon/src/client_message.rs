@@ -1,0 +1,245 @@
+//! A client's message as a front reads it: a JSON value, but for a tool call's
+//! arguments of a kilobyte or more, which stay the text the client wrote and go to
+//! the upstream as they are. plexus reads them only where it must look inside
+//! them: the audit trail's hash, and parameters a tool mirrors into headers.
+
+use std::fmt;
+
+use adapters::raw_object::Members;
+use adapters::WrittenMember;
+use bytes::Bytes;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::jsonrpc::RelayError;
+
+/// Arguments shorter than this are read with the rest of the message: reading a
+/// few hundred bytes costs about what skimming them does.
+const UNREAD_ARGUMENTS_MIN: usize = 1024;
+
+/// One message from a client.
+#[derive(Debug)]
+pub struct ClientMessage {
+    pub message: Value,
+    /// A `tools/call` request's `params.arguments`, left out of `message`.
+    pub arguments: Option<WrittenMember>,
+}
+
+impl From<Value> for ClientMessage {
+    fn from(message: Value) -> ClientMessage {
+        ClientMessage {
+            message,
+            arguments: None,
+        }
+    }
+}
+
+impl ClientMessage {
+    /// Reads a message. A tool call's large arguments object is skimmed, not read:
+    /// one scan finds where it is and checks its syntax.
+    pub fn read(bytes: Bytes) -> Result<ClientMessage, serde_json::Error> {
+        if bytes.len() >= UNREAD_ARGUMENTS_MIN {
+            if let Some(read) = skim_call(&bytes) {
+                return Ok(read);
+            }
+        }
+        serde_json::from_slice::<Value>(&bytes).map(ClientMessage::from)
+    }
+
+    /// Puts the arguments, read, back into the message's params.
+    pub fn read_arguments(&mut self) -> Result<(), RelayError> {
+        let Some(arguments) = self.arguments.take() else {
+            return Ok(());
+        };
+        let mut params = self.message.get_mut("params").map(Value::take);
+        read_into(&mut params, arguments)?;
+        if let (Some(message), Some(params)) = (self.message.as_object_mut(), params) {
+            message.insert("params".into(), params);
+        }
+        Ok(())
+    }
+}
+
+/// `params` with `arguments`, read, among them.
+pub fn read_into(params: &mut Option<Value>, arguments: WrittenMember) -> Result<(), RelayError> {
+    let value = arguments.read().map_err(|error| {
+        RelayError::InvalidParams(format!("`{}` cannot be read: {error}", arguments.key()))
+    })?;
+    let object = params.get_or_insert_with(|| Value::Object(Map::new()));
+    if let Some(object) = object.as_object_mut() {
+        object.insert(arguments.key().into(), value);
+    }
+    Ok(())
+}
+
+/// A `tools/call` request whose arguments are an object of `UNREAD_ARGUMENTS_MIN`
+/// bytes or more, read but for them; `None` for anything else (it is read whole).
+fn skim_call(bytes: &Bytes) -> Option<ClientMessage> {
+    let members = serde_json::from_slice::<TopLevel>(bytes).ok()?.0;
+    let method = members.iter().find(|(key, _)| *key == "method")?;
+    if !matches!(method.1, Member::Value(raw) if raw.get() == "\"tools/call\"")
+        || !members.iter().any(|(key, _)| *key == "id")
+        || repeats(members.iter().map(|(key, _)| *key))
+    {
+        return None;
+    }
+    let params = members.iter().find_map(|(_, member)| match member {
+        Member::Params(params) => Some(params),
+        Member::Value(_) => None,
+    })?;
+    if repeats(params.iter().map(|(key, _)| key)) {
+        return None;
+    }
+    let arguments = params
+        .iter()
+        .find(|(key, _)| *key == "arguments")
+        .map(|(_, raw)| raw.get())
+        .filter(|text| text.len() >= UNREAD_ARGUMENTS_MIN && text.starts_with('{'))?;
+    let mut message = Map::new();
+    for (key, member) in &members {
+        let value = match member {
+            Member::Value(raw) => serde_json::from_str(raw.get()).ok()?,
+            Member::Params(params) => Value::Object(
+                params
+                    .iter()
+                    .filter(|(key, _)| *key != "arguments")
+                    .map(|(key, raw)| {
+                        Some((key.to_string(), serde_json::from_str(raw.get()).ok()?))
+                    })
+                    .collect::<Option<Map<_, _>>>()?,
+            ),
+        };
+        message.insert((*key).to_string(), value);
+    }
+    // Arguments a reader would refuse are read, and refused, with the message.
+    let arguments = WrittenMember::new("arguments", bytes.slice_ref(arguments.as_bytes()))?;
+    Some(ClientMessage {
+        message: Value::Object(message),
+        arguments: Some(arguments),
+    })
+}
+
+/// Whether a key comes twice (a reader keeps the last; such a message is read), or
+/// there are too many keys to compare in pairs (a JSON-RPC message has a handful).
+fn repeats<'a>(keys: impl ExactSizeIterator<Item = &'a str> + Clone) -> bool {
+    const MAX_KEYS: usize = 16;
+    keys.len() > MAX_KEYS
+        || keys
+            .clone()
+            .enumerate()
+            .any(|(index, key)| keys.clone().take(index).any(|earlier| earlier == key))
+}
+
+/// A message's members, `params` skimmed a level further in the same pass.
+struct TopLevel<'a>(Vec<(&'a str, Member<'a>)>);
+
+enum Member<'a> {
+    Value(&'a RawValue),
+    Params(Members<'a>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Skim<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for Skim<'a> {
+            type Value = TopLevel<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON-RPC message")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'a>, A::Error> {
+                let mut members = Vec::with_capacity(4);
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    let member = if key == "params" {
+                        Member::Params(map.next_value::<Members<'de>>()?)
+                    } else {
+                        Member::Value(map.next_value::<&'de RawValue>()?)
+                    };
+                    members.push((key, member));
+                }
+                Ok(TopLevel(members))
+            }
+        }
+        deserializer.deserialize_map(Skim(std::marker::PhantomData))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(arguments: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"echo","arguments":{arguments},"_meta":{{"progressToken":"p"}}}}}}"#
+        )
+    }
+
+    fn large(text: &str) -> String {
+        format!(
+            r#"{{ "text" : "{text}{}" , "n": [1, 2.5e3] }}"#,
+            "x".repeat(2000)
+        )
+    }
+
+    #[test]
+    fn a_large_arguments_object_stays_as_written() {
+        let arguments = large("caf\\u00e9 \\\"quoted\\\"");
+        let text = call(&arguments);
+        let read = ClientMessage::read(Bytes::from(text.clone())).unwrap();
+        let written = read.arguments.as_ref().unwrap();
+        assert_eq!(written.key(), "arguments");
+        assert_eq!(written.text(), arguments.as_bytes());
+        assert_eq!(
+            read.message,
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                   "params": {"name": "echo", "_meta": {"progressToken": "p"}}})
+        );
+        // Read back, it is the message a reader makes of the whole text.
+        let mut read = read;
+        read.read_arguments().unwrap();
+        assert!(read.arguments.is_none());
+        assert_eq!(read.message, serde_json::from_str::<Value>(&text).unwrap());
+    }
+
+    #[test]
+    fn anything_else_is_read_whole() {
+        let big = large("y");
+        let cases = [
+            // Small arguments, arguments not an object, another method, a notification.
+            call(r#"{"text":"short"}"#),
+            call(&format!(r#"["{}"]"#, "x".repeat(2000))),
+            call(&big).replace("tools/call", "prompts/get"),
+            call(&big).replace(r#""id":3,"#, ""),
+            // A key named twice, an escaped key, params not an object.
+            call(&big).replace(r#""name":"echo""#, r#""name":"echo","name":"other""#),
+            call(&big).replace(r#""id":3"#, r#""\u0069d":3"#),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":[{big}]}}"#),
+        ];
+        for text in cases {
+            let read = ClientMessage::read(Bytes::from(text.clone())).unwrap();
+            assert!(read.arguments.is_none(), "{text}");
+            assert_eq!(read.message, serde_json::from_str::<Value>(&text).unwrap());
+        }
+    }
+
+    #[test]
+    fn broken_json_is_a_parse_error_either_way() {
+        let text = call(&large("z"));
+        for broken in [&text[..text.len() - 1], &text.replace("\"n\"", "n")[..]] {
+            assert!(ClientMessage::read(Bytes::from(broken.to_string())).is_err());
+        }
+    }
+
+    #[test]
+    fn arguments_a_reader_refuses_are_refused_at_once() {
+        // Half a surrogate pair passes a skim; the message is read, and refused.
+        let text = call(&large("\\ud800"));
+        assert!(ClientMessage::read(Bytes::from(text)).is_err());
+        let text = call(&large("\\ud83d\\ude00"));
+        assert!(ClientMessage::read(Bytes::from(text)).is_ok_and(|read| read.arguments.is_some()));
+    }
+}
