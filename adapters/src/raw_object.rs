@@ -11,7 +11,8 @@ use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-/// An object as its sender wrote it: spacing and member order included.
+/// An object as its sender wrote it: spacing and member order included. One that
+/// spans lines is read instead: relayed as it is, it would break the line it goes on.
 #[derive(Clone)]
 pub struct RawObject {
     /// The message the object came in (or the object alone).
@@ -66,6 +67,9 @@ impl RawObject {
         if open == 0 || message[open - 1] != b'{' || message.get(close) != Some(&b'}') {
             return None;
         }
+        if !one_line(&message[open - 1..close + 1]) {
+            return None;
+        }
         Some(RawObject {
             message: message.clone(),
             span: open - 1..close + 1,
@@ -114,8 +118,9 @@ impl WrittenMember {
     /// `text` must be one JSON value (a skim found it); it is written out as it is.
     /// `None` if a `\u` escape in it names half a surrogate pair: a skim lets that
     /// pass, a reader refuses it, and some upstreams drop such a message unanswered.
+    /// `None` too if it spans lines (see [`RawObject`]).
     pub fn new(key: &'static str, text: Bytes) -> Option<WrittenMember> {
-        surrogates_pair_up(&text).then_some(WrittenMember { key, text })
+        (one_line(&text) && surrogates_pair_up(&text)).then_some(WrittenMember { key, text })
     }
 
     /// The member's key.
@@ -142,6 +147,13 @@ impl fmt::Debug for WrittenMember {
             .field("bytes", &self.text.len())
             .finish()
     }
+}
+
+/// Whether `text` has no line break. In JSON one can only be spacing between
+/// tokens (a pretty-printed body's), and what is passed on unread must fit in one
+/// line of newline-delimited JSON or one `data:` line of an event stream.
+fn one_line(text: &[u8]) -> bool {
+    memchr::memchr2(b'\n', b'\r', text).is_none()
 }
 
 /// Whether every `\u` escape for a UTF-16 surrogate in `text` (valid JSON) is
@@ -289,6 +301,7 @@ mod tests {
         ] {
             assert!(!member(lone), "{lone}");
         }
+        assert!(!member("{\"t\":\n\"x\"}"));
         // Each escape is checked, not just the first.
         assert!(!member(r#"{"a":"\ud83d\ude00","b":"\n\ude00"}"#));
     }
@@ -296,8 +309,8 @@ mod tests {
     #[test]
     fn only_objects_with_plain_keys_are_skimmed() {
         assert!(RawObject::skim(&b"{\"a\":1}"[..]).is_some());
-        assert!(RawObject::skim(&b"  {\n\"a\" :1\t}  "[..])
-            .is_some_and(|r| r.bytes() == b"{\n\"a\" :1\t}"));
+        assert!(RawObject::skim(&b" \n {\"a\" :1\t}\r\n"[..])
+            .is_some_and(|r| r.bytes() == b"{\"a\" :1\t}"));
         for text in [
             &b"{}"[..],
             b"{ }",
@@ -307,6 +320,9 @@ mod tests {
             b"{\"a\":1",
             b"{\"a\":}",
             b"{\"a\":1,\"a\":2}",
+            // Pretty-printed: relayed as it is, it would break its line.
+            b"{\n  \"a\": 1\n}",
+            b"{\"a\":\r[1]}",
         ] {
             assert!(
                 RawObject::skim(text).is_none(),

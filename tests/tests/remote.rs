@@ -854,3 +854,76 @@ async fn several_messages_in_one_json_body_are_each_taken() -> anyhow::Result<()
     drop(fixture);
     Ok(())
 }
+
+/// A line break in JSON can only be spacing between tokens, but what plexus relays
+/// unread must fit on one line: an HTTP upstream's pretty-printed answer reaches a
+/// stdio client as one line, and an HTTP client's pretty-printed call of kilobytes
+/// reaches a stdio upstream as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pretty_printed_json_is_relayed_on_one_line() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pretty = HttpFixture::start(
+        dir.path(),
+        any_port(),
+        &["--name", "pretty", "--stateless-json", "--pretty"],
+    )
+    .await?;
+    let sections = format!(
+        "{}{}",
+        remote_section("pretty", &pretty.url(), "transport = \"streamable-http\""),
+        plexus_tests::fixture_upstream("fx", "", &[]),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let long = "long ".repeat(400);
+
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for upstream in ["fx", "pretty"] {
+        let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": format!("{upstream}__echo"), "arguments": {"text": long}}});
+        let answer = session.post_raw(&serde_json::to_vec_pretty(&call)?).await?;
+        ensure!(
+            text_of(&answer["result"]) == long,
+            "{upstream}: {:.300}",
+            answer.to_string()
+        );
+    }
+
+    let config = daemon.stdio_config(&sections)?;
+    let config = config.display().to_string();
+    let mut stdio = plexus_tests::RawStdioSession::spawn(
+        &plexus_tests::plexus_binary(),
+        &["serve", "--stdio", "--config", &config],
+    )
+    .await?;
+    // The stdio daemon starts its upstreams once initialized.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = stdio.request("tools/list", json!({})).await?;
+        let tools = listed["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if tools.iter().any(|tool| tool["name"] == "pretty__echo") {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "never listed: {listed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for text in ["short", long.as_str()] {
+        let answer = stdio
+            .request(
+                "tools/call",
+                json!({"name": "pretty__echo", "arguments": {"text": text}}),
+            )
+            .await?;
+        ensure!(
+            text_of(&answer["result"]) == text,
+            "{:.300}",
+            answer.to_string()
+        );
+    }
+    stdio.close().await;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -89,6 +89,9 @@ struct Cli {
     /// result, in the same body.
     #[arg(long, requires = "stateless_json")]
     lines_body: bool,
+    /// With --stateless-json: pretty-print each JSON body (line breaks between tokens).
+    #[arg(long, requires = "stateless_json", conflicts_with = "lines_body")]
+    pretty: bool,
     /// With --http: append one JSON line per HTTP request (method, path, MCP headers) to PATH.
     #[arg(long, value_name = "PATH", requires = "http")]
     request_log: Option<PathBuf>,
@@ -231,6 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 required_header,
                 request_log: cli.request_log.clone(),
                 lines_body: cli.lines_body,
+                pretty: cli.pretty,
             };
             let cache_hints = cli.cache_hints;
             let extra_tools = extra::tools(cli.extra_tools);
