@@ -767,7 +767,12 @@ impl Hub {
     pub fn states(&self) -> Vec<(String, UpstreamState)> {
         self.upstreams()
             .values()
-            .map(|upstream| (upstream.name().to_string(), upstream.shared.state()))
+            .map(|upstream| {
+                (
+                    upstream.name().to_string(),
+                    upstream.shared.reported_state(),
+                )
+            })
             .collect()
     }
 

@@ -23,7 +23,7 @@ pub fn status(hub: &Hub, http_sessions: BTreeMap<String, usize>, started: Instan
     for upstream in hub.upstreams().values() {
         let name = upstream.name();
         let instance = &upstream.shared;
-        let state = instance.state();
+        let state = instance.reported_state();
         let history = instance.history();
         let (pid, live_tail) = instance.process();
         let stderr_tail = if live_tail.is_empty() {

@@ -297,6 +297,14 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
         .await?;
     ensure!(died["error"]["code"] == -33003, "{died}");
     ensure!(died["error"]["data"]["upstream"] == "fragile", "{died}");
+    // Readiness is never behind the calls: once a call has failed with its
+    // upstream gone, that upstream is not ready.
+    let (status, readiness) = daemon.admin_get("/readyz").await?;
+    let readiness: Value = serde_json::from_str(&readiness)?;
+    ensure!(
+        status == 503 && readiness["upstreams"]["fragile"] != "ready",
+        "{status} {readiness}"
+    );
     // While it is down its tools stay listed, and calls fail fast with its state.
     let down = session
         .request(

@@ -220,6 +220,24 @@ impl Instance {
         *self.state.borrow()
     }
 
+    /// The state as callers and operators are told it: a ready instance whose
+    /// connection has closed is stopping already (its supervisor says so a moment
+    /// later), so `/readyz` never calls an upstream ready once its calls fail.
+    pub fn reported_state(&self) -> UpstreamState {
+        let state = self.state();
+        let connected = self
+            .connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|connection| !connection.is_closed());
+        if state == UpstreamState::Ready && !connected {
+            UpstreamState::Stopping
+        } else {
+            state
+        }
+    }
+
     /// Whether a call starts this instance when it is idle.
     pub fn on_demand(&self) -> bool {
         self.on_demand
@@ -346,7 +364,7 @@ impl Instance {
 
     /// The error a call gets while this instance has no live connection.
     pub fn unavailable(&self) -> RelayError {
-        let state = self.state();
+        let state = self.reported_state();
         // When trying again can help, and after how long; a failed or disabled
         // upstream waits for an operator (retry_after_ms null, retryable false).
         let retry_after_ms = match state {
