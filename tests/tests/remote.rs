@@ -191,6 +191,14 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         !daemon.log().contains(secret),
         "the header's secret value reached plexus's log"
     );
+    // The GET stream is opened beside the calls, not before them (a pooled
+    // connection the server closed meanwhile makes it try again): wait for it.
+    plexus_tests::eventually(Duration::from_secs(15), || {
+        request_log(&requests)
+            .iter()
+            .any(|line| line["method"] == "GET")
+    })
+    .await;
     ensure!(daemon.stop().await?.success());
 
     // The fixture refused (401) any request without the header, so every request
