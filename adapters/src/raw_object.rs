@@ -49,7 +49,7 @@ impl RawObject {
             .map(|(key, value)| Some((range(key)?, range(value.get())?)))
             .collect::<Option<Vec<_>>>()?;
         // A key named twice is left to a reader to settle (readers keep the last).
-        if named_twice(message, &members) {
+        if named_twice(members.iter().map(|(name, _)| &message[name.clone()])) {
             return None;
         }
         let blank = |byte: &&u8| matches!(**byte, b' ' | b'\t' | b'\n' | b'\r');
@@ -192,20 +192,18 @@ fn surrogates_pair_up(text: &[u8]) -> bool {
     true
 }
 
-/// Whether two of the members share a key. A few are compared pairwise; many (a
-/// hostile sender's hundred thousand) go through a set, so this stays linear.
-fn named_twice(message: &[u8], members: &[(Range<usize>, Range<usize>)]) -> bool {
+/// Whether two of an object's keys are the same. A few are compared pairwise; many
+/// (a hostile sender's hundred thousand) go through a set, so this stays linear.
+pub fn named_twice<'k>(keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone) -> bool {
     const PAIRWISE: usize = 16;
-    let key = |range: &Range<usize>| &message[range.clone()];
-    if members.len() <= PAIRWISE {
-        return members.iter().enumerate().any(|(index, (name, _))| {
-            members[..index]
-                .iter()
-                .any(|(earlier, _)| key(earlier) == key(name))
-        });
+    if keys.len() <= PAIRWISE {
+        return keys
+            .clone()
+            .enumerate()
+            .any(|(index, key)| keys.clone().take(index).any(|earlier| earlier == key));
     }
-    let mut seen = std::collections::HashSet::with_capacity(members.len());
-    !members.iter().all(|(name, _)| seen.insert(key(name)))
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    !keys.into_iter().all(|key| seen.insert(key))
 }
 
 /// An object's members borrowed from the text being skimmed: keys without escapes

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use adapters::raw_object::Members;
+use adapters::raw_object::{named_twice, Members};
 use adapters::WrittenMember;
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
@@ -47,30 +47,25 @@ impl ClientMessage {
         serde_json::from_slice::<Value>(&bytes).map(ClientMessage::from)
     }
 
-    /// Puts the arguments, read, back into the message's params.
+    /// Puts the arguments, read, back into the message's params (an object: the
+    /// skim found them there).
     pub fn read_arguments(&mut self) -> Result<(), RelayError> {
         let Some(arguments) = self.arguments.take() else {
             return Ok(());
         };
-        let mut params = self.message.get_mut("params").map(Value::take);
-        read_into(&mut params, arguments)?;
-        if let (Some(message), Some(params)) = (self.message.as_object_mut(), params) {
-            message.insert("params".into(), params);
+        let value = read(&arguments)?;
+        if let Some(Value::Object(params)) = self.message.get_mut("params") {
+            params.insert(arguments.key().into(), value);
         }
         Ok(())
     }
 }
 
-/// `params` with `arguments`, read, among them.
-pub fn read_into(params: &mut Option<Value>, arguments: WrittenMember) -> Result<(), RelayError> {
-    let value = arguments.read().map_err(|error| {
+/// Reads arguments left unread, for plexus to look inside them.
+pub fn read(arguments: &WrittenMember) -> Result<Value, RelayError> {
+    arguments.read().map_err(|error| {
         RelayError::InvalidParams(format!("`{}` cannot be read: {error}", arguments.key()))
-    })?;
-    let object = params.get_or_insert_with(|| Value::Object(Map::new()));
-    if let Some(object) = object.as_object_mut() {
-        object.insert(arguments.key().into(), value);
-    }
-    Ok(())
+    })
 }
 
 /// A `tools/call` request whose arguments are an object of `UNREAD_ARGUMENTS_MIN`
@@ -80,7 +75,7 @@ fn skim_call(bytes: &Bytes) -> Option<ClientMessage> {
     let method = members.iter().find(|(key, _)| *key == "method")?;
     if !matches!(method.1, Member::Value(raw) if raw.get() == "\"tools/call\"")
         || !members.iter().any(|(key, _)| *key == "id")
-        || repeats(members.iter().map(|(key, _)| *key))
+        || named_twice(members.iter().map(|(key, _)| key.as_bytes()))
     {
         return None;
     }
@@ -88,7 +83,7 @@ fn skim_call(bytes: &Bytes) -> Option<ClientMessage> {
         Member::Params(params) => Some(params),
         Member::Value(_) => None,
     })?;
-    if repeats(params.iter().map(|(key, _)| key)) {
+    if named_twice(params.iter().map(|(key, _)| key.as_bytes())) {
         return None;
     }
     let arguments = params
@@ -118,17 +113,6 @@ fn skim_call(bytes: &Bytes) -> Option<ClientMessage> {
         message: Value::Object(message),
         arguments: Some(arguments),
     })
-}
-
-/// Whether a key comes twice (a reader keeps the last; such a message is read), or
-/// there are too many keys to compare in pairs (a JSON-RPC message has a handful).
-fn repeats<'a>(keys: impl ExactSizeIterator<Item = &'a str> + Clone) -> bool {
-    const MAX_KEYS: usize = 16;
-    keys.len() > MAX_KEYS
-        || keys
-            .clone()
-            .enumerate()
-            .any(|(index, key)| keys.clone().take(index).any(|earlier| earlier == key))
 }
 
 /// A message's members, `params` skimmed a level further in the same pass.

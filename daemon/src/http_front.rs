@@ -374,6 +374,20 @@ impl HttpFront {
         mut received: ClientMessage,
         identity: Identity,
     ) -> Response<Body> {
+        let catalog = self.hub.catalog_for(identity.view.as_deref());
+        // The headers are checked against the arguments a tool mirrors into them.
+        let message = &received.message;
+        let mirrors_arguments = message
+            .get("method")
+            .and_then(Value::as_str)
+            .and_then(|method| era::mirrored_name(method, message.get("params")))
+            .flatten()
+            .is_some_and(|name| !catalog.param_headers(name).is_empty());
+        let arguments_read = if mirrors_arguments {
+            received.read_arguments()
+        } else {
+            Ok(())
+        };
         let message = &received.message;
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let Some(method) = message.get("method").and_then(Value::as_str) else {
@@ -386,22 +400,8 @@ impl HttpFront {
             // This revision defines no notification a client sends over HTTP.
             return empty(StatusCode::ACCEPTED);
         }
-        let catalog = self.hub.catalog_for(identity.view.as_deref());
-        // The headers are checked against the arguments a tool mirrors into them.
-        let mirrors_arguments = era::mirrored_name(method, message.get("params"))
-            .flatten()
-            .is_some_and(|name| !catalog.param_headers(name).is_empty());
-        let mut checked = Ok(());
-        if mirrors_arguments {
-            checked = received.read_arguments();
-        }
-        let message = &received.message;
-        let method = message
-            .get("method")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
         let params = message.get("params");
-        let checked = checked
+        let checked = arguments_read
             .and_then(|()| check_mirrored_headers(headers, method, params, &catalog))
             .and_then(|()| era::check_meta(params));
         if let Err(error) = checked {

@@ -623,13 +623,12 @@ impl Hub {
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.
         let request = match (call.arguments, params) {
-            (Some(arguments), params) => {
-                let params = match params {
-                    Some(Value::Object(params)) => params,
-                    // A tool call's params are an object by the time they are relayed.
-                    _ => serde_json::Map::new(),
-                };
+            // A tool call's params are an object by the time they are relayed.
+            (Some(arguments), Some(Value::Object(params))) => {
                 connection.prepare_with_member(method, params, arguments.clone())
+            }
+            (Some(arguments), _) => {
+                connection.prepare_with_member(method, serde_json::Map::new(), arguments.clone())
             }
             (None, params) => connection.prepare(method, params),
         };

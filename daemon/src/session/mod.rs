@@ -565,9 +565,9 @@ impl Session {
                 .dispatch_unaudited(method, params, arguments, related)
                 .await;
         }
-        // The trail hashes the arguments.
-        if let Some(arguments) = arguments {
-            client_message::read_into(&mut params, arguments)?;
+        // The trail hashes the arguments (a skim found them in params, an object).
+        if let (Some(arguments), Some(Value::Object(object))) = (arguments, params.as_mut()) {
+            object.insert(arguments.key().into(), client_message::read(&arguments)?);
         }
         // What the trail says of the request, taken before it is consumed.
         let catalog = self.catalog();
@@ -676,12 +676,7 @@ impl Session {
                 let designated = catalog.param_headers(&name);
                 let arguments = match arguments {
                     Some(arguments) if !designated.is_empty() => {
-                        let mut object = Some(Value::Object(params));
-                        client_message::read_into(&mut object, arguments)?;
-                        params = match object {
-                            Some(Value::Object(object)) => object,
-                            _ => Map::new(),
-                        };
+                        params.insert(arguments.key().into(), client_message::read(&arguments)?);
                         None
                     }
                     arguments => arguments,

@@ -225,13 +225,7 @@ impl Instance {
     /// later), so `/readyz` never calls an upstream ready once its calls fail.
     pub fn reported_state(&self) -> UpstreamState {
         let state = self.state();
-        let connected = self
-            .connection
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|connection| !connection.is_closed());
-        if state == UpstreamState::Ready && !connected {
+        if state == UpstreamState::Ready && self.live_connection().is_none() {
             UpstreamState::Stopping
         } else {
             state
