@@ -120,7 +120,8 @@ impl WrittenMember {
     /// pass, a reader refuses it, and some upstreams drop such a message unanswered.
     /// `None` too if it spans lines (see [`RawObject`]).
     pub fn new(key: &'static str, text: Bytes) -> Option<WrittenMember> {
-        (one_line(&text) && surrogates_pair_up(&text)).then_some(WrittenMember { key, text })
+        (one_line(&text) && crate::escapes::lone_surrogate(&text).is_none())
+            .then_some(WrittenMember { key, text })
     }
 
     /// The member's key.
@@ -154,42 +155,6 @@ impl fmt::Debug for WrittenMember {
 /// line of newline-delimited JSON or one `data:` line of an event stream.
 fn one_line(text: &[u8]) -> bool {
     memchr::memchr2(b'\n', b'\r', text).is_none()
-}
-
-/// Whether every `\u` escape for a UTF-16 surrogate in `text` (valid JSON) is
-/// half of a pair, high then low, as a reader requires.
-fn surrogates_pair_up(text: &[u8]) -> bool {
-    let hex = |at: usize| {
-        let digits = text.get(at..at + 4)?;
-        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
-    };
-    let mut at = 0;
-    while let Some(found) = text.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
-        let slash = at + found;
-        // Valid JSON: a backslash starts an escape, inside a string.
-        if text.get(slash + 1) != Some(&b'u') {
-            at = slash + 2;
-            continue;
-        }
-        let Some(unit) = hex(slash + 2) else {
-            return false;
-        };
-        at = slash + 6;
-        match unit {
-            0xD800..=0xDBFF => {
-                let low = (text.get(at..at + 2) == Some(&b"\\u"[..]))
-                    .then(|| hex(at + 2))
-                    .flatten();
-                if !low.is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) {
-                    return false;
-                }
-                at += 6;
-            }
-            0xDC00..=0xDFFF => return false,
-            _ => {}
-        }
-    }
-    true
 }
 
 /// Whether two of an object's keys are the same. A few are compared pairwise; many
