@@ -137,6 +137,10 @@ pub enum ConnectionError {
     NotSent,
     #[error("the upstream sent a message over the {limit}-byte limit")]
     TooLarge { limit: usize },
+    /// The upstream answered the request with a message that is not JSON (its id
+    /// could still be found at its start).
+    #[error("the upstream's reply is not JSON: {reason}")]
+    Malformed { reason: String },
     /// An HTTP upstream answered with a status and no JSON-RPC reply.
     #[error("{url} answered HTTP {status}{}", detail_suffix(.detail))]
     HttpStatus {
@@ -217,6 +221,17 @@ impl PendingRequests {
         }
     }
 
+    /// Fails the request whose id starts `message`, a message that could not be
+    /// read: its caller learns why now rather than at its deadline. False if no
+    /// request of ours is named there.
+    pub(crate) fn fail_unreadable(&self, message: &[u8], error: &serde_json::Error) -> bool {
+        let head = &message[..message.len().min(64)];
+        id_in_head(head).is_some_and(|id| {
+            let reason = error.to_string();
+            self.complete(id, Err(ConnectionError::Malformed { reason }))
+        })
+    }
+
     pub(crate) fn fail_all(&self, error: ConnectionError) {
         let drained: Vec<_> = self.lock().drain().collect();
         for (_, waiting) in drained {
@@ -247,12 +262,36 @@ struct Envelope<'a> {
 
 /// Reads one message from an upstream. A reply whose request asked for its result
 /// unread is only skimmed (its head names the request); anything else is parsed
-/// whole. `None`: not JSON.
-pub(crate) fn read_message(bytes: Bytes, pending: &PendingRequests) -> Option<Incoming> {
+/// whole. An error: not JSON.
+pub(crate) fn read_message(
+    bytes: Bytes,
+    pending: &PendingRequests,
+) -> Result<Incoming, serde_json::Error> {
     if let Some((id, reply)) = skim_reply(&bytes, pending) {
-        return Some(Incoming::Reply { id, reply });
+        return Ok(Incoming::Reply { id, reply });
     }
-    serde_json::from_slice::<Value>(&bytes).ok().map(classify)
+    serde_json::from_slice::<Value>(&bytes).map(classify)
+}
+
+/// An upstream's message with each lone surrogate escape in it made U+FFFD (see
+/// `escapes`): unread or read, any client can then take it.
+pub(crate) fn with_paired_surrogates(
+    message: Bytes,
+    upstream: &str,
+    stats: &ConnectionStats,
+) -> Bytes {
+    let Some(repaired) = crate::escapes::repair_lone_surrogates(&message) else {
+        return message;
+    };
+    let count = stats.lone_surrogates.fetch_add(1, Ordering::Relaxed) + 1;
+    if count <= 5 || count.is_multiple_of(100) {
+        tracing::warn!(
+            upstream,
+            count,
+            "the upstream escaped half a UTF-16 surrogate pair; relayed as U+FFFD"
+        );
+    }
+    Bytes::from(repaired)
 }
 
 /// A reply (one message, nothing after it) to a request that asked for its result
@@ -437,6 +476,8 @@ pub struct ConnectionStats {
     pub dropped_stdout_lines: AtomicU64,
     /// Replies that arrived after their caller gave up.
     pub late_replies: AtomicU64,
+    /// Messages with half a surrogate pair escaped, relayed with U+FFFD instead.
+    pub lone_surrogates: AtomicU64,
     /// Processes started (or HTTP connections opened) with these counters.
     pub spawns: AtomicU64,
     /// Lines the upstream wrote on stderr, and how many of them the log left out.
@@ -470,7 +511,7 @@ mod tests {
         let reply =
             |id: u64| format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"b": 1, "a":[2]}}}}"#);
 
-        let Some(Incoming::Reply {
+        let Ok(Incoming::Reply {
             id,
             reply: Reply::Unread(raw),
         }) = read_message(reply(unread).into(), &pending)
@@ -484,27 +525,27 @@ mod tests {
 
         assert!(matches!(
             read_message(reply(plain).into(), &pending),
-            Some(Incoming::Reply { reply: Reply::Result(result), .. }) if result == json!({"b": 1, "a": [2]})
+            Ok(Incoming::Reply { reply: Reply::Result(result), .. }) if result == json!({"b": 1, "a": [2]})
         ));
         // A request or an error under that id, and anything else, is read whole.
         let request = format!(r#"{{"jsonrpc":"2.0","id":{unread},"method":"roots/list"}}"#);
         assert!(matches!(
             read_message(request.into(), &pending),
-            Some(Incoming::Request(_))
+            Ok(Incoming::Request(_))
         ));
         let error =
             format!(r#"{{"jsonrpc":"2.0","id":{unread},"error":{{"code":-1,"message":"m"}}}}"#);
         assert!(matches!(
             read_message(error.into(), &pending),
-            Some(Incoming::Reply {
+            Ok(Incoming::Reply {
                 reply: Reply::Error(_),
                 ..
             })
         ));
-        assert!(read_message(Bytes::from_static(b"not json"), &pending).is_none());
+        assert!(read_message(Bytes::from_static(b"not json"), &pending).is_err());
         // Skimming lets a lone surrogate escape pass; reading it is an error.
         let lone = format!(r#"{{"jsonrpc":"2.0","id":{unread},"result":{{"t":"\ud800"}}}}"#);
-        let Some(Incoming::Reply { reply, .. }) = read_message(lone.into(), &pending) else {
+        let Ok(Incoming::Reply { reply, .. }) = read_message(lone.into(), &pending) else {
             panic!("a skimmable reply was dropped");
         };
         assert!(matches!(reply.into_result(), Err(error) if error["code"] == -32603));
@@ -513,6 +554,32 @@ mod tests {
             Reply::Unread(RawObject::skim(&br#"{"a":[1]}"#[..]).unwrap()),
             Reply::Result(json!({"a": [1]}))
         );
+    }
+
+    #[test]
+    fn lone_surrogates_are_paired_and_an_unreadable_reply_fails_its_request() {
+        let stats = ConnectionStats::default();
+        let lone = Bytes::from_static(br#"{"id":1,"result":{"t":"\ud83d!"}}"#);
+        let paired = with_paired_surrogates(lone, "u", &stats);
+        assert_eq!(&paired[..], br#"{"id":1,"result":{"t":"\ufffd!"}}"#);
+        assert_eq!(stats.lone_surrogates.load(Ordering::Relaxed), 1);
+        let plain = Bytes::from_static(br#"{"id":1,"result":{"t":"\ud83d\ude00"}}"#);
+        assert_eq!(with_paired_surrogates(plain.clone(), "u", &stats), plain);
+        assert_eq!(stats.lone_surrogates.load(Ordering::Relaxed), 1);
+
+        let pending = PendingRequests::default();
+        let (id, mut reply) = pending.register();
+        let broken = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"t":"\x"}}}}"#);
+        let Err(error) = read_message(broken.clone().into(), &pending) else {
+            panic!("read an invalid escape");
+        };
+        assert!(!pending.fail_unreadable(b"{\"jsonrpc\":\"2.0\",\"id\":999}", &error));
+        assert!(pending.fail_unreadable(broken.as_bytes(), &error));
+        assert!(matches!(
+            reply.try_recv(),
+            Ok(Err(ConnectionError::Malformed { reason })) if reason.contains("escape")
+        ));
+        assert_eq!(pending.in_flight(), 0);
     }
 
     #[test]

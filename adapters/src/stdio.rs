@@ -21,8 +21,8 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    encode_request, id_in_head, our_id, read_message, ConnectionError, Events, Incoming, Params,
-    PendingRequests, SharedPending, UpstreamEvent,
+    encode_request, id_in_head, our_id, read_message, with_paired_surrogates, ConnectionError,
+    Events, Incoming, Params, PendingRequests, SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
 
@@ -331,9 +331,18 @@ async fn read_loop(state: ReadLoop) {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let Some(message) = read_message(line.clone(), &pending) else {
-            note_dropped_line(&upstream, &stats, &line);
-            continue;
+        let line = with_paired_surrogates(line, &upstream, &stats);
+        let message = match read_message(line.clone(), &pending) {
+            Ok(message) => message,
+            Err(error) => {
+                // A reply plexus cannot read fails its call now, not at its deadline.
+                if pending.fail_unreadable(&line, &error) {
+                    tracing::warn!(upstream = %upstream, %error, "the upstream's reply is not JSON; its call failed");
+                } else {
+                    note_dropped_line(&upstream, &stats, &line);
+                }
+                continue;
+            }
         };
         match message {
             Incoming::Reply { id, reply } => {

@@ -670,7 +670,9 @@ impl Hub {
                 limit,
             }),
             Ok(Err(
-                error @ (ConnectionError::HttpStatus { .. } | ConnectionError::Broken { .. }),
+                error @ (ConnectionError::HttpStatus { .. }
+                | ConnectionError::Broken { .. }
+                | ConnectionError::Malformed { .. }),
             )) => Err(RelayError::FailedMidCall {
                 upstream: upstream_name.to_string(),
                 reason: error.to_string(),

@@ -5,9 +5,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::{
-    fixture_binary, fixture_upstream, http_client, plexus_binary, Daemon, RawHttpSession,
-    RawStdioSession, TestClient,
+    arguments, fixture_binary, fixture_upstream, http_client, plexus_binary, Daemon, HttpFixture,
+    RawHttpSession, RawStdioSession, TestClient,
 };
+use rmcp::model::CallToolRequestParams;
+use rmcp::ServiceError;
 use serde_json::{json, Value};
 
 /// The same requests sent to the fixture directly and through plexus.
@@ -768,4 +770,86 @@ fn nonblocking(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<bool> 
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     let flags = fcntl(std::os::fd::AsRawFd::as_raw_fd(socket), FcntlArg::F_GETFL)?;
     Ok(OFlag::from_bits_truncate(flags).contains(OFlag::O_NONBLOCK))
+}
+
+/// An upstream that escapes half a UTF-16 surrogate pair (as JavaScript writes a
+/// string cut inside an emoji) is relayed with U+FFFD in its place, so a strict
+/// client (rmcp's) takes the answer, small (read) or large (unread); an answer that
+/// is not JSON at all fails its call at once, naming the upstream, rather than at
+/// the call's deadline. Over stdio, an HTTP event stream and a plain JSON body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_broken_escapes_are_repaired_or_fail_the_call_at_once() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let streamed = HttpFixture::start(
+        dir.path(),
+        loopback,
+        &["--name", "streamed", "--raw-escapes"],
+    )
+    .await?;
+    let plain = HttpFixture::start(
+        dir.path(),
+        loopback,
+        &["--name", "plain", "--stateless-json", "--raw-escapes"],
+    )
+    .await?;
+    // Deadlines far beyond the test's patience: a failure must not wait for one.
+    let deadline = "call_timeout = \"120s\"";
+    let sections = format!(
+        "{}[upstreams.streamed]\nurl = {:?}\n{deadline}\n[upstreams.plain]\nurl = {:?}\n{deadline}\n",
+        fixture_upstream("piped", deadline, &["--name", "piped", "--raw-escapes"]),
+        streamed.url(),
+        plain.url(),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let echo = |upstream: &str, text: &str| {
+        CallToolRequestParams::new(format!("{upstream}__echo"))
+            .with_arguments(arguments(json!({ "text": text })))
+    };
+    for upstream in ["piped", "streamed", "plain"] {
+        for filler in [0, 4096] {
+            let text = format!("{}cut <lone-surrogate> here", "f".repeat(filler));
+            let result = client
+                .call_tool(echo(upstream, &text))
+                .await
+                .with_context(|| format!("{upstream}, {filler} bytes before the cut"))?;
+            let echoed = serde_json::to_value(&result)?;
+            ensure!(
+                echoed["content"][0]["text"] == text.replace("<lone-surrogate>", "\u{FFFD}"),
+                "{upstream}: {:.300}",
+                echoed.to_string()
+            );
+            ensure!(echoed["structuredContent"]["text"] == echoed["content"][0]["text"]);
+        }
+        let started = Instant::now();
+        let failed = client
+            .call_tool(echo(upstream, "not <bad-escape> JSON"))
+            .await;
+        let Err(ServiceError::McpError(error)) = failed else {
+            anyhow::bail!("{upstream}: a reply that is not JSON got {failed:?}");
+        };
+        ensure!(
+            error
+                .data
+                .as_ref()
+                .is_some_and(|d| d["upstream"] == upstream)
+                && error.message.contains("not JSON"),
+            "{upstream}: {error:?}"
+        );
+        ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "{upstream}: the call waited {:?}",
+            started.elapsed()
+        );
+        // The upstream still serves.
+        let result = client.call_tool(echo(upstream, "after")).await?;
+        ensure!(serde_json::to_value(&result)?["content"][0]["text"] == "after");
+    }
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    streamed.kill().await?;
+    plain.kill().await?;
+    Ok(())
 }

@@ -35,8 +35,9 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, skim_reply, ConnectionError, Events,
-    Incoming as Classified, Params, PendingRequests, Reply, SharedPending, UpstreamEvent,
+    classify, encode_request, id_in_head, our_id, skim_reply, with_paired_surrogates,
+    ConnectionError, Events, Incoming as Classified, Params, PendingRequests, Reply, SharedPending,
+    UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
 use sse::{SseDecoder, SseItem};
@@ -903,7 +904,7 @@ impl Shared {
         }
         match self.read_body(response.into_body()).await {
             Ok(body) => {
-                let body = Bytes::from(body);
+                let body = with_paired_surrogates(Bytes::from(body), &self.upstream, &self.stats);
                 // Usually one message; a server may put several on separate lines
                 // (its notifications, then the reply): each is taken as it comes.
                 let mut answered = false;
@@ -1083,7 +1084,8 @@ impl Shared {
                         // Priming events, keep-alives, and event types that carry no message.
                         continue;
                     }
-                    let data = Bytes::from(data);
+                    let data =
+                        with_paired_surrogates(Bytes::from(data), &self.upstream, &self.stats);
                     if let Some((id, reply)) = skim_reply(&data, &self.pending) {
                         answered.push(self.settle(id, reply, initialize));
                         continue;
@@ -1091,6 +1093,11 @@ impl Shared {
                     match serde_json::from_slice::<Value>(&data) {
                         Ok(message) => {
                             answered.push(self.dispatch(message, origin, initialize).await)
+                        }
+                        // A reply plexus cannot read fails its call now, not at its deadline.
+                        Err(error) if self.pending.fail_unreadable(&data, &error) => {
+                            tracing::warn!(upstream = %self.upstream, %error, "the upstream's reply is not JSON; its call failed");
+                            answered.push(id_in_head(&data[..data.len().min(64)]));
                         }
                         Err(_) => self.note_dropped(&data),
                     }

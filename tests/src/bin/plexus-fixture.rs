@@ -114,8 +114,12 @@ struct Cli {
     /// Over stdio, write rmcp's output straight to stdout, without the output
     /// filter's vendor patches (which parse and write every message again, on a
     /// task of their own): the server `--http` is, for benchmarks.
-    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk"])]
+    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes"])]
     unfiltered: bool,
+    /// Write `<lone-surrogate>` in any output as half a surrogate pair's escape
+    /// (`\ud83d`) and `<bad-escape>` as an escape JSON does not have (`\x`).
+    #[arg(long)]
+    raw_escapes: bool,
 }
 
 fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
@@ -235,6 +239,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 request_log: cli.request_log.clone(),
                 lines_body: cli.lines_body,
                 pretty: cli.pretty,
+                raw_escapes: cli.raw_escapes,
             };
             let cache_hints = cli.cache_hints;
             let extra_tools = extra::tools(cli.extra_tools);
@@ -273,6 +278,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     banner: cli.banner,
                     drift_file: cli.drift_file.clone(),
                     oversized_junk: cli.oversized_junk,
+                    raw_escapes: cli.raw_escapes,
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
