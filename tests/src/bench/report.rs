@@ -148,13 +148,18 @@ impl CellResult {
 
     /// `metric`'s median for `target` over the baseline's, as text.
     fn ratio(&self, target: Target, metric: Metric) -> String {
+        self.ratio_to(target, Target::BASELINE, metric)
+    }
+
+    /// `metric`'s median for `target` over `base`'s, as text.
+    fn ratio_to(&self, target: Target, base: Target, metric: Metric) -> String {
         let find = |wanted: Target| {
             self.rows
                 .iter()
                 .find(|(target, _)| *target == wanted)
                 .map(|(_, summary)| metric(summary).median)
         };
-        match (find(target), find(Target::BASELINE)) {
+        match (find(target), find(base)) {
             (Some(value), Some(base)) => format!("{:.2}", value / base),
             _ => "-".to_string(),
         }
@@ -215,6 +220,40 @@ pub fn print_overview(results: &[CellResult]) {
         for (target, _) in &first.rows {
             let mut row = vec![target.label().to_string()];
             row.extend(results.iter().map(|r| r.ratio(*target, metric)));
+            table.push(row);
+        }
+        print_table(&table);
+    }
+}
+
+/// plexus's own cost, cell by cell: each plexus target over the same kind of
+/// client calling the server directly (the 2026-07-28 client over direct-http-2026,
+/// the stdio ones over direct-stdio), so what an era or a transport costs by
+/// itself is not counted against plexus.
+pub fn print_overheads(results: &[CellResult]) {
+    let Some(first) = results.first() else {
+        return;
+    };
+    let pairs: Vec<(Target, Target)> = first
+        .rows
+        .iter()
+        .filter_map(|(target, _)| Some((*target, target.direct_counterpart()?)))
+        .filter(|(_, direct)| first.rows.iter().any(|(t, _)| t == direct))
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let metrics: [(&str, Metric); 2] =
+        [("p50 latency", |s| s.p50), ("throughput", |s| s.throughput)];
+    for (name, metric) in metrics {
+        println!();
+        println!("{name} / the same client's direct target's, every cell");
+        let mut header = vec!["target / direct".to_string()];
+        header.extend(results.iter().map(|r| r.cell.short_label()));
+        let mut table = vec![header];
+        for (target, direct) in &pairs {
+            let mut row = vec![format!("{} / {}", target.label(), direct.label())];
+            row.extend(results.iter().map(|r| r.ratio_to(*target, *direct, metric)));
             table.push(row);
         }
         print_table(&table);

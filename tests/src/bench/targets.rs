@@ -72,6 +72,18 @@ impl Target {
         }
     }
 
+    /// The server called directly by the same kind of client: what the target
+    /// costs over going without plexus (a stdio host would run the server itself,
+    /// so `plexus connect` is set against direct-stdio). `None` for direct targets.
+    pub fn direct_counterpart(self) -> Option<Target> {
+        match self {
+            Target::DirectStdio | Target::DirectHttp | Target::DirectHttp2026 => None,
+            Target::PlexusHttp | Target::PlexusRemote => Some(Target::DirectHttp),
+            Target::PlexusStdio | Target::PlexusConnect => Some(Target::DirectStdio),
+            Target::Plexus2026 => Some(Target::DirectHttp2026),
+        }
+    }
+
     /// The echo tool's name as this target lists it.
     pub fn tool(self) -> &'static str {
         match self {

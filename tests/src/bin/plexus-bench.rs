@@ -257,6 +257,7 @@ async fn measure_all(plan: &Plan, sessions: &[(Target, Vec<Client>)]) -> anyhow:
         cells.push(result);
     }
     report::print_overview(&cells);
+    report::print_overheads(&cells);
     Ok(())
 }
 
