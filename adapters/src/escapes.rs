@@ -35,10 +35,12 @@ const ESCAPE: usize = 6;
 const REPLACEMENT: &[u8; ESCAPE] = b"\\ufffd";
 
 fn lone_surrogate_from(text: &[u8], from: usize) -> Option<usize> {
-    let rest = text.get(from..)?;
+    // Most text has no backslash at all: one memchr pass (several times faster
+    // than the two-byte search) settles it.
+    let from = from + memchr::memchr(b'\\', text.get(from..)?)?;
     // Past a pair's low half, which the finder would otherwise meet again.
     let mut skip_to = from;
-    for found in memmem::find_iter(rest, b"\\u") {
+    for found in memmem::find_iter(&text[from..], b"\\u") {
         let start = from + found;
         if start < skip_to || escaped(text, start) {
             continue;
