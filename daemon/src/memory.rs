@@ -75,10 +75,13 @@ pub fn release_free_memory() {}
 /// While the catalog is read, blocks this large get pages of their own, given back
 /// when freed (glibc's initial threshold, held fixed).
 const READING_OWN_PAGES_FROM: usize = 128 * 1024;
-/// Once it has settled, a large message's buffers (a 1 MiB call, twice that as
-/// they grow) stay in the heap to be reused, and so does that much free memory at
-/// its top: pages of their own for each would cost a fault per page per message.
-const SETTLED_OWN_PAGES_FROM: usize = 4 << 20;
+/// Once it has settled, a large message's buffers stay in the heap to be reused,
+/// and so does twice that much free memory at its top: pages of their own for
+/// each would cost a fault per page per message. A 1 MiB call's answer is often
+/// twice that (an echo's text is in `content` and `structuredContent`), read into a
+/// buffer that doubles as it grows: 4 MiB, which a 4 MiB threshold put on pages of
+/// its own (about 550 faults per call in a stdio daemon).
+const SETTLED_OWN_PAGES_FROM: usize = 8 << 20;
 
 /// Keeps the large blocks of reading a catalog (a listing's line, the pin file, the
 /// kept listings) on pages of their own. glibc otherwise raises its threshold to the
