@@ -266,6 +266,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_UNAVAILABLE);
                 }
             };
+            // A bridge reads no catalog: its large blocks are messages from the start.
+            memory::fix_thresholds_for_messages();
             let Some(runtime) = runtime() else {
                 return ExitCode::FAILURE;
             };
