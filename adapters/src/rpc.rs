@@ -320,15 +320,22 @@ pub(crate) fn skim_reply(bytes: &Bytes, pending: &PendingRequests) -> Option<(Va
 
 /// Classifies one parsed message from an upstream.
 pub(crate) enum Incoming {
-    Reply { id: Value, reply: Reply },
+    Reply {
+        id: Value,
+        reply: Reply,
+    },
     Notification(Value),
     Request(Value),
+    /// A JSON-RPC batch: its messages, each to classify in turn.
+    Batch(Vec<Value>),
     Invalid,
 }
 
 pub(crate) fn classify(message: Value) -> Incoming {
-    let Value::Object(mut object) = message else {
-        return Incoming::Invalid;
+    let mut object = match message {
+        Value::Object(object) => object,
+        Value::Array(batch) if !batch.is_empty() => return Incoming::Batch(batch),
+        _ => return Incoming::Invalid,
     };
     let has_method = object.get("method").is_some_and(Value::is_string);
     let has_id = object.get("id").is_some_and(|id| !id.is_null());
@@ -583,6 +590,23 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_classified_as_its_messages() {
+        let batch = json!([{"jsonrpc": "2.0", "method": "notifications/message"}, {"jsonrpc": "2.0", "id": 3, "result": {}}]);
+        let Incoming::Batch(messages) = classify(batch) else {
+            panic!("a batch was not taken as one");
+        };
+        assert!(matches!(
+            classify(messages[0].clone()),
+            Incoming::Notification(_)
+        ));
+        assert!(matches!(
+            classify(messages[1].clone()),
+            Incoming::Reply { .. }
+        ));
+        assert!(matches!(classify(json!([])), Incoming::Invalid));
+    }
+
+    #[test]
     fn classifies_replies_events_and_garbage() {
         assert!(matches!(
             classify(json!({"jsonrpc":"2.0","id":3,"result":{"x":1}})),
@@ -606,7 +630,13 @@ mod tests {
             classify(json!({"jsonrpc":"2.0","id":"s1","method":"roots/list"})),
             Incoming::Request(_)
         ));
-        assert!(matches!(classify(json!([1, 2])), Incoming::Invalid));
+        // A batch of things that are not messages: each is dropped in turn.
+        let Incoming::Batch(batch) = classify(json!([1, 2])) else {
+            panic!("not a batch");
+        };
+        assert!(batch
+            .into_iter()
+            .all(|m| matches!(classify(m), Incoming::Invalid)));
         assert!(matches!(
             classify(json!({"jsonrpc":"2.0","id":1})),
             Incoming::Invalid

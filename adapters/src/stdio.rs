@@ -21,8 +21,8 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    encode_request, id_in_head, our_id, read_message, with_paired_surrogates, ConnectionError,
-    Events, Incoming, Params, PendingRequests, SharedPending, UpstreamEvent,
+    classify, encode_request, id_in_head, our_id, read_message, with_paired_surrogates,
+    ConnectionError, Events, Incoming, Params, PendingRequests, SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
 
@@ -345,31 +345,59 @@ async fn read_loop(state: ReadLoop) {
             }
         };
         match message {
-            Incoming::Reply { id, reply } => {
-                let completed = our_id(&id).is_some_and(|id| pending.complete(id, Ok(reply)));
-                if !completed {
-                    stats.late_replies.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(upstream = %upstream, %id, "dropped a reply nobody waits for");
+            // A batch (JSON-RPC 2.0; MCP until 2025-06-18): each of its messages in turn.
+            Incoming::Batch(batch) => {
+                for message in batch {
+                    let message = classify(message);
+                    if !handle(message, &upstream, &pending, &events, &stats).await {
+                        note_dropped_line(&upstream, &stats, &line);
+                    }
                 }
             }
-            Incoming::Notification(message) => {
-                events
-                    .deliver(&upstream, UpstreamEvent::Notification(message))
-                    .await
+            message => {
+                if !handle(message, &upstream, &pending, &events, &stats).await {
+                    note_dropped_line(&upstream, &stats, &line);
+                }
             }
-            Incoming::Request(message) => {
-                let event = UpstreamEvent::Request {
-                    message,
-                    origin: None,
-                };
-                events.deliver(&upstream, event).await
-            }
-            Incoming::Invalid => note_dropped_line(&upstream, &stats, &line),
         }
     }
     // Closed first, so no new request can register after the sweep.
     closed.cancel();
     pending.fail_all(ConnectionError::Closed);
+}
+
+/// Completes the request a reply answers, or hands on what the upstream sent on
+/// its own. False for what is not a JSON-RPC message (a batch within a batch too).
+async fn handle(
+    message: Incoming,
+    upstream: &str,
+    pending: &PendingRequests,
+    events: &Events,
+    stats: &ConnectionStats,
+) -> bool {
+    match message {
+        Incoming::Reply { id, reply } => {
+            let completed = our_id(&id).is_some_and(|id| pending.complete(id, Ok(reply)));
+            if !completed {
+                stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(upstream, %id, "dropped a reply nobody waits for");
+            }
+        }
+        Incoming::Notification(message) => {
+            events
+                .deliver(upstream, UpstreamEvent::Notification(message))
+                .await
+        }
+        Incoming::Request(message) => {
+            let event = UpstreamEvent::Request {
+                message,
+                origin: None,
+            };
+            events.deliver(upstream, event).await
+        }
+        Incoming::Batch(_) | Incoming::Invalid => return false,
+    }
+    true
 }
 
 fn note_dropped_line(upstream: &str, stats: &ConnectionStats, line: &[u8]) {

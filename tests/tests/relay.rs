@@ -853,3 +853,42 @@ async fn an_upstreams_broken_escapes_are_repaired_or_fail_the_call_at_once() -> 
     plain.kill().await?;
     Ok(())
 }
+
+/// A stdio upstream that answers in JSON-RPC batches (a notification, then the
+/// reply: allowed until MCP 2025-06-18) is served: each message of a batch is
+/// taken in turn, and none is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answering_in_batches_is_served() -> anyhow::Result<()> {
+    let sections = fixture_upstream("batched", "", &["--name", "batched", "--batch-replies"]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let tools = client.list_all_tools().await?;
+    ensure!(
+        tools.iter().any(|tool| tool.name == "batched__echo"),
+        "{tools:?}"
+    );
+    for text in ["one", "two"] {
+        let result = client
+            .call_tool(
+                CallToolRequestParams::new("batched__echo")
+                    .with_arguments(arguments(json!({ "text": text }))),
+            )
+            .await?;
+        ensure!(serde_json::to_value(&result)?["content"][0]["text"] == text);
+    }
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    ensure!(
+        metrics.contains("plexus_upstream_dropped_lines_total"),
+        "{metrics}"
+    );
+    ensure!(
+        !metrics.lines().any(
+            |line| line.starts_with("plexus_upstream_dropped_lines_total") && !line.ends_with(" 0")
+        ),
+        "lines were dropped: {metrics}"
+    );
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

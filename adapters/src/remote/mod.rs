@@ -1139,7 +1139,8 @@ impl Shared {
                 }
                 Classified::Notification(message) => UpstreamEvent::Notification(message),
                 Classified::Request(message) => UpstreamEvent::Request { message, origin },
-                Classified::Invalid => {
+                // A batch was split above; one within it is not a message.
+                Classified::Batch(_) | Classified::Invalid => {
                     self.note_dropped(b"(not a JSON-RPC message)");
                     continue;
                 }

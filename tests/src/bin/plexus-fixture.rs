@@ -114,12 +114,16 @@ struct Cli {
     /// Over stdio, write rmcp's output straight to stdout, without the output
     /// filter's vendor patches (which parse and write every message again, on a
     /// task of their own): the server `--http` is, for benchmarks.
-    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes"])]
+    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "batch_replies"])]
     unfiltered: bool,
     /// Write `<lone-surrogate>` in any output as half a surrogate pair's escape
     /// (`\ud83d`) and `<bad-escape>` as an escape JSON does not have (`\x`).
     #[arg(long)]
     raw_escapes: bool,
+    /// Write each reply in a JSON-RPC batch, after a log notification (batches
+    /// were allowed until MCP 2025-06-18).
+    #[arg(long, conflicts_with = "http")]
+    batch_replies: bool,
 }
 
 fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
@@ -279,6 +283,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     drift_file: cli.drift_file.clone(),
                     oversized_junk: cli.oversized_junk,
                     raw_escapes: cli.raw_escapes,
+                    batch_replies: cli.batch_replies,
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
