@@ -18,18 +18,17 @@ use std::time::Duration;
 
 use adapters::framing::{Frame, LineDecoder};
 use adapters::{
-    ConnectionError, Events, HttpEndpoint, HttpOptions, HttpTransportKind, RawObject, Reply,
-    UpstreamConnection, UpstreamEvent,
+    ConnectionError, Events, HttpEndpoint, HttpOptions, HttpTransportKind, Reply,
+    UpstreamConnection, UpstreamEvent, WrittenMember,
 };
-use bytes::Bytes;
 use futures::StreamExt;
 use registry::headers::{encode_header_value, param_headers, ParamHeader};
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use crate::client_message::ClientMessage;
 use crate::jsonrpc::{self, Answer};
 
 /// Where the bridge connects and with what.
@@ -79,62 +78,16 @@ enum Gate {
     },
 }
 
-/// A line from the client: a tool call, its params kept as the client wrote them
-/// (they may be megabytes, and the bridge only passes them on), or any other
-/// message as values.
-enum Incoming {
-    Call { id: Value, params: RawObject },
-    Other(Value),
-}
-
-impl Incoming {
-    /// Reads a line; a tool call's params stay in the line, their members found.
-    fn read(line: Bytes) -> Result<Incoming, serde_json::Error> {
-        #[derive(serde::Deserialize)]
-        struct Skim<'a> {
-            #[serde(borrow)]
-            method: Option<std::borrow::Cow<'a, str>>,
-            #[serde(borrow)]
-            id: Option<&'a RawValue>,
-            #[serde(borrow)]
-            params: Option<adapters::raw_object::Members<'a>>,
-        }
-        if let Ok(skim) = serde_json::from_slice::<Skim>(&line) {
-            if let (Some("tools/call"), Some(id), Some(params)) =
-                (skim.method.as_deref(), skim.id, skim.params)
-            {
-                let id = serde_json::from_str(id.get());
-                if let (Ok(id), Some(params)) = (id, RawObject::of(&line, &params)) {
-                    return Ok(Incoming::Call { id, params });
-                }
-            }
-        }
-        // Anything else, malformed messages too, is read whole as before.
-        serde_json::from_slice(&line).map(Incoming::Other)
-    }
-
-    fn is_initialize(&self) -> bool {
-        match self {
-            Incoming::Call { .. } => false,
-            Incoming::Other(message) => {
-                message.get("method").and_then(Value::as_str) == Some("initialize")
-            }
-        }
-    }
-}
-
-/// A request's params: as values, or as a tool call's were written.
-enum Params {
-    Values(Option<Value>),
-    Written(RawObject),
+/// A request's params as the bridge relays them: values, but for a tool call's
+/// large arguments, which stay as the client wrote them (see `client_message`).
+struct Params {
+    values: Option<Value>,
+    arguments: Option<WrittenMember>,
 }
 
 impl Params {
     fn values(&self) -> Option<&Value> {
-        match self {
-            Params::Values(params) => params.as_ref(),
-            Params::Written(_) => None,
-        }
+        self.values.as_ref()
     }
 }
 
@@ -212,7 +165,7 @@ pub async fn run(target: Target) -> Result<(), String> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let message = match Incoming::read(line.freeze()) {
+        let message = match ClientMessage::read(line.freeze()) {
             Ok(message) => message,
             Err(error) => {
                 let error = jsonrpc::RelayError::Parse(error.to_string());
@@ -224,7 +177,7 @@ pub async fn run(target: Target) -> Result<(), String> {
         };
         // Nothing overtakes an `initialize`: its session must exist before the
         // messages after it go out (they are otherwise relayed concurrently).
-        let gate = if message.is_initialize() {
+        let gate = if message.message.get("method").and_then(Value::as_str) == Some("initialize") {
             Gate::Exclusive {
                 _guard: order.clone().write_owned().await,
             }
@@ -236,10 +189,7 @@ pub async fn run(target: Target) -> Result<(), String> {
         let handled = bridge.clone();
         tasks.spawn(async move {
             let _gate = gate;
-            match message {
-                Incoming::Call { id, params } => handled.call(id, params).await,
-                Incoming::Other(message) => handled.handle(message).await,
-            }
+            handled.handle(message).await
         });
         // Finished tasks are collected as they go, so the set stays small.
         while tasks.try_join_next().is_some() {}
@@ -270,7 +220,11 @@ impl Bridge {
         let _ = self.output.send(message.into()).await;
     }
 
-    async fn handle(self: Arc<Self>, mut message: Value) {
+    async fn handle(self: Arc<Self>, message: ClientMessage) {
+        let ClientMessage {
+            mut message,
+            arguments,
+        } = message;
         let method = message
             .get("method")
             .and_then(Value::as_str)
@@ -278,7 +232,10 @@ impl Bridge {
         let id = message.get("id").cloned();
         match (method, id) {
             (Some(method), Some(id)) => {
-                let params = Params::Values(message.get_mut("params").map(Value::take));
+                let params = Params {
+                    values: message.get_mut("params").map(Value::take),
+                    arguments,
+                };
                 self.relay(id, method, params).await
             }
             (Some(method), None) => {
@@ -297,12 +254,6 @@ impl Bridge {
             }
             (None, None) => {}
         }
-    }
-
-    /// A tool call, its params passed on as written.
-    async fn call(self: Arc<Self>, id: Value, params: RawObject) {
-        self.relay(id, "tools/call".into(), Params::Written(params))
-            .await
     }
 
     /// Relays a request on a task of its own, which the client's cancel ends.
@@ -359,9 +310,14 @@ impl Bridge {
         let headers = self.mirrored_headers(method, &params);
         let reply = loop {
             let connection = self.connection().await;
-            let request = match &params {
-                Params::Values(values) => connection.prepare(method, values.clone()),
-                Params::Written(written) => connection.prepare_written(method, written.clone()),
+            let request = match (&params.arguments, &params.values) {
+                (Some(arguments), Some(Value::Object(values))) => {
+                    connection.prepare_with_member(method, values.clone(), arguments.clone())
+                }
+                (Some(arguments), _) => {
+                    connection.prepare_with_member(method, Map::new(), arguments.clone())
+                }
+                (None, values) => connection.prepare(method, values.clone()),
             }
             .with_headers(headers.clone());
             let request = if relayed_unread {
@@ -459,31 +415,20 @@ impl Bridge {
         if remembered.param_headers.is_empty() {
             return Vec::new();
         }
-        let written_name;
-        let name = match params {
-            Params::Values(values) => values
-                .as_ref()
-                .and_then(|p| p.get("name"))
-                .and_then(Value::as_str),
-            Params::Written(written) => {
-                written_name = written
-                    .member("name")
-                    .and_then(|name| serde_json::from_slice::<std::borrow::Cow<str>>(name).ok());
-                written_name.as_deref()
-            }
-        };
+        let name = params
+            .values()
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str);
         let Some(designated) = name.and_then(|name| remembered.param_headers.get(name)) else {
             return Vec::new();
         };
         let read;
-        let arguments = match params {
-            Params::Values(values) => values.as_ref().and_then(|p| p.get("arguments")),
-            Params::Written(written) => {
-                read = written
-                    .member("arguments")
-                    .and_then(|arguments| serde_json::from_slice::<Value>(arguments).ok());
+        let arguments = match &params.arguments {
+            Some(written) => {
+                read = written.read().ok();
                 read.as_ref()
             }
+            None => params.values().and_then(|p| p.get("arguments")),
         };
         designated
             .iter()

@@ -318,6 +318,9 @@ async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
             "name": "fx__regional", "arguments": {"region": "eu-west", "text": "hi"}, "_meta": meta}}),
         json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
             "name": "fx__echo", "arguments": {"text": large}, "_meta": meta}}),
+        // Large arguments a header mirrors: read by the bridge for the header only.
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+            "name": "fx__regional", "arguments": {"text": large, "region": "eu-north"}, "_meta": meta}}),
     ];
     let mut next = async || -> anyhow::Result<serde_json::Value> {
         let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
@@ -342,6 +345,10 @@ async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
             Some(3) => ensure!(
                 answer["result"]["content"][0]["text"] == large.as_str(),
                 "the large echo came back changed"
+            ),
+            Some(4) => ensure!(
+                answer["result"]["content"][0]["text"] == format!("eu-north: {large}").as_str(),
+                "the large regional call came back changed"
             ),
             _ => {}
         }
