@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::raw_object::{RawObject, WrittenMember};
+use crate::raw_object::WrittenMember;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -210,17 +210,6 @@ impl UpstreamConnection {
     pub fn prepare(&self, method: &str, params: Option<Value>) -> OutgoingRequest<'_> {
         let params = self.with_request_meta(params);
         self.prepare_params(method, Params::Values(params))
-    }
-
-    /// [`UpstreamConnection::prepare`] with params as they were written, passed on
-    /// unread (a relay's call of megabytes). A 2026-07-28 upstream, whose requests
-    /// each carry plexus's `_meta` fields, gets them read and extended as values.
-    pub fn prepare_written(&self, method: &str, params: RawObject) -> OutgoingRequest<'_> {
-        if self.is_per_request() {
-            let params = params.read().ok();
-            return self.prepare(method, params);
-        }
-        self.prepare_params(method, Params::Written(params))
     }
 
     /// [`UpstreamConnection::prepare`] with one member of the params (`member`'s key,

@@ -370,7 +370,6 @@ pub(crate) fn classify(message: Value) -> Incoming {
 #[derive(Debug)]
 pub(crate) enum Params {
     Values(Option<Value>),
-    Written(RawObject),
     /// An object of values (without the member's key) and one member as written.
     WithMember(Map<String, Value>, WrittenMember),
 }
@@ -379,7 +378,6 @@ pub(crate) enum Params {
 /// one pass (no map built for the envelope).
 pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
     let mut line = Vec::with_capacity(match &params {
-        Params::Written(raw) => raw.bytes().len() + 64,
         Params::WithMember(_, member) => member.text().len() + 192,
         Params::Values(_) => 128,
     });
@@ -393,10 +391,6 @@ pub(crate) fn encode_request(id: u64, method: &str, params: Params) -> Vec<u8> {
         Params::Values(Some(params)) => {
             line.extend_from_slice(br#","params":"#);
             crate::json_out::write_value(&mut line, params);
-        }
-        Params::Written(raw) => {
-            line.extend_from_slice(br#","params":"#);
-            line.extend_from_slice(raw.bytes());
         }
         Params::WithMember(values, member) => {
             line.extend_from_slice(br#","params":"#);
@@ -664,9 +658,6 @@ mod tests {
             "tools/call",
             Params::Values(Some(json!({"name":"echo"}))),
         );
-        assert_eq!(String::from_utf8(bytes).unwrap(), line);
-        let written = RawObject::skim(&br#"{"name":"echo"}"#[..]).unwrap();
-        let bytes = encode_request(7, "tools/call", Params::Written(written));
         assert_eq!(String::from_utf8(bytes).unwrap(), line);
         // One member as written, spacing kept, after the values.
         let arguments =

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::raw_object::RawObject;
 use base64::Engine as _;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
@@ -259,18 +258,6 @@ struct Head {
     name: Option<HeaderValue>,
     params: Vec<(HeaderName, HeaderValue)>,
     initialize: bool,
-}
-
-/// The members of written params that a request's headers are made from, as
-/// values; the rest (a call's arguments) stays unread.
-fn head_fields(params: &RawObject) -> Map<String, Value> {
-    ["_meta", "name", "uri", "taskId"]
-        .into_iter()
-        .filter_map(|key| {
-            let value = serde_json::from_slice(params.member(key)?).ok()?;
-            Some((key.to_string(), value))
-        })
-        .collect()
 }
 
 impl Head {
@@ -512,7 +499,6 @@ impl HttpTransport {
         }
         let head = match &params {
             Params::Values(params) => Head::of(method, params.as_ref().and_then(Value::as_object)),
-            Params::Written(raw) => Head::of(method, Some(&head_fields(raw))),
             Params::WithMember(values, _) => Head::of(method, Some(values)),
         }
         .with_params(headers);
@@ -1490,14 +1476,6 @@ mod tests {
             "=?base64?IHBhZGRlZA==?="
         );
         assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
-        // Params passed on as written give the same headers, their arguments unread.
-        let written = crate::RawObject::skim(
-            r#"{"name":"héllo","arguments":{"text":"x"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#.to_string(),
-        )
-        .unwrap();
-        assert_eq!(head_fields(&written), params);
-        let head = Head::of("tools/call", Some(&head_fields(&written)));
-        assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
     }
 
     #[test]
