@@ -12,6 +12,7 @@ pub mod launch;
 pub mod raw_object;
 pub mod remote;
 pub mod rpc;
+pub mod skim;
 mod stdin_writer;
 pub mod stdio;
 
