@@ -8,8 +8,6 @@ use std::fmt;
 use std::ops::Range;
 
 use bytes::Bytes;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
 
 /// An object as its sender wrote it: spacing and member order included. One that
 /// spans lines is read instead: relayed as it is, it would break the line it goes on.
@@ -30,49 +28,28 @@ impl RawObject {
     /// read instead).
     pub fn skim(text: impl Into<Bytes>) -> Option<RawObject> {
         let message = text.into();
-        let members = serde_json::from_slice::<Members>(&message).ok()?;
-        RawObject::of(&message, &members)
+        let skimmed = crate::skim::object(&message, None)?;
+        RawObject::of(&message, skimmed.span, skimmed.members)
     }
 
-    /// The object whose members a skim of `message` borrowed from it (a [`Members`]
-    /// field of a larger message's skim). `None` as for [`RawObject::skim`].
-    pub fn of(message: &Bytes, members: &Members) -> Option<RawObject> {
-        let base = message.as_ptr() as usize;
-        let range = |text: &str| {
-            let start = (text.as_ptr() as usize).checked_sub(base)?;
-            let end = start + text.len();
-            (end <= message.len()).then_some(start..end)
-        };
-        let members = members
-            .0
-            .iter()
-            .map(|(key, value)| Some((range(key)?, range(value.get())?)))
-            .collect::<Option<Vec<_>>>()?;
+    /// The object a skim of `message` found at `span`, with its `members`. `None`
+    /// as for [`RawObject::skim`].
+    pub fn of(
+        message: &Bytes,
+        span: Range<usize>,
+        members: Vec<crate::skim::Member>,
+    ) -> Option<RawObject> {
         // A key named twice is left to a reader to settle (readers keep the last).
-        if named_twice(members.iter().map(|(name, _)| &message[name.clone()])) {
+        if members.is_empty() || named_twice(members.iter().map(|(name, _)| &message[name.clone()]))
+        {
             return None;
         }
-        let blank = |byte: &&u8| matches!(**byte, b' ' | b'\t' | b'\n' | b'\r');
-        // Only whitespace lies between `{` and the first key's quote, and between the
-        // last value and `}`: the skim checked the object's syntax.
-        let first_quote = members.first()?.0.start.checked_sub(1)?;
-        let open = first_quote
-            - message[..first_quote]
-                .iter()
-                .rev()
-                .take_while(blank)
-                .count();
-        let last_end = members.last()?.1.end;
-        let close = last_end + message[last_end..].iter().take_while(blank).count();
-        if open == 0 || message[open - 1] != b'{' || message.get(close) != Some(&b'}') {
-            return None;
-        }
-        if !one_line(&message[open - 1..close + 1]) {
+        if !one_line(message.get(span.clone())?) {
             return None;
         }
         Some(RawObject {
             message: message.clone(),
-            span: open - 1..close + 1,
+            span,
             members,
         })
     }
@@ -171,40 +148,6 @@ pub fn named_twice<'k>(keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone) ->
     !keys.into_iter().all(|key| seen.insert(key))
 }
 
-/// An object's members borrowed from the text being skimmed: keys without escapes
-/// (a key with one fails the skim), values unread. Deserialize a message with one
-/// in place of the object, then make it a [`RawObject`].
-pub struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
-
-impl<'a> Members<'a> {
-    /// Each member's key and unread value, in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&'a str, &'a RawValue)> + Clone + '_ {
-        self.0.iter().copied()
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Skim<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for Skim<'a> {
-            type Value = Members<'a>;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'a>, A::Error> {
-                let mut members = Vec::with_capacity(4);
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    members.push((key, map.next_value::<&'de RawValue>()?));
-                }
-                Ok(Members(members))
-            }
-        }
-        deserializer.deserialize_map(Skim(std::marker::PhantomData))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,14 +157,14 @@ mod tests {
         let message = Bytes::from_static(
             br#"{"jsonrpc":"2.0","id":1,"result": { "b" : 1,"a":[2, {"b":3}] ,"c":"x" } }"#,
         );
-        #[derive(serde::Deserialize)]
-        struct Envelope<'a> {
-            #[serde(borrow)]
-            result: Members<'a>,
-        }
-        let envelope: Envelope =
-            serde_json::from_slice(&message).unwrap_or_else(|_| unreachable!());
-        let result = RawObject::of(&message, &envelope.result);
+        let skimmed = crate::skim::object(&message, Some("result"));
+        let Some(skimmed) = skimmed else {
+            panic!("not skimmed");
+        };
+        let span = skimmed.members[2].1.clone();
+        let result = skimmed
+            .inner
+            .and_then(|members| RawObject::of(&message, span, members));
         let Some(result) = result else {
             panic!("not skimmed");
         };

@@ -8,11 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio_util::sync::CancellationToken;
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::raw_object::{Members, RawObject, WrittenMember};
+use crate::raw_object::{RawObject, WrittenMember};
 
 /// What an upstream answered to a request, kept as sent.
 #[derive(Clone, Debug)]
@@ -249,17 +248,6 @@ impl PendingRequests {
     }
 }
 
-/// The members of a message that route it, the others unread.
-#[derive(serde::Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    method: Option<&'a RawValue>,
-    #[serde(borrow)]
-    result: Option<Members<'a>>,
-}
-
 /// Reads one message from an upstream. A reply whose request asked for its result
 /// unread is only skimmed (its head names the request); anything else is parsed
 /// whole. An error: not JSON.
@@ -303,19 +291,30 @@ pub(crate) fn skim_reply(bytes: &Bytes, pending: &PendingRequests) -> Option<(Va
     if !id_in_head(head).is_some_and(|id| pending.wants_unread(id)) {
         return None;
     }
-    let Ok(Envelope {
-        id: Some(id),
-        method: None,
-        result: Some(result),
-    }) = serde_json::from_slice::<Envelope>(bytes)
+    let skimmed = crate::skim::object(bytes, Some("result"))?;
+    let text = |range: &std::ops::Range<usize>| &bytes[range.clone()];
+    let member = |name: &[u8]| {
+        let mut named = skimmed.members.iter().filter(|(key, _)| text(key) == name);
+        match (named.next(), named.next()) {
+            (Some((_, value)), None) => Some(Some(value)),
+            (None, _) => Some(None),
+            // Named twice: a reader settles which one counts.
+            (Some(_), Some(_)) => None,
+        }
+    };
+    let (Some(id), None, Some(result)) = (member(b"id")?, member(b"method")?, member(b"result")?)
     else {
         return None;
     };
-    let id = serde_json::from_str::<Value>(id.get()).ok()?;
+    let id = serde_json::from_slice::<Value>(text(id)).ok()?;
     if !our_id(&id).is_some_and(|id| pending.wants_unread(id)) {
         return None;
     }
-    Some((id, Reply::Unread(RawObject::of(bytes, &result)?)))
+    let members = skimmed.inner?;
+    Some((
+        id,
+        Reply::Unread(RawObject::of(bytes, result.clone(), members)?),
+    ))
 }
 
 /// Classifies one parsed message from an upstream.

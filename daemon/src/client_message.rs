@@ -3,13 +3,11 @@
 //! the upstream as they are. plexus reads them only where it must look inside
 //! them: the audit trail's hash, and parameters a tool mirrors into headers.
 
-use std::fmt;
+use std::ops::Range;
 
-use adapters::raw_object::{named_twice, Members};
+use adapters::raw_object::named_twice;
 use adapters::WrittenMember;
 use bytes::Bytes;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::jsonrpc::RelayError;
@@ -71,83 +69,50 @@ pub fn read(arguments: &WrittenMember) -> Result<Value, RelayError> {
 /// A `tools/call` request whose arguments are an object of `UNREAD_ARGUMENTS_MIN`
 /// bytes or more, read but for them; `None` for anything else (it is read whole).
 fn skim_call(bytes: &Bytes) -> Option<ClientMessage> {
-    let members = serde_json::from_slice::<TopLevel>(bytes).ok()?.0;
-    let method = members.iter().find(|(key, _)| *key == "method")?;
-    if !matches!(method.1, Member::Value(raw) if raw.get() == "\"tools/call\"")
-        || !members.iter().any(|(key, _)| *key == "id")
-        || named_twice(members.iter().map(|(key, _)| key.as_bytes()))
+    // One pass: the message's members, and those of its params.
+    let skimmed = adapters::skim::object(bytes, Some("params"))?;
+    let text = |range: &Range<usize>| &bytes[range.clone()];
+    let members = &skimmed.members;
+    let method = members.iter().find(|(key, _)| text(key) == b"method")?;
+    if text(&method.1) != b"\"tools/call\""
+        || !members.iter().any(|(key, _)| text(key) == b"id")
+        || named_twice(members.iter().map(|(key, _)| text(key)))
     {
         return None;
     }
-    let params = members.iter().find_map(|(_, member)| match member {
-        Member::Params(params) => Some(params),
-        Member::Value(_) => None,
-    })?;
-    if named_twice(params.iter().map(|(key, _)| key.as_bytes())) {
+    let params = skimmed.inner.as_ref()?;
+    if named_twice(params.iter().map(|(key, _)| text(key))) {
         return None;
     }
     let arguments = params
         .iter()
-        .find(|(key, _)| *key == "arguments")
-        .map(|(_, raw)| raw.get())
-        .filter(|text| text.len() >= UNREAD_ARGUMENTS_MIN && text.starts_with('{'))?;
+        .find(|(key, _)| text(key) == b"arguments")
+        .map(|(_, value)| value.clone())
+        .filter(|value| value.len() >= UNREAD_ARGUMENTS_MIN && bytes[value.start] == b'{')?;
+    // Keys have no escapes (the skim found them so): their text is the key.
+    let key = |range: &Range<usize>| Some(std::str::from_utf8(text(range)).ok()?.to_string());
+    let read = |range: &Range<usize>| serde_json::from_slice::<Value>(text(range)).ok();
     let mut message = Map::new();
-    for (key, member) in &members {
-        let value = match member {
-            Member::Value(raw) => serde_json::from_str(raw.get()).ok()?,
-            Member::Params(params) => Value::Object(
+    for (name, value) in members {
+        let value = if text(name) == b"params" {
+            Value::Object(
                 params
                     .iter()
-                    .filter(|(key, _)| *key != "arguments")
-                    .map(|(key, raw)| {
-                        Some((key.to_string(), serde_json::from_str(raw.get()).ok()?))
-                    })
+                    .filter(|(name, _)| text(name) != b"arguments")
+                    .map(|(name, value)| Some((key(name)?, read(value)?)))
                     .collect::<Option<Map<_, _>>>()?,
-            ),
+            )
+        } else {
+            read(value)?
         };
-        message.insert((*key).to_string(), value);
+        message.insert(key(name)?, value);
     }
     // Arguments a reader would refuse are read, and refused, with the message.
-    let arguments = WrittenMember::new("arguments", bytes.slice_ref(arguments.as_bytes()))?;
+    let arguments = WrittenMember::new("arguments", bytes.slice(arguments))?;
     Some(ClientMessage {
         message: Value::Object(message),
         arguments: Some(arguments),
     })
-}
-
-/// A message's members, `params` skimmed a level further in the same pass.
-struct TopLevel<'a>(Vec<(&'a str, Member<'a>)>);
-
-enum Member<'a> {
-    Value(&'a RawValue),
-    Params(Members<'a>),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Skim<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for Skim<'a> {
-            type Value = TopLevel<'a>;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON-RPC message")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'a>, A::Error> {
-                let mut members = Vec::with_capacity(4);
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    let member = if key == "params" {
-                        Member::Params(map.next_value::<Members<'de>>()?)
-                    } else {
-                        Member::Value(map.next_value::<&'de RawValue>()?)
-                    };
-                    members.push((key, member));
-                }
-                Ok(TopLevel(members))
-            }
-        }
-        deserializer.deserialize_map(Skim(std::marker::PhantomData))
-    }
 }
 
 #[cfg(test)]
