@@ -212,14 +212,20 @@ impl UpstreamConnection {
         self.prepare_params(method, Params::Values(params))
     }
 
-    /// [`UpstreamConnection::prepare`] with one member of the params (`member`'s key,
-    /// which `params` must not hold) passed on as its sender wrote it, unread.
+    /// [`UpstreamConnection::prepare`] with one member of the params passed on as its
+    /// sender wrote it, unread; one of the same key in `params` gives way to it.
+    /// Params that are not an object (a skim finds a member only in one) give way
+    /// to an object of that member alone.
     pub fn prepare_with_member(
         &self,
         method: &str,
-        params: Map<String, Value>,
+        params: Option<Value>,
         member: WrittenMember,
     ) -> OutgoingRequest<'_> {
+        let params = match params {
+            Some(Value::Object(params)) => params,
+            _ => Map::new(),
+        };
         let params = match self.with_request_meta(Some(Value::Object(params))) {
             Some(Value::Object(mut params)) => {
                 params.remove(member.key());

@@ -68,7 +68,8 @@ impl RawObject {
     }
 
     /// Reads the object into a value. Skimming checks less than reading (a lone
-    /// surrogate escape passes it), so this may fail.
+    /// surrogate escape passes it, and nesting deeper than a reader goes), so this
+    /// may fail.
     pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_slice(self.bytes())
     }
@@ -111,8 +112,8 @@ impl WrittenMember {
         &self.text
     }
 
-    /// Reads the value. Skimming checks less than reading (a lone surrogate
-    /// escape passes it), so this may fail.
+    /// Reads the value. Skimming checks less than reading (nesting deeper than a
+    /// reader goes passes it), so this may fail.
     pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_slice(&self.text)
     }

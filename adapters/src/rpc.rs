@@ -27,8 +27,8 @@ pub enum Reply {
 
 impl Reply {
     /// The reply with its result read, if it was not. Skimming checks less than
-    /// reading (a lone surrogate escape passes it): a result that cannot be read
-    /// is an error.
+    /// reading (nesting deeper than a reader goes passes it): a result that cannot
+    /// be read is an error.
     pub fn try_read(self) -> Result<Reply, serde_json::Error> {
         match self {
             Reply::Unread(raw) => raw.read().map(Reply::Result),
@@ -220,15 +220,22 @@ impl PendingRequests {
         }
     }
 
-    /// Fails the request whose id starts `message`, a message that could not be
-    /// read: its caller learns why now rather than at its deadline. False if no
-    /// request of ours is named there.
-    pub(crate) fn fail_unreadable(&self, message: &[u8], error: &serde_json::Error) -> bool {
-        let head = &message[..message.len().min(64)];
-        id_in_head(head).is_some_and(|id| {
-            let reason = error.to_string();
-            self.complete(id, Err(ConnectionError::Malformed { reason }))
-        })
+    /// Fails the request whose id starts `message`, a message from `upstream` that
+    /// could not be read: its caller learns why now rather than at its deadline.
+    /// The id failed; `None` if no request of ours is named there.
+    pub(crate) fn fail_unreadable(
+        &self,
+        upstream: &str,
+        message: &[u8],
+        error: &serde_json::Error,
+    ) -> Option<u64> {
+        let id = id_in_head(&message[..message.len().min(64)])?;
+        let reason = error.to_string();
+        if !self.complete(id, Err(ConnectionError::Malformed { reason })) {
+            return None;
+        }
+        tracing::warn!(upstream, %error, "the upstream's reply is not JSON; its call failed");
+        Some(id)
     }
 
     pub(crate) fn fail_all(&self, error: ConnectionError) {
@@ -271,8 +278,7 @@ pub(crate) fn with_paired_surrogates(
     let Some(repaired) = crate::escapes::repair_lone_surrogates(&message) else {
         return message;
     };
-    let count = stats.lone_surrogates.fetch_add(1, Ordering::Relaxed) + 1;
-    if count <= 5 || count.is_multiple_of(100) {
+    if let Some(count) = count_sampled(&stats.lone_surrogates) {
         tracing::warn!(
             upstream,
             count,
@@ -467,6 +473,14 @@ pub(crate) fn id_in_head(head: &[u8]) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Counts one more of something an upstream did wrong; the count when it is one
+/// to log: the first few, then every hundredth, so a chatty upstream cannot
+/// flood the log.
+pub(crate) fn count_sampled(counter: &AtomicU64) -> Option<u64> {
+    let count = counter.fetch_add(1, Ordering::Relaxed) + 1;
+    (count <= 5 || count.is_multiple_of(100)).then_some(count)
+}
+
 pub(crate) type SharedPending = Arc<PendingRequests>;
 
 /// Counters a connection keeps for metrics.
@@ -573,8 +587,12 @@ mod tests {
         let Err(error) = read_message(broken.clone().into(), &pending) else {
             panic!("read an invalid escape");
         };
-        assert!(!pending.fail_unreadable(b"{\"jsonrpc\":\"2.0\",\"id\":999}", &error));
-        assert!(pending.fail_unreadable(broken.as_bytes(), &error));
+        let unknown = b"{\"jsonrpc\":\"2.0\",\"id\":999}";
+        assert_eq!(pending.fail_unreadable("u", unknown, &error), None);
+        assert_eq!(
+            pending.fail_unreadable("u", broken.as_bytes(), &error),
+            Some(id)
+        );
         assert!(matches!(
             reply.try_recv(),
             Ok(Err(ConnectionError::Malformed { reason })) if reason.contains("escape")

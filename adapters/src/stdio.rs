@@ -21,8 +21,9 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, read_message, with_paired_surrogates,
-    ConnectionError, Events, Incoming, Params, PendingRequests, SharedPending, UpstreamEvent,
+    classify, count_sampled, encode_request, id_in_head, our_id, read_message,
+    with_paired_surrogates, ConnectionError, Events, Incoming, Params, PendingRequests,
+    SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
 
@@ -336,9 +337,7 @@ async fn read_loop(state: ReadLoop) {
             Ok(message) => message,
             Err(error) => {
                 // A reply plexus cannot read fails its call now, not at its deadline.
-                if pending.fail_unreadable(&line, &error) {
-                    tracing::warn!(upstream = %upstream, %error, "the upstream's reply is not JSON; its call failed");
-                } else {
+                if pending.fail_unreadable(&upstream, &line, &error).is_none() {
                     note_dropped_line(&upstream, &stats, &line);
                 }
                 continue;
@@ -401,9 +400,7 @@ async fn handle(
 }
 
 fn note_dropped_line(upstream: &str, stats: &ConnectionStats, line: &[u8]) {
-    let count = stats.dropped_stdout_lines.fetch_add(1, Ordering::Relaxed) + 1;
-    // Sample: the first few, then every hundredth, so a chatty banner cannot flood the log.
-    if count <= 5 || count.is_multiple_of(100) {
+    if let Some(count) = count_sampled(&stats.dropped_stdout_lines) {
         let sample = String::from_utf8_lossy(&line[..line.len().min(200)]);
         tracing::warn!(upstream, count, line = %sample, "dropped a non-JSON-RPC line on upstream stdout");
     }

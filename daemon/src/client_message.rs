@@ -51,19 +51,24 @@ impl ClientMessage {
         let Some(arguments) = self.arguments.take() else {
             return Ok(());
         };
-        let value = read(&arguments)?;
-        if let Some(Value::Object(params)) = self.message.get_mut("params") {
-            params.insert(arguments.key().into(), value);
+        match self.message.get_mut("params") {
+            Some(Value::Object(params)) => put_back(params, &arguments),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
-/// Reads arguments left unread, for plexus to look inside them.
-pub fn read(arguments: &WrittenMember) -> Result<Value, RelayError> {
-    arguments.read().map_err(|error| {
+/// Reads arguments left unread and puts them back among the params they were
+/// taken from, for plexus to look inside them.
+pub fn put_back(
+    params: &mut Map<String, Value>,
+    arguments: &WrittenMember,
+) -> Result<(), RelayError> {
+    let value = arguments.read().map_err(|error| {
         RelayError::InvalidParams(format!("`{}` cannot be read: {error}", arguments.key()))
-    })
+    })?;
+    params.insert(arguments.key().into(), value);
+    Ok(())
 }
 
 /// A `tools/call` request whose arguments are an object of `UNREAD_ARGUMENTS_MIN`

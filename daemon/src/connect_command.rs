@@ -310,14 +310,12 @@ impl Bridge {
         let headers = self.mirrored_headers(method, &params);
         let reply = loop {
             let connection = self.connection().await;
-            let request = match (&params.arguments, &params.values) {
-                (Some(arguments), Some(Value::Object(values))) => {
-                    connection.prepare_with_member(method, values.clone(), arguments.clone())
+            let values = params.values.clone();
+            let request = match &params.arguments {
+                Some(arguments) => {
+                    connection.prepare_with_member(method, values, arguments.clone())
                 }
-                (Some(arguments), _) => {
-                    connection.prepare_with_member(method, Map::new(), arguments.clone())
-                }
-                (None, values) => connection.prepare(method, values.clone()),
+                None => connection.prepare(method, values),
             }
             .with_headers(headers.clone());
             let request = if relayed_unread {

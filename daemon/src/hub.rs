@@ -622,15 +622,9 @@ impl Hub {
         // The request gets its upstream-side id first, so whatever the upstream sends
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.
-        let request = match (call.arguments, params) {
-            // A tool call's params are an object by the time they are relayed.
-            (Some(arguments), Some(Value::Object(params))) => {
-                connection.prepare_with_member(method, params, arguments.clone())
-            }
-            (Some(arguments), _) => {
-                connection.prepare_with_member(method, serde_json::Map::new(), arguments.clone())
-            }
-            (None, params) => connection.prepare(method, params),
+        let request = match call.arguments {
+            Some(arguments) => connection.prepare_with_member(method, params, arguments.clone()),
+            None => connection.prepare(method, params),
         };
         let mut request = request.with_headers(call.headers.to_vec());
         if call.result_unread {

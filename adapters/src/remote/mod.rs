@@ -34,9 +34,9 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, encode_request, id_in_head, our_id, skim_reply, with_paired_surrogates,
-    ConnectionError, Events, Incoming as Classified, Params, PendingRequests, Reply, SharedPending,
-    UpstreamEvent,
+    classify, count_sampled, encode_request, id_in_head, our_id, skim_reply,
+    with_paired_surrogates, ConnectionError, Events, Incoming as Classified, Params,
+    PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
 use sse::{SseDecoder, SseItem};
@@ -1081,11 +1081,12 @@ impl Shared {
                             answered.push(self.dispatch(message, origin, initialize).await)
                         }
                         // A reply plexus cannot read fails its call now, not at its deadline.
-                        Err(error) if self.pending.fail_unreadable(&data, &error) => {
-                            tracing::warn!(upstream = %self.upstream, %error, "the upstream's reply is not JSON; its call failed");
-                            answered.push(id_in_head(&data[..data.len().min(64)]));
+                        Err(error) => {
+                            match self.pending.fail_unreadable(&self.upstream, &data, &error) {
+                                Some(id) => answered.push(Some(id)),
+                                None => self.note_dropped(&data),
+                            }
                         }
-                        Err(_) => self.note_dropped(&data),
                     }
                 }
                 SseItem::TooLong { head } => {
@@ -1154,12 +1155,7 @@ impl Shared {
     }
 
     fn note_dropped(&self, data: &[u8]) {
-        let count = self
-            .stats
-            .dropped_stdout_lines
-            .fetch_add(1, Ordering::Relaxed)
-            + 1;
-        if count <= 5 || count.is_multiple_of(100) {
+        if let Some(count) = count_sampled(&self.stats.dropped_stdout_lines) {
             let sample = String::from_utf8_lossy(&data[..data.len().min(200)]);
             tracing::warn!(upstream = %self.upstream, count, event = %sample, "dropped an event that is not a JSON-RPC message");
         }

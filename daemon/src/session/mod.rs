@@ -567,7 +567,7 @@ impl Session {
         }
         // The trail hashes the arguments (a skim found them in params, an object).
         if let (Some(arguments), Some(Value::Object(object))) = (arguments, params.as_mut()) {
-            object.insert(arguments.key().into(), client_message::read(&arguments)?);
+            client_message::put_back(object, &arguments)?;
         }
         // What the trail says of the request, taken before it is consumed.
         let catalog = self.catalog();
@@ -676,7 +676,7 @@ impl Session {
                 let designated = catalog.param_headers(&name);
                 let arguments = match arguments {
                     Some(arguments) if !designated.is_empty() => {
-                        params.insert(arguments.key().into(), client_message::read(&arguments)?);
+                        client_message::put_back(&mut params, &arguments)?;
                         None
                     }
                     arguments => arguments,
