@@ -1111,13 +1111,14 @@ impl Shared {
         origin: Option<u64>,
         initialize: Option<u64>,
     ) -> Option<u64> {
-        let messages = match message {
-            Value::Array(batch) => batch,
+        // A batch is split where every transport's messages are classified.
+        let messages = match classify(message) {
+            Classified::Batch(batch) => batch.into_iter().map(classify).collect(),
             single => vec![single],
         };
         let mut answered = None;
         for message in messages {
-            let event = match classify(message) {
+            let event = match message {
                 Classified::Reply { id, reply } => {
                     if let Some(id) = self.settle(id, reply, initialize) {
                         answered = Some(id);
@@ -1126,7 +1127,7 @@ impl Shared {
                 }
                 Classified::Notification(message) => UpstreamEvent::Notification(message),
                 Classified::Request(message) => UpstreamEvent::Request { message, origin },
-                // A batch was split above; one within it is not a message.
+                // A batch within a batch is not a message.
                 Classified::Batch(_) | Classified::Invalid => {
                     self.note_dropped(b"(not a JSON-RPC message)");
                     continue;
