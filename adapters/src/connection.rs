@@ -15,7 +15,8 @@ use crate::remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransport};
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Events;
 use crate::rpc::{
-    encode_notification, encode_response, ConnectionError, Params, Reply, SharedPending, Spawned,
+    encode_notification, encode_response, ConnectionError, MetaFields, Params, Reply,
+    SharedPending, Spawned,
 };
 use crate::stdio::{ExitReport, SpawnError, StdioOptions, StdioTransport};
 
@@ -35,7 +36,7 @@ pub(crate) struct Inner {
     pub(crate) stop: CancellationToken,
     pub(crate) stats: Arc<ConnectionStats>,
     /// For an upstream of 2026-07-28: the `_meta` fields every request carries.
-    pub(crate) request_meta: RwLock<Option<Map<String, Value>>>,
+    pub(crate) request_meta: RwLock<Option<Arc<MetaFields>>>,
     pub(crate) transport: Transport,
 }
 
@@ -59,7 +60,7 @@ impl Drop for Inner {
 pub struct OutgoingRequest<'a> {
     connection: &'a UpstreamConnection,
     id: u64,
-    message: Option<(String, Params)>,
+    message: Option<(String, Params, Option<Arc<MetaFields>>)>,
     reply: Option<oneshot::Receiver<Result<Reply, ConnectionError>>>,
     headers: Vec<(String, String)>,
 }
@@ -90,7 +91,8 @@ impl OutgoingRequest<'_> {
     pub async fn send(mut self) -> Result<Reply, ConnectionError> {
         let inner = &*self.connection.inner;
         let id = self.id;
-        let (Some((method, params)), Some(reply)) = (self.message.take(), self.reply.take()) else {
+        let (Some((method, params, meta)), Some(reply)) = (self.message.take(), self.reply.take())
+        else {
             return Err(ConnectionError::NotSent);
         };
         let mut guard = CancelOnDrop {
@@ -99,8 +101,8 @@ impl OutgoingRequest<'_> {
             armed: true,
         };
         let headers = std::mem::take(&mut self.headers);
-        if inner.closed.is_cancelled() || inner.send_request(id, &method, params, headers).is_err()
-        {
+        let sent = inner.send_request(id, &method, params, meta.as_deref(), headers);
+        if inner.closed.is_cancelled() || sent.is_err() {
             guard.armed = false;
             inner.pending.forget(id);
             return Err(ConnectionError::NotSent);
@@ -133,11 +135,12 @@ impl Inner {
         id: u64,
         method: &str,
         params: Params,
+        meta: Option<&MetaFields>,
         headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         match &self.transport {
-            Transport::Stdio(stdio) => stdio.send_request(id, method, params),
-            Transport::Http(http) => http.send_request(id, method, params, headers),
+            Transport::Stdio(stdio) => stdio.send_request(id, method, params, meta),
+            Transport::Http(http) => http.send_request(id, method, params, meta, headers),
         }
     }
 
@@ -208,7 +211,6 @@ impl UpstreamConnection {
 
     /// Gives a request plexus's id without sending it yet; see [`OutgoingRequest`].
     pub fn prepare(&self, method: &str, params: Option<Value>) -> OutgoingRequest<'_> {
-        let params = self.with_request_meta(params);
         self.prepare_params(method, Params::Values(params))
     }
 
@@ -222,27 +224,28 @@ impl UpstreamConnection {
         params: Option<Value>,
         member: WrittenMember,
     ) -> OutgoingRequest<'_> {
-        let params = match params {
+        let mut params = match params {
             Some(Value::Object(params)) => params,
             _ => Map::new(),
         };
-        let params = match self.with_request_meta(Some(Value::Object(params))) {
-            Some(Value::Object(mut params)) => {
-                params.remove(member.key());
-                params
-            }
-            // `with_request_meta` keeps an object an object.
-            _ => Map::new(),
-        };
+        params.shift_remove(member.key());
         self.prepare_params(method, Params::WithMember(params, member))
     }
 
+    /// The request gets the connection's per-request `_meta` fields (if any) when
+    /// it is written, merged into its own `_meta`.
     fn prepare_params(&self, method: &str, params: Params) -> OutgoingRequest<'_> {
+        let meta = self
+            .inner
+            .request_meta
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let (id, reply) = self.inner.pending.register();
         OutgoingRequest {
             connection: self,
             id,
-            message: Some((method.to_string(), params)),
+            message: Some((method.to_string(), params, meta)),
             reply: Some(reply),
             headers: Vec::new(),
         }
@@ -265,7 +268,7 @@ impl UpstreamConnection {
             .inner
             .request_meta
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(meta);
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(MetaFields::new(meta)));
     }
 
     /// Sets or removes one of the per-request `_meta` fields, if there are any.
@@ -275,44 +278,19 @@ impl UpstreamConnection {
             .request_meta
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(meta) = meta.as_mut() {
+        if let Some(fields) = meta.as_ref() {
+            let mut fields = fields.fields().clone();
             match value {
-                Some(value) => meta.insert(key.to_string(), value),
-                None => meta.remove(key),
+                Some(value) => fields.insert(key.to_string(), value),
+                None => fields.shift_remove(key),
             };
+            *meta = Some(Arc::new(MetaFields::new(fields)));
         }
     }
 
     /// Whether requests carry per-request `_meta` fields (the upstream is 2026-07-28).
     pub fn is_per_request(&self) -> bool {
         self.inner.per_request()
-    }
-
-    fn with_request_meta(&self, params: Option<Value>) -> Option<Value> {
-        let fields = self
-            .inner
-            .request_meta
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        let Some(fields) = fields.as_ref() else {
-            return params;
-        };
-        let mut params = match params {
-            Some(Value::Object(params)) => params,
-            None => Map::new(),
-            // Not an object: nowhere to put `_meta`; the upstream judges it as it is.
-            Some(other) => return Some(other),
-        };
-        let meta = params
-            .entry("_meta")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Some(meta) = meta.as_object_mut() {
-            for (key, value) in fields {
-                // A value the request already carries (a caller's log level) wins.
-                meta.entry(key.clone()).or_insert_with(|| value.clone());
-            }
-        }
-        Some(Value::Object(params))
     }
 
     /// Sends a notification.

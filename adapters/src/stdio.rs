@@ -22,7 +22,7 @@ pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
     classify, count_sampled, encode_request, id_in_head, our_id, read_message,
-    with_paired_surrogates, ConnectionError, Events, Incoming, Params, PendingRequests,
+    with_paired_surrogates, ConnectionError, Events, Incoming, MetaFields, Params, PendingRequests,
     SharedPending, UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
@@ -128,8 +128,9 @@ impl StdioTransport {
         id: u64,
         method: &str,
         params: Params,
+        meta: Option<&MetaFields>,
     ) -> Result<(), ConnectionError> {
-        self.send_line(encode_request(id, method, params))
+        self.send_line(encode_request(id, method, params, meta))
     }
 
     pub(crate) fn send_line(&self, line: Vec<u8>) -> Result<(), ConnectionError> {

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
     classify, count_sampled, encode_request, id_in_head, our_id, skim_reply,
-    with_paired_surrogates, ConnectionError, Events, Incoming as Classified, Params,
+    with_paired_surrogates, ConnectionError, Events, Incoming as Classified, MetaFields, Params,
     PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
@@ -261,11 +261,17 @@ struct Head {
 }
 
 impl Head {
-    fn of(method: &str, params: Option<&Map<String, Value>>) -> Head {
+    /// `meta`: the connection's per-request fields, which the request carries
+    /// unless it has its own.
+    fn of(method: &str, params: Option<&Map<String, Value>>, meta: Option<&MetaFields>) -> Head {
         let initialize = method == "initialize";
-        let modern_version = params
-            .and_then(|params| params.get("_meta"))
-            .and_then(|meta| meta.get(PROTOCOL_VERSION_META))
+        let modern_version = match meta {
+            Some(meta) => meta.in_request(params, PROTOCOL_VERSION_META),
+            None => params
+                .and_then(|params| params.get("_meta"))
+                .and_then(|meta| meta.get(PROTOCOL_VERSION_META)),
+        };
+        let modern_version = modern_version
             .and_then(Value::as_str)
             .and_then(|version| HeaderValue::from_str(version).ok());
         if modern_version.is_none() {
@@ -491,18 +497,15 @@ impl HttpTransport {
         id: u64,
         method: &str,
         params: Params,
+        meta: Option<&MetaFields>,
         headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         let shared = self.shared.clone();
         if shared.closed.is_cancelled() {
             return Err(ConnectionError::NotSent);
         }
-        let head = match &params {
-            Params::Values(params) => Head::of(method, params.as_ref().and_then(Value::as_object)),
-            Params::WithMember(values, _) => Head::of(method, Some(values)),
-        }
-        .with_params(headers);
-        let body = Bytes::from(encode_request(id, method, params));
+        let head = Head::of(method, params.values(), meta).with_params(headers);
+        let body = Bytes::from(encode_request(id, method, params, meta));
         let mut streams = shared
             .streams
             .lock()
@@ -1451,6 +1454,10 @@ mod tests {
         assert_eq!(display_url(&nested), "http://h/a/b/sse?…");
     }
 
+    fn plain_params() -> Map<String, Value> {
+        Map::from_iter([("name".to_string(), Value::from("echo"))])
+    }
+
     #[test]
     fn modern_requests_mirror_their_body_in_headers() {
         let params = serde_json::json!({
@@ -1460,14 +1467,23 @@ mod tests {
         let Value::Object(params) = params else {
             unreachable!()
         };
-        let head = Head::of("tools/call", Some(&params));
+        let head = Head::of("tools/call", Some(&params), None);
         assert_eq!(head.modern_version.unwrap(), "2026-07-28");
         assert_eq!(head.method.unwrap(), "tools/call");
         assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
-        let plain = Map::from_iter([("name".to_string(), Value::from("echo"))]);
-        let plain = Head::of("tools/call", Some(&plain));
+        let plain = Head::of("tools/call", Some(&plain_params()), None);
         assert!(plain.modern_version.is_none() && plain.name.is_none());
-        assert!(Head::of("initialize", None).initialize);
+        assert!(Head::of("initialize", None, None).initialize);
+        // The connection's per-request fields name the version when the request does not.
+        let fields =
+            Map::from_iter([(PROTOCOL_VERSION_META.to_string(), Value::from("2026-07-28"))]);
+        let head = Head::of(
+            "tools/call",
+            Some(&plain_params()),
+            Some(&MetaFields::new(fields)),
+        );
+        assert_eq!(head.modern_version.unwrap(), "2026-07-28");
+        assert_eq!(head.name.unwrap(), "echo");
         assert_eq!(
             header_value_for(" padded").unwrap(),
             "=?base64?IHBhZGRlZA==?="
