@@ -386,6 +386,18 @@ impl Params {
             Params::WithMember(values, _) => Some(values),
         }
     }
+
+    /// Whether a connection's `_meta` fields can be merged in: absent params, or an
+    /// object whose `_meta` (if any) is an object too.
+    pub(crate) fn takes_meta(&self) -> bool {
+        match self {
+            Params::Values(None) => true,
+            Params::Values(Some(Value::Object(values))) | Params::WithMember(values, _) => {
+                values.get("_meta").is_none_or(Value::is_object)
+            }
+            Params::Values(Some(_)) => false,
+        }
+    }
 }
 
 /// The `_meta` fields every request to a 2026-07-28 upstream carries, each kept
@@ -898,6 +910,11 @@ mod tests {
             line(Params::Values(Some(json!({"_meta": 5}))))["params"],
             json!({"_meta": 5})
         );
+        // What goes as it is takes none of them.
+        assert!(!Params::Values(Some(json!([1]))).takes_meta());
+        assert!(!Params::Values(Some(json!({"_meta": 5}))).takes_meta());
+        assert!(Params::Values(Some(json!({"_meta": {}}))).takes_meta());
+        assert!(Params::Values(None).takes_meta());
         let values = json!({"_meta": {"v": "own"}});
         assert_eq!(
             meta.in_request(values.as_object(), "v"),

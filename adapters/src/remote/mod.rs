@@ -504,7 +504,8 @@ impl HttpTransport {
         if shared.closed.is_cancelled() {
             return Err(ConnectionError::NotSent);
         }
-        let head = Head::of(method, params.values(), meta).with_params(headers);
+        let merged = meta.filter(|_| params.takes_meta());
+        let head = Head::of(method, params.values(), merged).with_params(headers);
         let body = Bytes::from(encode_request(id, method, params, meta));
         let mut streams = shared
             .streams
