@@ -221,9 +221,11 @@ impl Bridge {
     }
 
     async fn handle(self: Arc<Self>, message: ClientMessage) {
+        // Read with `ClientMessage::read`: nothing is taken out of `_meta`.
         let ClientMessage {
             mut message,
             arguments,
+            capabilities: _,
         } = message;
         let method = message
             .get("method")

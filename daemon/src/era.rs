@@ -2,6 +2,8 @@
 //! carries its protocol version and the client's capabilities in `_meta`, every
 //! result names its `resultType`, and the HTTP headers mirror the body.
 
+use std::sync::Arc;
+
 use adapters::RawObject;
 use serde_json::{json, Map, Value};
 
@@ -31,7 +33,7 @@ pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 /// The per-request context a 2026-07-28 client sends in `_meta`.
 #[derive(Clone, Debug)]
 pub struct RequestMeta {
-    pub capabilities: Value,
+    pub capabilities: Arc<Value>,
     pub log_level: Option<LogLevel>,
 }
 
@@ -42,22 +44,31 @@ pub fn declared_version(params: Option<&Value>) -> Option<&Value> {
 }
 
 /// Checks the per-request fields: an unserved version is -32022 with the
-/// versions plexus serves; missing capabilities are -32602.
-pub fn check_meta(params: Option<&Value>) -> Result<(), RelayError> {
-    checked_meta(params).map(drop)
+/// versions plexus serves; missing capabilities are -32602. `taken`: the client's
+/// capabilities (an object), when the front took them out of `_meta` already.
+pub fn check_meta(params: Option<&Value>, taken: Option<&Value>) -> Result<(), RelayError> {
+    checked_meta(params, taken.is_some()).map(drop)
 }
 
 /// Checks the per-request fields and takes the client's capabilities out of
-/// `params`: they belong to the request's scope, and what an upstream is told of
-/// them is what plexus relays (`set_client_capabilities`), never the original.
-pub fn take_meta(params: &mut Option<Value>) -> Result<RequestMeta, RelayError> {
-    let log_level = checked_meta(params.as_ref())?;
-    let capabilities = params
-        .as_mut()
-        .and_then(|p| p.get_mut("_meta"))
-        .and_then(Value::as_object_mut)
-        .and_then(|meta| meta.shift_remove(META_CLIENT_CAPABILITIES))
-        .unwrap_or_else(|| Value::Object(Map::new()));
+/// `params` (unless the front did: `taken`): they belong to the request's scope,
+/// and what an upstream is told of them is what plexus relays
+/// (`set_client_capabilities`), never the original.
+pub fn take_meta(
+    params: &mut Option<Value>,
+    taken: Option<Arc<Value>>,
+) -> Result<RequestMeta, RelayError> {
+    let log_level = checked_meta(params.as_ref(), taken.is_some())?;
+    let capabilities = taken.unwrap_or_else(|| {
+        Arc::new(
+            params
+                .as_mut()
+                .and_then(|p| p.get_mut("_meta"))
+                .and_then(Value::as_object_mut)
+                .and_then(|meta| meta.shift_remove(META_CLIENT_CAPABILITIES))
+                .unwrap_or_else(|| Value::Object(Map::new())),
+        )
+    });
     Ok(RequestMeta {
         capabilities,
         log_level,
@@ -65,7 +76,7 @@ pub fn take_meta(params: &mut Option<Value>) -> Result<RequestMeta, RelayError> 
 }
 
 /// Checks the per-request fields; the log level they ask for, if any.
-fn checked_meta(params: Option<&Value>) -> Result<Option<LogLevel>, RelayError> {
+fn checked_meta(params: Option<&Value>, taken: bool) -> Result<Option<LogLevel>, RelayError> {
     let meta = params
         .and_then(|p| p.get("_meta"))
         .and_then(Value::as_object);
@@ -84,9 +95,10 @@ fn checked_meta(params: Option<&Value>) -> Result<Option<LogLevel>, RelayError> 
             )))
         }
     }
-    if !meta
-        .and_then(|m| m.get(META_CLIENT_CAPABILITIES))
-        .is_some_and(Value::is_object)
+    if !taken
+        && !meta
+            .and_then(|m| m.get(META_CLIENT_CAPABILITIES))
+            .is_some_and(Value::is_object)
     {
         return Err(RelayError::InvalidParams(format!(
             "`_meta.{META_CLIENT_CAPABILITIES}` is required and must be an object"
@@ -315,12 +327,12 @@ mod tests {
     #[test]
     fn meta_is_checked_version_first() {
         let ok = json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {"sampling": {}}, META_LOG_LEVEL: "info", "progressToken": 1}});
-        assert!(check_meta(Some(&ok)).is_ok());
+        assert!(check_meta(Some(&ok), None).is_ok());
         let mut params = Some(ok);
-        let Ok(meta) = take_meta(&mut params) else {
+        let Ok(meta) = take_meta(&mut params, None) else {
             panic!("valid meta refused");
         };
-        assert_eq!(meta.capabilities, json!({"sampling": {}}));
+        assert_eq!(*meta.capabilities, json!({"sampling": {}}));
         assert_eq!(meta.log_level, LogLevel::parse("info"));
         // The capabilities were taken; the rest of `_meta` stays, in order.
         assert_eq!(
@@ -328,7 +340,7 @@ mod tests {
             serde_json::to_string(&json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_LOG_LEVEL: "info", "progressToken": 1}})).ok()
         );
 
-        let error_of = |params: Value| match take_meta(&mut Some(params.clone())) {
+        let error_of = |params: Value| match take_meta(&mut Some(params.clone()), None) {
             Ok(_) => panic!("accepted {params}"),
             Err(error) => error.to_error_object(),
         };
@@ -341,6 +353,18 @@ mod tests {
 
         let error = error_of(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
         assert_eq!(error["code"], -32602);
+
+        // Capabilities a front took out already count as present, and are the ones used.
+        let taken = Arc::new(json!({"roots": {}}));
+        let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
+        assert!(check_meta(params.as_ref(), Some(&taken)).is_ok());
+        let Ok(meta) = take_meta(&mut params, Some(taken.clone())) else {
+            panic!("taken capabilities refused");
+        };
+        assert!(Arc::ptr_eq(&meta.capabilities, &taken));
+        // The version is still checked first.
+        let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: "1900-01-01"}}));
+        assert!(take_meta(&mut params, Some(taken)).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Refusal};
-use crate::client_message::ClientMessage;
+use crate::client_message::{ClientMessage, KnownCapabilities};
 use crate::config::DaemonSettings;
 use crate::era;
 use crate::hub::Hub;
@@ -82,6 +82,8 @@ pub struct HttpFront {
     stateless_added: AtomicUsize,
     /// The queue of every stateless session, read by no one.
     nowhere: mpsc::Sender<Value>,
+    /// The client capabilities 2026-07-28 requests declared lately.
+    known: KnownCapabilities,
 }
 
 impl HttpFront {
@@ -100,6 +102,7 @@ impl HttpFront {
             stateless: DashMap::new(),
             stateless_added: AtomicUsize::new(0),
             nowhere: mpsc::channel(1).0,
+            known: KnownCapabilities::default(),
         });
         front
             .hub
@@ -266,7 +269,7 @@ impl HttpFront {
                 )
             }
         };
-        let received = match ClientMessage::read(body) {
+        let received = match ClientMessage::read_served(body, &self.known) {
             Ok(received) => received,
             Err(error) => {
                 return json_error(
@@ -338,6 +341,7 @@ impl HttpFront {
                 let received = ClientMessage {
                     message,
                     arguments: received.arguments,
+                    capabilities: received.capabilities,
                 };
                 let accepts_events = parts
                     .headers
@@ -403,7 +407,7 @@ impl HttpFront {
         let params = message.get("params");
         let checked = arguments_read
             .and_then(|()| check_mirrored_headers(headers, method, params, &catalog))
-            .and_then(|()| era::check_meta(params));
+            .and_then(|()| era::check_meta(params, received.capabilities.as_deref()));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);

@@ -12,7 +12,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::client_message::ClientMessage;
+use crate::client_message::{ClientMessage, KnownCapabilities};
 use crate::hub::Hub;
 use crate::jsonrpc::{self, Answer, RelayError};
 use crate::session::{Continuations, Handled, Identity, Session};
@@ -69,6 +69,7 @@ pub async fn serve<R, W>(
     });
 
     let requests = TaskTracker::new();
+    let known = KnownCapabilities::default();
     let mut lines = FramedRead::new(input, LineDecoder::new(MAX_CLIENT_LINE_BYTES));
     loop {
         let frame = tokio::select! {
@@ -93,7 +94,7 @@ pub async fn serve<R, W>(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let message = match ClientMessage::read(line.freeze()) {
+        let message = match ClientMessage::read_served(line.freeze(), &known) {
             Ok(message) => message,
             Err(error) => {
                 let error = RelayError::Parse(error.to_string());

@@ -110,6 +110,16 @@ pub struct ScopeChannels {
     pub inputs: mpsc::UnboundedReceiver<Box<InputNeeded>>,
 }
 
+/// A request as the client sent it (see [`ClientMessage`]).
+struct Request {
+    id: Value,
+    method: String,
+    params: Option<Value>,
+    arguments: Option<WrittenMember>,
+    /// Its `_meta` client capabilities, when the front took them out.
+    capabilities: Option<Arc<Value>>,
+}
+
 /// The result of handling one incoming message.
 pub enum Handled {
     /// Send this response.
@@ -170,7 +180,7 @@ impl Session {
         );
         *scope.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(era::MODERN_VERSION.to_string()),
-            capabilities: Arc::new(meta.capabilities),
+            capabilities: meta.capabilities,
         };
         *scope
             .log_level
@@ -300,7 +310,11 @@ impl Session {
         message: impl Into<ClientMessage>,
         related: Option<&mpsc::Sender<Value>>,
     ) -> Handled {
-        let ClientMessage { message, arguments } = message.into();
+        let ClientMessage {
+            message,
+            arguments,
+            capabilities,
+        } = message.into();
         let Value::Object(mut object) = message else {
             return invalid(Value::Null, "a message must be a JSON object");
         };
@@ -322,8 +336,14 @@ impl Session {
         match (method, object.remove("id")) {
             (Some(method), Some(id)) => {
                 let related = related.unwrap_or(&self.outbound);
-                self.handle_request(id, method, params, arguments, related)
-                    .await
+                let request = Request {
+                    id,
+                    method,
+                    params,
+                    arguments,
+                    capabilities,
+                };
+                self.handle_request(request, related).await
             }
             (Some(method), None) => {
                 self.handle_notification(&method, params);
@@ -344,14 +364,14 @@ impl Session {
         }
     }
 
-    async fn handle_request(
-        &self,
-        id: Value,
-        method: String,
-        params: Option<Value>,
-        arguments: Option<WrittenMember>,
-        related: &mpsc::Sender<Value>,
-    ) -> Handled {
+    async fn handle_request(&self, request: Request, related: &mpsc::Sender<Value>) -> Handled {
+        let Request {
+            id,
+            method,
+            params,
+            arguments,
+            capabilities,
+        } = request;
         if !(id.is_string() || id.is_i64() || id.is_u64()) {
             return invalid(Value::Null, "a request id must be a string or an integer");
         }
@@ -378,7 +398,7 @@ impl Session {
         let outcome = tokio::select! {
             outcome = async {
                 if modern {
-                    self.serve_modern(&id, &method, params, arguments, related)
+                    self.serve_modern(&id, &method, params, arguments, capabilities, related)
                         .await
                         .map(Served::Reply)
                 } else if let Some(kind) = list_kind(&method) {
@@ -515,9 +535,10 @@ impl Session {
         method: &str,
         mut params: Option<Value>,
         arguments: Option<WrittenMember>,
+        capabilities: Option<Arc<Value>>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
-        let meta = era::take_meta(&mut params)?;
+        let meta = era::take_meta(&mut params, capabilities)?;
         match method {
             "server/discover" => {
                 let catalog = self.catalog();
