@@ -641,16 +641,19 @@ async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow:
             modern(),
         )
         .await?;
-    let refused = bare
-        .call_tool(
-            CallToolRequestParams::new("fx__ask".to_string())
-                .with_arguments(plexus_tests::arguments(json!({"kind": "elicitation"}))),
-        )
-        .await
-        .err()
-        .context("a client without the elicitation capability had its call run")?;
-    ensure!(refused.to_string().contains("-32021"), "{refused}");
-    bare.cancel().await?;
+    let ask_bare = || async {
+        let refused = bare
+            .call_tool(
+                CallToolRequestParams::new("fx__ask".to_string())
+                    .with_arguments(plexus_tests::arguments(json!({"kind": "elicitation"}))),
+            )
+            .await
+            .err()
+            .context("a client without the elicitation capability had its call run")?;
+        ensure!(refused.to_string().contains("-32021"), "{refused}");
+        anyhow::Ok(())
+    };
+    ask_bare().await?;
 
     let handler = AnsweringClient::named("capable").modern();
     let capable = handler
@@ -662,6 +665,11 @@ async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow:
         .await?;
     let answer = call(&capable, "fx__ask", json!({"kind": "elicitation"})).await?;
     ensure!(answer.to_string().contains("accept:"), "{answer}");
+    // Taking turns, each is still told apart.
+    ask_bare().await?;
+    let answer = call(&capable, "fx__ask", json!({"kind": "elicitation"})).await?;
+    ensure!(answer.to_string().contains("accept:"), "{answer}");
+    bare.cancel().await?;
     capable.cancel().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
