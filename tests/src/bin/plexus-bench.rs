@@ -153,6 +153,28 @@ fn cells(payloads: &[usize], calls: impl Fn(usize, usize) -> usize) -> Vec<Cell>
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Interrupted, the run is dropped: the daemons and fixtures it started go with
+    // their handles (killed on drop) instead of outliving the bench.
+    tokio::select! {
+        outcome = run(cli) => outcome,
+        signal = interrupted() => {
+            signal?;
+            anyhow::bail!("interrupted; every process the bench started was stopped")
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn interrupted() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        outcome = tokio::signal::ctrl_c() => outcome,
+        _ = terminate.recv() => Ok(()),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let plan = Plan::of(&cli)?;
     if cli.only_scale {
         return scale_figures(&plan, cli.quick).await;
