@@ -484,7 +484,6 @@ fn write_params(
         return;
     };
     out.push(b'{');
-    let mut merged = false;
     for (index, (key, value)) in values.iter().enumerate() {
         if index > 0 {
             out.push(b',');
@@ -493,14 +492,11 @@ fn write_params(
         out.push(b':');
         match value {
             // A `_meta` that is not an object has nowhere to put them.
-            Value::Object(own) if key == "_meta" => {
-                meta.write_merged(out, own);
-                merged = true;
-            }
+            Value::Object(own) if key == "_meta" => meta.write_merged(out, own),
             _ => crate::json_out::write_value(out, value),
         }
     }
-    if !merged && !values.contains_key("_meta") {
+    if !values.contains_key("_meta") {
         if !values.is_empty() {
             out.push(b',');
         }

@@ -44,10 +44,10 @@ pub fn declared_version(params: Option<&Value>) -> Option<&Value> {
 }
 
 /// Checks the per-request fields: an unserved version is -32022 with the
-/// versions plexus serves; missing capabilities are -32602. `taken`: the client's
-/// capabilities (an object), when the front took them out of `_meta` already.
-pub fn check_meta(params: Option<&Value>, taken: Option<&Value>) -> Result<(), RelayError> {
-    checked_meta(params, taken.is_some()).map(drop)
+/// versions plexus serves; missing capabilities are -32602. `taken`: the front
+/// took the client's capabilities (an object) out of `_meta` already.
+pub fn check_meta(params: Option<&Value>, taken: bool) -> Result<(), RelayError> {
+    checked_meta(params, taken).map(drop)
 }
 
 /// Checks the per-request fields and takes the client's capabilities out of
@@ -327,7 +327,7 @@ mod tests {
     #[test]
     fn meta_is_checked_version_first() {
         let ok = json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {"sampling": {}}, META_LOG_LEVEL: "info", "progressToken": 1}});
-        assert!(check_meta(Some(&ok), None).is_ok());
+        assert!(check_meta(Some(&ok), false).is_ok());
         let mut params = Some(ok);
         let Ok(meta) = take_meta(&mut params, None) else {
             panic!("valid meta refused");
@@ -357,7 +357,7 @@ mod tests {
         // Capabilities a front took out already count as present, and are the ones used.
         let taken = Arc::new(json!({"roots": {}}));
         let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
-        assert!(check_meta(params.as_ref(), Some(&taken)).is_ok());
+        assert!(check_meta(params.as_ref(), true).is_ok());
         let Ok(meta) = take_meta(&mut params, Some(taken.clone())) else {
             panic!("taken capabilities refused");
         };

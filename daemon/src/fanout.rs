@@ -77,9 +77,6 @@ pub struct Fanout {
     elicitations: DashMap<String, u64>,
     /// Upstreams whose `roots/list` plexus answered when no client could.
     roots_for_nobody: Mutex<Vec<(String, UpstreamConnection)>>,
-    /// The last declared capabilities made relayable, and what they made: a
-    /// 2026-07-28 client's requests share one declared value (`KnownCapabilities`).
-    last_relayable: Mutex<Option<(Arc<Value>, Value)>>,
 }
 
 impl Fanout {
@@ -101,7 +98,6 @@ impl Fanout {
             roots_askers: Mutex::new(HashMap::new()),
             elicitations: DashMap::new(),
             roots_for_nobody: Mutex::new(Vec::new()),
-            last_relayable: Mutex::new(None),
         }
     }
 
@@ -198,18 +194,23 @@ impl Fanout {
         else {
             return Value::Object(Map::new());
         };
-        let mut last = self
-            .last_relayable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((seen, relayable)) = last.as_ref() {
-            if Arc::ptr_eq(seen, &declared) {
-                return relayable.clone();
+        let mut relayable = Map::new();
+        for key in ["sampling", "elicitation", "roots"] {
+            if let Some(capability) = declared.get(key).filter(|value| !value.is_null()) {
+                relayable.insert(key.to_string(), capability.clone());
             }
         }
-        let relayable = relayable_of(&declared);
-        *last = Some((declared, relayable.clone()));
-        relayable
+        // The tasks extension: plexus routes the task methods it brings.
+        if let Some(tasks) = declared
+            .get("extensions")
+            .and_then(|extensions| extensions.get(crate::era::TASKS_EXTENSION))
+        {
+            relayable.insert(
+                "extensions".into(),
+                json!({ crate::era::TASKS_EXTENSION: tasks.clone() }),
+            );
+        }
+        Value::Object(relayable)
     }
 
     fn session(&self, id: u64) -> Option<Arc<dyn Client>> {
@@ -821,28 +822,6 @@ fn merge_objects(into: &mut Value, from: &Value) {
             }
         }
     }
-}
-
-/// Declared client capabilities as far as plexus relays them: sampling,
-/// elicitation, roots, and the tasks extension (plexus routes the task methods).
-fn relayable_of(declared: &Value) -> Value {
-    let mut relayable = Map::new();
-    for key in ["sampling", "elicitation", "roots"] {
-        if let Some(capability) = declared.get(key).filter(|value| !value.is_null()) {
-            relayable.insert(key.to_string(), capability.clone());
-        }
-    }
-    // The tasks extension: plexus routes the task methods it brings.
-    if let Some(tasks) = declared
-        .get("extensions")
-        .and_then(|extensions| extensions.get(crate::era::TASKS_EXTENSION))
-    {
-        relayable.insert(
-            "extensions".into(),
-            json!({ crate::era::TASKS_EXTENSION: tasks.clone() }),
-        );
-    }
-    Value::Object(relayable)
 }
 
 #[cfg(test)]

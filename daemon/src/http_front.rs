@@ -407,7 +407,7 @@ impl HttpFront {
         let params = message.get("params");
         let checked = arguments_read
             .and_then(|()| check_mirrored_headers(headers, method, params, &catalog))
-            .and_then(|()| era::check_meta(params, received.capabilities.as_deref()));
+            .and_then(|()| era::check_meta(params, received.capabilities.is_some()));
         if let Err(error) = checked {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);

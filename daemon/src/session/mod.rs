@@ -110,16 +110,6 @@ pub struct ScopeChannels {
     pub inputs: mpsc::UnboundedReceiver<Box<InputNeeded>>,
 }
 
-/// A request as the client sent it (see [`ClientMessage`]).
-struct Request {
-    id: Value,
-    method: String,
-    params: Option<Value>,
-    arguments: Option<WrittenMember>,
-    /// Its `_meta` client capabilities, when the front took them out.
-    capabilities: Option<Arc<Value>>,
-}
-
 /// The result of handling one incoming message.
 pub enum Handled {
     /// Send this response.
@@ -336,14 +326,8 @@ impl Session {
         match (method, object.remove("id")) {
             (Some(method), Some(id)) => {
                 let related = related.unwrap_or(&self.outbound);
-                let request = Request {
-                    id,
-                    method,
-                    params,
-                    arguments,
-                    capabilities,
-                };
-                self.handle_request(request, related).await
+                self.handle_request(id, method, params, arguments, capabilities, related)
+                    .await
             }
             (Some(method), None) => {
                 self.handle_notification(&method, params);
@@ -364,14 +348,17 @@ impl Session {
         }
     }
 
-    async fn handle_request(&self, request: Request, related: &mpsc::Sender<Value>) -> Handled {
-        let Request {
-            id,
-            method,
-            params,
-            arguments,
-            capabilities,
-        } = request;
+    /// `capabilities`: the request's `_meta` client capabilities, when the front
+    /// took them out (see [`ClientMessage`]).
+    async fn handle_request(
+        &self,
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        arguments: Option<WrittenMember>,
+        capabilities: Option<Arc<Value>>,
+        related: &mpsc::Sender<Value>,
+    ) -> Handled {
         if !(id.is_string() || id.is_i64() || id.is_u64()) {
             return invalid(Value::Null, "a request id must be a string or an integer");
         }
