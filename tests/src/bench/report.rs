@@ -66,14 +66,14 @@ pub fn bytes(size: usize) -> String {
 
 /// Median and range of one metric over the pairs.
 #[derive(Clone, Copy, Debug)]
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
 }
 
 impl Spread {
-    fn of(mut values: Vec<f64>) -> Spread {
+    pub fn of(mut values: Vec<f64>) -> Spread {
         values.sort_by(f64::total_cmp);
         let median = match values.len() {
             0 => f64::NAN,
@@ -87,7 +87,7 @@ impl Spread {
         }
     }
 
-    fn show(&self, decimals: usize) -> String {
+    pub fn show(&self, decimals: usize) -> String {
         format!(
             "{:.d$} [{:.d$}–{:.d$}]",
             self.median,

@@ -2,12 +2,14 @@
 //! memory an open HTTP session costs it, and what a catalog of thousands of tools
 //! costs (ready time, memory, a page, every page, a rebuild).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use plexus_tests::{fixture_upstream, Daemon, RawHttpSession};
+
+use crate::report::Spread;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -158,6 +160,10 @@ pub struct CatalogScale {
     /// How many times each memory figure (idle, fresh, restarted) is taken; the
     /// median counts.
     pub samples: usize,
+    /// Rounds of a walk of every page and a serialisation of the same tools.
+    pub walk_rounds: usize,
+    /// Rounds of [`PAGES`] pages of the large catalog and of a small one.
+    pub page_rounds: usize,
 }
 
 impl CatalogScale {
@@ -168,12 +174,16 @@ impl CatalogScale {
                 upstreams: 2,
                 tools: 50,
                 samples: 1,
+                walk_rounds: 2,
+                page_rounds: 1,
             }
         } else {
             CatalogScale {
                 upstreams: 10,
                 tools: 1000,
                 samples: 3,
+                walk_rounds: 9,
+                page_rounds: 7,
             }
         }
     }
@@ -181,8 +191,7 @@ impl CatalogScale {
 
 /// Tools every fixture lists without `--extra-tools`.
 const FIXTURE_TOOLS: usize = 6;
-/// How many times a walk, a serialisation or a page is measured; the median counts.
-const WALKS: usize = 5;
+/// Pages timed in each round of [`CatalogScale::page_rounds`]; their median counts.
 const PAGES: usize = 200;
 /// How long the memory of a daemon that just became ready is left to settle (it
 /// returns free memory once its catalog has been quiet for a second).
@@ -277,34 +286,41 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
 
     let mut lister = Lister::open(&daemon.url).await?;
     let pid = daemon.pid().context("plexus has no pid")?;
-    let mut walks = Vec::new();
-    let mut walk_cpu = Vec::new();
-    let mut bodies = Vec::new();
-    for _ in 0..WALKS {
-        let cpu_before = cpu_time(pid)?;
-        let (took, walked) = lister.walk().await?;
-        walk_cpu.push(cpu_time(pid)?.saturating_sub(cpu_before));
-        walks.push(took);
-        bodies = walked;
-    }
+    quiet(pid).await?;
+    // A first walk warms the session up and gives the tools to serialise.
+    let (_, bodies) = lister.walk().await?;
     let tools = check_walk(&bodies, expected, scale)?;
     lister.check_call(scale).await?;
     let json_bytes: usize = tools
         .iter()
         .map(|tool| serde_json::to_vec(tool).map(|bytes| bytes.len()))
         .sum::<Result<_, _>>()?;
-    let mut serialisations = Vec::new();
-    for _ in 0..WALKS {
+    // Walks and serialisations take turns, so drift lands on both; each round's
+    // ratio counts.
+    let (mut walks, mut walk_cpus, mut serialisations) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut wall_ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
+    for _ in 0..scale.walk_rounds {
+        let cpu_before = CpuClock::read(pid)?;
+        let (took, walked) = lister.walk().await?;
+        let cpu = cpu_before.since(pid)?;
+        ensure!(
+            walked.len() == bodies.len(),
+            "a walk of {} pages",
+            walked.len()
+        );
         let started = Instant::now();
         let bytes = serde_json::to_vec(&tools)?;
-        serialisations.push(started.elapsed());
+        let serialised = started.elapsed();
         ensure!(
             bytes.len() >= json_bytes,
             "serialised fewer bytes than listed"
         );
+        wall_ratios.push(took.as_secs_f64() / serialised.as_secs_f64());
+        cpu_ratios.push(cpu.as_secs_f64() / serialised.as_secs_f64());
+        walks.push(ms(took));
+        walk_cpus.push(ms(cpu));
+        serialisations.push(ms(serialised));
     }
-    let (walk, serialise) = (median(&mut walks), median(&mut serialisations));
-    let walk_cpu = median(&mut walk_cpu);
 
     let rebuild = rebuild_after_list_changed(&daemon, drift.path()).await?;
     stop(daemon).await?;
@@ -320,25 +336,36 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let ready_twice = started.elapsed();
     let total_twice = 2 * expected;
     let middle = registry::cursor::encode(total_twice / 2);
-    let page_big = Lister::open(&daemon.url)
-        .await?
-        .time_page(Some(&middle), true)
-        .await?;
-    stop(daemon).await?;
+    let mut big = Lister::open(&daemon.url).await?;
+    let big_pid = daemon.pid().context("plexus has no pid")?;
 
     let small = fixture_upstream("small", "", &["--extra-tools", "4"]);
-    let daemon = Daemon::start("page_size = 10", &small)
+    let small_daemon = Daemon::start("page_size = 10", &small)
         .await
         .context("starting plexus with 10 tools")?;
-    wait_ready_closely(&daemon).await?;
-    let page_small = Lister::open(&daemon.url)
-        .await?
-        .time_page(None, false)
-        .await?;
+    wait_ready_closely(&small_daemon).await?;
+    let mut small_lister = Lister::open(&small_daemon.url).await?;
+    let small_pid = small_daemon.pid().context("plexus has no pid")?;
+    // Both daemons up at once, their pages timed in turns: drift lands on both.
+    quiet(big_pid).await?;
+    quiet(small_pid).await?;
+    let (mut page_ratios, mut page_cpu_ratios) = (Vec::new(), Vec::new());
+    let (mut pages_big, mut pages_small) = (Vec::new(), Vec::new());
+    let (mut cpus_big, mut cpus_small) = (Vec::new(), Vec::new());
+    for _ in 0..scale.page_rounds {
+        let (big_wall, big_cpu) = big.time_page(Some(&middle), true, big_pid).await?;
+        let (small_wall, small_cpu) = small_lister.time_page(None, false, small_pid).await?;
+        page_ratios.push(big_wall.as_secs_f64() / small_wall.as_secs_f64());
+        page_cpu_ratios.push(big_cpu.as_secs_f64() / small_cpu.as_secs_f64());
+        pages_big.push(big_wall.as_secs_f64() * 1e6);
+        pages_small.push(small_wall.as_secs_f64() * 1e6);
+        cpus_big.push(big_cpu.as_secs_f64() * 1e6);
+        cpus_small.push(small_cpu.as_secs_f64() * 1e6);
+    }
+    stop(small_daemon).await?;
     stop(daemon).await?;
 
     let kib = |k: u64| k as f64 / 1024.0;
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let extra_kib = rss.saturating_sub(idle_rss);
     println!(
         "catalog of {} upstreams × {} tools ({expected} tools, {:.2} MB of definitions):",
@@ -383,20 +410,25 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         anon_times_json(median_kib(&mut fresh_anon)),
         anon_times_json(median_kib(&mut restarted_anon)),
     );
+    let rounds = scale.page_rounds;
     println!(
-        "  one tools/list page of 10 from the middle of {total_twice} tools: {:.0} µs; of a 10-tool catalog: {:.0} µs ({:.2}×)",
-        page_big.as_secs_f64() * 1e6,
-        page_small.as_secs_f64() * 1e6,
-        page_big.as_secs_f64() / page_small.as_secs_f64()
+        "  one tools/list page of 10 from the middle of {total_twice} tools: {} µs, {} µs of the daemon's CPU; of a 10-tool catalog: {} µs, {} µs of CPU; {}× wall, {}× CPU ({rounds} rounds of {PAGES} pages, taken in turns: median [min–max] of the rounds' medians and ratios)",
+        Spread::of(pages_big).show(0),
+        Spread::of(cpus_big).show(0),
+        Spread::of(pages_small).show(0),
+        Spread::of(cpus_small).show(0),
+        Spread::of(page_ratios).show(2),
+        Spread::of(page_cpu_ratios).show(2),
     );
+    let rounds = scale.walk_rounds;
     println!(
-        "  every page ({} pages of up to 100): {:.1} ms, {:.1} ms of the daemon's CPU; serde_json serialising the same tools: {:.1} ms ({:.2}× wall, {:.2}× CPU)",
+        "  every page ({} pages of up to 100): {} ms, {} ms of the daemon's CPU; serde_json serialising the same tools: {} ms; {}× wall, {}× CPU ({rounds} rounds, walk and serialisation in turns: median [min–max])",
         bodies.len(),
-        ms(walk),
-        ms(walk_cpu),
-        ms(serialise),
-        ms(walk) / ms(serialise),
-        ms(walk_cpu) / ms(serialise)
+        Spread::of(walks).show(1),
+        Spread::of(walk_cpus).show(1),
+        Spread::of(serialisations).show(1),
+        Spread::of(wall_ratios).show(2),
+        Spread::of(cpu_ratios).show(2),
     );
     println!(
         "  rebuild after one upstream's list_changed: {:.2} ms (mean of {} rebuilds)",
@@ -534,26 +566,39 @@ impl Lister {
         }
     }
 
-    /// The median time of one page at `cursor` (of 10 tools, with a next page or
-    /// not as `more` says).
-    async fn time_page(&mut self, cursor: Option<&str>, more: bool) -> anyhow::Result<Duration> {
-        let mut times = Vec::with_capacity(PAGES);
-        for round in 0..PAGES + PAGES / 10 {
-            let started = Instant::now();
-            let (_, page) = self.page(cursor).await?;
-            let took = started.elapsed();
-            ensure!(
-                page.tools.len() == 10 && page.next_cursor.is_some() == more,
-                "a page of {} tools, next cursor {:?}",
-                page.tools.len(),
-                page.next_cursor
-            );
-            // The first tenth warms the connection and the session up.
-            if round >= PAGES / 10 {
-                times.push(took);
-            }
+    /// One page at `cursor` (of 10 tools, with a next page or not as `more` says),
+    /// [`PAGES`] times: the median time of one, and the CPU the daemon `pid` spent
+    /// per page.
+    async fn time_page(
+        &mut self,
+        cursor: Option<&str>,
+        more: bool,
+        pid: u32,
+    ) -> anyhow::Result<(Duration, Duration)> {
+        // A tenth first, uncounted: it warms the connection and the session up.
+        for _ in 0..PAGES / 10 {
+            self.checked_page(cursor, more).await?;
         }
-        Ok(median(&mut times))
+        let mut times = Vec::with_capacity(PAGES);
+        let cpu_before = CpuClock::read(pid)?;
+        for _ in 0..PAGES {
+            let started = Instant::now();
+            self.checked_page(cursor, more).await?;
+            times.push(started.elapsed());
+        }
+        let cpu = cpu_before.since(pid)?;
+        Ok((median(&mut times), cpu / PAGES as u32))
+    }
+
+    async fn checked_page(&mut self, cursor: Option<&str>, more: bool) -> anyhow::Result<()> {
+        let (_, page) = self.page(cursor).await?;
+        ensure!(
+            page.tools.len() == 10 && page.next_cursor.is_some() == more,
+            "a page of {} tools, next cursor {:?}",
+            page.tools.len(),
+            page.next_cursor
+        );
+        Ok(())
     }
 
     /// One extra tool called through the daemon echoes its arguments.
@@ -656,24 +701,67 @@ async fn rebuild_histogram(daemon: &Daemon) -> anyhow::Result<(f64, u64)> {
     Ok((sum, count as u64))
 }
 
-/// CPU time a process has used so far, every thread's, from `/proc/<pid>/task/*/schedstat`
-/// (nanoseconds; `/proc/<pid>/stat` counts in 10 ms ticks, too coarse here).
-fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
-    let mut total = 0u64;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .with_context(|| format!("listing the threads of {pid}"))?;
-    for task in tasks {
-        // A thread that ended since the listing has nothing more to add.
-        let Ok(text) = std::fs::read_to_string(task?.path().join("schedstat")) else {
-            continue;
-        };
-        let nanoseconds = text
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<u64>().ok());
-        total += nanoseconds.with_context(|| format!("an unreadable schedstat: {text}"))?;
+/// CPU time a process's live threads have used so far, each thread's, from
+/// `/proc/<pid>/task/*/schedstat` (nanoseconds; `/proc/<pid>/stat` counts in 10 ms
+/// ticks, too coarse here).
+struct CpuClock(HashMap<u64, u64>);
+
+impl CpuClock {
+    fn read(pid: u32) -> anyhow::Result<CpuClock> {
+        let mut threads = HashMap::new();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .with_context(|| format!("listing the threads of {pid}"))?;
+        for task in tasks {
+            let task = task?;
+            let Some(tid) = task.file_name().to_str().and_then(|tid| tid.parse().ok()) else {
+                continue;
+            };
+            // A thread that ended since the listing has nothing more to add.
+            let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+                continue;
+            };
+            let nanoseconds = text
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok());
+            threads.insert(
+                tid,
+                nanoseconds.with_context(|| format!("an unreadable schedstat: {text}"))?,
+            );
+        }
+        Ok(CpuClock(threads))
     }
-    Ok(Duration::from_nanos(total))
+
+    /// The CPU used since `self` was read: thread by thread, so a thread that ended
+    /// in between (a blocking-pool thread retiring) takes nothing off, and one that
+    /// started counts whole.
+    fn since(&self, pid: u32) -> anyhow::Result<Duration> {
+        let now = CpuClock::read(pid)?;
+        let used = now
+            .0
+            .iter()
+            .map(|(tid, ns)| ns.saturating_sub(self.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        Ok(Duration::from_nanos(used))
+    }
+}
+
+/// Waits until the daemon `pid` has spent under a millisecond of CPU in a quarter
+/// of a second (a daemon just ready still writes its pins and listings and then
+/// returns memory), for at most ten seconds: what is timed next is its own work.
+async fn quiet(pid: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = CpuClock::read(pid)?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if before.since(pid)? < Duration::from_millis(1) || Instant::now() > deadline {
+            return Ok(());
+        }
+    }
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
 }
 
 fn median(times: &mut [Duration]) -> Duration {
