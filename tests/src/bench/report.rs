@@ -260,6 +260,54 @@ pub fn print_overheads(results: &[CellResult]) {
     }
 }
 
+/// What plexus adds to a call beyond the two legs it chains: plexus-http is an
+/// HTTP exchange with the client plus a stdio round trip to the server, so
+/// direct-http's p50 plus direct-stdio's is what a relay that cost nothing itself
+/// would take. Printed when the three were measured, for one call at a time
+/// (with more, the legs overlap and their sum means nothing).
+pub fn print_hop_floor(results: &[CellResult]) {
+    let Some(rows) = hop_floor(results) else {
+        return;
+    };
+    println!();
+    println!(
+        "p50 of plexus-http against its two legs, one call at a time: floor = (direct-http + direct-stdio) / direct-http; plexus's own = plexus-http − direct-http − direct-stdio"
+    );
+    print_table(&rows);
+}
+
+/// [`print_hop_floor`]'s table, or `None` when a leg or plexus-http is missing.
+fn hop_floor(results: &[CellResult]) -> Option<Vec<Vec<String>>> {
+    let median_p50 = |result: &CellResult, wanted: Target| {
+        result
+            .rows
+            .iter()
+            .find(|(target, _)| *target == wanted)
+            .map(|(_, summary)| summary.p50.median)
+    };
+    let mut rows = vec![
+        vec![String::new()],
+        vec!["floor ×direct-http".to_string()],
+        vec!["plexus-http ×direct-http".to_string()],
+        vec!["plexus's own µs".to_string()],
+    ];
+    for result in results.iter().filter(|r| r.cell.concurrency == 1) {
+        let plexus = median_p50(result, Target::PlexusHttp)?;
+        let http = median_p50(result, Target::DirectHttp)?;
+        let stdio = median_p50(result, Target::DirectStdio)?;
+        let cells = [
+            result.cell.short_label(),
+            format!("{:.2}", (http + stdio) / http),
+            format!("{:.2}", plexus / http),
+            format!("{:.0}", plexus - http - stdio),
+        ];
+        for (row, cell) in rows.iter_mut().zip(cells) {
+            row.push(cell);
+        }
+    }
+    (rows[0].len() > 1).then_some(rows)
+}
+
 /// Prints rows as columns as wide as their widest cell: the first left-aligned,
 /// the rest right-aligned.
 fn print_table(rows: &[Vec<String>]) {
@@ -295,6 +343,45 @@ mod tests {
         assert_eq!(bytes(100), "100 B");
         assert_eq!(bytes(10 << 10), "10 KiB");
         assert_eq!(bytes(1 << 20), "1 MiB");
+    }
+
+    #[test]
+    fn the_hop_floor_is_the_sum_of_the_two_legs_one_call_at_a_time() {
+        let cell = |concurrency| Cell {
+            concurrency,
+            sessions: Sessions::Shared,
+            payload: 100,
+            calls: 10,
+        };
+        let sample = |p50_us| Sample {
+            p50: Duration::from_micros(p50_us),
+            p99: Duration::from_micros(p50_us * 2),
+            throughput: 1.0,
+            cpu_total: Duration::ZERO,
+            cpu_client: Duration::ZERO,
+        };
+        let measured = |concurrency, targets: &[(Target, u64)]| {
+            let samples: Vec<(Target, Vec<Sample>)> = targets
+                .iter()
+                .map(|&(target, p50)| (target, vec![sample(p50)]))
+                .collect();
+            CellResult::new(cell(concurrency), 1, &samples)
+        };
+        let all = [
+            (Target::DirectHttp, 300),
+            (Target::PlexusHttp, 450),
+            (Target::DirectStdio, 100),
+        ];
+        let rows = hop_floor(&[measured(1, &all), measured(16, &all)]).unwrap_or_default();
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        assert_eq!(rows[0], ["", "c1 100B"]);
+        assert_eq!(rows[1][1], "1.33");
+        assert_eq!(rows[2][1], "1.50");
+        assert_eq!(rows[3][1], "50");
+        // Without direct-stdio there is no floor to show.
+        let two = [(Target::DirectHttp, 300), (Target::PlexusHttp, 450)];
+        assert!(hop_floor(&[measured(1, &two)]).is_none());
+        assert!(hop_floor(&[measured(16, &all)]).is_none());
     }
 
     #[test]

@@ -280,6 +280,7 @@ async fn measure_all(plan: &Plan, sessions: &[(Target, Vec<Client>)]) -> anyhow:
     }
     report::print_overview(&cells);
     report::print_overheads(&cells);
+    report::print_hop_floor(&cells);
     Ok(())
 }
 
