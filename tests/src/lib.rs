@@ -101,7 +101,36 @@ impl Daemon {
         .await
     }
 
+    /// Like [`Daemon::start`], running `binary` rather than the workspace's build
+    /// (another build of plexus, to compare with).
+    pub async fn start_binary(
+        binary: &Path,
+        daemon_extra: &str,
+        sections: &str,
+    ) -> anyhow::Result<Daemon> {
+        Daemon::launch_binary(
+            binary,
+            tempfile::tempdir()?,
+            "127.0.0.1:0",
+            daemon_extra,
+            sections,
+            &[],
+        )
+        .await
+    }
+
     async fn launch(
+        dir: tempfile::TempDir,
+        listen: &str,
+        daemon_extra: &str,
+        sections: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Daemon> {
+        Daemon::launch_binary(&plexus_binary(), dir, listen, daemon_extra, sections, env).await
+    }
+
+    async fn launch_binary(
+        binary: &Path,
         dir: tempfile::TempDir,
         listen: &str,
         daemon_extra: &str,
@@ -117,7 +146,7 @@ impl Daemon {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config)?;
         let log = std::fs::File::create(dir.path().join("plexus.log"))?;
-        let child = Command::new(plexus_binary())
+        let child = Command::new(binary)
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
@@ -128,7 +157,7 @@ impl Daemon {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("starting {}", plexus_binary().display()))?;
+            .with_context(|| format!("starting {}", binary.display()))?;
         let runtime_file = state.join("daemon.json");
         let deadline = Instant::now() + Duration::from_secs(20);
         let runtime: Value = loop {

@@ -3,6 +3,7 @@
 //! processes and client sessions behind each.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -40,14 +41,18 @@ pub enum Target {
     Plexus2026,
     /// `plexus connect <url>`: a stdio client bridged to the daemon's HTTP front.
     PlexusConnect,
+    /// plexus-http again, served by another build (`--against`): a change and what
+    /// it replaced, measured in the same rounds.
+    PlexusHttpAgainst,
 }
 
 impl Target {
     /// The order of a round: direct and plexus cells alternate, so drift on a
     /// noisy machine lands on both sides of a comparison alike.
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::DirectHttp,
         Target::PlexusHttp,
+        Target::PlexusHttpAgainst,
         Target::PlexusRemote,
         Target::DirectStdio,
         Target::PlexusStdio,
@@ -69,6 +74,7 @@ impl Target {
             Target::DirectHttp2026 => "direct-http-2026",
             Target::Plexus2026 => "plexus-2026",
             Target::PlexusConnect => "plexus-connect",
+            Target::PlexusHttpAgainst => "plexus-http-against",
         }
     }
 
@@ -78,7 +84,9 @@ impl Target {
     pub fn direct_counterpart(self) -> Option<Target> {
         match self {
             Target::DirectStdio | Target::DirectHttp | Target::DirectHttp2026 => None,
-            Target::PlexusHttp | Target::PlexusRemote => Some(Target::DirectHttp),
+            Target::PlexusHttp | Target::PlexusRemote | Target::PlexusHttpAgainst => {
+                Some(Target::DirectHttp)
+            }
             Target::PlexusStdio | Target::PlexusConnect => Some(Target::DirectStdio),
             Target::Plexus2026 => Some(Target::DirectHttp2026),
         }
@@ -90,7 +98,10 @@ impl Target {
             Target::DirectStdio | Target::DirectHttp | Target::DirectHttp2026 => "echo",
             Target::Plexus2026 => "modern__echo",
             Target::PlexusRemote => "remote__echo",
-            Target::PlexusHttp | Target::PlexusStdio | Target::PlexusConnect => "bench__echo",
+            Target::PlexusHttp
+            | Target::PlexusStdio
+            | Target::PlexusConnect
+            | Target::PlexusHttpAgainst => "bench__echo",
         }
     }
 }
@@ -104,13 +115,16 @@ pub struct Rig {
     /// The same, serving 2026-07-28 too (`--modern`).
     modern_fixture: HttpFixture,
     daemon: Daemon,
+    /// The same daemon from another build, when one is compared (`--against`).
+    against: Option<Daemon>,
     /// The HTTP fixtures' logs, beside no daemon's: they start first.
     _fixture_dir: tempfile::TempDir,
     _modern_dir: tempfile::TempDir,
 }
 
 impl Rig {
-    pub async fn start() -> anyhow::Result<Rig> {
+    /// `against`: another build of plexus, run as a second daemon like the first.
+    pub async fn start(against: Option<&Path>) -> anyhow::Result<Rig> {
         let fixture_dir = tempfile::tempdir().context("creating the HTTP fixture's directory")?;
         let http_fixture = HttpFixture::start(
             fixture_dir.path(),
@@ -140,10 +154,24 @@ impl Rig {
             .wait_ready(START_TIMEOUT)
             .await
             .context("waiting for plexus's upstreams")?;
+        let against = match against {
+            Some(binary) => {
+                let other = Daemon::start_binary(binary, "", &sections)
+                    .await
+                    .with_context(|| format!("starting {}", binary.display()))?;
+                other
+                    .wait_ready(START_TIMEOUT)
+                    .await
+                    .context("waiting for the other build's upstreams")?;
+                Some(other)
+            }
+            None => None,
+        };
         Ok(Rig {
             http_fixture,
             modern_fixture,
             daemon,
+            against,
             _fixture_dir: fixture_dir,
             _modern_dir: modern_dir,
         })
@@ -185,6 +213,13 @@ impl Rig {
             Target::DirectHttp => http_client(&self.http_fixture.url(), client).await?,
             Target::PlexusHttp | Target::PlexusRemote => {
                 http_client(&self.daemon.url, client).await?
+            }
+            Target::PlexusHttpAgainst => {
+                let other = self
+                    .against
+                    .as_ref()
+                    .context("plexus-http-against needs --against")?;
+                http_client(&other.url, client).await?
             }
             Target::PlexusStdio => {
                 // A state directory per daemon: they share nothing, as separate hosts would.
@@ -242,6 +277,13 @@ impl Rig {
             .context("stopping the modern HTTP fixture")?;
         if !status.success() {
             bail!("plexus exited with {status}:\n{log}");
+        }
+        if let Some(other) = self.against {
+            let log = other.log();
+            let status = other.stop().await.context("stopping the other build")?;
+            if !status.success() {
+                bail!("the other build exited with {status}:\n{log}");
+            }
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ mod scale;
 #[path = "../bench/targets.rs"]
 mod targets;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -69,6 +70,11 @@ struct Cli {
     /// alone, to profile them.
     #[arg(long, requires = "targets")]
     without_baseline: bool,
+    /// Another build of plexus to measure against this one: a second daemon,
+    /// `plexus-http-against`, in the same rounds as plexus-http (alone, with
+    /// `--targets` naming neither).
+    #[arg(long, value_name = "BINARY")]
+    against: Option<PathBuf>,
 }
 
 /// What one run measures.
@@ -180,12 +186,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         return scale_figures(&plan, cli.quick).await;
     }
 
-    let mut targets = chosen_targets(&cli.targets)?;
+    let mut targets = chosen_targets(&cli.targets, cli.against.is_some())?;
     if cli.without_baseline {
         targets.retain(|target| *target != Target::BASELINE);
     }
 
-    let rig = Rig::start().await?;
+    let rig = Rig::start(cli.against.as_deref()).await?;
     // Every target gets its sessions up front: the first serves the shared cells.
     let mut sessions: Vec<(Target, Vec<Client>)> = Vec::new();
     for target in targets {
@@ -219,20 +225,36 @@ async fn scale_figures(plan: &Plan, quick: bool) -> anyhow::Result<()> {
 }
 
 /// The targets named on the command line (all when none), the baseline first.
-fn chosen_targets(labels: &[String]) -> anyhow::Result<Vec<Target>> {
-    if labels.is_empty() {
-        return Ok(Target::ALL.to_vec());
-    }
+/// With another build to compare (`against`), the baseline, plexus-http and the
+/// other build's, plus those named; without, the other build's is not a target.
+fn chosen_targets(labels: &[String], against: bool) -> anyhow::Result<Vec<Target>> {
+    let known: Vec<Target> = Target::ALL
+        .into_iter()
+        .filter(|target| against || *target != Target::PlexusHttpAgainst)
+        .collect();
     for label in labels {
-        if !Target::ALL.iter().any(|target| target.label() == label) {
-            let known: Vec<&str> = Target::ALL.iter().map(|t| t.label()).collect();
-            bail!("no target {label:?}; the targets are {}", known.join(", "));
+        if !known.iter().any(|target| target.label() == label) {
+            let labels: Vec<&str> = known.iter().map(|t| t.label()).collect();
+            let hint = if label == Target::PlexusHttpAgainst.label() {
+                " (it needs --against)"
+            } else {
+                ""
+            };
+            bail!(
+                "no target {label:?}{hint}; the targets are {}",
+                labels.join(", ")
+            );
         }
     }
-    Ok(Target::ALL
+    if labels.is_empty() && !against {
+        return Ok(known);
+    }
+    Ok(known
         .into_iter()
         .filter(|target| {
-            *target == Target::BASELINE || labels.iter().any(|label| label == target.label())
+            *target == Target::BASELINE
+                || (against && matches!(target, Target::PlexusHttp | Target::PlexusHttpAgainst))
+                || labels.iter().any(|label| label == target.label())
         })
         .collect())
 }
@@ -306,4 +328,45 @@ async fn measure_one(
         .await
         .context("warming up")?;
     load::measure(&peers, target.tool(), cell.concurrency, cell.calls, payload).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(targets: &[Target]) -> Vec<&'static str> {
+        targets.iter().map(|target| target.label()).collect()
+    }
+
+    #[test]
+    fn another_build_is_measured_beside_plexus_http_and_only_when_given() {
+        let all = chosen_targets(&[], false).unwrap_or_default();
+        assert_eq!(all.len(), Target::ALL.len() - 1);
+        assert!(!all.contains(&Target::PlexusHttpAgainst));
+
+        let against = chosen_targets(&[], true).unwrap_or_default();
+        assert_eq!(
+            labels(&against),
+            ["direct-http", "plexus-http", "plexus-http-against"]
+        );
+        let named = chosen_targets(&["plexus-2026".to_string()], true).unwrap_or_default();
+        assert_eq!(
+            labels(&named),
+            [
+                "direct-http",
+                "plexus-http",
+                "plexus-http-against",
+                "plexus-2026"
+            ]
+        );
+
+        let refused = chosen_targets(&["plexus-http-against".to_string()], false);
+        let message = refused.map(|_| ()).err().map(|e| e.to_string());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.contains("it needs --against")),
+            "{message:?}"
+        );
+    }
 }
