@@ -382,21 +382,28 @@ impl Session {
         // A client that never initialized and declares a version per request speaks 2026-07-28.
         let modern = self.protocol_version().is_none()
             && (method == "server/discover" || era::declared_version(params.as_ref()).is_some());
-        let outcome = tokio::select! {
-            outcome = async {
+        // Pinned where it is: `select!` moves what it is given, and this future holds
+        // the whole of the request's handling (kilobytes).
+        let outcome = {
+            let serving = std::pin::pin!(async {
                 if modern {
                     self.serve_modern(&id, &method, params, arguments, capabilities, related)
                         .await
                         .map(Served::Reply)
                 } else if let Some(kind) = list_kind(&method) {
-                    self.list_serialized(kind, params, &id).await.map(Served::Page)
+                    self.list_serialized(kind, params, &id)
+                        .await
+                        .map(Served::Page)
                 } else {
                     self.dispatch(&method, params, arguments, related)
                         .await
                         .map(Served::Reply)
                 }
-            } => Some(outcome),
-            _ = token.cancelled() => None,
+            });
+            tokio::select! {
+                outcome = serving => Some(outcome),
+                _ = token.cancelled() => None,
+            }
         };
         match outcome {
             Some(Ok(Served::Page(answer))) => Handled::Respond(answer),
