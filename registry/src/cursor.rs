@@ -20,25 +20,43 @@ pub enum CursorError {
     OutOfRange { offset: usize, len: usize },
 }
 
+/// The longest text a cursor encodes: the tag and a 64-bit offset's 20 digits.
+const PLAIN_MAX: usize = CURSOR_TAG.len() + 20;
+
 /// The cursor for the page starting at `offset`.
 pub fn encode(offset: usize) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{CURSOR_TAG}{offset}"))
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(offset).as_bytes();
+    let mut plain = [0u8; PLAIN_MAX];
+    let length = CURSOR_TAG.len() + digits.len();
+    plain[..CURSOR_TAG.len()].copy_from_slice(CURSOR_TAG.as_bytes());
+    plain[CURSOR_TAG.len()..length].copy_from_slice(digits);
+    URL_SAFE_NO_PAD.encode(&plain[..length])
 }
 
 /// The offset a cursor points at, checked against a list of `len` entries.
 pub fn decode(cursor: &str, len: usize) -> Result<usize, CursorError> {
-    let bytes = URL_SAFE_NO_PAD
-        .decode(cursor)
+    let mut plain = [0u8; PLAIN_MAX];
+    // Longer than any cursor this server writes: the slice is too small, an error.
+    // The engine refuses padding and stray trailing bits, so only the canonical
+    // base64 of a text decodes.
+    let length = URL_SAFE_NO_PAD
+        .decode_slice(cursor, &mut plain)
         .map_err(|_| CursorError::Malformed)?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| CursorError::Malformed)?;
-    let digits = text
-        .strip_prefix(CURSOR_TAG)
+    let digits = plain[..length]
+        .strip_prefix(CURSOR_TAG.as_bytes())
         .ok_or(CursorError::Malformed)?;
-    let offset: usize = digits.parse().map_err(|_| CursorError::Malformed)?;
     // Only the canonical spelling is ours: this rejects `+5`, `007` and the like.
-    if encode(offset) != cursor {
-        return Err(CursorError::Malformed);
-    }
+    let canonical = match digits {
+        [] => false,
+        [b'0', _, ..] => false,
+        _ => digits.iter().all(u8::is_ascii_digit),
+    };
+    let offset = std::str::from_utf8(digits)
+        .ok()
+        .filter(|_| canonical)
+        .and_then(|digits| digits.parse::<usize>().ok())
+        .ok_or(CursorError::Malformed)?;
     if offset >= len {
         return Err(CursorError::OutOfRange { offset, len });
     }
@@ -72,6 +90,10 @@ mod tests {
         let signed = URL_SAFE_NO_PAD.encode("p1:+5");
         let zero_padded = URL_SAFE_NO_PAD.encode("p1:05");
         let padded_base64 = base64::engine::general_purpose::URL_SAFE.encode("p1:5");
+        // "cDE6NQ" with its last character's unused low bits set.
+        let stray_bits = "cDE6NR";
+        let too_large = URL_SAFE_NO_PAD.encode("p1:99999999999999999999");
+        let too_long = URL_SAFE_NO_PAD.encode("p1:000000000000000000001");
         let cases = [
             ("", CursorError::Malformed),
             ("!!!", CursorError::Malformed),
@@ -80,9 +102,89 @@ mod tests {
             (signed.as_str(), CursorError::Malformed),
             (zero_padded.as_str(), CursorError::Malformed),
             (padded_base64.as_str(), CursorError::Malformed),
+            (stray_bits, CursorError::Malformed),
+            (too_large.as_str(), CursorError::Malformed),
+            (too_long.as_str(), CursorError::Malformed),
         ];
         for (cursor, expected) in cases {
             assert_eq!(decode(cursor, 10), Err(expected), "cursor {cursor:?}");
+        }
+    }
+
+    /// What a cursor is, said the long way: the canonical base64 of the tag and
+    /// an offset written as `encode` writes it.
+    fn reference_decode(cursor: &str, len: usize) -> Result<usize, CursorError> {
+        let bytes = URL_SAFE_NO_PAD
+            .decode(cursor)
+            .map_err(|_| CursorError::Malformed)?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| CursorError::Malformed)?;
+        let digits = text
+            .strip_prefix(CURSOR_TAG)
+            .ok_or(CursorError::Malformed)?;
+        let offset: usize = digits.parse().map_err(|_| CursorError::Malformed)?;
+        if URL_SAFE_NO_PAD.encode(format!("{CURSOR_TAG}{offset}")) != cursor {
+            return Err(CursorError::Malformed);
+        }
+        if offset >= len {
+            return Err(CursorError::OutOfRange { offset, len });
+        }
+        Ok(offset)
+    }
+
+    #[test]
+    fn decoding_agrees_with_the_long_way_on_mutated_cursors() {
+        let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=+/!";
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |bound: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % bound as u64) as usize
+        };
+        let offsets = [0, 1, 9, 10, 99, 100, 12_345, usize::MAX];
+        // Decoded, out of range, malformed: each outcome must come up.
+        let mut outcomes = [0usize; 3];
+        for round in 0..20_000 {
+            let offset = offsets[round % offsets.len()];
+            let mut cursor: Vec<u8> = encode(offset).into_bytes();
+            for _ in 0..=next(3) {
+                match next(3) {
+                    0 if !cursor.is_empty() => {
+                        let at = next(cursor.len());
+                        cursor[at] = alphabet[next(alphabet.len())];
+                    }
+                    1 => cursor.insert(next(cursor.len() + 1), alphabet[next(alphabet.len())]),
+                    _ if !cursor.is_empty() => {
+                        cursor.remove(next(cursor.len()));
+                    }
+                    _ => {}
+                }
+            }
+            let cursor = String::from_utf8(cursor).unwrap_or_default();
+            for len in [5, 200, usize::MAX] {
+                let decoded = decode(&cursor, len);
+                assert_eq!(
+                    decoded,
+                    reference_decode(&cursor, len),
+                    "cursor {cursor:?}, len {len}"
+                );
+                outcomes[match decoded {
+                    Ok(_) => 0,
+                    Err(CursorError::OutOfRange { .. }) => 1,
+                    Err(CursorError::Malformed) => 2,
+                }] += 1;
+            }
+        }
+        assert!(outcomes.iter().all(|&n| n > 100), "{outcomes:?}");
+        for offset in offsets {
+            assert_eq!(
+                decode(&encode(offset), usize::MAX),
+                reference_decode(&encode(offset), usize::MAX)
+            );
+            assert_eq!(
+                URL_SAFE_NO_PAD.decode(encode(offset)).ok(),
+                Some(format!("p1:{offset}").into_bytes())
+            );
         }
     }
 
