@@ -300,7 +300,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let (mut walks, mut walk_cpus, mut serialisations) = (Vec::new(), Vec::new(), Vec::new());
     let (mut wall_ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
     for _ in 0..scale.walk_rounds {
-        let cpu_before = CpuClock::read(pid)?;
+        let cpu_before = DaemonCpu::read(pid)?;
         let (took, walked) = lister.walk().await?;
         let cpu = cpu_before.since(pid)?;
         ensure!(
@@ -580,7 +580,7 @@ impl Lister {
             self.checked_page(cursor, more).await?;
         }
         let mut times = Vec::with_capacity(PAGES);
-        let cpu_before = CpuClock::read(pid)?;
+        let cpu_before = DaemonCpu::read(pid)?;
         for _ in 0..PAGES {
             let started = Instant::now();
             self.checked_page(cursor, more).await?;
@@ -704,10 +704,10 @@ async fn rebuild_histogram(daemon: &Daemon) -> anyhow::Result<(f64, u64)> {
 /// CPU time a process's live threads have used so far, each thread's, from
 /// `/proc/<pid>/task/*/schedstat` (nanoseconds; `/proc/<pid>/stat` counts in 10 ms
 /// ticks, too coarse here).
-struct CpuClock(HashMap<u64, u64>);
+struct DaemonCpu(HashMap<u64, u64>);
 
-impl CpuClock {
-    fn read(pid: u32) -> anyhow::Result<CpuClock> {
+impl DaemonCpu {
+    fn read(pid: u32) -> anyhow::Result<DaemonCpu> {
         let mut threads = HashMap::new();
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
             .with_context(|| format!("listing the threads of {pid}"))?;
@@ -729,14 +729,14 @@ impl CpuClock {
                 nanoseconds.with_context(|| format!("an unreadable schedstat: {text}"))?,
             );
         }
-        Ok(CpuClock(threads))
+        Ok(DaemonCpu(threads))
     }
 
     /// The CPU used since `self` was read: thread by thread, so a thread that ended
     /// in between (a blocking-pool thread retiring) takes nothing off, and one that
     /// started counts whole.
     fn since(&self, pid: u32) -> anyhow::Result<Duration> {
-        let now = CpuClock::read(pid)?;
+        let now = DaemonCpu::read(pid)?;
         let used = now
             .0
             .iter()
@@ -752,7 +752,7 @@ impl CpuClock {
 async fn quiet(pid: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let before = CpuClock::read(pid)?;
+        let before = DaemonCpu::read(pid)?;
         tokio::time::sleep(Duration::from_millis(250)).await;
         if before.since(pid)? < Duration::from_millis(1) || Instant::now() > deadline {
             return Ok(());
