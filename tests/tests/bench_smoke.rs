@@ -26,5 +26,47 @@ async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow:
         "plexus-bench --quick exited with {}",
         output.status
     );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for section in [
+        "p50 of plexus-http against its two legs",
+        "one tools/list page of 10 from the middle",
+        "walk and serialisation in turns",
+    ] {
+        ensure!(stdout.contains(section), "no {section:?} in the report");
+    }
+    Ok(())
+}
+
+/// `--against`: another build (here the same one) runs as a second daemon, its
+/// calls checked and reported beside plexus-http's.
+#[tokio::test]
+async fn the_bench_measures_another_build_beside_this_one() -> anyhow::Result<()> {
+    let bench = plexus_tests::binary_dir().join("plexus-bench");
+    let run = tokio::process::Command::new(&bench)
+        .args(["--quick", "--no-scale", "--payloads", "100", "--against"])
+        .arg(plexus_tests::plexus_binary())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(TIMEOUT, run)
+        .await
+        .with_context(|| format!("plexus-bench --against ran over {TIMEOUT:?}"))?
+        .with_context(|| format!("running {}", bench.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    ensure!(
+        output.status.success(),
+        "plexus-bench --against exited with {}:\n{stdout}",
+        output.status
+    );
+    // Each cell's table has a row for it; only the named targets were measured.
+    let rows = stdout
+        .lines()
+        .filter(|line| line.starts_with("plexus-http-against "))
+        .count();
+    ensure!(rows >= 3, "{rows} plexus-http-against rows:\n{stdout}");
+    ensure!(
+        !stdout.contains("plexus-stdio"),
+        "a target that was not asked for:\n{stdout}"
+    );
     Ok(())
 }
