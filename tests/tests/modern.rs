@@ -369,6 +369,25 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
     .await?;
     ensure!(answer["error"]["code"] == -32602, "{answer}");
 
+    // A call's arguments that are not an object: -32602, said by plexus (the
+    // upstream's SDK calls the method unknown, which would be a 404).
+    let mut named = standard("tools/call");
+    named.push(("mcp-name", "fx__echo".into()));
+    let (status, answer, _) = post(
+        named,
+        json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "fx__echo",
+            "arguments": 1, "_meta": meta}}),
+    )
+    .await?;
+    ensure!(
+        status != 404
+            && answer["error"]["code"] == -32602
+            && answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("`arguments`")),
+        "{status} {answer}"
+    );
+
     // The handshake era is served alongside, on the same endpoint.
     let (status, hello, session) = post(
         vec![],

@@ -265,6 +265,57 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
     ensure!(missing["error"]["code"] == -32602, "{missing}");
     let not_json = session.post_raw(b"{not json").await?;
     ensure!(not_json["error"]["code"] == -32700, "{not_json}");
+    // `_meta` or a call's `arguments` that are not objects: an rmcp server drops such
+    // a request unanswered (the caller would wait out the deadline); plexus says what
+    // is wrong at once. The large case is left unread, and judged as written.
+    let large_text = format!("\"{}\"", "q".repeat(4096));
+    for (params, member) in [
+        (
+            json!({"name": "healthy__echo", "arguments": {"text": "x"}, "_meta": 1}),
+            "`_meta`",
+        ),
+        (
+            json!({"name": "healthy__echo", "arguments": {"text": "x"}, "_meta": []}),
+            "`_meta`",
+        ),
+        (
+            json!({"name": "healthy__echo", "arguments": "x"}),
+            "`arguments`",
+        ),
+        (
+            json!({"name": "healthy__echo", "arguments": serde_json::from_str::<Value>(&large_text)?}),
+            "`arguments`",
+        ),
+    ] {
+        let started = Instant::now();
+        let refused = session.request("tools/call", params.clone()).await?;
+        ensure!(
+            refused["error"]["code"] == -32602
+                && refused["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(member)),
+            "{params:.200}: {refused}"
+        );
+        ensure!(started.elapsed() < Duration::from_secs(5), "{params:.200}");
+    }
+    let read_meta = session
+        .request(
+            "resources/read",
+            json!({"uri": "nowhere://x", "_meta": "x"}),
+        )
+        .await?;
+    ensure!(read_meta["error"]["code"] == -32602, "{read_meta}");
+    // null is taken as absent.
+    let null_meta = session
+        .request(
+            "tools/call",
+            json!({"name": "healthy__echo", "arguments": {"text": "null meta"}, "_meta": null}),
+        )
+        .await?;
+    ensure!(
+        null_meta["result"]["content"][0]["text"] == "null meta",
+        "{null_meta}"
+    );
     // A large call's arguments go on unread, but not with half a surrogate pair in
     // them: a reader refuses that (some upstreams drop it unanswered), and so does plexus.
     let lone = format!(

@@ -382,6 +382,17 @@ impl Session {
         // A client that never initialized and declares a version per request speaks 2026-07-28.
         let modern = self.protocol_version().is_none()
             && (method == "server/discover" || era::declared_version(params.as_ref()).is_some());
+        // A 2026-07-28 request's `_meta` is checked as it is taken.
+        let checked = if modern {
+            Ok(())
+        } else {
+            check_meta_member(params.as_ref())
+        };
+        if let Err(error) =
+            checked.and_then(|()| check_arguments(&method, params.as_ref(), arguments.as_ref()))
+        {
+            return failed(id, &error, modern);
+        }
         // Pinned where it is: `select!` moves what it is given, and this future holds
         // the whole of the request's handling (kilobytes).
         let outcome = {
@@ -1245,6 +1256,47 @@ fn invalid(id: Value, reason: &str) -> Handled {
     Handled::Respond(jsonrpc::error_response(id, &RelayError::InvalidRequest(reason.into())).into())
 }
 
+/// The schema makes a request's `_meta` an object; an upstream may drop a request
+/// unanswered when it is not (an SDK that cannot read a request may not know its id
+/// either). `null` passes, as absent.
+fn check_meta_member(params: Option<&Value>) -> Result<(), RelayError> {
+    if params
+        .and_then(|params| params.get("_meta"))
+        .is_some_and(is_neither_object_nor_null)
+    {
+        return Err(RelayError::InvalidParams(
+            "`_meta` must be an object".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The same of a tool call's or a prompt's `arguments`, looked at as the client
+/// wrote them when they were left unread.
+fn check_arguments(
+    method: &str,
+    params: Option<&Value>,
+    arguments: Option<&WrittenMember>,
+) -> Result<(), RelayError> {
+    if !matches!(method, "tools/call" | "prompts/get") {
+        return Ok(());
+    }
+    let written = arguments.is_some_and(|written| {
+        written.key() == "arguments" && !matches!(written.text().first(), Some(b'{' | b'n'))
+    });
+    let read = params.and_then(|params| params.get("arguments"));
+    if written || read.is_some_and(is_neither_object_nor_null) {
+        return Err(RelayError::InvalidParams(
+            "`arguments` must be an object".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn is_neither_object_nor_null(value: &Value) -> bool {
+    !value.is_object() && !value.is_null()
+}
+
 /// Takes the params object and one required string member of it.
 fn take_string(
     params: Option<Value>,
@@ -1411,6 +1463,81 @@ impl Client for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meta_and_arguments_must_be_objects_or_null() {
+        let written =
+            |text: &str| WrittenMember::new("arguments", bytes::Bytes::from(text.to_string()));
+        let refused = |method: &str, params: Value, arguments: Option<WrittenMember>| {
+            check_meta_member(Some(&params))
+                .and_then(|()| check_arguments(method, Some(&params), arguments.as_ref()))
+                .err()
+                .map(|error| error.to_string())
+        };
+        for meta in [json!(1), json!([]), json!("x"), json!(true)] {
+            let params = json!({"name": "a__b", "arguments": {}, "_meta": meta});
+            let message = refused("tools/call", params.clone(), None);
+            assert!(
+                message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("`_meta` must be an object")),
+                "{params}: {message:?}"
+            );
+            assert!(refused("tools/list", json!({"_meta": meta}), None).is_some());
+        }
+        for arguments in [json!(1), json!([]), json!("x")] {
+            for method in ["tools/call", "prompts/get"] {
+                let message = refused(
+                    method,
+                    json!({"name": "a__b", "arguments": arguments}),
+                    None,
+                );
+                assert!(
+                    message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("`arguments` must be an object")),
+                    "{method} {arguments}: {message:?}"
+                );
+            }
+            // Elsewhere `arguments` means something else (completion's is an object
+            // anyway) and is the upstream's to judge.
+            assert_eq!(
+                refused(
+                    "resources/read",
+                    json!({"uri": "x", "arguments": arguments}),
+                    None
+                ),
+                None
+            );
+        }
+        // Left unread (a large call): judged by its first byte.
+        for (text, ok) in [
+            ("\"long\"", false),
+            ("[1]", false),
+            ("7", false),
+            ("{}", true),
+            ("null", true),
+        ] {
+            let outcome = refused("tools/call", json!({"name": "a__b"}), written(text));
+            assert_eq!(outcome.is_none(), ok, "{text}: {outcome:?}");
+        }
+        // What passes: objects, null, absence, and params that are not an object
+        // (refused where they are read, with their own message).
+        for params in [
+            json!({"name": "a__b", "arguments": {"x": 1}, "_meta": {"progressToken": 1}}),
+            json!({"name": "a__b", "arguments": null, "_meta": null}),
+            json!({"name": "a__b"}),
+            json!([1]),
+        ] {
+            assert_eq!(
+                refused("tools/call", params.clone(), None),
+                None,
+                "{params}"
+            );
+        }
+        assert!(check_meta_member(None).is_ok());
+        assert!(check_arguments("tools/call", None, None).is_ok());
+    }
 
     #[test]
     fn params_rewrite_keeps_every_other_member() {
