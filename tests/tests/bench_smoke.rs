@@ -1,6 +1,8 @@
 //! `plexus-bench --quick`: every target of the benchmark, with few calls and every
 //! reply checked, so the bench cannot rot between the runs that measure.
 
+use std::ffi::OsStr;
+use std::process::Output;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
@@ -8,17 +10,22 @@ use anyhow::{ensure, Context};
 /// A debug build's quick run takes well under a minute; this is for a loaded machine.
 const TIMEOUT: Duration = Duration::from_secs(300);
 
-#[tokio::test]
-async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow::Result<()> {
+/// Runs plexus-bench with `args`, within [`TIMEOUT`].
+async fn bench(args: &[&OsStr]) -> anyhow::Result<Output> {
     let bench = plexus_tests::binary_dir().join("plexus-bench");
     let run = tokio::process::Command::new(&bench)
-        .arg("--quick")
+        .args(args)
         .kill_on_drop(true)
         .output();
-    let output = tokio::time::timeout(TIMEOUT, run)
+    tokio::time::timeout(TIMEOUT, run)
         .await
-        .with_context(|| format!("plexus-bench --quick ran over {TIMEOUT:?}"))?
-        .with_context(|| format!("running {}", bench.display()))?;
+        .with_context(|| format!("plexus-bench {args:?} ran over {TIMEOUT:?}"))?
+        .with_context(|| format!("running {}", bench.display()))
+}
+
+#[tokio::test]
+async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow::Result<()> {
+    let output = bench(&["--quick".as_ref()]).await?;
     println!("{}", String::from_utf8_lossy(&output.stdout));
     eprintln!("{}", String::from_utf8_lossy(&output.stderr));
     ensure!(
@@ -41,16 +48,11 @@ async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow:
 /// calls checked and reported beside plexus-http's.
 #[tokio::test]
 async fn the_bench_measures_another_build_beside_this_one() -> anyhow::Result<()> {
-    let bench = plexus_tests::binary_dir().join("plexus-bench");
-    let run = tokio::process::Command::new(&bench)
-        .args(["--quick", "--no-scale", "--payloads", "100", "--against"])
-        .arg(plexus_tests::plexus_binary())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(TIMEOUT, run)
-        .await
-        .with_context(|| format!("plexus-bench --against ran over {TIMEOUT:?}"))?
-        .with_context(|| format!("running {}", bench.display()))?;
+    let plexus = plexus_tests::plexus_binary();
+    let args = ["--quick", "--no-scale", "--payloads", "100", "--against"];
+    let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    args.push(plexus.as_os_str());
+    let output = bench(&args).await?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     eprintln!("{}", String::from_utf8_lossy(&output.stderr));
     ensure!(

@@ -251,15 +251,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         idle_anon.push(anon);
         stop(daemon).await?;
 
-        if let Some(daemon) = loaded.take() {
-            stop(daemon).await?;
-        }
-        let started = Instant::now();
-        let daemon = Daemon::start("", &sections)
-            .await
-            .context("starting plexus")?;
-        wait_ready_closely(&daemon).await?;
-        readies.push(started.elapsed());
+        let daemon = restart_timed(loaded.take(), "", &sections, &mut readies).await?;
         let (rss, anon) = settled_memory(&daemon).await?;
         fresh.push(rss);
         fresh_anon.push(anon);
@@ -332,16 +324,8 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let mut readies_twice = Vec::new();
     let mut last = None;
     for _ in 0..scale.samples.max(1) {
-        if let Some(daemon) = last.take() {
-            stop(daemon).await?;
-        }
-        let started = Instant::now();
-        let daemon = Daemon::start("page_size = 10", &twice)
-            .await
-            .context("starting plexus with twice the upstreams")?;
-        wait_ready_closely(&daemon).await?;
-        readies_twice.push(started.elapsed());
-        last = Some(daemon);
+        last =
+            Some(restart_timed(last.take(), "page_size = 10", &twice, &mut readies_twice).await?);
     }
     let daemon = last.context("no daemon was started")?;
     let ready_twice = median(&mut readies_twice);
@@ -447,6 +431,26 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         rebuild.1
     );
     Ok(())
+}
+
+/// Stops `previous` (if any), then starts a daemon on `sections` and adds how long it
+/// took to have every upstream ready to `readies`.
+async fn restart_timed(
+    previous: Option<Daemon>,
+    daemon_extra: &str,
+    sections: &str,
+    readies: &mut Vec<Duration>,
+) -> anyhow::Result<Daemon> {
+    if let Some(daemon) = previous {
+        stop(daemon).await?;
+    }
+    let started = Instant::now();
+    let daemon = Daemon::start(daemon_extra, sections)
+        .await
+        .context("starting plexus")?;
+    wait_ready_closely(&daemon).await?;
+    readies.push(started.elapsed());
+    Ok(daemon)
 }
 
 /// `count` fixture upstreams `fx0`… with `tools` extra tools each; the first one
