@@ -429,22 +429,6 @@ impl MetaFields {
         &self.fields
     }
 
-    /// A field's value as a request carries it: the request's own (a caller's
-    /// log level) wins over the connection's.
-    pub(crate) fn in_request<'a>(
-        &'a self,
-        values: Option<&'a Map<String, Value>>,
-        key: &str,
-    ) -> Option<&'a Value> {
-        let own = values
-            .and_then(|values| values.get("_meta"))
-            .and_then(Value::as_object);
-        match own {
-            Some(own) if own.contains_key(key) => own.get(key),
-            _ => self.fields.get(key),
-        }
-    }
-
     /// `{`, the request's own `_meta` members, the fields it does not carry, `}`.
     fn write_merged(&self, out: &mut Vec<u8>, own: &Map<String, Value>) {
         crate::json_out::write_map(out, own);
@@ -462,6 +446,20 @@ impl MetaFields {
         }
         out.push(b'}');
     }
+}
+
+/// A `_meta` field's value as a request carries it: the request's own (a caller's
+/// log level) wins over the connection's fields, if it has any.
+pub(crate) fn meta_field<'a>(
+    values: Option<&'a Map<String, Value>>,
+    meta: Option<&'a MetaFields>,
+    key: &str,
+) -> Option<&'a Value> {
+    values
+        .and_then(|values| values.get("_meta"))
+        .and_then(Value::as_object)
+        .and_then(|own| own.get(key))
+        .or_else(|| meta?.fields.get(key))
 }
 
 /// An object of params with the connection's `_meta` fields merged into its
@@ -913,9 +911,12 @@ mod tests {
         assert!(Params::Values(None).takes_meta());
         let values = json!({"_meta": {"v": "own"}});
         assert_eq!(
-            meta.in_request(values.as_object(), "v"),
+            meta_field(values.as_object(), Some(&meta), "v"),
             Some(&json!("own"))
         );
-        assert_eq!(meta.in_request(None, "v"), Some(&json!("2026-07-28")));
+        assert_eq!(
+            meta_field(None, Some(&meta), "v"),
+            Some(&json!("2026-07-28"))
+        );
     }
 }

@@ -34,7 +34,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, count_sampled, encode_request, id_in_head, our_id, skim_reply,
+    classify, count_sampled, encode_request, id_in_head, meta_field, our_id, skim_reply,
     with_paired_surrogates, ConnectionError, Events, Incoming as Classified, MetaFields, Params,
     PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
@@ -265,13 +265,7 @@ impl Head {
     /// unless it has its own.
     fn of(method: &str, params: Option<&Map<String, Value>>, meta: Option<&MetaFields>) -> Head {
         let initialize = method == "initialize";
-        let modern_version = match meta {
-            Some(meta) => meta.in_request(params, PROTOCOL_VERSION_META),
-            None => params
-                .and_then(|params| params.get("_meta"))
-                .and_then(|meta| meta.get(PROTOCOL_VERSION_META)),
-        };
-        let modern_version = modern_version
+        let modern_version = meta_field(params, meta, PROTOCOL_VERSION_META)
             .and_then(Value::as_str)
             .and_then(|version| HeaderValue::from_str(version).ok());
         if modern_version.is_none() {

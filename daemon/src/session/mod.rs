@@ -388,9 +388,7 @@ impl Session {
         } else {
             check_meta_member(params.as_ref())
         };
-        if let Err(error) =
-            checked.and_then(|()| check_arguments(&method, params.as_ref(), arguments.as_ref()))
-        {
+        if let Err(error) = checked.and_then(|()| check_arguments(&method, params.as_ref())) {
             return failed(id, &error, modern);
         }
         // Pinned where it is: `select!` moves what it is given, and this future holds
@@ -1271,21 +1269,16 @@ fn check_meta_member(params: Option<&Value>) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// The same of a tool call's or a prompt's `arguments`, looked at as the client
-/// wrote them when they were left unread.
-fn check_arguments(
-    method: &str,
-    params: Option<&Value>,
-    arguments: Option<&WrittenMember>,
-) -> Result<(), RelayError> {
+/// The same of a tool call's or a prompt's `arguments`. Arguments left unread
+/// (`ClientMessage`) are an object: only an object is left so.
+fn check_arguments(method: &str, params: Option<&Value>) -> Result<(), RelayError> {
     if !matches!(method, "tools/call" | "prompts/get") {
         return Ok(());
     }
-    let written = arguments.is_some_and(|written| {
-        written.key() == "arguments" && !matches!(written.text().first(), Some(b'{' | b'n'))
-    });
-    let read = params.and_then(|params| params.get("arguments"));
-    if written || read.is_some_and(is_neither_object_nor_null) {
+    if params
+        .and_then(|params| params.get("arguments"))
+        .is_some_and(is_neither_object_nor_null)
+    {
         return Err(RelayError::InvalidParams(
             "`arguments` must be an object".into(),
         ));
@@ -1466,32 +1459,26 @@ mod tests {
 
     #[test]
     fn meta_and_arguments_must_be_objects_or_null() {
-        let written =
-            |text: &str| WrittenMember::new("arguments", bytes::Bytes::from(text.to_string()));
-        let refused = |method: &str, params: Value, arguments: Option<WrittenMember>| {
+        let refused = |method: &str, params: Value| {
             check_meta_member(Some(&params))
-                .and_then(|()| check_arguments(method, Some(&params), arguments.as_ref()))
+                .and_then(|()| check_arguments(method, Some(&params)))
                 .err()
                 .map(|error| error.to_string())
         };
         for meta in [json!(1), json!([]), json!("x"), json!(true)] {
             let params = json!({"name": "a__b", "arguments": {}, "_meta": meta});
-            let message = refused("tools/call", params.clone(), None);
+            let message = refused("tools/call", params.clone());
             assert!(
                 message
                     .as_deref()
                     .is_some_and(|m| m.contains("`_meta` must be an object")),
                 "{params}: {message:?}"
             );
-            assert!(refused("tools/list", json!({"_meta": meta}), None).is_some());
+            assert!(refused("tools/list", json!({"_meta": meta})).is_some());
         }
         for arguments in [json!(1), json!([]), json!("x")] {
             for method in ["tools/call", "prompts/get"] {
-                let message = refused(
-                    method,
-                    json!({"name": "a__b", "arguments": arguments}),
-                    None,
-                );
+                let message = refused(method, json!({"name": "a__b", "arguments": arguments}));
                 assert!(
                     message
                         .as_deref()
@@ -1504,22 +1491,27 @@ mod tests {
             assert_eq!(
                 refused(
                     "resources/read",
-                    json!({"uri": "x", "arguments": arguments}),
-                    None
+                    json!({"uri": "x", "arguments": arguments})
                 ),
                 None
             );
         }
-        // Left unread (a large call): judged by its first byte.
+        // A large call's arguments that are not an object are read with the message
+        // (only an object is left unread), so they are judged like any others.
         for (text, ok) in [
-            ("\"long\"", false),
-            ("[1]", false),
-            ("7", false),
-            ("{}", true),
-            ("null", true),
+            (format!("\"{}\"", "l".repeat(2048)), false),
+            (format!("[{}1]", "1,".repeat(1024)), false),
+            (format!("{{\"text\":\"{}\"}}", "o".repeat(2048)), true),
         ] {
-            let outcome = refused("tools/call", json!({"name": "a__b"}), written(text));
-            assert_eq!(outcome.is_none(), ok, "{text}: {outcome:?}");
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"a__b","arguments":{text}}}}}"#
+            );
+            let Ok(read) = ClientMessage::read(bytes::Bytes::from(line)) else {
+                panic!("unreadable: {text:.40}");
+            };
+            assert_eq!(read.arguments.is_some(), ok, "{text:.40}");
+            let outcome = refused("tools/call", read.message["params"].clone());
+            assert_eq!(outcome.is_none(), ok, "{text:.40}: {outcome:?}");
         }
         // What passes: objects, null, absence, and params that are not an object
         // (refused where they are read, with their own message).
@@ -1529,14 +1521,10 @@ mod tests {
             json!({"name": "a__b"}),
             json!([1]),
         ] {
-            assert_eq!(
-                refused("tools/call", params.clone(), None),
-                None,
-                "{params}"
-            );
+            assert_eq!(refused("tools/call", params.clone()), None, "{params}");
         }
         assert!(check_meta_member(None).is_ok());
-        assert!(check_arguments("tools/call", None, None).is_ok());
+        assert!(check_arguments("tools/call", None).is_ok());
     }
 
     #[test]

@@ -265,8 +265,7 @@ impl Rig {
 
     /// Stops the daemon and the HTTP fixture; fails if plexus exits uncleanly.
     pub async fn stop(self) -> anyhow::Result<()> {
-        let log = self.daemon.log();
-        let status = self.daemon.stop().await.context("stopping plexus")?;
+        let stopped = stop_cleanly(self.daemon, "plexus").await;
         self.http_fixture
             .kill()
             .await
@@ -275,18 +274,25 @@ impl Rig {
             .kill()
             .await
             .context("stopping the modern HTTP fixture")?;
-        if !status.success() {
-            bail!("plexus exited with {status}:\n{log}");
-        }
+        stopped?;
         if let Some(other) = self.against {
-            let log = other.log();
-            let status = other.stop().await.context("stopping the other build")?;
-            if !status.success() {
-                bail!("the other build exited with {status}:\n{log}");
-            }
+            stop_cleanly(other, "the other build").await?;
         }
         Ok(())
     }
+}
+
+/// Stops `daemon`; fails, with its log, if it exits uncleanly.
+async fn stop_cleanly(daemon: Daemon, what: &str) -> anyhow::Result<()> {
+    let log = daemon.log();
+    let status = daemon
+        .stop()
+        .await
+        .with_context(|| format!("stopping {what}"))?;
+    if !status.success() {
+        bail!("{what} exited with {status}:\n{log}");
+    }
+    Ok(())
 }
 
 /// The daemon's upstreams (the stdio daemons have the same).
