@@ -1256,17 +1256,9 @@ fn invalid(id: Value, reason: &str) -> Handled {
 
 /// The schema makes a request's `_meta` an object; an upstream may drop a request
 /// unanswered when it is not (an SDK that cannot read a request may not know its id
-/// either). `null` passes, as absent.
+/// either).
 fn check_meta_member(params: Option<&Value>) -> Result<(), RelayError> {
-    if params
-        .and_then(|params| params.get("_meta"))
-        .is_some_and(is_neither_object_nor_null)
-    {
-        return Err(RelayError::InvalidParams(
-            "`_meta` must be an object".into(),
-        ));
-    }
-    Ok(())
+    object_or_null(params, "_meta")
 }
 
 /// The same of a tool call's or a prompt's `arguments`. Arguments left unread
@@ -1275,19 +1267,17 @@ fn check_arguments(method: &str, params: Option<&Value>) -> Result<(), RelayErro
     if !matches!(method, "tools/call" | "prompts/get") {
         return Ok(());
     }
-    if params
-        .and_then(|params| params.get("arguments"))
-        .is_some_and(is_neither_object_nor_null)
-    {
-        return Err(RelayError::InvalidParams(
-            "`arguments` must be an object".into(),
-        ));
-    }
-    Ok(())
+    object_or_null(params, "arguments")
 }
 
-fn is_neither_object_nor_null(value: &Value) -> bool {
-    !value.is_object() && !value.is_null()
+/// The params' member `key`, if present, is an object; `null` passes, as absent.
+fn object_or_null(params: Option<&Value>, key: &str) -> Result<(), RelayError> {
+    match params.and_then(|params| params.get(key)) {
+        Some(value) if !value.is_object() && !value.is_null() => Err(RelayError::InvalidParams(
+            format!("`{key}` must be an object"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Takes the params object and one required string member of it.
