@@ -191,13 +191,14 @@ mod tests {
 
     /// Accepted connections skip their own `TCP_NODELAY` on the strength of this.
     #[tokio::test]
-    async fn accepted_connections_inherit_nodelay_where_the_listener_says_so() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    async fn accepted_connections_inherit_nodelay_where_the_listener_says_so() -> std::io::Result<()>
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
         let inherited = nodelay_for_accepted(&listener);
         assert_eq!(inherited, cfg!(target_os = "linux"));
-        let address = listener.local_addr().unwrap();
-        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        assert_eq!(accepted.nodelay().unwrap(), inherited);
+        let _client = tokio::net::TcpStream::connect(listener.local_addr()?).await?;
+        let (accepted, _) = listener.accept().await?;
+        assert_eq!(accepted.nodelay()?, inherited);
+        Ok(())
     }
 }
