@@ -140,6 +140,9 @@ pub enum ConnectionError {
     /// could still be found at its start).
     #[error("the upstream's reply is not JSON: {reason}")]
     Malformed { reason: String },
+    /// The upstream answered the request with JSON that is not a JSON-RPC response.
+    #[error("the upstream's reply is not a JSON-RPC response: {reason}")]
+    InvalidReply { reason: String },
     /// An HTTP upstream answered with a status and no JSON-RPC reply.
     #[error("{url} answered HTTP {status}{}", detail_suffix(.detail))]
     HttpStatus {
@@ -333,6 +336,11 @@ pub(crate) enum Incoming {
     Request(Value),
     /// A JSON-RPC batch: its messages, each to classify in turn.
     Batch(Vec<Value>),
+    /// A reply with neither `result` nor `error`: the request it names fails
+    /// now rather than at its deadline.
+    Hollow {
+        id: Value,
+    },
     Invalid,
 }
 
@@ -364,8 +372,17 @@ pub(crate) fn classify(message: Value) -> Incoming {
             id,
             reply: Reply::Error(error),
         }
-    } else {
+    } else if id.is_null() {
         Incoming::Invalid
+    } else {
+        Incoming::Hollow { id }
+    }
+}
+
+/// Why a [`Incoming::Hollow`] reply failed its request.
+pub(crate) fn hollow_reply() -> ConnectionError {
+    ConnectionError::InvalidReply {
+        reason: "it has neither `result` nor `error`".into(),
     }
 }
 
@@ -783,8 +800,13 @@ mod tests {
         assert!(batch
             .into_iter()
             .all(|m| matches!(classify(m), Incoming::Invalid)));
+        // A reply that says nothing fails its request; without an id it names none.
         assert!(matches!(
             classify(json!({"jsonrpc":"2.0","id":1})),
+            Incoming::Hollow { id } if id == json!(1)
+        ));
+        assert!(matches!(
+            classify(json!({"jsonrpc":"2.0","id":null})),
             Incoming::Invalid
         ));
     }

@@ -905,6 +905,87 @@ async fn an_upstreams_broken_escapes_are_repaired_or_fail_the_call_at_once() -> 
     Ok(())
 }
 
+/// An upstream's reply that no MCP client could take (neither `result` nor
+/// `error`, a result that is not an object, an error that is not a JSON-RPC error
+/// object) fails its call at once with an error naming the upstream, rather than
+/// reaching the client's SDK as it is or waiting out the call's deadline. Over
+/// stdio, an HTTP event stream and a plain JSON body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_malformed_replies_fail_the_call_at_once() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let streamed = HttpFixture::start(
+        dir.path(),
+        loopback,
+        &["--name", "streamed", "--malformed-replies"],
+    )
+    .await?;
+    let plain = HttpFixture::start(
+        dir.path(),
+        loopback,
+        &["--name", "plain", "--stateless-json", "--malformed-replies"],
+    )
+    .await?;
+    // Deadlines far beyond the test's patience: a failure must not wait for one.
+    let deadline = "call_timeout = \"120s\"";
+    let sections = format!(
+        "{}[upstreams.streamed]\nurl = {:?}\n{deadline}\n[upstreams.plain]\nurl = {:?}\n{deadline}\n",
+        fixture_upstream("piped", deadline, &["--name", "piped", "--malformed-replies"]),
+        streamed.url(),
+        plain.url(),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let echo = |upstream: &str, text: &str| {
+        CallToolRequestParams::new(format!("{upstream}__echo"))
+            .with_arguments(arguments(json!({ "text": text })))
+    };
+    for upstream in ["piped", "streamed", "plain"] {
+        for (mark, what) in [
+            ("<hollow-reply>", "neither `result` nor `error`"),
+            ("<string-result>", "`result` is not an object"),
+            (
+                "<bad-error>",
+                "`error` is not an object with an integer `code`",
+            ),
+        ] {
+            // Small (read) and large (its result left unread) alike.
+            for filler in [0, 4096] {
+                let text = format!("{}a reply {mark}", "f".repeat(filler));
+                let started = Instant::now();
+                let failed = client.call_tool(echo(upstream, &text)).await;
+                let Err(ServiceError::McpError(error)) = failed else {
+                    anyhow::bail!("{upstream}, {mark}: got {failed:?}");
+                };
+                ensure!(
+                    error.code.0 == -33003
+                        && error
+                            .data
+                            .as_ref()
+                            .is_some_and(|d| d["upstream"] == upstream)
+                        && error.message.contains("not a JSON-RPC response")
+                        && error.message.contains(what),
+                    "{upstream}, {mark}: {error:?}"
+                );
+                ensure!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "{upstream}, {mark}: the call waited {:?}",
+                    started.elapsed()
+                );
+            }
+        }
+        // The upstream still serves.
+        let result = client.call_tool(echo(upstream, "after")).await?;
+        ensure!(serde_json::to_value(&result)?["content"][0]["text"] == "after");
+    }
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    streamed.kill().await?;
+    plain.kill().await?;
+    Ok(())
+}
+
 /// A stdio upstream that answers in JSON-RPC batches (a notification, then the
 /// reply: allowed until MCP 2025-06-18) is served: each message of a batch is
 /// taken in turn, and none is dropped.

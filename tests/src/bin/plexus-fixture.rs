@@ -114,12 +114,17 @@ struct Cli {
     /// Over stdio, write rmcp's output straight to stdout, without the output
     /// filter's vendor patches (which parse and write every message again, on a
     /// task of their own): the server `--http` is, for benchmarks.
-    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "batch_replies"])]
+    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "malformed_replies", "batch_replies"])]
     unfiltered: bool,
     /// Write `<lone-surrogate>` in any output as half a surrogate pair's escape
     /// (`\ud83d`) and `<bad-escape>` as an escape JSON does not have (`\x`).
     #[arg(long)]
     raw_escapes: bool,
+    /// Make a reply whose text names `<hollow-reply>` carry neither result nor
+    /// error, `<string-result>` a string result, `<bad-error>` an error that is
+    /// not a JSON-RPC error object.
+    #[arg(long)]
+    malformed_replies: bool,
     /// Write each reply in a JSON-RPC batch, after a log notification (batches
     /// were allowed until MCP 2025-06-18).
     #[arg(long, conflicts_with = "http")]
@@ -244,6 +249,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 lines_body: cli.lines_body,
                 pretty: cli.pretty,
                 raw_escapes: cli.raw_escapes,
+                malformed_replies: cli.malformed_replies,
             };
             let cache_hints = cli.cache_hints;
             let extra_tools = extra::tools(cli.extra_tools);
@@ -283,6 +289,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     drift_file: cli.drift_file.clone(),
                     oversized_junk: cli.oversized_junk,
                     raw_escapes: cli.raw_escapes,
+                    malformed_replies: cli.malformed_replies,
                     batch_replies: cli.batch_replies,
                 },
             ));
