@@ -334,6 +334,48 @@ async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::R
     Ok(())
 }
 
+/// An upstream that lists a second definition under a name it already listed
+/// (names must be unique) has the first kept and the second left out, before
+/// pinning: the first is pinned, exposed and callable, nothing is held, and the log
+/// names the repeated name. (The second was judged against the first, holding both.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_listed_twice_keeps_its_first_definition_and_holds_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "duplicate-tool")?;
+    let daemon = Daemon::start("", &drifting("twice", &drift_file, "")).await?;
+    let mut session = session_listing(&daemon, "tools", "twice__echo").await?;
+    let answer = session.request("tools/list", json!({})).await?;
+    let echoes: Vec<&Value> = answer["result"]["tools"]
+        .as_array()
+        .context("tools/list")?
+        .iter()
+        .filter(|tool| tool["name"] == "twice__echo")
+        .collect();
+    ensure!(echoes.len() == 1, "{answer}");
+    ensure!(
+        !echoes[0]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("second echo")),
+        "the second definition was kept: {answer}"
+    );
+    let echoed = call(&mut session, "twice__echo", json!({"text": "once"})).await?;
+    ensure!(echoed["result"]["content"][0]["text"] == "once", "{echoed}");
+    let (_, status) = daemon.admin_get("/status").await?;
+    let status: Value = serde_json::from_str(&status)?;
+    ensure!(status["upstreams"][0]["pin"]["held"] == 0, "{status}");
+    let (code, out, err) = pins(daemon.dir.path(), &["diff"]).await?;
+    ensure!(code == 0 && out.contains("as pinned"), "{code} {out} {err}");
+    // Written before the daemon was ready.
+    let log = daemon.log();
+    ensure!(
+        log.contains("only the first of each is kept") && log.contains(r#"names=["echo"]"#),
+        "{log}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_runtime_drift_is_classified_held_and_approved_live() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

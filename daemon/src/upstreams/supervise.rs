@@ -567,7 +567,15 @@ pub async fn fetch_listing(
         };
         let hints = listed.hints.iter().map(CacheHint::of_result);
         listing.cache[kind.index()] = Some(CacheHint::merged(hints));
-        let entries = listed.entries;
+        let (entries, repeated) = registry::fingerprint::first_of_each(kind, listed.entries);
+        if !repeated.is_empty() {
+            tracing::warn!(
+                upstream = %config.name,
+                kind = kind.label(),
+                names = ?repeated,
+                "the upstream lists entries under a name it already listed; only the first of each is kept"
+            );
+        }
         match kind {
             Kind::Tools => listing.tools = entries,
             Kind::Prompts => listing.prompts = entries,

@@ -72,6 +72,29 @@ pub fn identity(kind: Kind, entry: &Value) -> Option<&str> {
     entry.get(key)?.as_str()
 }
 
+/// `entries` with each identity listed once, at its first place, and the
+/// identities listed more than once. Pins, holds and routes are by identity: a
+/// second definition under one name would be judged against the first (and hold
+/// both back), or route to a tool the client never saw.
+pub fn first_of_each(kind: Kind, entries: Vec<Value>) -> (Vec<Value>, Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut repeated = Vec::new();
+    let kept = entries
+        .into_iter()
+        .filter(|entry| match identity(kind, entry) {
+            Some(name) if !seen.insert(name.to_string()) => {
+                if !repeated.iter().any(|known| known == name) {
+                    repeated.push(name.to_string());
+                }
+                false
+            }
+            // Entries without an identity stay, for the catalog to report.
+            _ => true,
+        })
+        .collect();
+    (kept, repeated)
+}
+
 /// Both hashes of an entry; None when it has no identity.
 pub fn fingerprint(kind: Kind, entry: &Value) -> Option<EntryFingerprint> {
     Some(EntryFingerprint {

@@ -452,3 +452,37 @@ fn drift_holds_changed_and_new_entries_only() {
     );
     assert!(drift(&pinned, &pinned).is_empty());
 }
+
+#[test]
+fn an_identity_listed_again_is_left_out_after_its_first_place() {
+    let entries = vec![
+        json!({"name": "a", "description": "first"}),
+        json!({"name": "b"}),
+        json!({"name": "a", "description": "second"}),
+        json!({"description": "no name"}),
+        json!({"description": "no name either"}),
+        json!({"name": "a", "description": "third"}),
+        json!({"name": "b"}),
+    ];
+    let (kept, repeated) = first_of_each(Kind::Tools, entries);
+    assert_eq!(
+        kept,
+        vec![
+            json!({"name": "a", "description": "first"}),
+            json!({"name": "b"}),
+            json!({"description": "no name"}),
+            json!({"description": "no name either"}),
+        ]
+    );
+    assert_eq!(repeated, vec!["a".to_string(), "b".to_string()]);
+    // Resources by URI.
+    let (kept, repeated) = first_of_each(
+        Kind::Resources,
+        vec![
+            json!({"uri": "x://1", "name": "a"}),
+            json!({"uri": "x://1", "name": "b"}),
+        ],
+    );
+    assert_eq!(kept.len(), 1);
+    assert_eq!(repeated, vec!["x://1".to_string()]);
+}
