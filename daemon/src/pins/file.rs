@@ -411,7 +411,8 @@ impl Pinned {
         )
     }
 
-    fn of(snapshot: &ListingSnapshot, at: &str) -> Pinned {
+    /// `snapshot`, whose catalog fingerprint is `fingerprint`, pinned `at`.
+    fn of(snapshot: &ListingSnapshot, fingerprint: String, at: &str) -> Pinned {
         let stamp = Stamp::new(at);
         // Collected in key order, so the map is built with full nodes (inserted one
         // by one, its nodes would be half empty).
@@ -428,7 +429,7 @@ impl Pinned {
         Pinned {
             pinned_at: at.to_string(),
             approved_at: None,
-            catalog_fingerprint: fingerprint::catalog_fingerprint(snapshot),
+            catalog_fingerprint: fingerprint,
             server: Server::of(snapshot),
             entries,
         }
@@ -585,6 +586,7 @@ impl PinFile {
     /// Checks a fresh listing of `upstream` and records what it found: a first
     /// sight is pinned (unless `strict`), a listing that differs is kept as pending.
     /// Returns what was found and whether the file changed.
+    #[cfg(test)]
     pub fn observe(
         &mut self,
         upstream: &str,
@@ -592,6 +594,18 @@ impl PinFile {
         strict: bool,
     ) -> (Observation, bool) {
         let current = fingerprint::catalog_fingerprint(snapshot);
+        self.observe_fingerprinted(upstream, snapshot, current, strict)
+    }
+
+    /// [`PinFile::observe`] of a snapshot whose catalog fingerprint is `current`
+    /// (every entry hashed: the caller has it already).
+    pub fn observe_fingerprinted(
+        &mut self,
+        upstream: &str,
+        snapshot: &ListingSnapshot,
+        current: String,
+        strict: bool,
+    ) -> (Observation, bool) {
         let record = self.upstreams.entry(upstream.to_string()).or_default();
         let Some(pinned) = &record.pinned else {
             if strict {
@@ -602,7 +616,7 @@ impl PinFile {
                 }
                 return (Observation::Unapproved, dirty);
             }
-            record.pinned = Some(Pinned::of(snapshot, &now()));
+            record.pinned = Some(Pinned::of(snapshot, current, &now()));
             record.pending = None;
             return (Observation::PinnedOnFirstSight, true);
         };
@@ -638,7 +652,7 @@ impl PinFile {
         let pending_snapshot = pending.snapshot();
         let (pinned, approved, changes) = match name {
             None => (
-                Pinned::of(&pending_snapshot, &at),
+                Pinned::of(&pending_snapshot, pending.catalog_fingerprint.clone(), &at),
                 "*".to_string(),
                 all_changes,
             ),
@@ -751,7 +765,11 @@ mod v1 {
                     )
                     .to_string();
                     let record = UpstreamRecord {
-                        pinned: Some(Pinned::of(&pin.listing, &at)),
+                        pinned: Some(Pinned::of(
+                            &pin.listing,
+                            registry::fingerprint::catalog_fingerprint(&pin.listing),
+                            &at,
+                        )),
                         pending: None,
                         history: Vec::new(),
                     };

@@ -205,7 +205,8 @@ impl Pins {
             }
             Ok(file) => file,
         };
-        let (seen, dirty) = file.observe(upstream, snapshot, policy.strict);
+        let (seen, dirty) =
+            file.observe_fingerprinted(upstream, snapshot, current.clone(), policy.strict);
         state.observed.insert(
             upstream.to_string(),
             Observed::of(snapshot, &current, file.upstreams.get(upstream)),

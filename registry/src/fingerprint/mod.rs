@@ -185,10 +185,7 @@ fn canonical(value: &Value) -> Vec<u8> {
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(bytes))
 }
 
 #[cfg(test)]
