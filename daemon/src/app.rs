@@ -113,8 +113,9 @@ impl Daemon {
         tracing::info!("stopping upstreams");
         self.shutdown.cancel();
         self.hub.shutdown().await;
-        // Every line of the audit trail is on disk before the process ends.
+        // Every line of the audit trail, and the pins, are on disk before the process ends.
         self.hub.audit().flush().await;
+        self.hub.pins().flush();
         self.tasks.close();
         self.tasks.wait().await;
     }

@@ -317,6 +317,10 @@ impl Hub {
         &self.audit
     }
 
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
     /// Records which file is in force (at start and after each applied reload).
     pub fn set_config_identity(&self, path: &std::path::Path, sha256: &str) {
         *self

@@ -173,6 +173,28 @@ fn has(names: &[String], name: &str) -> bool {
     names.iter().any(|n| n == name)
 }
 
+/// The pin file is written a moment after a change, so the changes of upstreams
+/// starting together share one write; a daemon stopped within that moment writes
+/// it as it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pins_are_on_disk_when_plexus_stops_right_after_pinning() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", &alpha("v1")).await?;
+    daemon.wait_ready(WAIT).await?;
+    let log = daemon.log();
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success(), "{log}");
+    let pin_path = dir.path().join("plexus.lock");
+    let pinned: Value = serde_json::from_str(
+        &std::fs::read_to_string(&pin_path).with_context(|| format!("no pin file: {log}"))?,
+    )?;
+    ensure!(
+        pinned["upstreams"]["alpha"]["pinned"]["entries"]["tools/add"]["definition"]["name"]
+            == "add",
+        "{pinned}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::Result<()> {
     let daemon = Daemon::start("", &alpha("v1")).await?;

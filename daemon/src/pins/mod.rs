@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -53,6 +54,9 @@ pub struct Pins {
     /// Changes and approvals go into the audit trail too.
     audit: Arc<crate::audit::Audit>,
 }
+
+/// How long a background write of the pin file waits for more changes to take.
+const WRITE_COALESCING: Duration = Duration::from_millis(250);
 
 /// Writes of the pin file. The file is copied under the state lock and each copy
 /// numbered there, so the numbers follow the state's order; writers take turns
@@ -433,7 +437,24 @@ impl Pins {
             }
         };
         if let Some(runtime) = runtime {
-            drop(runtime.spawn_blocking(write));
+            // Changes that follow within the delay (upstreams starting together) go
+            // out in the same write: each write hashes every pinned entry again.
+            drop(runtime.spawn(async move {
+                tokio::time::sleep(WRITE_COALESCING).await;
+                let _ = tokio::task::spawn_blocking(write).await;
+            }));
+        }
+    }
+
+    /// Writes now what a background write was waiting to write (plexus is stopping).
+    pub fn flush(&self) {
+        if !self.saves.scheduled.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let state = self.lock();
+        if let Ok(file) = &state.file {
+            let number = self.saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
+            self.saves.write(&self.path, number, file);
         }
     }
 }
