@@ -4,7 +4,7 @@
 //! (`supervise`) drives each instance's life.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -435,6 +435,9 @@ pub struct Upstream {
     /// handshake era.
     handshake_twin: std::sync::OnceLock<Arc<Instance>>,
     sessions: DashMap<u64, Arc<Instance>>,
+    /// How many `sessions` holds: every session's end asks every upstream, and most
+    /// have none to stop (a 2026-07-28 request is a session of its own).
+    session_count: AtomicUsize,
     /// Replaced when a reload changes the limits; calls already admitted keep theirs.
     limiter: RwLock<Arc<Limiter>>,
     pub stats: Arc<ConnectionStats>,
@@ -472,6 +475,7 @@ impl Upstream {
             shared: Arc::new(shared),
             handshake_twin: std::sync::OnceLock::new(),
             sessions: DashMap::new(),
+            session_count: AtomicUsize::new(0),
             stats: Arc::new(ConnectionStats::default()),
             known_capabilities: RwLock::new(Value::Null),
             listen_uris: watch::Sender::new(BTreeSet::new()),
@@ -642,7 +646,10 @@ impl Upstream {
         }
         self.sessions
             .entry(session)
-            .or_insert_with(|| self.spawn_instance(handshake))
+            .or_insert_with(|| {
+                self.session_count.fetch_add(1, Ordering::Relaxed);
+                self.spawn_instance(handshake)
+            })
             .clone()
     }
 
@@ -673,7 +680,11 @@ impl Upstream {
 
     /// Stops the instance a session had of this upstream, if any.
     pub fn end_session(&self, session: u64) {
+        if self.session_count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         if let Some((_, instance)) = self.sessions.remove(&session) {
+            self.session_count.fetch_sub(1, Ordering::Relaxed);
             instance.stop.cancel();
         }
     }
