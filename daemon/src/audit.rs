@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -24,7 +25,8 @@ use crate::metrics::Metrics;
 const QUEUE: usize = 4096;
 
 enum Message {
-    Line(Value),
+    /// A whole line, without its newline.
+    Line(Vec<u8>),
     /// Open this file (or none) for the lines that follow.
     Reopen(Option<PathBuf>),
     /// Answered once every line before it is written.
@@ -80,29 +82,43 @@ impl Audit {
         let mut hasher = Sha256::new();
         hasher.update(self.key);
         hasher.update(session.to_be_bytes());
-        hasher.finalize()[..6]
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
+        hex::encode(&hasher.finalize()[..6])
+    }
+
+    /// A line for `event`, stamped with the time, to add fields to; `None` when
+    /// nothing is audited (so a caller builds nothing).
+    pub fn line(&self, event: &str) -> Option<Line> {
+        if !self.enabled() {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(384);
+        // RFC 3339 has nothing to escape.
+        let _ = write!(
+            bytes,
+            r#"{{"time":"{}""#,
+            humantime::format_rfc3339_millis(SystemTime::now())
+        );
+        let mut line = Line(bytes);
+        line.field("event", event);
+        Some(line)
     }
 
     /// Appends one line (`fields` plus the time), unless the writer is behind.
     pub fn record(&self, event: &str, fields: Map<String, Value>) {
-        if !self.enabled() {
+        let Some(mut line) = self.line(event) else {
             return;
+        };
+        for (key, value) in &fields {
+            line.field(key, value);
         }
-        let mut line = Map::with_capacity(fields.len() + 2);
-        line.insert(
-            "time".into(),
-            json!(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
-        );
-        line.insert("event".into(), json!(event));
-        line.extend(fields);
-        if self
-            .sender
-            .try_send(Message::Line(Value::Object(line)))
-            .is_err()
-        {
+        self.write(line);
+    }
+
+    /// Appends `line`, unless the writer is behind.
+    pub fn write(&self, line: Line) {
+        let mut bytes = line.0;
+        bytes.push(b'}');
+        if self.sender.try_send(Message::Line(bytes)).is_err() {
             self.metrics.audit_dropped.inc();
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             // Noted once, then at every thousandth, so a stuck disk does not flood the log.
@@ -118,6 +134,27 @@ impl Audit {
         if self.sender.send(Message::Flush(done)).await.is_ok() {
             let _ = written.await;
         }
+    }
+}
+
+/// One line of the trail, written as it is built (no map of values first): the
+/// members in the order they are added, as serde_json writes them.
+pub struct Line(Vec<u8>);
+
+impl Line {
+    /// Adds `"key":value`.
+    pub fn field(&mut self, key: &str, value: impl Serialize) -> &mut Line {
+        self.0.push(b',');
+        // Writing a string to memory cannot fail.
+        let _ = serde_json::to_writer(&mut self.0, key);
+        self.0.push(b':');
+        let at = self.0.len();
+        if serde_json::to_writer(&mut self.0, &value).is_err() {
+            // A value serde_json cannot write (none the trail has) is written as null.
+            self.0.truncate(at);
+            self.0.extend_from_slice(b"null");
+        }
+        self
     }
 }
 
@@ -146,11 +183,10 @@ fn write_lines(mut receiver: mpsc::Receiver<Message>) {
             Message::Flush(done) => {
                 let _ = done.send(());
             }
-            Message::Line(line) => {
+            Message::Line(mut bytes) => {
                 let Some((path, opened)) = file.as_mut() else {
                     continue;
                 };
-                let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
                 bytes.push(b'\n');
                 if let Err(error) = opened.write_all(&bytes).and_then(|()| opened.flush()) {
                     tracing::error!(path = %path.display(), %error, "cannot write the audit log");
@@ -209,4 +245,45 @@ pub fn serialized_len(value: &Value) -> usize {
     let mut counter = Counter(0);
     let _ = serde_json::to_writer(&mut counter, value);
     counter.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line written as it is built reads as serde_json writes the same members.
+    #[test]
+    fn a_line_is_what_serde_json_writes_of_its_members() -> serde_json::Result<()> {
+        let mut line = Line(br#"{"time":"2026-11-26T14:00:00.000Z""#.to_vec());
+        let route: Option<&str> = None;
+        line.field("event", "request")
+            .field("principal", "a \"quoted\"\nname\u{1}")
+            .field("view", route)
+            .field("arguments_sha256", json!(null))
+            .field("outcome", json!(-33002))
+            .field("duration_ms", 6.374_150_999_999_999_5)
+            .field("response_bytes", 2_097_253_usize)
+            .field("changes", json!([{"class": "security", "fields": []}]))
+            .field("nan", f64::NAN);
+        line.0.push(b'}');
+        let mut expected = Map::new();
+        expected.insert("time".into(), json!("2026-11-26T14:00:00.000Z"));
+        expected.insert("event".into(), json!("request"));
+        expected.insert("principal".into(), json!("a \"quoted\"\nname\u{1}"));
+        expected.insert("view".into(), Value::Null);
+        expected.insert("arguments_sha256".into(), Value::Null);
+        expected.insert("outcome".into(), json!(-33002));
+        expected.insert("duration_ms".into(), json!(6.374_150_999_999_999_5));
+        expected.insert("response_bytes".into(), json!(2_097_253));
+        expected.insert(
+            "changes".into(),
+            json!([{"class": "security", "fields": []}]),
+        );
+        expected.insert("nan".into(), Value::Null);
+        assert_eq!(
+            String::from_utf8_lossy(&line.0),
+            serde_json::to_string(&expected)?
+        );
+        Ok(())
+    }
 }

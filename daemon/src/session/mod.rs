@@ -617,38 +617,29 @@ impl Session {
             Ok(Reply::Error(error)) => crate::audit::serialized_len(error),
             Err(_) => 0,
         };
-        let mut line = self.audit_fields();
-        line.insert("method".into(), json!(method));
-        line.insert("name".into(), json!(name));
-        line.insert(
-            "upstream".into(),
-            json!(route.as_ref().map(|r| &*r.upstream)),
-        );
-        line.insert(
-            "original".into(),
-            json!(route.as_ref().map(|r| &r.original)),
-        );
-        line.insert("arguments_sha256".into(), arguments);
-        line.insert("outcome".into(), crate::audit::outcome(&reply));
-        line.insert(
-            "duration_ms".into(),
-            json!(started.elapsed().as_secs_f64() * 1000.0),
-        );
-        line.insert("response_bytes".into(), json!(response_bytes));
-        self.hub.audit().record("request", line);
+        if let Some(mut line) = self.audit_line("request") {
+            line.field("method", method)
+                .field("name", &name)
+                .field("upstream", route.as_ref().map(|r| &*r.upstream))
+                .field("original", route.as_ref().map(|r| &r.original))
+                .field("arguments_sha256", &arguments)
+                .field("outcome", crate::audit::outcome(&reply))
+                .field("duration_ms", started.elapsed().as_secs_f64() * 1000.0)
+                .field("response_bytes", response_bytes);
+            self.hub.audit().write(line);
+        }
         reply
     }
 
-    /// Who the trail says acted: principal, view and the session's keyed hash.
-    fn audit_fields(&self) -> Map<String, Value> {
-        let mut line = Map::new();
-        line.insert("principal".into(), json!(&*self.identity.principal));
-        line.insert("view".into(), json!(self.view()));
-        line.insert(
-            "session".into(),
-            json!(self.hub.audit().session_tag(self.owner)),
-        );
-        line
+    /// A line of the trail for `event`, saying who acted: principal, view and the
+    /// session's keyed hash; `None` when nothing is audited.
+    fn audit_line(&self, event: &str) -> Option<crate::audit::Line> {
+        let audit = self.hub.audit();
+        let mut line = audit.line(event)?;
+        line.field("principal", &*self.identity.principal)
+            .field("view", self.view())
+            .field("session", audit.session_tag(self.owner));
+        Some(line)
     }
 
     /// A request this client was sent on an upstream's behalf, and how it answered.
@@ -659,18 +650,14 @@ impl Session {
         sent: std::time::Instant,
         reply: &Result<Reply, RelayError>,
     ) {
-        if !self.hub.audit().enabled() {
+        let Some(mut line) = self.audit_line("client_request") else {
             return;
-        }
-        let mut line = self.audit_fields();
-        line.insert("method".into(), json!(method));
-        line.insert("upstream".into(), json!(upstream));
-        line.insert("outcome".into(), crate::audit::outcome(reply));
-        line.insert(
-            "duration_ms".into(),
-            json!(sent.elapsed().as_secs_f64() * 1000.0),
-        );
-        self.hub.audit().record("client_request", line);
+        };
+        line.field("method", method)
+            .field("upstream", upstream)
+            .field("outcome", crate::audit::outcome(reply))
+            .field("duration_ms", sent.elapsed().as_secs_f64() * 1000.0);
+        self.hub.audit().write(line);
     }
 
     async fn dispatch_unaudited(
