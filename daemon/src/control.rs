@@ -497,6 +497,27 @@ pub async fn forward_signals(control: ControlHandle, shutdown: CancellationToken
     }
 }
 
+/// Whether an event in the config file's directory may have changed the file.
+/// Reads (inotify's open and close) change nothing, and neither do writes into
+/// another file there: an audit trail kept beside the config appends a line per
+/// call, and each would have the file read and parsed again once calls pause.
+/// Anything else (created, removed, renamed: editors and ConfigMaps swap files
+/// and symlinks) may.
+fn may_change_config(event: &notify::Event, config: Option<&std::ffi::OsStr>) -> bool {
+    use notify::event::{EventKind, ModifyKind};
+    match event.kind {
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Data(_)) => {
+            event.paths.is_empty()
+                || event
+                    .paths
+                    .iter()
+                    .any(|path| path.file_name().is_none() || path.file_name() == config)
+        }
+        _ => true,
+    }
+}
+
 /// How long the directory must stay quiet before a change is read: editors write
 /// a file in several steps.
 pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
@@ -516,17 +537,16 @@ pub fn watch_config(
         .filter(|parent| !parent.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
         .to_path_buf();
+    let name = path.file_name().map(std::ffi::OsStr::to_os_string);
     let (changes, quiet) = mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        match event {
-            // Reads (inotify's open and close) change nothing.
-            Ok(event) if event.kind.is_access() => {}
+    let mut watcher =
+        notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
+            Ok(event) if !may_change_config(&event, name.as_deref()) => {}
             Ok(_) => {
                 let _ = changes.send(());
             }
             Err(error) => tracing::warn!(%error, "the config watcher reported an error"),
-        }
-    })?;
+        })?;
     watcher.watch(&directory, notify::RecursiveMode::NonRecursive)?;
     tracing::info!(directory = %directory.display(), "watching the configuration for changes");
     tasks.spawn(async move {
@@ -561,6 +581,39 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+
+    #[test]
+    fn only_events_that_may_change_the_file_count() {
+        use notify::event::{
+            AccessKind, CreateKind, DataChange, EventKind, ModifyKind, RemoveKind, RenameMode,
+        };
+        let config = Some(std::ffi::OsStr::new("config.toml"));
+        let event = |kind: EventKind, name: &str| {
+            notify::Event::new(kind).add_path(std::path::PathBuf::from("/etc/plexus").join(name))
+        };
+        let written = EventKind::Modify(ModifyKind::Data(DataChange::Content));
+        // Appending to the audit trail beside the config, or to any other file: no.
+        assert!(!may_change_config(&event(written, "audit.jsonl"), config));
+        assert!(!may_change_config(
+            &event(EventKind::Access(AccessKind::Any), "config.toml"),
+            config
+        ));
+        // Writing the file in place, or any swap of names: yes.
+        assert!(may_change_config(&event(written, "config.toml"), config));
+        for kind in [
+            EventKind::Create(CreateKind::File),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Modify(ModifyKind::Metadata(notify::event::MetadataKind::Any)),
+            EventKind::Any,
+        ] {
+            assert!(
+                may_change_config(&event(kind, "..data"), config),
+                "{kind:?}"
+            );
+        }
+        assert!(may_change_config(&notify::Event::new(written), config));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_of_changes_is_one_reload_after_a_quiet_spell() {
