@@ -1,7 +1,9 @@
 //! Progress tokens: a client's token never reaches a shared upstream. Each relayed
 //! call that asked for progress gets plexus's own token (`plexus-<n>`); the
 //! upstream's progress under it goes back to the call's stream under the client's
-//! token, and marks the call alive (which extends its deadline).
+//! token, and marks the call alive (which extends its deadline). Only the upstream
+//! the call went to is heard under its token: the tokens are plexus's, and another
+//! upstream that named one would speak into a call it does not serve.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,9 +18,13 @@ use crate::jsonrpc;
 pub struct ProgressRoutes {
     routes: DashMap<String, ProgressRoute>,
     next: AtomicU64,
+    /// Progress dropped for naming another upstream's call.
+    misrouted: AtomicU64,
 }
 
 struct ProgressRoute {
+    /// The upstream the call went to: the only one heard under its token.
+    upstream: Arc<str>,
     sink: mpsc::Sender<Value>,
     client_token: Value,
     activity: Arc<Notify>,
@@ -38,11 +44,13 @@ impl Drop for ProgressGuard<'_> {
 }
 
 impl ProgressRoutes {
-    /// Swaps the client's token in `params` for a fresh one of plexus's, routed to `sink`.
+    /// Swaps the client's token in `params` for a fresh one of plexus's, routed to
+    /// `sink` for progress that `upstream` sends.
     pub fn register(
         &self,
         params: &mut Option<Value>,
         sink: &mpsc::Sender<Value>,
+        upstream: &Arc<str>,
     ) -> Option<ProgressGuard<'_>> {
         let meta = params.as_mut()?.get_mut("_meta")?.as_object_mut()?;
         let client_token = meta.remove("progressToken")?;
@@ -52,6 +60,7 @@ impl ProgressRoutes {
         self.routes.insert(
             token.clone(),
             ProgressRoute {
+                upstream: upstream.clone(),
                 sink: sink.clone(),
                 client_token,
                 activity: activity.clone(),
@@ -64,9 +73,9 @@ impl ProgressRoutes {
         })
     }
 
-    /// Sends an upstream's progress notification to the call it is about, under
-    /// that client's own token.
-    pub fn route(&self, message: &Value) {
+    /// Sends the progress notification `upstream` sent to the call it is about,
+    /// under that client's own token.
+    pub fn route(&self, message: &Value, upstream: &str) {
         let Some(params) = message.get("params").and_then(Value::as_object) else {
             return;
         };
@@ -77,6 +86,19 @@ impl ProgressRoutes {
             tracing::debug!(token, "progress for a call that is no longer in flight");
             return;
         };
+        if *route.upstream != *upstream {
+            let misrouted = self.misrouted.fetch_add(1, Ordering::Relaxed) + 1;
+            // Noted once, then at every thousandth: an upstream cannot flood the log.
+            if misrouted == 1 || misrouted.is_multiple_of(1000) {
+                tracing::warn!(
+                    upstream,
+                    token,
+                    misrouted,
+                    "an upstream sent progress under the token of a call to another upstream; dropped"
+                );
+            }
+            return;
+        }
         let mut params: Map<String, Value> = params.clone();
         params.insert("progressToken".into(), route.client_token.clone());
         route.activity.notify_one();
@@ -104,12 +126,25 @@ mod tests {
         let routes = ProgressRoutes::default();
         let (sink, mut received) = mpsc::channel(4);
         let mut params = Some(json!({"name": "x", "_meta": {"progressToken": 7}}));
-        let guard = routes.register(&mut params, &sink);
+        let upstream: Arc<str> = Arc::from("alpha");
+        let guard = routes.register(&mut params, &sink, &upstream);
         let token = params
             .as_ref()
             .and_then(|p| p["_meta"]["progressToken"].as_str());
         assert_eq!(token, Some("plexus-1"));
-        routes.route(&json!({"params": {"progressToken": "plexus-1", "progress": 1}}));
+        // Another upstream naming the token is not heard.
+        routes.route(
+            &json!({"params": {"progressToken": "plexus-1", "progress": 9, "message": "enter your password"}}),
+            "beta",
+        );
+        assert!(
+            received.try_recv().is_err(),
+            "another upstream's progress got through"
+        );
+        routes.route(
+            &json!({"params": {"progressToken": "plexus-1", "progress": 1}}),
+            "alpha",
+        );
         let sent = received.try_recv().ok();
         assert_eq!(
             sent.as_ref().map(|m| &m["params"]["progressToken"]),
@@ -117,7 +152,10 @@ mod tests {
         );
         drop(guard);
         assert_eq!(routes.len(), 0, "the route goes with the call");
-        routes.route(&json!({"params": {"progressToken": "plexus-1", "progress": 2}}));
+        routes.route(
+            &json!({"params": {"progressToken": "plexus-1", "progress": 2}}),
+            "alpha",
+        );
         assert!(received.try_recv().is_err());
     }
 }

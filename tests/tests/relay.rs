@@ -585,6 +585,61 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
     Ok(())
 }
 
+/// plexus's progress tokens are its own, each handed to the upstream its call went
+/// to; another upstream that names one (misbehaving, or hostile) is not heard: the
+/// caller sees only the progress of the upstream serving it, and the log says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_cannot_speak_into_another_upstreams_call_by_its_progress_token(
+) -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        fixture_upstream("alpha", "", &[]),
+        fixture_upstream("beta", "", &[])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let mut victim = RawHttpSession::connect(&daemon.url).await?;
+    let mut spoofer = RawHttpSession::connect(&daemon.url).await?;
+    // The daemon's first progress token is `plexus-1`: the victim's call gets it.
+    let victims_call = victim.request(
+        "tools/call",
+        json!({"name": "alpha__sleep", "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
+    );
+    let spoofing = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        spoofer
+            .request(
+                "tools/call",
+                json!({"name": "beta__sleep", "arguments": {"ms": 600, "spoof_progress": "plexus-1"}}),
+            )
+            .await
+    };
+    let (answer, spoofed) = tokio::join!(victims_call, spoofing);
+    ensure!(answer?["result"]["content"][0]["text"] == "slept 1500 ms");
+    ensure!(spoofed?["result"]["content"][0]["text"] == "slept 600 ms");
+    let progress: Vec<&Value> = victim
+        .streamed
+        .iter()
+        .filter(|message| message["method"] == "notifications/progress")
+        .collect();
+    ensure!(
+        !progress.is_empty()
+            && progress.iter().all(|message| {
+                message["params"]["progressToken"] == "mine"
+                    && message["params"]["total"] == 1500.0
+                    && message["params"].get("message").is_none()
+            }),
+        "the victim heard another upstream's progress: {progress:?}"
+    );
+    let log = daemon.log();
+    ensure!(
+        log.contains("an upstream sent progress under the token of a call to another upstream"),
+        "{log}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 /// A call's last progress is sent just before its result, on the same pipe; it must
 /// reach the caller before the result does, however busy the daemon is: over the
 /// HTTP front, through `plexus connect`, and over the stdio front.

@@ -488,6 +488,10 @@ impl Upstream {
         &self.name
     }
 
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation
     }
