@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
+    CustomNotification, ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
     LoggingMessageNotificationParam, ProgressNotificationParam, ResourceUpdatedNotificationParam,
     Root, SamplingMessage,
 };
@@ -33,6 +33,10 @@ pub struct AnsweringClient {
     pub progress: Arc<Mutex<Vec<Value>>>,
     /// How often an upstream asked this client for its roots.
     pub roots_asked: Arc<AtomicUsize>,
+    /// How long it takes to answer an elicitation.
+    pub elicitation_delay: Duration,
+    /// The elicitation ids `notifications/elicitation/complete` named to it.
+    pub elicitations_completed: Arc<Mutex<Vec<Value>>>,
 }
 
 pub type AnsweringService = RunningService<RoleClient, AnsweringClient>;
@@ -47,6 +51,8 @@ impl AnsweringClient {
             updates: Arc::default(),
             progress: Arc::default(),
             roots_asked: Arc::default(),
+            elicitation_delay: Duration::ZERO,
+            elicitations_completed: Arc::default(),
         }
     }
 
@@ -142,6 +148,7 @@ impl ClientHandler for AnsweringClient {
         request: ElicitRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
+        tokio::time::sleep(self.elicitation_delay).await;
         // Fill every requested field with a value of its type (URL mode has none).
         let request = json_of(&request);
         let mut content = serde_json::Map::new();
@@ -198,6 +205,25 @@ impl ClientHandler for AnsweringClient {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(json_of(&params));
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if notification.method == "notifications/elicitation/complete" {
+            let id = notification
+                .params
+                .as_ref()
+                .and_then(|params| params.get("elicitationId"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            self.elicitations_completed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(id);
+        }
     }
 }
 
