@@ -3,6 +3,7 @@
 //! handshake (`initialize`, then `notifications/initialized`); and listing with
 //! upstream pagination.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -244,19 +245,30 @@ pub struct Listed {
     pub hints: Vec<Map<String, Value>>,
 }
 
-/// Pages through a list method (`tools/list`, ...) and returns every entry.
-///
-/// Stops after `max_pages` pages, so an upstream that hands out cursors forever
-/// cannot hold the catalog hostage.
+/// How much of one upstream list plexus reads: an upstream that hands out cursors
+/// forever, or pages without end, cannot hold the catalog hostage or take the
+/// daemon's memory.
+#[derive(Clone, Copy, Debug)]
+pub struct ListLimits {
+    pub max_pages: usize,
+    /// The entries' JSON, in bytes, over every page.
+    pub max_bytes: usize,
+}
+
+/// Pages through a list method (`tools/list`, ...) and returns every entry, up to
+/// `limits` (then what was read so far, and a warning); a cursor given twice ends
+/// the walk too (the pages would repeat).
 pub async fn list_all(
     connection: &UpstreamConnection,
     method: &str,
     result_key: &str,
-    max_pages: usize,
+    limits: ListLimits,
 ) -> Result<Listed, HandshakeError> {
     let mut listed = Listed::default();
     let mut cursor: Option<Value> = None;
-    for _ in 0..max_pages {
+    let mut cursors: HashSet<String> = HashSet::new();
+    let mut bytes = 0usize;
+    for _ in 0..limits.max_pages {
         let params = cursor.take().map(|cursor| json!({ "cursor": cursor }));
         let mut result = match connection.request(method, params).await?.into_result() {
             Ok(result) => result,
@@ -274,7 +286,22 @@ pub async fn list_all(
                 .collect(),
         );
         match result.get_mut(result_key).map(Value::take) {
-            Some(Value::Array(page)) => listed.entries.extend(page),
+            Some(Value::Array(page)) => {
+                for entry in page {
+                    bytes = bytes.saturating_add(crate::json_out::serialized_len(&entry));
+                    if bytes > limits.max_bytes {
+                        tracing::warn!(
+                            upstream = %connection.upstream(),
+                            method,
+                            max_bytes = limits.max_bytes,
+                            kept = listed.entries.len(),
+                            "the upstream's list is longer than plexus reads; keeping the entries before"
+                        );
+                        return Ok(listed);
+                    }
+                    listed.entries.push(entry);
+                }
+            }
             Some(_) => {
                 return Err(HandshakeError::Malformed {
                     method: method.into(),
@@ -284,14 +311,24 @@ pub async fn list_all(
             None => {}
         }
         match result.get_mut("nextCursor").map(Value::take) {
-            Some(next) if !next.is_null() && next != "" => cursor = Some(next),
+            Some(next) if !next.is_null() && next != "" => {
+                if !cursors.insert(next.to_string()) {
+                    tracing::warn!(
+                        upstream = %connection.upstream(),
+                        method,
+                        "the upstream's pagination gave a cursor twice; keeping the pages read so far"
+                    );
+                    return Ok(listed);
+                }
+                cursor = Some(next);
+            }
             _ => return Ok(listed),
         }
     }
     tracing::warn!(
         upstream = %connection.upstream(),
         method,
-        max_pages,
+        max_pages = limits.max_pages,
         "upstream pagination did not end; keeping the pages read so far"
     );
     Ok(listed)

@@ -66,6 +66,23 @@ fn needs_escape(word: u64) -> bool {
     (below_space | quote | backslash) != 0
 }
 
+/// How many bytes a value serialises to, without building the text.
+pub fn serialized_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
 /// `text` as a JSON string, escaped as serde_json escapes it.
 pub fn write_str(out: &mut Vec<u8>, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -230,23 +230,6 @@ pub fn outcome(reply: &Result<adapters::Reply, crate::jsonrpc::RelayError>) -> V
     }
 }
 
-/// How many bytes a value serialises to, without building the text.
-pub fn serialized_len(value: &Value) -> usize {
-    struct Counter(usize);
-    impl Write for Counter {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0);
-    let _ = serde_json::to_writer(&mut counter, value);
-    counter.0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

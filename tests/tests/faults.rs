@@ -417,6 +417,64 @@ async fn an_npx_tree_leaves_nothing_behind_on_restart_and_on_exit() -> anyhow::R
     Ok(())
 }
 
+/// A list that never ends is read up to its limits, and the upstream serves:
+/// pages under new cursors forever up to `max_list_bytes` of entries, a cursor
+/// given twice no further. Each lists its tools once; a control session sees no
+/// error meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_without_end_are_read_up_to_their_limits() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drifting = |name: &str, drift: &str, extra: &str| -> anyhow::Result<String> {
+        let file = dir.path().join(name);
+        std::fs::write(&file, drift)?;
+        Ok(fixture_upstream(
+            name,
+            extra,
+            &["--name", name, "--drift-file", &file.display().to_string()],
+        ))
+    };
+    let sections = format!(
+        "{}{}{}",
+        control_section(),
+        drifting("endless", "endless-pages", "max_list_bytes = 20000")?,
+        drifting("looping", "repeated-cursor", "")?,
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let listed = session.request("tools/list", json!({})).await?;
+    for upstream in ["endless", "looping"] {
+        let echoes = listed["result"]["tools"]
+            .as_array()
+            .context("tools")?
+            .iter()
+            .filter(|tool| tool["name"] == format!("{upstream}__echo"))
+            .count();
+        ensure!(echoes == 1, "{upstream}: {listed}");
+        let answer = session
+            .request(
+                "tools/call",
+                json!({"name": format!("{upstream}__echo"), "arguments": {"text": "still here"}}),
+            )
+            .await?;
+        ensure!(
+            answer["result"]["content"][0]["text"] == "still here",
+            "{answer}"
+        );
+    }
+    let log = daemon.log();
+    ensure!(
+        log.contains("the upstream's list is longer than plexus reads")
+            && log.contains("max_bytes=20000")
+            && log.contains("the upstream's pagination gave a cursor twice"),
+        "{log}"
+    );
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stderr_floods_and_oversized_lines_are_survived() -> anyhow::Result<()> {
     let sections = format!(

@@ -25,6 +25,9 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(90);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// How much of one list an upstream's pages may hold: 64 MiB of entries' JSON
+/// (about 250,000 tools of a common size).
+pub const DEFAULT_MAX_LIST_BYTES: usize = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_CALL_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
@@ -150,6 +153,9 @@ pub struct UpstreamConfig {
     /// How far progress notifications may extend a call's deadline.
     pub max_call_timeout: Duration,
     pub max_message_bytes: usize,
+    /// The JSON of one list's entries over all its pages (`tools/list`, ...): beyond
+    /// it the rest is not read (a hostile or broken upstream cannot take the memory).
+    pub max_list_bytes: usize,
     pub max_in_flight: usize,
     pub max_pending: usize,
     pub share: Share,

@@ -74,6 +74,7 @@ pub(super) struct RawUpstream {
     pub tool_timeouts: BTreeMap<String, String>,
     pub max_call_timeout: Option<String>,
     pub max_message_bytes: Option<usize>,
+    pub max_list_bytes: Option<usize>,
     pub max_in_flight: Option<usize>,
     pub max_pending: Option<usize>,
     pub share: Option<Share>,

@@ -479,6 +479,7 @@ fn validate_upstream(
         raw.max_message_bytes,
         DEFAULT_MAX_MESSAGE_BYTES,
     );
+    let max_list_bytes = count("max_list_bytes", raw.max_list_bytes, DEFAULT_MAX_LIST_BYTES);
     for (field, patterns) in [
         ("allow_tools", &raw.allow_tools),
         ("deny_tools", &raw.deny_tools),
@@ -608,6 +609,7 @@ fn validate_upstream(
         tool_timeouts,
         max_call_timeout: max_call_timeout?,
         max_message_bytes,
+        max_list_bytes,
         max_in_flight,
         max_pending: raw.max_pending.unwrap_or(DEFAULT_MAX_PENDING),
         share: raw.share.unwrap_or(Share::Shared),

@@ -612,9 +612,9 @@ impl Session {
         let started = std::time::Instant::now();
         let reply = self.dispatch_unaudited(method, params, None, related).await;
         let response_bytes = match &reply {
-            Ok(Reply::Result(result)) => crate::audit::serialized_len(result),
+            Ok(Reply::Result(result)) => adapters::json_out::serialized_len(result),
             Ok(Reply::Unread(raw)) => raw.bytes().len(),
-            Ok(Reply::Error(error)) => crate::audit::serialized_len(error),
+            Ok(Reply::Error(error)) => adapters::json_out::serialized_len(error),
             Err(_) => 0,
         };
         if let Some(mut line) = self.audit_line("request") {

@@ -555,7 +555,10 @@ pub async fn fetch_listing(
             connection,
             kind.list_method(),
             kind.result_key(),
-            MAX_LIST_PAGES,
+            handshake::ListLimits {
+                max_pages: MAX_LIST_PAGES,
+                max_bytes: config.max_list_bytes,
+            },
         )
         .await
         {
