@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::{
-    arguments, fixture_binary, fixture_upstream, http_client, plexus_binary, Daemon, HttpFixture,
-    RawHttpSession, RawStdioSession, TestClient,
+    arguments, fixture_binary, fixture_upstream, http_client, plexus_binary, Client, Daemon,
+    HttpFixture, RawHttpSession, RawStdioSession, TestClient,
 };
 use rmcp::model::CallToolRequestParams;
 use rmcp::ServiceError;
@@ -878,6 +878,93 @@ fn nonblocking(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<bool> 
     Ok(OFlag::from_bits_truncate(flags).contains(OFlag::O_NONBLOCK))
 }
 
+/// The fixture with `flag` behind a ready daemon three ways: over stdio (`piped`),
+/// an HTTP event stream (`streamed`) and a plain JSON body (`plain`), each with a
+/// deadline far beyond a test's patience (a failure must not wait for one).
+struct ThreeWays {
+    daemon: Daemon,
+    fixtures: [HttpFixture; 2],
+}
+
+impl ThreeWays {
+    /// Ends `client`, the daemon (cleanly) and the HTTP fixtures.
+    async fn finish(self, client: Client) -> anyhow::Result<()> {
+        client.cancel().await?;
+        ensure!(self.daemon.stop().await?.success());
+        for fixture in self.fixtures {
+            fixture.kill().await?;
+        }
+        Ok(())
+    }
+}
+
+async fn fixture_three_ways(dir: &std::path::Path, flag: &str) -> anyhow::Result<ThreeWays> {
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let streamed = HttpFixture::start(dir, loopback, &["--name", "streamed", flag]).await?;
+    let plain = HttpFixture::start(
+        dir,
+        loopback,
+        &["--name", "plain", "--stateless-json", flag],
+    )
+    .await?;
+    let deadline = "call_timeout = \"120s\"";
+    let sections = format!(
+        "{}[upstreams.streamed]\nurl = {:?}\n{deadline}\n[upstreams.plain]\nurl = {:?}\n{deadline}\n",
+        fixture_upstream("piped", deadline, &["--name", "piped", flag]),
+        streamed.url(),
+        plain.url(),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    Ok(ThreeWays {
+        daemon,
+        fixtures: [streamed, plain],
+    })
+}
+
+/// An echo of `text` by `upstream` fails at once (long before its deadline) with
+/// plexus's -33003 naming the upstream, its message saying each of `says`.
+async fn fails_at_once(
+    client: &Client,
+    upstream: &str,
+    text: &str,
+    says: &[&str],
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let failed = client.call_tool(echo(upstream, text)).await;
+    let Err(ServiceError::McpError(error)) = failed else {
+        anyhow::bail!("{upstream}, {text:.60}: got {failed:?}");
+    };
+    ensure!(
+        error.code.0 == -33003
+            && error
+                .data
+                .as_ref()
+                .is_some_and(|d| d["upstream"] == upstream)
+            && says.iter().all(|said| error.message.contains(said)),
+        "{upstream}, {text:.60}: {error:?}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(20),
+        "{upstream}, {text:.60}: the call waited {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// `upstream` still answers an echo.
+async fn still_serves(client: &Client, upstream: &str) -> anyhow::Result<()> {
+    let result = client.call_tool(echo(upstream, "after")).await?;
+    ensure!(serde_json::to_value(&result)?["content"][0]["text"] == "after");
+    Ok(())
+}
+
+/// An echo of `text` by `upstream`'s fixture.
+fn echo(upstream: &str, text: &str) -> CallToolRequestParams {
+    CallToolRequestParams::new(format!("{upstream}__echo"))
+        .with_arguments(arguments(json!({ "text": text })))
+}
+
 /// An upstream that escapes half a UTF-16 surrogate pair (as JavaScript writes a
 /// string cut inside an emoji) is relayed with U+FFFD in its place, so a strict
 /// client (rmcp's) takes the answer, small (read) or large (unread); an answer that
@@ -886,34 +973,8 @@ fn nonblocking(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<bool> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstreams_broken_escapes_are_repaired_or_fail_the_call_at_once() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let streamed = HttpFixture::start(
-        dir.path(),
-        loopback,
-        &["--name", "streamed", "--raw-escapes"],
-    )
-    .await?;
-    let plain = HttpFixture::start(
-        dir.path(),
-        loopback,
-        &["--name", "plain", "--stateless-json", "--raw-escapes"],
-    )
-    .await?;
-    // Deadlines far beyond the test's patience: a failure must not wait for one.
-    let deadline = "call_timeout = \"120s\"";
-    let sections = format!(
-        "{}[upstreams.streamed]\nurl = {:?}\n{deadline}\n[upstreams.plain]\nurl = {:?}\n{deadline}\n",
-        fixture_upstream("piped", deadline, &["--name", "piped", "--raw-escapes"]),
-        streamed.url(),
-        plain.url(),
-    );
-    let daemon = Daemon::start("", &sections).await?;
-    daemon.wait_ready(Duration::from_secs(30)).await?;
-    let client = http_client(&daemon.url, TestClient::default()).await?;
-    let echo = |upstream: &str, text: &str| {
-        CallToolRequestParams::new(format!("{upstream}__echo"))
-            .with_arguments(arguments(json!({ "text": text })))
-    };
+    let three = fixture_three_ways(dir.path(), "--raw-escapes").await?;
+    let client = http_client(&three.daemon.url, TestClient::default()).await?;
     for upstream in ["piped", "streamed", "plain"] {
         for filler in [0, 4096] {
             let text = format!("{}cut <lone-surrogate> here", "f".repeat(filler));
@@ -929,35 +990,10 @@ async fn an_upstreams_broken_escapes_are_repaired_or_fail_the_call_at_once() -> 
             );
             ensure!(echoed["structuredContent"]["text"] == echoed["content"][0]["text"]);
         }
-        let started = Instant::now();
-        let failed = client
-            .call_tool(echo(upstream, "not <bad-escape> JSON"))
-            .await;
-        let Err(ServiceError::McpError(error)) = failed else {
-            anyhow::bail!("{upstream}: a reply that is not JSON got {failed:?}");
-        };
-        ensure!(
-            error
-                .data
-                .as_ref()
-                .is_some_and(|d| d["upstream"] == upstream)
-                && error.message.contains("not JSON"),
-            "{upstream}: {error:?}"
-        );
-        ensure!(
-            started.elapsed() < Duration::from_secs(20),
-            "{upstream}: the call waited {:?}",
-            started.elapsed()
-        );
-        // The upstream still serves.
-        let result = client.call_tool(echo(upstream, "after")).await?;
-        ensure!(serde_json::to_value(&result)?["content"][0]["text"] == "after");
+        fails_at_once(&client, upstream, "not <bad-escape> JSON", &["not JSON"]).await?;
+        still_serves(&client, upstream).await?;
     }
-    client.cancel().await?;
-    ensure!(daemon.stop().await?.success());
-    streamed.kill().await?;
-    plain.kill().await?;
-    Ok(())
+    three.finish(client).await
 }
 
 /// An upstream's reply that no MCP client could take (neither `result` nor
@@ -968,34 +1004,8 @@ async fn an_upstreams_broken_escapes_are_repaired_or_fail_the_call_at_once() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstreams_malformed_replies_fail_the_call_at_once() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let streamed = HttpFixture::start(
-        dir.path(),
-        loopback,
-        &["--name", "streamed", "--malformed-replies"],
-    )
-    .await?;
-    let plain = HttpFixture::start(
-        dir.path(),
-        loopback,
-        &["--name", "plain", "--stateless-json", "--malformed-replies"],
-    )
-    .await?;
-    // Deadlines far beyond the test's patience: a failure must not wait for one.
-    let deadline = "call_timeout = \"120s\"";
-    let sections = format!(
-        "{}[upstreams.streamed]\nurl = {:?}\n{deadline}\n[upstreams.plain]\nurl = {:?}\n{deadline}\n",
-        fixture_upstream("piped", deadline, &["--name", "piped", "--malformed-replies"]),
-        streamed.url(),
-        plain.url(),
-    );
-    let daemon = Daemon::start("", &sections).await?;
-    daemon.wait_ready(Duration::from_secs(30)).await?;
-    let client = http_client(&daemon.url, TestClient::default()).await?;
-    let echo = |upstream: &str, text: &str| {
-        CallToolRequestParams::new(format!("{upstream}__echo"))
-            .with_arguments(arguments(json!({ "text": text })))
-    };
+    let three = fixture_three_ways(dir.path(), "--malformed-replies").await?;
+    let client = http_client(&three.daemon.url, TestClient::default()).await?;
     for upstream in ["piped", "streamed", "plain"] {
         for (mark, what) in [
             ("<hollow-reply>", "neither `result` nor `error`"),
@@ -1008,37 +1018,12 @@ async fn an_upstreams_malformed_replies_fail_the_call_at_once() -> anyhow::Resul
             // Small (read) and large (its result left unread) alike.
             for filler in [0, 4096] {
                 let text = format!("{}a reply {mark}", "f".repeat(filler));
-                let started = Instant::now();
-                let failed = client.call_tool(echo(upstream, &text)).await;
-                let Err(ServiceError::McpError(error)) = failed else {
-                    anyhow::bail!("{upstream}, {mark}: got {failed:?}");
-                };
-                ensure!(
-                    error.code.0 == -33003
-                        && error
-                            .data
-                            .as_ref()
-                            .is_some_and(|d| d["upstream"] == upstream)
-                        && error.message.contains("not a JSON-RPC response")
-                        && error.message.contains(what),
-                    "{upstream}, {mark}: {error:?}"
-                );
-                ensure!(
-                    started.elapsed() < Duration::from_secs(20),
-                    "{upstream}, {mark}: the call waited {:?}",
-                    started.elapsed()
-                );
+                fails_at_once(&client, upstream, &text, &["not a JSON-RPC response", what]).await?;
             }
         }
-        // The upstream still serves.
-        let result = client.call_tool(echo(upstream, "after")).await?;
-        ensure!(serde_json::to_value(&result)?["content"][0]["text"] == "after");
+        still_serves(&client, upstream).await?;
     }
-    client.cancel().await?;
-    ensure!(daemon.stop().await?.success());
-    streamed.kill().await?;
-    plain.kill().await?;
-    Ok(())
+    three.finish(client).await
 }
 
 /// A stdio upstream that answers in JSON-RPC batches (a notification, then the
