@@ -398,6 +398,40 @@ async fn a_name_listed_twice_keeps_its_first_definition_and_holds_nothing() -> a
     Ok(())
 }
 
+/// An upstream that sends `list_changed` without pause is still listed again and
+/// checked against its pin: a description swapped under cover of the storm is held
+/// within seconds. (Each notification put the listing off again, and the schedule
+/// waited behind them: the swap went unseen.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_list_changed_does_not_hide_a_drift() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "")?;
+    let section = fixture_upstream(
+        "storm",
+        "",
+        &[
+            "--drift-file",
+            &drift_file.display().to_string(),
+            "--list-changed-every",
+            "50",
+        ],
+    );
+    let daemon = Daemon::start("", &section).await?;
+    let mut session = session_listing(&daemon, "tools", "storm__echo").await?;
+    std::fs::write(&drift_file, "description")?;
+    let started = Instant::now();
+    let answer = refused_until_quarantined(&mut session, "storm__echo", &daemon).await?;
+    quarantined(&answer, "security")?;
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "held after {:?}",
+        started.elapsed()
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_runtime_drift_is_classified_held_and_approved_live() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

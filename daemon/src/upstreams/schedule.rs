@@ -9,6 +9,10 @@ use tokio::time::Instant;
 
 /// Notifications closer than this are one change.
 pub const LIST_CHANGED_DEBOUNCE: Duration = Duration::from_millis(200);
+/// However long notifications keep coming, the catalog is listed this soon after the
+/// first: an upstream sending them without pause would otherwise never be listed
+/// again, nor checked against its pin (its schedule waits behind them).
+pub const LIST_CHANGED_MAX_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Check {
@@ -29,10 +33,12 @@ pub async fn next_check(changed: &Notify, interval: Duration, last: Instant) -> 
     };
     tokio::select! {
         _ = changed.notified() => {
+            let latest = Instant::now() + LIST_CHANGED_MAX_WAIT;
             loop {
                 tokio::select! {
                     _ = changed.notified() => continue,
                     _ = tokio::time::sleep(LIST_CHANGED_DEBOUNCE) => break,
+                    _ = tokio::time::sleep_until(latest) => break,
                 }
             }
             Check::Changed
@@ -112,5 +118,27 @@ mod tests {
             .await,
             None
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn notifications_without_pause_still_get_a_check_soon() {
+        let changed = Arc::new(Notify::new());
+        let sender = changed.clone();
+        let storm = tokio::spawn(async move {
+            for _ in 0..400 {
+                sender.notify_one();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let started = Instant::now();
+        let check = within(&changed, Duration::ZERO, started, Duration::from_secs(5)).await;
+        assert_eq!(check, Some(Check::Changed));
+        assert_eq!(started.elapsed(), LIST_CHANGED_MAX_WAIT);
+        // And again while it lasts.
+        let again = Instant::now();
+        let check = within(&changed, Duration::ZERO, again, Duration::from_secs(5)).await;
+        assert_eq!(check, Some(Check::Changed));
+        assert!(again.elapsed() <= LIST_CHANGED_MAX_WAIT + Duration::from_millis(50));
+        storm.abort();
     }
 }

@@ -114,7 +114,7 @@ struct Cli {
     /// Over stdio, write rmcp's output straight to stdout, without the output
     /// filter's vendor patches (which parse and write every message again, on a
     /// task of their own): the server `--http` is, for benchmarks.
-    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "malformed_replies", "batch_replies"])]
+    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "malformed_replies", "batch_replies", "list_changed_every"])]
     unfiltered: bool,
     /// Write `<lone-surrogate>` in any output as half a surrogate pair's escape
     /// (`\ud83d`) and `<bad-escape>` as an escape JSON does not have (`\x`).
@@ -129,6 +129,9 @@ struct Cli {
     /// were allowed until MCP 2025-06-18).
     #[arg(long, conflicts_with = "http")]
     batch_replies: bool,
+    /// Send `notifications/tools/list_changed` every MS milliseconds, without end.
+    #[arg(long, value_name = "MS", conflicts_with = "http")]
+    list_changed_every: Option<u64>,
 }
 
 fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
@@ -291,6 +294,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     raw_escapes: cli.raw_escapes,
                     malformed_replies: cli.malformed_replies,
                     batch_replies: cli.batch_replies,
+                    list_changed_every: cli
+                        .list_changed_every
+                        .map(std::time::Duration::from_millis),
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
