@@ -367,6 +367,16 @@ impl RawHttpSession {
         url: &str,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<RawHttpSession> {
+        RawHttpSession::connect_declaring(url, headers, serde_json::json!({})).await
+    }
+
+    /// Like [`RawHttpSession::connect_with`], declaring `capabilities` (it never
+    /// answers what they let an upstream ask).
+    pub async fn connect_declaring(
+        url: &str,
+        headers: &[(&str, &str)],
+        capabilities: Value,
+    ) -> anyhow::Result<RawHttpSession> {
         let mut session = RawHttpSession {
             client: reqwest::Client::new(),
             url: url.to_string(),
@@ -381,7 +391,7 @@ impl RawHttpSession {
         let hello = session
             .request(
                 "initialize",
-                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}),
+                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "raw", "version": "0"}}),
             )
             .await?;
         if hello.get("result").is_none() {

@@ -475,6 +475,57 @@ async fn lists_without_end_are_read_up_to_their_limits() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An upstream's requests waiting on one client are bounded: a flood of sampling
+/// requests to a client that does not answer has 128 of them wait and the rest
+/// refused at once, each with an error the upstream can read; the session still
+/// serves, and a control session sees no error meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_upstream_requests_on_one_client_is_bounded() -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream("asker", "", &["--name", "asker"])
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "control__echo").await?;
+    let mut session =
+        RawHttpSession::connect_declaring(&daemon.url, &[], json!({"sampling": {}})).await?;
+    let flood = session
+        .request(
+            "tools/call",
+            json!({"name": "asker__ask", "arguments": {"kind": "sampling", "parallel": 300}}),
+        )
+        .await?;
+    let text = flood["result"]["content"][0]["text"]
+        .as_str()
+        .with_context(|| format!("{flood}"))?;
+    ensure!(
+        text.starts_with("answered 0, refused 172, unanswered 128"),
+        "{text}"
+    );
+    ensure!(
+        daemon
+            .log()
+            .contains("too many requests wait on this client; refused"),
+        "{}",
+        daemon.log()
+    );
+    let echoed = session
+        .request(
+            "tools/call",
+            json!({"name": "asker__echo", "arguments": {"text": "after"}}),
+        )
+        .await?;
+    ensure!(
+        echoed["result"]["content"][0]["text"] == "after",
+        "{echoed}"
+    );
+    control.finish().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stderr_floods_and_oversized_lines_are_survived() -> anyhow::Result<()> {
     let sections = format!(

@@ -9,6 +9,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
+/// Requests refused for `MAX_CLIENT_BOUND`, in this run.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
 /// A request sent to this client, awaiting its answer.
 pub(super) enum ClientBound {
     /// An upstream's request, answered to the upstream under its own id.
@@ -94,7 +97,7 @@ impl Session {
     ) -> bool {
         if let Some(inputs) = &self.inputs {
             return inputs
-                .send(Box::new(InputNeeded {
+                .try_send(Box::new(InputNeeded {
                     connection,
                     upstream_id,
                     method: method.to_string(),
@@ -112,7 +115,9 @@ impl Session {
             .is_some()
     }
 
-    /// Sends a request to the client under a fresh id, remembering where its answer goes.
+    /// Sends a request to the client under a fresh id, remembering where its answer
+    /// goes; `None` if it cannot take it (its queue is full or closed, or
+    /// `MAX_CLIENT_BOUND` wait on it already).
     pub(super) fn send_client_bound(
         &self,
         sink: &mpsc::Sender<Value>,
@@ -129,10 +134,27 @@ impl Session {
         if let Some(params) = params {
             message["params"] = params;
         }
-        self.client_bound
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id.clone(), target);
+        {
+            let mut waiting = self
+                .client_bound
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if waiting.len() >= super::MAX_CLIENT_BOUND {
+                let refused = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+                // Noted once, then at every thousandth: a flood does not flood the log.
+                if refused == 1 || refused.is_multiple_of(1000) {
+                    tracing::warn!(
+                        session = self.id,
+                        waiting = waiting.len(),
+                        method,
+                        refused,
+                        "too many requests wait on this client; refused"
+                    );
+                }
+                return None;
+            }
+            waiting.insert(id.clone(), target);
+        }
         if sink.try_send(message).is_err() {
             self.client_bound
                 .lock()

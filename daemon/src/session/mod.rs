@@ -32,6 +32,10 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-1
 pub const LATEST_VERSION: &str = "2025-11-25";
 /// Messages a session sends outside any request's stream, queued for its client.
 const OUTBOUND_QUEUE: usize = 64;
+/// Upstream requests (sampling, elicitation, roots) that may wait on one client at
+/// once, or on one 2026-07-28 request's retry; beyond, an upstream's next one is
+/// refused at once, so a flood of them holds no more.
+const MAX_CLIENT_BOUND: usize = 128;
 
 /// What a client told plexus in `initialize`.
 #[derive(Clone, Debug, Default)]
@@ -71,7 +75,7 @@ pub struct Session {
     next_client_bound: AtomicU64,
     /// Set on the scope of one 2026-07-28 request: where upstream requests go
     /// instead of to the client.
-    inputs: Option<mpsc::UnboundedSender<Box<InputNeeded>>>,
+    inputs: Option<mpsc::Sender<Box<InputNeeded>>>,
     /// A session the HTTP front makes for one request that came without one.
     stateless: bool,
     /// The front's 2026-07-28 requests paused on input from their client.
@@ -107,7 +111,7 @@ impl Identity {
 pub struct ScopeChannels {
     pub events: mpsc::Receiver<Value>,
     /// Boxed: a channel's first block holds 32 of them.
-    pub inputs: mpsc::UnboundedReceiver<Box<InputNeeded>>,
+    pub inputs: mpsc::Receiver<Box<InputNeeded>>,
 }
 
 /// The result of handling one incoming message.
@@ -156,7 +160,7 @@ impl Session {
     /// capabilities and log level, and upstream requests caused by the request
     /// arrive on `inputs` instead of going to the client.
     pub fn scope(&self, meta: RequestMeta) -> (Arc<Session>, ScopeChannels) {
-        let (inputs, input_receiver) = mpsc::unbounded_channel();
+        let (inputs, input_receiver) = mpsc::channel(MAX_CLIENT_BOUND);
         let owner = (!self.stateless).then_some(self.owner);
         let (outbound, events) = mpsc::channel(OUTBOUND_QUEUE);
         let scope = Session::build(
@@ -190,7 +194,7 @@ impl Session {
         hub: Arc<Hub>,
         paused: Arc<Continuations>,
         owner: Option<u64>,
-        inputs: Option<mpsc::UnboundedSender<Box<InputNeeded>>>,
+        inputs: Option<mpsc::Sender<Box<InputNeeded>>>,
         stateless: bool,
         identity: Identity,
         outbound: mpsc::Sender<Value>,
