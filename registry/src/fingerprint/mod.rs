@@ -76,23 +76,31 @@ pub fn identity(kind: Kind, entry: &Value) -> Option<&str> {
 /// identities listed more than once. Pins, holds and routes are by identity: a
 /// second definition under one name would be judged against the first (and hold
 /// both back), or route to a tool the client never saw.
-pub fn first_of_each(kind: Kind, entries: Vec<Value>) -> (Vec<Value>, Vec<String>) {
-    let mut seen = std::collections::HashSet::new();
-    let mut repeated = Vec::new();
-    let kept = entries
-        .into_iter()
-        .filter(|entry| match identity(kind, entry) {
-            Some(name) if !seen.insert(name.to_string()) => {
-                if !repeated.iter().any(|known| known == name) {
-                    repeated.push(name.to_string());
+pub fn first_of_each(kind: Kind, mut entries: Vec<Value>) -> (Vec<Value>, Vec<String>) {
+    // Names borrowed, not copied: a large listing would leave thousands of small
+    // freed blocks among the catalog's.
+    let mut repeated: Vec<String> = Vec::new();
+    let keep: Vec<bool> = {
+        let mut seen = std::collections::HashSet::with_capacity(entries.len());
+        entries
+            .iter()
+            .map(|entry| match identity(kind, entry) {
+                Some(name) if !seen.insert(name) => {
+                    if !repeated.iter().any(|known| known == name) {
+                        repeated.push(name.to_string());
+                    }
+                    false
                 }
-                false
-            }
-            // Entries without an identity stay, for the catalog to report.
-            _ => true,
-        })
-        .collect();
-    (kept, repeated)
+                // Entries without an identity stay, for the catalog to report.
+                _ => true,
+            })
+            .collect()
+    };
+    if !repeated.is_empty() {
+        let mut keep = keep.into_iter();
+        entries.retain(|_| keep.next().unwrap_or(true));
+    }
+    (entries, repeated)
 }
 
 /// Both hashes of an entry; None when it has no identity.
