@@ -45,6 +45,9 @@ impl LineDecoder {
     }
 }
 
+/// UTF-8's byte-order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
 impl Decoder for LineDecoder {
     type Item = Frame;
     type Error = std::io::Error;
@@ -73,6 +76,11 @@ impl Decoder for LineDecoder {
                     line.truncate(end);
                     if line.last() == Some(&b'\r') {
                         line.truncate(end - 1);
+                    }
+                    // A byte-order mark (some runtimes write one before their first
+                    // line) starts no JSON-RPC message: the message after it counts.
+                    if line.starts_with(BOM) {
+                        line.advance(BOM.len());
                     }
                     if line.len() > self.max_line_bytes {
                         return Ok(Some(Frame::TooLong {
@@ -114,7 +122,10 @@ impl Decoder for LineDecoder {
             return Ok(None);
         }
         // A final line without a newline still counts as a line.
-        let line = buf.split();
+        let mut line = buf.split();
+        if line.starts_with(BOM) {
+            line.advance(BOM.len());
+        }
         self.scanned = 0;
         Ok(Some(Frame::Line(line)))
     }
@@ -151,6 +162,22 @@ mod tests {
         assert_eq!(
             decode_all(b"{\"a\":1}\r\nbanner\n{}", 100),
             vec![line("{\"a\":1}"), line("banner"), line("{}")]
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_a_line_is_dropped() {
+        assert_eq!(
+            decode_all(
+                b"\xEF\xBB\xBF{\"a\":1}\n\xEF\xBB\xBF{}\r\n\xEF\xBB\xBF[]",
+                100
+            ),
+            vec![line("{\"a\":1}"), line("{}"), line("[]")]
+        );
+        // Only at the start: inside a line it is the line's.
+        assert_eq!(
+            decode_all(b"{\"t\":\"\xEF\xBB\xBF\"}\n", 100),
+            vec![line("{\"t\":\"\u{FEFF}\"}")]
         );
     }
 

@@ -1026,6 +1026,21 @@ async fn an_upstreams_malformed_replies_fail_the_call_at_once() -> anyhow::Resul
     three.finish(client).await
 }
 
+/// A stdio upstream that writes UTF-8's byte-order mark before its first line (as
+/// some runtimes do) is served: its `initialize` answer counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_writing_a_byte_order_mark_first_is_served() -> anyhow::Result<()> {
+    let sections = fixture_upstream("marked", "", &["--name", "marked", "--byte-order-mark"]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let result = client.call_tool(echo("marked", "after a mark")).await?;
+    ensure!(serde_json::to_value(&result)?["content"][0]["text"] == "after a mark");
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 /// A stdio upstream that answers in JSON-RPC batches (a notification, then the
 /// reply: allowed until MCP 2025-06-18) is served: each message of a batch is
 /// taken in turn, and none is dropped.

@@ -114,7 +114,7 @@ struct Cli {
     /// Over stdio, write rmcp's output straight to stdout, without the output
     /// filter's vendor patches (which parse and write every message again, on a
     /// task of their own): the server `--http` is, for benchmarks.
-    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "malformed_replies", "batch_replies", "list_changed_every"])]
+    #[arg(long, conflicts_with_all = ["http", "banner", "drift_file", "oversized_junk", "raw_escapes", "malformed_replies", "batch_replies", "list_changed_every", "byte_order_mark"])]
     unfiltered: bool,
     /// Write `<lone-surrogate>` in any output as half a surrogate pair's escape
     /// (`\ud83d`) and `<bad-escape>` as an escape JSON does not have (`\x`).
@@ -132,6 +132,9 @@ struct Cli {
     /// Send `notifications/tools/list_changed` every MS milliseconds, without end.
     #[arg(long, value_name = "MS", conflicts_with = "http")]
     list_changed_every: Option<u64>,
+    /// Write UTF-8's byte-order mark before the first line on stdout.
+    #[arg(long, conflicts_with = "http")]
+    byte_order_mark: bool,
 }
 
 fn parse_cache_hints(text: &str) -> Result<(u64, bool), String> {
@@ -297,6 +300,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     list_changed_every: cli
                         .list_changed_every
                         .map(std::time::Duration::from_millis),
+                    byte_order_mark: cli.byte_order_mark,
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
