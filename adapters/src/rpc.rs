@@ -26,6 +26,34 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// The reply, unless no MCP client could take it: every MCP result is an object,
+    /// and an error is an object with an integer `code` and a string `message`
+    /// (JSON-RPC 2.0). Relayed, such a reply would fail in the client's SDK with no
+    /// word of which upstream sent it. (Not checked of plexus's own requests: a
+    /// health ping's answer shows life whatever its shape.)
+    pub fn checked(self) -> Result<Reply, ConnectionError> {
+        let wrong = match &self {
+            // Skimmed as an object.
+            Reply::Unread(_) => None,
+            Reply::Result(result) => {
+                (!result.is_object()).then_some("its `result` is not an object")
+            }
+            Reply::Error(error) => {
+                let code = error.get("code").is_some_and(Value::is_i64);
+                let message = error.get("message").is_some_and(Value::is_string);
+                (!(code && message)).then_some(
+                    "its `error` is not an object with an integer `code` and a string `message`",
+                )
+            }
+        };
+        match wrong {
+            None => Ok(self),
+            Some(reason) => Err(ConnectionError::InvalidReply {
+                reason: reason.into(),
+            }),
+        }
+    }
+
     /// The reply with its result read, if it was not. Skimming checks less than
     /// reading (nesting deeper than a reader goes passes it): a result that cannot
     /// be read is an error.
@@ -241,6 +269,20 @@ impl PendingRequests {
         Some(id)
     }
 
+    /// Fails the request a reply with neither `result` nor `error` names (its caller
+    /// reports it); the id failed, `None` if no request of ours is named.
+    pub(crate) fn fail_hollow(&self, upstream: &str, id: &Value) -> Option<u64> {
+        let ours = our_id(id)?;
+        let error = ConnectionError::InvalidReply {
+            reason: "it has neither `result` nor `error`".into(),
+        };
+        if !self.complete(ours, Err(error)) {
+            return None;
+        }
+        tracing::debug!(upstream, %id, "the upstream's reply has neither result nor error");
+        Some(ours)
+    }
+
     pub(crate) fn fail_all(&self, error: ConnectionError) {
         let drained: Vec<_> = self.lock().drain().collect();
         for (_, waiting) in drained {
@@ -376,13 +418,6 @@ pub(crate) fn classify(message: Value) -> Incoming {
         Incoming::Invalid
     } else {
         Incoming::Hollow { id }
-    }
-}
-
-/// Why a [`Incoming::Hollow`] reply failed its request.
-pub(crate) fn hollow_reply() -> ConnectionError {
-    ConnectionError::InvalidReply {
-        reason: "it has neither `result` nor `error`".into(),
     }
 }
 
@@ -631,6 +666,14 @@ pub(crate) fn id_in_head(head: &[u8]) -> Option<u64> {
 pub(crate) fn count_sampled(counter: &AtomicU64) -> Option<u64> {
     let count = counter.fetch_add(1, Ordering::Relaxed) + 1;
     (count <= 5 || count.is_multiple_of(100)).then_some(count)
+}
+
+/// Counts one more of something that may come in a flood (a writer behind, a
+/// hostile peer); the count when it is one to log: the first, then every
+/// thousandth.
+pub fn count_rarely(counter: &AtomicU64) -> Option<u64> {
+    let count = counter.fetch_add(1, Ordering::Relaxed) + 1;
+    (count == 1 || count.is_multiple_of(1000)).then_some(count)
 }
 
 pub(crate) type SharedPending = Arc<PendingRequests>;

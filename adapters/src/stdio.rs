@@ -21,7 +21,7 @@ use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec}
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{
-    classify, count_sampled, encode_request, hollow_reply, id_in_head, our_id, read_message,
+    classify, count_sampled, encode_request, id_in_head, our_id, read_message,
     with_paired_surrogates, ConnectionError, Events, Incoming, MetaFields, Params, PendingRequests,
     SharedPending, UpstreamEvent,
 };
@@ -395,13 +395,7 @@ async fn handle(
             };
             events.deliver(upstream, event).await
         }
-        Incoming::Hollow { id } => {
-            let failed = our_id(&id).is_some_and(|id| pending.complete(id, Err(hollow_reply())));
-            if !failed {
-                return false;
-            }
-            tracing::warn!(upstream, %id, "the upstream's reply has neither result nor error; its call failed");
-        }
+        Incoming::Hollow { id } => return pending.fail_hollow(upstream, &id).is_some(),
         Incoming::Batch(_) | Incoming::Invalid => return false,
     }
     true

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
@@ -103,26 +103,14 @@ impl Audit {
         Some(line)
     }
 
-    /// Appends one line (`fields` plus the time), unless the writer is behind.
-    pub fn record(&self, event: &str, fields: Map<String, Value>) {
-        let Some(mut line) = self.line(event) else {
-            return;
-        };
-        for (key, value) in &fields {
-            line.field(key, value);
-        }
-        self.write(line);
-    }
-
     /// Appends `line`, unless the writer is behind.
     pub fn write(&self, line: Line) {
         let mut bytes = line.0;
         bytes.push(b'}');
         if self.sender.try_send(Message::Line(bytes)).is_err() {
             self.metrics.audit_dropped.inc();
-            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            // Noted once, then at every thousandth, so a stuck disk does not flood the log.
-            if dropped == 1 || dropped.is_multiple_of(1000) {
+            // A stuck disk does not flood the log.
+            if let Some(dropped) = adapters::rpc::count_rarely(&self.dropped) {
                 tracing::warn!(dropped, "the audit log is behind; lines were dropped");
             }
         }
@@ -232,6 +220,8 @@ pub fn outcome(reply: &Result<adapters::Reply, crate::jsonrpc::RelayError>) -> V
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Map;
+
     use super::*;
 
     /// A line written as it is built reads as serde_json writes the same members.

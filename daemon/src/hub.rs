@@ -646,7 +646,7 @@ impl Hub {
         tokio::pin!(request);
         let outcome = loop {
             tokio::select! {
-                outcome = &mut request => break Ok(outcome),
+                outcome = &mut request => break Ok(outcome.and_then(Reply::checked)),
                 _ = tokio::time::sleep_until(deadline) => break Err(false),
                 _ = upstream.drained() => break Err(true),
                 _ = wait_for(activity.as_deref()) => {
@@ -657,23 +657,7 @@ impl Hub {
         };
         drop(progress);
         match outcome {
-            Ok(Ok(reply)) => match malformed(&reply) {
-                None => Ok(reply),
-                Some(reason) => {
-                    tracing::warn!(
-                        upstream = upstream_name,
-                        method,
-                        reason,
-                        "the upstream's reply is malformed; its call failed"
-                    );
-                    Err(RelayError::FailedMidCall {
-                        upstream: upstream_name.to_string(),
-                        reason: format!(
-                            "the upstream's reply is not a JSON-RPC response: {reason}"
-                        ),
-                    })
-                }
-            },
+            Ok(Ok(reply)) => Ok(reply),
             Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
                 upstream: upstream_name.to_string(),
                 reason: "the upstream exited or its connection closed".into(),
@@ -685,11 +669,17 @@ impl Hub {
                 upstream: upstream_name.to_string(),
                 limit,
             }),
+            Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
+                tracing::warn!(upstream = upstream_name, method, %error, "its call failed");
+                Err(RelayError::FailedMidCall {
+                    upstream: upstream_name.to_string(),
+                    reason: error.to_string(),
+                })
+            }
             Ok(Err(
                 error @ (ConnectionError::HttpStatus { .. }
                 | ConnectionError::Broken { .. }
-                | ConnectionError::Malformed { .. }
-                | ConnectionError::InvalidReply { .. }),
+                | ConnectionError::Malformed { .. }),
             )) => Err(RelayError::FailedMidCall {
                 upstream: upstream_name.to_string(),
                 reason: error.to_string(),
@@ -857,25 +847,6 @@ async fn wait_for(activity: Option<&Notify>) {
     match activity {
         Some(activity) => activity.notified().await,
         None => std::future::pending().await,
-    }
-}
-
-/// What is wrong with a reply no MCP client could take: every MCP result is an
-/// object, and an error is an object with an integer `code` and a string
-/// `message` (JSON-RPC 2.0). Relayed, such a reply fails in the client's SDK with
-/// no word of which upstream sent it.
-fn malformed(reply: &Reply) -> Option<&'static str> {
-    match reply {
-        // Skimmed as an object.
-        Reply::Unread(_) => None,
-        Reply::Result(result) => (!result.is_object()).then_some("its `result` is not an object"),
-        Reply::Error(error) => {
-            let code = error.get("code").is_some_and(Value::is_i64);
-            let message = error.get("message").is_some_and(Value::is_string);
-            (!(code && message)).then_some(
-                "its `error` is not an object with an integer `code` and a string `message`",
-            )
-        }
     }
 }
 

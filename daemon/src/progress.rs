@@ -87,9 +87,8 @@ impl ProgressRoutes {
             return;
         };
         if *route.upstream != *upstream {
-            let misrouted = self.misrouted.fetch_add(1, Ordering::Relaxed) + 1;
-            // Noted once, then at every thousandth: an upstream cannot flood the log.
-            if misrouted == 1 || misrouted.is_multiple_of(1000) {
+            // An upstream cannot flood the log.
+            if let Some(misrouted) = adapters::rpc::count_rarely(&self.misrouted) {
                 tracing::warn!(
                     upstream,
                     token,

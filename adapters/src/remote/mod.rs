@@ -34,9 +34,9 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, count_sampled, encode_request, hollow_reply, id_in_head, meta_field, our_id,
-    skim_reply, with_paired_surrogates, ConnectionError, Events, Incoming as Classified,
-    MetaFields, Params, PendingRequests, Reply, SharedPending, UpstreamEvent,
+    classify, count_sampled, encode_request, id_in_head, meta_field, our_id, skim_reply,
+    with_paired_surrogates, ConnectionError, Events, Incoming as Classified, MetaFields, Params,
+    PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
 use crate::rpc::{ConnectionStats, Spawned};
 use sse::{SseDecoder, SseItem};
@@ -1124,12 +1124,8 @@ impl Shared {
                     continue;
                 }
                 Classified::Hollow { id } => {
-                    match our_id(&id) {
-                        Some(id) => {
-                            tracing::warn!(upstream = %self.upstream, id, "the upstream's reply has neither result nor error; its call failed");
-                            self.complete(id, Err(hollow_reply()));
-                            answered = Some(id);
-                        }
+                    match self.pending.fail_hollow(&self.upstream, &id) {
+                        Some(id) => answered = Some(id),
                         None => self.note_dropped(b"(a reply with neither result nor error)"),
                     }
                     continue;

@@ -275,13 +275,14 @@ impl Pins {
             .map_err(|reason| unreadable(&self.path, reason))?;
         let approval = file.approve(upstream, name)?;
         tracing::info!(upstream, approved = %approval.approved, to = %approval.to, changes = approval.changes.len(), "schema change approved");
-        let mut line = serde_json::Map::new();
-        line.insert("upstream".into(), json!(upstream));
-        line.insert("approved".into(), json!(approval.approved));
-        line.insert("from".into(), json!(approval.from));
-        line.insert("to".into(), json!(approval.to));
-        line.insert("changes".into(), json!(approval.changes));
-        self.audit.record("pin_approved", line);
+        if let Some(mut line) = self.audit.line("pin_approved") {
+            line.field("upstream", upstream)
+                .field("approved", &approval.approved)
+                .field("from", &approval.from)
+                .field("to", &approval.to)
+                .field("changes", &approval.changes);
+            self.audit.write(line);
+        }
         self.save(file, true);
         Ok(approval)
     }
@@ -305,9 +306,10 @@ impl Pins {
             observed
         };
         tracing::info!(upstream, "pin reset");
-        let mut line = serde_json::Map::new();
-        line.insert("upstream".into(), json!(upstream));
-        self.audit.record("pin_reset", line);
+        if let Some(mut line) = self.audit.line("pin_reset") {
+            line.field("upstream", upstream);
+            self.audit.write(line);
+        }
         if let Some(snapshot) = observed {
             self.observe(upstream, &snapshot, policy);
         }
@@ -370,17 +372,15 @@ impl Pins {
                 .as_ref()
                 .map(Value::to_string)
                 .unwrap_or_default();
-            let mut line = serde_json::Map::new();
-            line.insert("upstream".into(), json!(upstream));
-            line.insert("class".into(), json!(class));
-            line.insert(
-                "entry".into(),
-                json!(format!("{}/{}", change.kind, change.identity)),
-            );
-            line.insert("path".into(), json!(change.path));
-            line.insert("reason".into(), json!(change.reason));
-            line.insert("action".into(), json!(action));
-            self.audit.record("schema_change", line);
+            if let Some(mut line) = self.audit.line("schema_change") {
+                line.field("upstream", upstream)
+                    .field("class", class)
+                    .field("entry", format!("{}/{}", change.kind, change.identity))
+                    .field("path", &change.path)
+                    .field("reason", &change.reason)
+                    .field("action", action);
+                self.audit.write(line);
+            }
             tracing::warn!(
                 upstream,
                 class,

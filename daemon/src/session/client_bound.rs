@@ -140,9 +140,8 @@ impl Session {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if waiting.len() >= super::MAX_CLIENT_BOUND {
-                let refused = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
-                // Noted once, then at every thousandth: a flood does not flood the log.
-                if refused == 1 || refused.is_multiple_of(1000) {
+                // A flood does not flood the log.
+                if let Some(refused) = adapters::rpc::count_rarely(&REFUSED) {
                     tracing::warn!(
                         session = self.id,
                         waiting = waiting.len(),
