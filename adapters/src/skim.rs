@@ -8,7 +8,9 @@
 //! byte); here `memchr` finds the next quote or backslash (32 bytes at a time) and
 //! a loop the compiler vectorises looks for control characters between: a
 //! megabyte message's skim is a few times cheaper. What serde_json refuses, this
-//! refuses; a `tests` module checks that on many random texts.
+//! refuses, nesting deeper than its limit included (a peer reading the message
+//! with serde_json could not answer it); a `tests` module checks that on many
+//! random texts.
 
 use std::ops::Range;
 
@@ -31,7 +33,11 @@ pub struct Skimmed {
 /// of the object (or of `descend`'s object) has an escape: a reader handles those.
 pub fn object(text: &[u8], descend: Option<&str>) -> Option<Skimmed> {
     std::str::from_utf8(text).ok()?;
-    let mut scan = Scanner { text, at: 0 };
+    let mut scan = Scanner {
+        text,
+        at: 0,
+        depth: 0,
+    };
     scan.whitespace();
     let start = scan.at;
     let mut inner = None;
@@ -45,9 +51,15 @@ pub fn object(text: &[u8], descend: Option<&str>) -> Option<Skimmed> {
     })
 }
 
+/// How many objects and arrays may be open at once: serde_json refuses the 128th
+/// (its recursion limit), and so do most readers an upstream or client uses.
+const MAX_DEPTH: usize = 127;
+
 struct Scanner<'t> {
     text: &'t [u8],
     at: usize,
+    /// How many objects [`Scanner::members`] has open around `at`.
+    depth: usize,
 }
 
 impl Scanner<'_> {
@@ -68,14 +80,16 @@ impl Scanner<'_> {
         descend: Option<&[u8]>,
         inner: &mut Option<Vec<Member>>,
     ) -> Option<Vec<Member>> {
-        if self.peek()? != b'{' {
+        if self.peek()? != b'{' || self.depth == MAX_DEPTH {
             return None;
         }
+        self.depth += 1;
         self.at += 1;
         self.whitespace();
         let mut members = Vec::with_capacity(4);
         if self.peek()? == b'}' {
             self.at += 1;
+            self.depth -= 1;
             return Some(members);
         }
         loop {
@@ -103,6 +117,7 @@ impl Scanner<'_> {
                 }
                 b'}' => {
                     self.at += 1;
+                    self.depth -= 1;
                     return Some(members);
                 }
                 _ => return None,
@@ -131,11 +146,15 @@ impl Scanner<'_> {
     }
 
     /// One value at `at`, nested ones without recursion (a stack of what is
-    /// open), so no depth overflows it.
+    /// open), so no depth overflows the stack before [`MAX_DEPTH`] refuses it.
     fn value(&mut self) -> Option<()> {
         let mut open: Vec<u8> = Vec::new();
         loop {
-            match self.peek()? {
+            let next = self.peek()?;
+            if matches!(next, b'{' | b'[') && self.depth + open.len() == MAX_DEPTH {
+                return None;
+            }
+            match next {
                 b'{' => {
                     self.at += 1;
                     self.whitespace();
@@ -486,6 +505,39 @@ mod tests {
     }
 
     #[test]
+    fn nesting_is_refused_where_serde_json_refuses_it() {
+        // Arrays, objects, objects in the member looked into, and empty arrays.
+        let shapes = [
+            ("{\"a\":", "[", "1", "]"),
+            ("{\"a\":", "{\"b\":", "1", "}"),
+            ("{\"result\":", "{\"b\":", "1", "}"),
+            ("{\"a\":", "[", "", "]"),
+        ];
+        for (head, open, innermost, close) in shapes {
+            let mut accepted = 0;
+            for depth in 120..135 {
+                let text = format!(
+                    "{head}{}{innermost}{}}}",
+                    open.repeat(depth),
+                    close.repeat(depth)
+                );
+                let text = text.as_bytes();
+                // serde_json reading the message, not skimming it into a
+                // `RawValue` (which counts no depth), is what the peer does.
+                let ours = object(text, Some("result")).is_some();
+                let serde = serde_json::from_slice::<serde_json::Value>(text).is_ok();
+                assert_eq!(ours, serde, "{head}{open} × {depth}");
+                accepted += usize::from(ours);
+            }
+            // Both sides of the limit were tried.
+            assert!(
+                accepted > 0 && accepted < 15,
+                "{head}{open}: {accepted} accepted"
+            );
+        }
+    }
+
+    #[test]
     fn one_member_is_looked_into_and_depth_costs_no_stack() {
         let text = br#"{"id":1, "result" : { "content":[{"t":"x"}], "isError":false }, "x":[]}"#;
         let skimmed = object(text, Some("result")).unwrap();
@@ -507,8 +559,9 @@ mod tests {
         );
         // An escaped key one level in is left to a reader, as at the top.
         assert!(object(br#"{"result":{"\u0061":1}}"#, Some("result")).is_none());
+        // Refused as serde_json refuses it, without a stack as deep.
         let deep = format!("{{\"a\":{}1{}}}", "[".repeat(200_000), "]".repeat(200_000));
-        assert!(object(deep.as_bytes(), None).is_some());
+        assert!(object(deep.as_bytes(), None).is_none());
         let long = format!("{{\"a\":\"{}\"}}", "x".repeat(1 << 20));
         assert_eq!(
             object(long.as_bytes(), None).unwrap().members[0].1,

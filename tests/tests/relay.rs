@@ -326,6 +326,26 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
     let refused = session.post_raw(lone.as_bytes()).await?;
     ensure!(refused["error"]["code"] == -32700, "{refused}");
     ensure!(started.elapsed() < Duration::from_secs(5));
+    // Nor nested deeper than a reader goes: the upstream could not read the call to
+    // answer it, and the caller waited out the deadline. Refused as a small call is.
+    for padding in [0, 4096] {
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{{"name":"healthy__echo","arguments":{{"text":"{}","deep":{}{}}}}}}}"#,
+            "p".repeat(padding),
+            "[".repeat(130),
+            "]".repeat(130)
+        );
+        let started = Instant::now();
+        let refused = session.post_raw(deep.as_bytes()).await?;
+        ensure!(
+            refused["error"]["code"] == -32700
+                && refused["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("recursion limit")),
+            "{padding}: {refused}"
+        );
+        ensure!(started.elapsed() < Duration::from_secs(5), "{padding}");
+    }
     let large = "é\"\\x\u{1F600}\\u0041".repeat(1024);
     let echoed = session
         .request(
