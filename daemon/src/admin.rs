@@ -184,14 +184,17 @@ const ADMIN_BODY_LIMIT: usize = 64 * 1024;
 /// `POST /pins/approve` (`{"upstream", "name"?}`) and `POST /pins/reset` (`{"upstream"}`),
 /// through the control path.
 async fn pins_action(admin: &Admin, path: &str, body: Incoming) -> Response<Body> {
-    let limited = http_body_util::Limited::new(body, ADMIN_BODY_LIMIT);
-    let bytes = match limited.collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let timeout = admin.settings.borrow().body_read_timeout;
+    let bytes = match crate::listener::read_body(body, ADMIN_BODY_LIMIT, timeout).await {
+        Ok(bytes) => bytes,
         Err(error) => {
-            return error_answer(
-                StatusCode::BAD_REQUEST,
-                &format!("cannot read the body: {error}"),
-            )
+            let mut answer = error_answer(error.status(), &error.to_string());
+            if error.ends_connection() {
+                answer
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            return answer;
         }
     };
     let request: Value = match serde_json::from_slice(&bytes) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use dashmap::DashMap;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use serde_json::Value;
@@ -22,7 +22,7 @@ use crate::config::DaemonSettings;
 use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, Answer, RelayError};
-use crate::listener::Body;
+use crate::listener::{self, Body, BodyError};
 use crate::session::{CloseOnDrop, Continuations, Handled, Identity, Session};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -258,15 +258,24 @@ impl HttpFront {
                 },
             );
         }
-        let body = match Limited::new(body, self.max_body_bytes).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(_) => {
-                return json_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    &RelayError::RequestTooLarge {
-                        limit: self.max_body_bytes,
-                    },
-                )
+        let timeout = self.settings.borrow().body_read_timeout;
+        let body = match listener::read_body(body, self.max_body_bytes, timeout).await {
+            Ok(body) => body,
+            Err(error) => {
+                let relayed = match &error {
+                    BodyError::TooLarge { limit } => RelayError::RequestTooLarge { limit: *limit },
+                    BodyError::TimedOut(_) => {
+                        RelayError::InvalidRequest(format!("{error} ([daemon] body_read_timeout)"))
+                    }
+                    BodyError::Unreadable(_) => RelayError::InvalidRequest(error.to_string()),
+                };
+                let mut response = json_error(error.status(), &relayed);
+                if error.ends_connection() {
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return response;
             }
         };
         let received = match ClientMessage::read_served(body, &self.known) {

@@ -30,6 +30,54 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
 }
 
+/// Why a request's body could not be had.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("the body is longer than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("the body did not arrive within {}ms", .0.as_millis())]
+    TimedOut(Duration),
+    /// The connection broke, or the body's framing was wrong.
+    #[error("the body cannot be read: {0}")]
+    Unreadable(String),
+}
+
+impl BodyError {
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            BodyError::TooLarge { .. } => http::StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::TimedOut(_) => http::StatusCode::REQUEST_TIMEOUT,
+            BodyError::Unreadable(_) => http::StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Whether the connection must close after the answer: what is left of the
+    /// body would be read as the next request.
+    pub fn ends_connection(&self) -> bool {
+        matches!(self, BodyError::TimedOut(_))
+    }
+}
+
+/// Reads a request's body: at most `limit` bytes, all of them within `timeout`.
+/// hyper times a request's headers, not its body: a client that stalls halfway
+/// through one would otherwise hold its connection, and a slot, for good.
+pub async fn read_body(
+    body: Incoming,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, BodyError> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, limit);
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Err(_) => Err(BodyError::TimedOut(timeout)),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(BodyError::TooLarge { limit })
+        }
+        Ok(Err(error)) => Err(BodyError::Unreadable(error.to_string())),
+    }
+}
+
 /// Serves `handler` on every accepted connection until `shutdown`, then waits up
 /// to `drain()` (read then: a reload may have changed it) for open connections to
 /// finish their current exchange.

@@ -319,6 +319,85 @@ async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()
     Ok(())
 }
 
+/// What a connection says within `within`, up to its end: `(answer, closed)`.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String, bool) {
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(within, stream.read_to_end(&mut answer))
+        .await
+        .is_ok();
+    (String::from_utf8_lossy(&answer).into_owned(), closed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_and_its_connection_closed() -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "body_read_timeout = \"1s\"",
+        &fixture_upstream("fx", "", &[]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let address = authority(&daemon.url);
+    let admin = authority(&daemon.admin);
+    // Each listener: the headers, then part of a body that never ends.
+    let mut stalled = Vec::new();
+    for (address, path) in [(&address, "/mcp"), (&admin, "/pins/reset")] {
+        let mut stream = TcpStream::connect(address).await?;
+        stream
+            .write_all(
+                format!(
+                    "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+                     Accept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\""
+                )
+                .as_bytes(),
+            )
+            .await?;
+        stalled.push((path, Instant::now(), stream));
+    }
+    // Meanwhile an ordinary client is served.
+    let mut session = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
+    let answer = session
+        .request(
+            "tools/call",
+            json!({"name": "fx__echo", "arguments": {"text": "served"}}),
+        )
+        .await?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "served",
+        "{answer}"
+    );
+    for (path, started, mut stream) in stalled {
+        let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+        ensure!(closed, "{path}: the connection stayed open: {answer}");
+        ensure!(
+            answer.starts_with("HTTP/1.1 408") && answer.contains("did not arrive within 1000ms"),
+            "{path}: {answer}"
+        );
+        ensure!(
+            started.elapsed() < Duration::from_secs(5),
+            "{path}: answered after {:?}",
+            started.elapsed()
+        );
+    }
+    // A body whose framing is broken is unreadable, not too large.
+    let mut stream = TcpStream::connect(&address).await?;
+    stream
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+                 Accept: application/json, text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    ensure!(
+        answer.starts_with("HTTP/1.1 400") && body_of(&answer)["error"]["code"] == -32600,
+        "{answer}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listening_beyond_loopback_needs_tokens() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

@@ -48,6 +48,7 @@ pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub const DEFAULT_FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 /// Upstreams starting at once: enough that fast servers come up together, few
 /// enough that a cold `npx` / `uvx` herd does not thrash a small machine.
@@ -95,6 +96,8 @@ pub struct DaemonSettings {
     pub max_connections: usize,
     /// How long a client may take to send a request's headers.
     pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's body once its headers are in.
+    pub body_read_timeout: Duration,
     /// Open HTTP sessions, in total and per principal.
     pub max_sessions: usize,
     pub max_sessions_per_principal: usize,

@@ -37,6 +37,7 @@ pub(super) struct RawDaemon {
     pub allowed_origins: Vec<String>,
     pub max_connections: Option<usize>,
     pub header_read_timeout: Option<String>,
+    pub body_read_timeout: Option<String>,
     pub max_sessions: Option<usize>,
     pub max_sessions_per_principal: Option<usize>,
     pub audit_log: Option<PathBuf>,

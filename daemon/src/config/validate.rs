@@ -233,6 +233,11 @@ fn validate_daemon(
         raw.header_read_timeout,
         DEFAULT_HEADER_READ_TIMEOUT,
     );
+    let body_read_timeout = duration(
+        "body_read_timeout",
+        raw.body_read_timeout,
+        DEFAULT_BODY_READ_TIMEOUT,
+    );
     let first_list_wait = duration(
         "first_list_wait",
         raw.first_list_wait,
@@ -328,6 +333,7 @@ fn validate_daemon(
             .collect(),
         max_connections,
         header_read_timeout,
+        body_read_timeout,
         max_sessions,
         max_sessions_per_principal,
         audit_log: raw.audit_log.map(|path| base.join(path)),
