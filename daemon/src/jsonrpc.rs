@@ -92,6 +92,8 @@ pub enum RelayError {
         scope: &'static str,
         key: &'static str,
     },
+    #[error("this session is subscribed to {limit} resources, the most one session may be; unsubscribe from some first")]
+    TooManySubscriptions { limit: usize },
     /// An entry held back because its schema changed (or was never approved).
     #[error("{noun} `{name}` of upstream `{upstream}` is quarantined: {why}")]
     Quarantined {
@@ -176,7 +178,9 @@ impl RelayError {
             RelayError::MissingCapability { .. } => MISSING_CAPABILITY,
             RelayError::Quarantined { .. } => QUARANTINED,
             RelayError::AccessDenied { .. } => INVALID_REQUEST,
-            RelayError::TooManySessions { .. } => OVERLOADED,
+            RelayError::TooManySessions { .. } | RelayError::TooManySubscriptions { .. } => {
+                OVERLOADED
+            }
         }
     }
 
@@ -202,6 +206,7 @@ impl RelayError {
             RelayError::Quarantined { .. } => "quarantined",
             RelayError::AccessDenied { kind, .. } => kind,
             RelayError::TooManySessions { .. } => "too_many_sessions",
+            RelayError::TooManySubscriptions { .. } => "too_many_subscriptions",
         }
     }
 
@@ -249,6 +254,9 @@ impl RelayError {
             RelayError::AccessDenied { kind, .. } => return Some(json!({ "kind": kind })),
             RelayError::TooManySessions { .. } => {
                 ("too_many_sessions", None, None, true, Some(1000))
+            }
+            RelayError::TooManySubscriptions { .. } => {
+                ("too_many_subscriptions", None, None, false, None)
             }
             RelayError::Quarantined {
                 upstream,

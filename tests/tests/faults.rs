@@ -526,6 +526,66 @@ async fn a_flood_of_upstream_requests_on_one_client_is_bounded() -> anyhow::Resu
     Ok(())
 }
 
+/// A session's resource subscriptions are bounded: any URI under an upstream's
+/// namespace routes, so one client subscribing to ever new ones grew the session's
+/// set (and the upstream's) for as long as it stayed. The 1,001st is refused with
+/// -33004; a subscription the upstream refused takes no place; letting one go makes
+/// room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_subscriptions_are_bounded() -> anyhow::Result<()> {
+    let sections = fixture_upstream("fx", "", &["--name", "fx", "--conformance"]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let uri = |n: usize| format!("fx+test://template/{n}/data");
+    for n in 0..999 {
+        let answer = session
+            .request("resources/subscribe", json!({"uri": uri(n)}))
+            .await?;
+        ensure!(answer["result"] == json!({}), "{n}: {answer}");
+    }
+    // Refused upstream (it has no such resource): not counted.
+    let refused = session
+        .request(
+            "resources/subscribe",
+            json!({"uri": "fx+test://nothing-here"}),
+        )
+        .await?;
+    ensure!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("refused resources/subscribe")),
+        "{refused}"
+    );
+    let last = session
+        .request("resources/subscribe", json!({"uri": uri(999)}))
+        .await?;
+    ensure!(last["result"] == json!({}), "{last}");
+    let beyond = session
+        .request("resources/subscribe", json!({"uri": uri(1000)}))
+        .await?;
+    ensure!(
+        beyond["error"]["code"] == -33004
+            && beyond["error"]["data"]["kind"] == "too_many_subscriptions",
+        "{beyond}"
+    );
+    // One held already is no new one.
+    let again = session
+        .request("resources/subscribe", json!({"uri": uri(5)}))
+        .await?;
+    ensure!(again["result"] == json!({}), "{again}");
+    let let_go = session
+        .request("resources/unsubscribe", json!({"uri": uri(5)}))
+        .await?;
+    ensure!(let_go["result"] == json!({}), "{let_go}");
+    let room = session
+        .request("resources/subscribe", json!({"uri": uri(1000)}))
+        .await?;
+    ensure!(room["result"] == json!({}), "{room}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stderr_floods_and_oversized_lines_are_survived() -> anyhow::Result<()> {
     let sections = format!(

@@ -896,3 +896,41 @@ async fn lists_carry_the_cache_hints_true_of_the_merge() -> anyhow::Result<()> {
     legacy.close().await;
     Ok(())
 }
+
+/// A listen stream's resource subscriptions are bounded as a session's are: of
+/// 1,005 URIs, the first 1,000 are honoured and the acknowledgement says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
+    let sections = fixture_upstream("fx", "", &["--name", "fx", "--conformance"]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = AnsweringClient::named("listener")
+        .modern()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            modern(),
+        )
+        .await?;
+    let uris: Vec<String> = (0..1005)
+        .map(|n| format!("fx+test://template/{n}/data"))
+        .collect();
+    let mut filter = SubscriptionFilter::new();
+    filter.resource_subscriptions = Some(uris.clone());
+    let subscription = client.peer().listen(filter).await?;
+    let honoured = subscription
+        .acknowledged()
+        .resource_subscriptions
+        .clone()
+        .unwrap_or_default();
+    ensure!(
+        honoured == uris[..1000],
+        "{} honoured, from {:?} to {:?}",
+        honoured.len(),
+        honoured.first(),
+        honoured.last()
+    );
+    drop(subscription);
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -401,7 +401,9 @@ pub async fn listen(
             let Some(route) = catalog.route_resource(uri) else {
                 continue;
             };
-            if !scope.lock_subscriptions().insert(uri.to_string()) {
+            // Beyond the session's bound, the rest are not honoured (the
+            // acknowledgement names those that are).
+            if !scope.subscribe(uri).unwrap_or(false) {
                 continue;
             }
             match hub.fanout.subscription(scope.id(), &route, true).await {

@@ -36,6 +36,10 @@ const OUTBOUND_QUEUE: usize = 64;
 /// once, or on one 2026-07-28 request's retry; beyond, an upstream's next one is
 /// refused at once, so a flood of them holds no more.
 const MAX_CLIENT_BOUND: usize = 128;
+/// Resources one session may be subscribed to: any URI under an upstream's
+/// namespace routes, so without a bound one client could grow the session's set
+/// (and the upstreams' subscription counts) for as long as it stays.
+pub(crate) const MAX_SUBSCRIPTIONS: usize = 1000;
 
 /// What a client told plexus in `initialize`.
 #[derive(Clone, Debug, Default)]
@@ -529,6 +533,20 @@ impl Session {
         self.lock_subscriptions().contains(uri)
     }
 
+    /// Adds `uri` to the session's subscriptions; whether it is new there.
+    pub(crate) fn subscribe(&self, uri: &str) -> Result<bool, RelayError> {
+        let mut subscriptions = self.lock_subscriptions();
+        if subscriptions.contains(uri) {
+            return Ok(false);
+        }
+        if subscriptions.len() >= MAX_SUBSCRIPTIONS {
+            return Err(RelayError::TooManySubscriptions {
+                limit: MAX_SUBSCRIPTIONS,
+            });
+        }
+        Ok(subscriptions.insert(uri.to_string()))
+    }
+
     pub(crate) fn lock_subscriptions(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.subscriptions
             .lock()
@@ -781,15 +799,19 @@ impl Session {
                     },
                 };
                 let changed = if subscribe {
-                    self.lock_subscriptions().insert(uri.clone())
+                    self.subscribe(&uri)?
                 } else {
                     self.lock_subscriptions().remove(&uri)
                 };
                 if changed {
-                    self.hub
-                        .fanout
-                        .subscription(self.id, &route, subscribe)
-                        .await?;
+                    let subscribed = self.hub.fanout.subscription(self.id, &route, subscribe);
+                    if let Err(error) = subscribed.await {
+                        if subscribe {
+                            // Refused: not subscribed, and no place in the bound taken.
+                            self.lock_subscriptions().remove(&uri);
+                        }
+                        return Err(error);
+                    }
                 }
                 Ok(Reply::Result(json!({})))
             }
