@@ -209,13 +209,15 @@ fn validate_daemon(
     }
     let mut duration = |key: &str, value: Option<String>, default: Duration| {
         value.map_or(default, |text| {
-            parse_duration(&text).unwrap_or_else(|message| {
-                issues.push(ConfigIssue {
-                    key: format!("daemon.{key}"),
-                    message,
-                });
-                default
-            })
+            parse_duration(&text)
+                .and_then(|duration| nonzero_where_needed(key, duration))
+                .unwrap_or_else(|message| {
+                    issues.push(ConfigIssue {
+                        key: format!("daemon.{key}"),
+                        message,
+                    });
+                    default
+                })
         })
     };
     let drain_timeout = duration("drain_timeout", raw.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
@@ -406,7 +408,10 @@ fn validate_upstream(
         }
     };
     let mut duration = |field: &str, value: Option<String>, default: Duration| {
-        value.map_or(Some(default), |text| match parse_duration(&text) {
+        let parsed = |text: &str| {
+            parse_duration(text).and_then(|duration| nonzero_where_needed(field, duration))
+        };
+        value.map_or(Some(default), |text| match parsed(&text) {
             Ok(duration) => Some(duration),
             Err(message) => {
                 issues.push(ConfigIssue {
@@ -819,6 +824,28 @@ fn launcher_of(
     Some((launcher, Vec::new()))
 }
 
+/// Timeouts that cannot be zero: `"0s"` reads as "never" to some, and here it would
+/// fail every call, start, health check, connection or session at once. Only
+/// `health_interval` and `schema_check_interval` take `"0s"`, for never.
+const NEVER_ZERO: &[&str] = &[
+    "init_timeout",
+    "call_timeout",
+    "max_call_timeout",
+    "health_timeout",
+    "header_read_timeout",
+    "body_read_timeout",
+    "session_idle_timeout",
+];
+
+/// `duration`, unless `key` is one that cannot be zero and it is.
+fn nonzero_where_needed(key: &str, duration: Duration) -> Result<Duration, String> {
+    let never_zero = NEVER_ZERO.contains(&key) || key.starts_with("tool_timeouts.");
+    if never_zero && duration.is_zero() {
+        return Err("must be longer than 0s (only health_interval and schema_check_interval take \"0s\", for never)".into());
+    }
+    Ok(duration)
+}
+
 /// Parses durations written with a unit: `500ms`, `90s`, `10m`, `1h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -996,6 +1023,48 @@ mod tests {
             launchers.contains(&"uvx") && launchers.contains(&"npx"),
             "{launchers:?}"
         );
+    }
+
+    #[test]
+    fn timeouts_that_cannot_be_zero_are_refused_and_never_takes_zero() {
+        let issues = issues_of(
+            r#"
+            [daemon]
+            header_read_timeout = "0s"
+            body_read_timeout = "0ms"
+            session_idle_timeout = "0s"
+            drain_timeout = "0s"
+            first_list_wait = "0s"
+            [upstreams.zero]
+            command = "x"
+            init_timeout = "0s"
+            call_timeout = "0s"
+            max_call_timeout = "0s"
+            health_timeout = "0s"
+            tool_timeouts = { echo = "0s", add = "5s" }
+            health_interval = "0s"
+            schema_check_interval = "0s"
+            idle_timeout = "0s"
+            stop_grace = "0s"
+            "#,
+        );
+        let expected = [
+            "daemon.header_read_timeout: must be longer than 0s",
+            "daemon.body_read_timeout: must be longer than 0s",
+            "daemon.session_idle_timeout: must be longer than 0s",
+            "upstreams.zero.init_timeout: must be longer than 0s",
+            "upstreams.zero.call_timeout: must be longer than 0s",
+            "upstreams.zero.max_call_timeout: must be longer than 0s",
+            "upstreams.zero.health_timeout: must be longer than 0s",
+            "upstreams.zero.tool_timeouts.echo: must be longer than 0s",
+        ];
+        for prefix in expected {
+            assert!(
+                issues.iter().any(|issue| issue.starts_with(prefix)),
+                "missing `{prefix}` in {issues:#?}"
+            );
+        }
+        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
     }
 
     #[test]
