@@ -294,6 +294,26 @@ fn validate_daemon(
             });
         }
     }
+    // Entries are compared exactly: a pattern or a URL in the wrong list would
+    // never match, and every request it was meant for would be refused.
+    for host in raw.allowed_hosts.iter().filter(|host| !is_host_entry(host)) {
+        issues.push(ConfigIssue {
+            key: "daemon.allowed_hosts".into(),
+            message: format!(
+                "`{host}` is not a host name or `name:port` (no scheme, path or wildcard)"
+            ),
+        });
+    }
+    for origin in raw
+        .allowed_origins
+        .iter()
+        .filter(|origin| !is_origin_entry(origin))
+    {
+        issues.push(ConfigIssue {
+            key: "daemon.allowed_origins".into(),
+            message: format!("`{origin}` is not an origin like `https://ide.example.com` (a scheme and a host, no path or wildcard)"),
+        });
+    }
     let mut at_least_one = |key: &str, value: Option<usize>, default: usize| {
         let value = value.unwrap_or(default);
         if value == 0 {
@@ -503,8 +523,35 @@ fn validate_upstream(
         }
     }
     let remote = raw.url.is_some();
+    // The operating system takes none of these: the spawn would fail with a
+    // reason that names neither the key nor the value.
+    let nul = |text: &str| text.contains('\0');
+    let unlaunchable = [
+        ("args", raw.args.iter().any(|arg| nul(arg))),
+        (
+            "cwd",
+            raw.cwd
+                .as_ref()
+                .is_some_and(|cwd| nul(&cwd.to_string_lossy())),
+        ),
+    ];
+    for (field, bad) in unlaunchable {
+        if bad {
+            issues.push(ConfigIssue {
+                key: key(field),
+                message: "must not contain a NUL character".into(),
+            });
+        }
+    }
     let mut env = BTreeMap::new();
     for (variable, value) in raw.env {
+        if variable.is_empty() || variable.contains('=') || nul(&variable) || nul(&value) {
+            issues.push(ConfigIssue {
+                key: key(&format!("env.{variable}")),
+                message: "a variable's name must not be empty or hold `=`, and neither it nor its value a NUL character".into(),
+            });
+            continue;
+        }
         match expand_variables(&value, environment) {
             Ok(value) => {
                 env.insert(variable, value);
@@ -793,6 +840,13 @@ fn launcher_of(
         });
         return None;
     }
+    if value.contains('\0') {
+        issues.push(ConfigIssue {
+            key: key(form),
+            message: "must not contain a NUL character".into(),
+        });
+        return None;
+    }
     let value = value.to_string();
     let launcher = match form {
         "command" => Launcher::Command { program: value },
@@ -822,6 +876,25 @@ fn launcher_of(
         }
     };
     Some((launcher, Vec::new()))
+}
+
+/// An `allowed_hosts` entry: a name (or address) with an optional port, as a
+/// `Host` header carries it.
+fn is_host_entry(entry: &str) -> bool {
+    let entry = entry.trim();
+    !entry.is_empty() && !entry.contains(['/', '*', '@', ' ', '?', '#'])
+}
+
+/// An `allowed_origins` entry: `scheme://host[:port]`, as an `Origin` header carries it.
+fn is_origin_entry(entry: &str) -> bool {
+    let entry = entry.trim().trim_end_matches('/');
+    entry.split_once("://").is_some_and(|(scheme, host)| {
+        !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+            && is_host_entry(host)
+    })
 }
 
 /// Timeouts that cannot be zero: `"0s"` reads as "never" to some, and here it would
@@ -1023,6 +1096,46 @@ mod tests {
             launchers.contains(&"uvx") && launchers.contains(&"npx"),
             "{launchers:?}"
         );
+    }
+
+    #[test]
+    fn what_the_system_or_the_access_checks_cannot_take_is_refused() {
+        let issues = issues_of(
+            r#"
+            [daemon]
+            allowed_hosts = ["*", "mcp.example.com", "https://mcp.example.com", "10.0.0.1:7464", "[::1]:7464"]
+            allowed_origins = ["*", "https://ide.example.com", "ide.example.com", "https://ide.example.com/path", "http://localhost:3000/"]
+            [upstreams.nul]
+            command = "x\u0000y"
+            [upstreams.args]
+            command = "x"
+            args = ["a\u0000b"]
+            cwd = "/tmp/\u0000"
+            [upstreams.env]
+            command = "x"
+            env = { "A=B" = "1", "" = "2", C = "3\u0000", D = "fine" }
+            "#,
+        );
+        let expected = [
+            "daemon.allowed_hosts: `*` is not a host name",
+            "daemon.allowed_hosts: `https://mcp.example.com` is not a host name",
+            "daemon.allowed_origins: `*` is not an origin",
+            "daemon.allowed_origins: `ide.example.com` is not an origin",
+            "daemon.allowed_origins: `https://ide.example.com/path` is not an origin",
+            "upstreams.nul.command: must not contain a NUL character",
+            "upstreams.args.args: must not contain a NUL character",
+            "upstreams.args.cwd: must not contain a NUL character",
+            "upstreams.env.env.A=B: a variable's name must not be empty",
+            "upstreams.env.env.: a variable's name must not be empty",
+            "upstreams.env.env.C: a variable's name must not be empty",
+        ];
+        for prefix in expected {
+            assert!(
+                issues.iter().any(|issue| issue.starts_with(prefix)),
+                "missing `{prefix}` in {issues:#?}"
+            );
+        }
+        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
     }
 
     #[test]
