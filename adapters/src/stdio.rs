@@ -64,6 +64,9 @@ pub enum SpawnError {
         #[source]
         source: std::io::Error,
     },
+    /// The system says only "not found" either way: the directory is named.
+    #[error("could not start `{program}`: its directory (`cwd`) {cwd} does not exist")]
+    NoCwd { program: String, cwd: String },
 }
 
 /// How a child ended.
@@ -191,10 +194,19 @@ pub(crate) fn spawn(
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
-    let mut child = command.spawn().map_err(|source| SpawnError::Io {
-        program: spec.program.clone(),
-        source,
-    })?;
+    let mut child =
+        command.spawn().map_err(
+            |source| match spec.cwd.as_ref().filter(|cwd| !cwd.is_dir()) {
+                Some(cwd) => SpawnError::NoCwd {
+                    program: spec.program.clone(),
+                    cwd: cwd.display().to_string(),
+                },
+                None => SpawnError::Io {
+                    program: spec.program.clone(),
+                    source,
+                },
+            },
+        )?;
     let pid = child.id();
     if let (Some(keeper), Some(group)) = (&options.keeper, pid) {
         keeper.watch(group);

@@ -565,9 +565,11 @@ async fn catalog_changes_are_announced_and_lists_paginate() -> anyhow::Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Result<()> {
+    // Missing too: a directory to start in (the system says "not found" for both).
     let sections = format!(
-        "{}[upstreams.ghost]\ncommand = \"plexus-no-such-program\"\n",
-        fixture_upstream("fx", "", &[])
+        "{}[upstreams.ghost]\ncommand = \"plexus-no-such-program\"\n{}",
+        fixture_upstream("fx", "", &[]),
+        fixture_upstream("homeless", "cwd = \"/nonexistent/plexus-dir\"", &[])
     );
     let daemon = Daemon::start("", &sections).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -592,6 +594,14 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
         "{}",
         daemon.log()
     );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon
+        .log()
+        .contains("its directory (`cwd`) /nonexistent/plexus-dir does not exist")
+    {
+        ensure!(Instant::now() < deadline, "{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let echo = session
         .request(
