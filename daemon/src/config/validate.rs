@@ -552,7 +552,7 @@ fn validate_upstream(
             });
             continue;
         }
-        match expand_variables(&value, environment) {
+        match secret_value(&value, base, environment) {
             Ok(value) => {
                 env.insert(variable, value);
             }
@@ -565,12 +565,13 @@ fn validate_upstream(
     let mut headers = Vec::new();
     for (header, value) in raw.headers {
         let field = key(&format!("headers.{header}"));
-        let checked = expand_variables(&value, environment).and_then(|value| {
-            match check_header(&header, &value) {
-                Ok(_) => Ok(value),
-                Err(error) => Err(error.to_string()),
-            }
-        });
+        let checked =
+            secret_value(&value, base, environment).and_then(|value| {
+                match check_header(&header, &value) {
+                    Ok(_) => Ok(value),
+                    Err(error) => Err(error.to_string()),
+                }
+            });
         match checked {
             Ok(value) => headers.push((header, value)),
             Err(message) => issues.push(ConfigIssue {
@@ -1298,6 +1299,48 @@ mod tests {
             );
         }
         assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+    }
+
+    #[test]
+    fn env_and_headers_take_secrets_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "fr0m-a-file\n").unwrap();
+        let config = parse(
+            r#"
+            [upstreams.notes]
+            url = "http://127.0.0.1:9000/mcp"
+            headers = { Authorization = "${file:token}" }
+            [upstreams.local]
+            command = "server"
+            env = { TOKEN = "${file:token}" }
+            "#,
+            dir.path(),
+            &no_environment,
+        )
+        .unwrap();
+        let Launch::Http(notes) = &config.upstreams["notes"].launch else {
+            panic!("notes is not remote");
+        };
+        assert_eq!(
+            notes.headers,
+            vec![("Authorization".to_string(), "fr0m-a-file".to_string())]
+        );
+        let Launch::Stdio(local) = &config.upstreams["local"].launch else {
+            panic!("local is not stdio");
+        };
+        assert_eq!(local.env["TOKEN"], "fr0m-a-file");
+        let issues = issues_of(
+            r#"
+            [upstreams.local]
+            command = "server"
+            env = { TOKEN = "${file:/nonexistent/plexus-token}" }
+            "#,
+        );
+        assert!(
+            issues[0]
+                .starts_with("upstreams.local.env.TOKEN: cannot read /nonexistent/plexus-token"),
+            "{issues:#?}"
+        );
     }
 
     #[test]
