@@ -295,6 +295,22 @@ async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()
     }
     // Meanwhile an ordinary client is served.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    an_ordinary_client_is_served(&daemon).await?;
+    for trickle in trickles {
+        let closed_after = trickle
+            .await?
+            .context("a slow connection was never closed")?;
+        ensure!(
+            closed_after < Duration::from_secs(5),
+            "closed only after {closed_after:?}"
+        );
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// A client that does nothing wrong gets its echo (while others misbehave).
+async fn an_ordinary_client_is_served(daemon: &Daemon) -> anyhow::Result<()> {
     let mut session = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
     let answer = session
         .request(
@@ -306,16 +322,6 @@ async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()
         answer["result"]["content"][0]["text"] == "served",
         "{answer}"
     );
-    for trickle in trickles {
-        let closed_after = trickle
-            .await?
-            .context("a slow connection was never closed")?;
-        ensure!(
-            closed_after < Duration::from_secs(5),
-            "closed only after {closed_after:?}"
-        );
-    }
-    ensure!(daemon.stop().await?.success());
     Ok(())
 }
 
@@ -354,17 +360,7 @@ async fn a_body_that_stops_arriving_is_answered_and_its_connection_closed() -> a
         stalled.push((path, Instant::now(), stream));
     }
     // Meanwhile an ordinary client is served.
-    let mut session = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
-    let answer = session
-        .request(
-            "tools/call",
-            json!({"name": "fx__echo", "arguments": {"text": "served"}}),
-        )
-        .await?;
-    ensure!(
-        answer["result"]["content"][0]["text"] == "served",
-        "{answer}"
-    );
+    an_ordinary_client_is_served(&daemon).await?;
     for (path, started, mut stream) in stalled {
         let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
         ensure!(closed, "{path}: the connection stayed open: {answer}");

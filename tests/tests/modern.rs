@@ -29,6 +29,15 @@ fn modern() -> ClientLifecycleMode {
     }
 }
 
+/// `handler` as a 2026-07-28 client of the HTTP front at `url`.
+async fn connect_modern(handler: &AnsweringClient, url: &str) -> anyhow::Result<Client> {
+    let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+    Ok(handler
+        .clone()
+        .serve_with_lifecycle(transport, modern())
+        .await?)
+}
+
 fn everything_section() -> String {
     format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\ninit_timeout = \"180s\"\n")
 }
@@ -181,13 +190,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
 
     let over_http = AnsweringClient::named("http-modern").modern();
     let started = Instant::now();
-    let http = over_http
-        .clone()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            modern(),
-        )
-        .await?;
+    let http = connect_modern(&over_http, &daemon.url).await?;
     let connect = started.elapsed();
     ensure!(
         connect < Duration::from_secs(1),
@@ -458,13 +461,7 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
     )
     .await?;
     let new = AnsweringClient::named("new").modern();
-    let modern_client = new
-        .clone()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            modern(),
-        )
-        .await?;
+    let modern_client = connect_modern(&new, &daemon.url).await?;
 
     for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
         for upstream in ["fxm", "fx"] {
@@ -562,13 +559,7 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
     );
     // No first-list wait: the upstream is to join through the listen stream.
     let daemon = Daemon::start("first_list_wait = \"0s\"", &late).await?;
-    let client = AnsweringClient::named("listener")
-        .modern()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            modern(),
-        )
-        .await?;
+    let client = connect_modern(&AnsweringClient::named("listener").modern(), &daemon.url).await?;
     ensure!(
         client.list_all_tools().await?.is_empty(),
         "the upstream should not have joined yet"
@@ -675,13 +666,7 @@ async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow:
     ask_bare().await?;
 
     let handler = AnsweringClient::named("capable").modern();
-    let capable = handler
-        .clone()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            modern(),
-        )
-        .await?;
+    let capable = connect_modern(&handler, &daemon.url).await?;
     let answer = call(&capable, "fx__ask", json!({"kind": "elicitation"})).await?;
     ensure!(answer.to_string().contains("accept:"), "{answer}");
     // Taking turns, each is still told apart.
@@ -770,13 +755,7 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
     // A 2026-07-28 client is served in 2026-07-28: `ask` pauses as an
     // input-required round, answered by the client, as directly.
     let new = AnsweringClient::named("new").modern();
-    let modern_client = new
-        .clone()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            modern(),
-        )
-        .await?;
+    let modern_client = connect_modern(&new, &daemon.url).await?;
     let direct_new = AnsweringClient::named("new").modern();
     let mut command = tokio::process::Command::new(&fixture);
     command.args(args);
@@ -904,13 +883,7 @@ async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
     let sections = fixture_upstream("fx", "", &["--name", "fx", "--conformance"]);
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
-    let client = AnsweringClient::named("listener")
-        .modern()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            modern(),
-        )
-        .await?;
+    let client = connect_modern(&AnsweringClient::named("listener").modern(), &daemon.url).await?;
     let uris: Vec<String> = (0..1005)
         .map(|n| format!("fx+test://template/{n}/data"))
         .collect();

@@ -992,6 +992,17 @@ mod tests {
         None
     }
 
+    /// `issues` are exactly `expected`, each an issue's beginning.
+    fn assert_issues(issues: &[String], expected: &[&str]) {
+        for prefix in expected {
+            assert!(
+                issues.iter().any(|issue| issue.starts_with(prefix)),
+                "missing `{prefix}` in {issues:#?}"
+            );
+        }
+        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+    }
+
     fn issues_of(text: &str) -> Vec<String> {
         parse(text, Path::new("/etc/plexus"), &no_environment)
             .unwrap_err()
@@ -1019,18 +1030,16 @@ mod tests {
             colour = "red"
             "#,
         );
-        for expected in [
-            "views.one.upstreams: there is no upstream `ghost`",
-            "views.one.tokens: there is no token `nobody` in [daemon] auth_tokens",
-            "views.two.tokens: token `ci` is already bound to view `one`",
-            "views.Bad: view names use only lowercase letters, digits and `-`",
-            "views.three: unknown field `colour`",
-        ] {
-            assert!(
-                issues.iter().any(|issue| issue.starts_with(expected)),
-                "{expected} not in {issues:?}"
-            );
-        }
+        assert_issues(
+            &issues,
+            &[
+                "views.one.upstreams: there is no upstream `ghost`",
+                "views.one.tokens: there is no token `nobody` in [daemon] auth_tokens",
+                "views.two.tokens: token `ci` is already bound to view `one`",
+                "views.Bad: view names use only lowercase letters, digits and `-`",
+                "views.three: unknown field `colour`",
+            ],
+        );
     }
 
     #[test]
@@ -1130,13 +1139,7 @@ mod tests {
             "upstreams.env.env.: a variable's name must not be empty",
             "upstreams.env.env.C: a variable's name must not be empty",
         ];
-        for prefix in expected {
-            assert!(
-                issues.iter().any(|issue| issue.starts_with(prefix)),
-                "missing `{prefix}` in {issues:#?}"
-            );
-        }
-        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+        assert_issues(&issues, &expected);
     }
 
     #[test]
@@ -1172,13 +1175,7 @@ mod tests {
             "upstreams.zero.health_timeout: must be longer than 0s",
             "upstreams.zero.tool_timeouts.echo: must be longer than 0s",
         ];
-        for prefix in expected {
-            assert!(
-                issues.iter().any(|issue| issue.starts_with(prefix)),
-                "missing `{prefix}` in {issues:#?}"
-            );
-        }
-        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+        assert_issues(&issues, &expected);
     }
 
     #[test]
@@ -1292,13 +1289,7 @@ mod tests {
             "upstreams.remote.url: `ftp://example.invalid/mcp` is not a URL plexus can reach",
             "upstreams.slow.init_timeout: `90` needs a unit",
         ];
-        for prefix in expected {
-            assert!(
-                issues.iter().any(|issue| issue.starts_with(prefix)),
-                "missing `{prefix}` in {issues:#?}"
-            );
-        }
-        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+        assert_issues(&issues, &expected);
     }
 
     #[test]
@@ -1426,13 +1417,7 @@ mod tests {
             "upstreams.managed.headers.Mcp-Session-Id: header `Mcp-Session-Id`: plexus sets this header itself",
             "upstreams.badtransport: unknown variant `websocket`",
         ];
-        for prefix in expected {
-            assert!(
-                issues.iter().any(|issue| issue.starts_with(prefix)),
-                "missing `{prefix}` in {issues:#?}"
-            );
-        }
-        assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+        assert_issues(&issues, &expected);
     }
 
     #[test]
