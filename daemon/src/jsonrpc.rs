@@ -25,6 +25,77 @@ pub const MISSING_CAPABILITY: i64 = -32021;
 /// 2026-07-28: the request's protocol version is not one plexus serves.
 pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
+/// A client's message with its envelope checked.
+#[derive(Debug)]
+pub enum Envelope {
+    Request {
+        /// A string or an integer.
+        id: Value,
+        method: String,
+        params: Option<Value>,
+    },
+    Notification {
+        method: String,
+        params: Option<Value>,
+    },
+    /// The client's answer to a request sent to it.
+    Response { id: Value, reply: adapters::Reply },
+}
+
+/// Why a message is not one JSON-RPC can take, and the id to answer under (null
+/// where there is none to trust).
+#[derive(Debug, PartialEq)]
+pub struct NotJsonRpc {
+    pub id: Value,
+    pub reason: &'static str,
+}
+
+impl NotJsonRpc {
+    /// The `-32600` answer.
+    pub fn answer(self) -> Value {
+        error_response(self.id, &RelayError::InvalidRequest(self.reason.into()))
+    }
+}
+
+impl Envelope {
+    /// Checks `message`'s envelope: an object with `jsonrpc` "2.0", and a request
+    /// (a string `method` and a string or integer `id`), a notification, or a
+    /// response (an `id` with `result` or `error`).
+    pub fn of(message: Value) -> Result<Envelope, NotJsonRpc> {
+        let not = |id: Option<Value>, reason| NotJsonRpc {
+            id: id.unwrap_or(Value::Null),
+            reason,
+        };
+        let Value::Object(mut object) = message else {
+            return Err(not(None, "a message must be a JSON object"));
+        };
+        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Err(not(object.remove("id"), "`jsonrpc` must be \"2.0\""));
+        }
+        let method = match object.remove("method") {
+            Some(Value::String(method)) => Some(method),
+            Some(_) => return Err(not(object.remove("id"), "`method` must be a string")),
+            None => None,
+        };
+        let params = object.remove("params");
+        match (method, object.remove("id")) {
+            (Some(_), Some(id)) if !(id.is_string() || id.is_i64() || id.is_u64()) => {
+                Err(not(None, "a request id must be a string or an integer"))
+            }
+            (Some(method), Some(id)) => Ok(Envelope::Request { id, method, params }),
+            (Some(method), None) => Ok(Envelope::Notification { method, params }),
+            (None, Some(id)) if object.contains_key("result") || object.contains_key("error") => {
+                let reply = match (object.remove("result"), object.remove("error")) {
+                    (Some(result), _) => adapters::Reply::Result(result),
+                    (None, error) => adapters::Reply::Error(error.unwrap_or(Value::Null)),
+                };
+                Ok(Envelope::Response { id, reply })
+            }
+            (None, id) => Err(not(id, "not a request, notification or response")),
+        }
+    }
+}
+
 /// Everything plexus itself can answer with instead of an upstream's reply.
 #[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum RelayError {
@@ -415,6 +486,56 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn envelopes_are_told_apart_and_the_broken_ones_say_why() {
+        let reason = |message: Value| Envelope::of(message).err().map(|not| (not.id, not.reason));
+        assert!(matches!(
+            Envelope::of(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})),
+            Ok(Envelope::Request { method, .. }) if method == "ping"
+        ));
+        assert!(matches!(
+            Envelope::of(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
+            Ok(Envelope::Notification { .. })
+        ));
+        assert!(matches!(
+            Envelope::of(
+                json!({"jsonrpc": "2.0", "id": "s", "error": {"code": 1, "message": "m"}})
+            ),
+            Ok(Envelope::Response {
+                reply: adapters::Reply::Error(_),
+                ..
+            })
+        ));
+        assert_eq!(
+            reason(json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])),
+            Some((Value::Null, "a message must be a JSON object"))
+        );
+        assert_eq!(
+            reason(json!({"jsonrpc": "1.0", "id": 3, "method": "ping"})),
+            Some((json!(3), "`jsonrpc` must be \"2.0\""))
+        );
+        assert_eq!(
+            reason(json!({"jsonrpc": "2.0", "id": 4, "method": 5})),
+            Some((json!(4), "`method` must be a string"))
+        );
+        for id in [
+            json!(null),
+            json!(1.5),
+            json!({"a": 1}),
+            json!([1]),
+            json!(true),
+        ] {
+            assert_eq!(
+                reason(json!({"jsonrpc": "2.0", "id": id, "method": "ping"})),
+                Some((Value::Null, "a request id must be a string or an integer"))
+            );
+        }
+        assert_eq!(
+            reason(json!({"jsonrpc": "2.0", "id": 6})),
+            Some((json!(6), "not a request, notification or response"))
+        );
+    }
 
     #[test]
     fn a_serialized_result_is_the_bytes_of_the_same_response_as_a_value() {

@@ -24,7 +24,7 @@ use crate::client_message::{self, ClientMessage};
 use crate::era::{self, RequestMeta};
 use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
-use crate::jsonrpc::{self, RelayError};
+use crate::jsonrpc::{self, Envelope, RelayError};
 use crate::logging::LogLevel;
 
 /// Protocol revisions plexus serves to clients, oldest first.
@@ -313,46 +313,21 @@ impl Session {
             arguments,
             capabilities,
         } = message.into();
-        let Value::Object(mut object) = message else {
-            return invalid(Value::Null, "a message must be a JSON object");
-        };
-        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-            let id = object.remove("id").unwrap_or(Value::Null);
-            return invalid(id, "`jsonrpc` must be \"2.0\"");
-        }
-        let method = match object.remove("method") {
-            Some(Value::String(method)) => Some(method),
-            Some(_) => {
-                return invalid(
-                    object.remove("id").unwrap_or(Value::Null),
-                    "`method` must be a string",
-                )
-            }
-            None => None,
-        };
-        let params = object.remove("params");
-        match (method, object.remove("id")) {
-            (Some(method), Some(id)) => {
+        match jsonrpc::Envelope::of(message) {
+            Ok(Envelope::Request { id, method, params }) => {
                 let related = related.unwrap_or(&self.outbound);
                 self.handle_request(id, method, params, arguments, capabilities, related)
                     .await
             }
-            (Some(method), None) => {
+            Ok(Envelope::Notification { method, params }) => {
                 self.handle_notification(&method, params);
                 Handled::Nothing
             }
-            (None, Some(id)) if object.contains_key("result") || object.contains_key("error") => {
-                let reply = match (object.remove("result"), object.remove("error")) {
-                    (Some(result), _) => Reply::Result(result),
-                    (None, error) => Reply::Error(error.unwrap_or(Value::Null)),
-                };
+            Ok(Envelope::Response { id, reply }) => {
                 self.answer_client_bound(&id, reply).await;
                 Handled::Nothing
             }
-            (None, id) => invalid(
-                id.unwrap_or(Value::Null),
-                "not a request, notification or response",
-            ),
+            Err(not) => Handled::Respond(not.answer().into()),
         }
     }
 
@@ -367,9 +342,6 @@ impl Session {
         capabilities: Option<Arc<Value>>,
         related: &mpsc::Sender<Value>,
     ) -> Handled {
-        if !(id.is_string() || id.is_i64() || id.is_u64()) {
-            return invalid(Value::Null, "a request id must be a string or an integer");
-        }
         let key = id.to_string();
         let token = CancellationToken::new();
         {
