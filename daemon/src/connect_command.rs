@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
 use crate::client_message::ClientMessage;
-use crate::jsonrpc::{self, Answer};
+use crate::jsonrpc::{self, Answer, Envelope};
 
 /// Where the bridge connects and with what.
 pub struct Target {
@@ -223,38 +223,30 @@ impl Bridge {
     async fn handle(self: Arc<Self>, message: ClientMessage) {
         // Read with `ClientMessage::read`: nothing is taken out of `_meta`.
         let ClientMessage {
-            mut message,
+            message,
             arguments,
             capabilities: _,
         } = message;
-        let method = message
-            .get("method")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let id = message.get("id").cloned();
-        match (method, id) {
-            (Some(method), Some(id)) => {
+        // Checked as the daemon checks what reaches it: what is not JSON-RPC is
+        // answered here, not dropped (its sender would wait for good).
+        match Envelope::of(message) {
+            Ok(Envelope::Request { id, method, params }) => {
                 let params = Params {
-                    values: message.get_mut("params").map(Value::take),
+                    values: params,
                     arguments,
                 };
                 self.relay(id, method, params).await
             }
-            (Some(method), None) => {
-                self.notification(&method, message.get_mut("params").map(Value::take))
-                    .await
+            Ok(Envelope::Notification { method, params }) => {
+                self.notification(&method, params).await
             }
-            (None, Some(id)) => {
-                let reply = match (message.get("result"), message.get("error")) {
-                    (Some(result), _) => Reply::Result(result.clone()),
-                    (None, error) => Reply::Error(error.cloned().unwrap_or(Value::Null)),
-                };
+            Ok(Envelope::Response { id, reply }) => {
                 let connection = self.connection.borrow().clone();
                 if let Some(connection) = connection {
                     let _ = connection.respond(id, reply).await;
                 }
             }
-            (None, None) => {}
+            Err(not) => self.send(not.answer()).await,
         }
     }
 

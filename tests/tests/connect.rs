@@ -332,6 +332,30 @@ async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
     stdin.write_all(b"\xff\xfe not UTF-8\n").await?;
     let refused = next().await?;
     ensure!(refused["error"]["code"] == -32700, "{refused}");
+    // JSON that is no JSON-RPC message is answered as the daemon answers it (the
+    // bridge dropped a batch, a bare response and the like unanswered).
+    for (not_rpc, id) in [
+        (
+            json!([{"jsonrpc": "2.0", "id": 9, "method": "ping"}]),
+            json!(null),
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}),
+            json!(null),
+        ),
+        (
+            json!({"jsonrpc": "1.0", "id": 10, "method": "ping"}),
+            json!(10),
+        ),
+        (json!({"jsonrpc": "2.0", "id": 11}), json!(11)),
+    ] {
+        stdin.write_all(format!("{not_rpc}\n").as_bytes()).await?;
+        let refused = next().await?;
+        ensure!(
+            refused["error"]["code"] == -32600 && refused["id"] == id,
+            "{not_rpc}: {refused}"
+        );
+    }
     for message in &messages {
         stdin.write_all(format!("{message}\n").as_bytes()).await?;
         let answer = next().await?;
