@@ -79,6 +79,25 @@ pub enum HandshakeError {
     UnsupportedVersion(String),
 }
 
+impl HandshakeError {
+    /// Whether this is an `initialize` refused for its version (-32022) by a
+    /// server that lists 2026-07-28 among those it supports.
+    fn names_modern_version(&self) -> bool {
+        let HandshakeError::Refused { method, error } = self else {
+            return false;
+        };
+        method == "initialize"
+            && error.get("code").and_then(Value::as_i64) == Some(UNSUPPORTED_PROTOCOL_VERSION)
+            && error
+                .pointer("/data/supported")
+                .and_then(Value::as_array)
+                .is_some_and(|versions| versions.iter().any(|v| v == MODERN_VERSION))
+    }
+}
+
+/// The code a server of 2026-07-28 refuses a version with.
+const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+
 /// Starts a session in the era `protocol` allows. In auto mode a probe that is
 /// not answered within `probe_timeout` counts as a handshake-era upstream.
 pub async fn connect(
@@ -98,15 +117,24 @@ pub async fn connect(
                 })
         }
         UpstreamProtocol::Auto => {
-            match tokio::time::timeout(probe_timeout, discover(connection, identity)).await {
+            // Kept, not dropped, when its time is up: a server still loading answers
+            // it late, and dropping it would send a cancel before any session.
+            let mut probe = std::pin::pin!(discover(connection, identity));
+            match tokio::time::timeout(probe_timeout, &mut probe).await {
                 Ok(Ok(Some(hello))) => Ok(hello),
-                Ok(Ok(None)) | Err(_) => initialize(connection, identity).await,
+                Ok(Ok(None)) => initialize(connection, identity).await,
                 // An older HTTP server may refuse a request that is not `initialize`
                 // at the HTTP level (400 without a session).
                 Ok(Err(HandshakeError::Connection(ConnectionError::HttpStatus { .. }))) => {
                     initialize(connection, identity).await
                 }
                 Ok(Err(error)) => Err(error),
+                Err(_) => match initialize(connection, identity).await {
+                    // A server of 2026-07-28 alone, slow to answer the probe: it
+                    // names the version it serves, and its answer to the probe is due.
+                    Err(refused) if refused.names_modern_version() => probe.await?.ok_or(refused),
+                    handshake => handshake,
+                },
             }
         }
     }

@@ -907,3 +907,39 @@ async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A server of 2026-07-28 alone that is slow to start (a cold `uvx` install, heavy
+/// imports) answers the `server/discover` probe after plexus has given up on it and
+/// sent `initialize`, which it refuses naming the versions it serves. plexus
+/// discovers again and starts it, in its first run: it failed that start and every
+/// later one as slow, and ended `failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() -> anyhow::Result<()>
+{
+    let sections = fixture_upstream(
+        "slow",
+        "",
+        &[
+            "--name",
+            "slow",
+            "--modern",
+            "--refuse-handshake",
+            "--slow-start",
+            "6000",
+        ],
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let log = daemon.log();
+    ensure!(
+        log.contains("upstream initialized upstream=slow protocol=2026-07-28")
+            && !log.contains("upstream initialize failed"),
+        "{log}"
+    );
+    let client = connect_modern(&AnsweringClient::named("caller").modern(), &daemon.url).await?;
+    let answer = call(&client, "slow__echo", json!({"text": "late but here"})).await?;
+    ensure!(answer["content"][0]["text"] == "late but here", "{answer}");
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

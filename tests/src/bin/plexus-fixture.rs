@@ -75,6 +75,14 @@ struct Cli {
     /// where `ask` answers through input-required results.
     #[arg(long)]
     modern: bool,
+    /// With --modern: refuse `initialize` as a server of 2026-07-28 alone does
+    /// (-32022, `data.supported`), so only `server/discover` starts a session.
+    #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
+    refuse_handshake: bool,
+    /// Over stdio, read nothing for MS milliseconds after starting, as a server
+    /// that takes long to load (a cold `uvx` start, heavy imports).
+    #[arg(long, value_name = "MS", conflicts_with = "http")]
+    slow_start: Option<u64>,
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio; the bound
     /// address is reported on stderr and nothing is written to stdout.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["banner", "hang_initialize"])]
@@ -301,6 +309,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         .list_changed_every
                         .map(std::time::Duration::from_millis),
                     byte_order_mark: cli.byte_order_mark,
+                    refuse_handshake: cli.refuse_handshake,
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
@@ -316,6 +325,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             eof: stdin_eof.clone(),
         };
 
+        if let Some(ms) = cli.slow_start {
+            // What arrives meanwhile waits in the pipe, as for a server still loading.
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
         if cli.hang_initialize {
             drop(to_filter);
             hang(stdin).await;
