@@ -67,8 +67,50 @@ impl RawObject {
             .map(|(_, value)| &self.message[value.clone()])
     }
 
+    /// The object with the value of its member `key` (which it has) written as
+    /// `value` (one JSON value, on one line), the rest as it was; `None` without
+    /// such a member. One copy of the object, no second skim.
+    pub fn with_member(&self, key: &str, value: &[u8]) -> Option<RawObject> {
+        let at = self
+            .members
+            .iter()
+            .position(|(name, _)| &self.message[name.clone()] == key.as_bytes())?;
+        let old = self.members[at].1.clone();
+        let mut bytes = Vec::with_capacity(self.span.len() - old.len() + value.len());
+        bytes.extend_from_slice(&self.message[self.span.start..old.start]);
+        bytes.extend_from_slice(value);
+        bytes.extend_from_slice(&self.message[old.end..self.span.end]);
+        // Ranges move to the object's own buffer; those after the value, by the change.
+        let moved = |position: usize| {
+            let position = position - self.span.start;
+            if position >= old.end - self.span.start {
+                position + value.len() - old.len()
+            } else {
+                position
+            }
+        };
+        let members = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(index, (name, member))| {
+                let value_range = if index == at {
+                    moved(member.start)..moved(member.start) + value.len()
+                } else {
+                    moved(member.start)..moved(member.end)
+                };
+                (moved(name.start)..moved(name.end), value_range)
+            })
+            .collect();
+        Some(RawObject {
+            span: 0..bytes.len(),
+            message: Bytes::from(bytes),
+            members,
+        })
+    }
+
     /// Reads the object into a value. Skimming checks less than reading (a lone
-    /// surrogate escape passes it, and nesting deeper than a reader goes), so this
+    /// surrogate escape passes it, and a number beyond a float's range), so this
     /// may fail.
     pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_slice(self.bytes())
@@ -150,6 +192,7 @@ pub fn named_twice<'k>(keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone) ->
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -178,6 +221,31 @@ mod tests {
             result.read().ok(),
             Some(serde_json::json!({"b": 1, "a": [2, {"b": 3}], "c": "x"}))
         );
+    }
+
+    #[test]
+    fn a_member_is_written_anew_and_the_rest_stays_as_written() {
+        let message = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"result": { "a" : [1], "_meta":{"x":1} ,"c":"z" } }"#,
+        );
+        let skimmed = crate::skim::object(&message, Some("result")).unwrap();
+        let span = skimmed.members[2].1.clone();
+        let raw = RawObject::of(&message, span, skimmed.inner.unwrap()).unwrap();
+        for value in [&br#"{"y":"longer than before"}"#[..], b"0"] {
+            let changed = raw.with_member("_meta", value).unwrap();
+            let expected = format!(
+                r#"{{ "a" : [1], "_meta":{} ,"c":"z" }}"#,
+                String::from_utf8_lossy(value)
+            );
+            assert_eq!(changed.bytes(), expected.as_bytes());
+            assert_eq!(changed.member("_meta"), Some(value));
+            assert_eq!(changed.member("a"), Some(&b"[1]"[..]));
+            assert_eq!(changed.member("c"), Some(&br#""z""#[..]));
+            // The ranges are those a skim of the new text finds.
+            let again = RawObject::skim(Bytes::from(expected)).unwrap();
+            assert_eq!(changed.members, again.members);
+        }
+        assert!(raw.with_member("absent", b"1").is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use adapters::RawObject;
+use adapters::{RawObject, Reply};
 use serde_json::{json, Map, Value};
 
 use crate::jsonrpc::RelayError;
@@ -288,6 +288,46 @@ pub fn discover_result(capabilities: Value, instructions: String) -> Value {
 
 pub fn server_info() -> Value {
     json!({"name": "plexus", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// `reply` naming plexus as the server that gave it: a 2026-07-28 upstream may put
+/// its own `serverInfo` in each result's `_meta`, and the client, which talks to
+/// plexus, would take every upstream's name for its server's, call by call. An
+/// unread result gets its `_meta` written anew, the rest left unread.
+pub fn answering_as_plexus(reply: Reply) -> Reply {
+    let named = |meta: &mut Map<String, Value>| match meta.get_mut(META_SERVER_INFO) {
+        Some(info) => {
+            *info = server_info();
+            true
+        }
+        None => false,
+    };
+    match reply {
+        Reply::Result(Value::Object(mut result)) => {
+            if let Some(Value::Object(meta)) = result.get_mut("_meta") {
+                named(meta);
+            }
+            Reply::Result(Value::Object(result))
+        }
+        Reply::Unread(raw) => {
+            let mentioned = raw
+                .member("_meta")
+                .filter(|meta| memchr::memmem::find(meta, META_SERVER_INFO.as_bytes()).is_some());
+            let Some(Ok(Value::Object(mut meta))) = mentioned.map(serde_json::from_slice::<Value>)
+            else {
+                return Reply::Unread(raw);
+            };
+            if !named(&mut meta) {
+                return Reply::Unread(raw);
+            }
+            let written = serde_json::to_vec(&meta).unwrap_or_default();
+            match raw.with_member("_meta", &written) {
+                Some(changed) => Reply::Unread(changed),
+                None => Reply::Unread(raw),
+            }
+        }
+        other => other,
+    }
 }
 
 /// Adds the subscription id to a notification delivered on a listen stream.

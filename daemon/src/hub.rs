@@ -657,7 +657,7 @@ impl Hub {
         };
         drop(progress);
         match outcome {
-            Ok(Ok(reply)) => Ok(reply),
+            Ok(Ok(reply)) => Ok(crate::era::answering_as_plexus(reply)),
             Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
                 upstream: upstream_name.to_string(),
                 reason: "the upstream exited or its connection closed".into(),

@@ -943,3 +943,50 @@ async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() 
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// An upstream of 2026-07-28 may name itself in each result's `_meta`; relayed, the
+/// result names plexus, the server its client talks to (a 2026-07-28 client would
+/// otherwise take each upstream's name for its server's, call by call). Small and
+/// large results alike (the large one is passed on unread), for either era's client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_results_name_plexus_as_their_server() -> anyhow::Result<()> {
+    let sections = fixture_upstream("fx", "", &["--modern", "--server-info-in-results"]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let http = reqwest::Client::new();
+    let mut handshake = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
+    let named_plexus = |answer: &Value| {
+        answer["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]
+            == json!({"name": "plexus", "version": env!("CARGO_PKG_VERSION")})
+    };
+    for text in ["small".to_string(), "large ".repeat(20_000)] {
+        let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "fx__echo", "arguments": {"text": text}, "_meta": meta}});
+        let request = http
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "fx__echo")
+            .body(call.to_string());
+        let (status, modern, _) = answer_of(request.send().await?).await?;
+        ensure!(status == 200 && named_plexus(&modern), "{modern:.400}");
+        ensure!(modern["result"]["content"][0]["text"] == text.as_str());
+        let old = handshake
+            .request(
+                "tools/call",
+                json!({"name": "fx__echo", "arguments": {"text": text}}),
+            )
+            .await?;
+        ensure!(named_plexus(&old), "{old:.400}");
+        ensure!(old["result"]["content"][0]["text"] == text.as_str());
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -79,6 +79,10 @@ struct Cli {
     /// (-32022, `data.supported`), so only `server/discover` starts a session.
     #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
     refuse_handshake: bool,
+    /// Over stdio, name the server in every result's `_meta`
+    /// (`io.modelcontextprotocol/serverInfo`), as some SDKs of 2026-07-28 do.
+    #[arg(long, conflicts_with = "unfiltered")]
+    server_info_in_results: bool,
     /// Over stdio, read nothing for MS milliseconds after starting, as a server
     /// that takes long to load (a cold `uvx` start, heavy imports).
     #[arg(long, value_name = "MS", conflicts_with = "http")]
@@ -310,6 +314,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         .map(std::time::Duration::from_millis),
                     byte_order_mark: cli.byte_order_mark,
                     refuse_handshake: cli.refuse_handshake,
+                    server_info_in_results: cli.server_info_in_results,
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
