@@ -338,6 +338,27 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
         "{status} {answer}"
     );
 
+    // A retry's members of the wrong type: plexus says which, where an upstream's
+    // SDK answered -32601 (relayed as 404).
+    for (member, value) in [("inputResponses", json!(5)), ("requestState", json!({}))] {
+        let mut retry = standard("tools/call");
+        retry.push(("mcp-name", "fx__echo".into()));
+        let mut params = json!({"name": "fx__echo", "arguments": {"text": "hi"}, "_meta": meta});
+        params[member] = value;
+        let (status, answer, _) = post(
+            retry,
+            json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": params}),
+        )
+        .await?;
+        ensure!(
+            answer["error"]["code"] == -32602
+                && answer["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(member)),
+            "{member}: {status} {answer}"
+        );
+    }
+
     // An unknown method: 404 with -32601, and the retired methods are unknown.
     for method in ["no/such", "logging/setLevel"] {
         let (status, answer, _) = post(

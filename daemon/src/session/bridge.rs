@@ -119,6 +119,7 @@ pub async fn serve(
     meta: RequestMeta,
     related: &mpsc::Sender<Value>,
 ) -> Result<Reply, RelayError> {
+    check_retry_members(params.as_ref())?;
     let hub = parent.hub().clone();
     let paused = parent.paused().clone();
     let state = params
@@ -181,6 +182,24 @@ pub async fn serve(
     }
     .drive(&paused, related, first_token)
     .await
+}
+
+/// A retry's members as the schema has them: `requestState` a string,
+/// `inputResponses` an object. Passed on otherwise, an upstream's SDK refuses the
+/// request with an error that does not say which member is wrong.
+fn check_retry_members(params: Option<&Value>) -> Result<(), RelayError> {
+    let member = |name| params.and_then(|params| params.get(name));
+    if member("requestState").is_some_and(|state| !state.is_string()) {
+        return Err(RelayError::InvalidParams(
+            "`requestState` must be a string".into(),
+        ));
+    }
+    if member("inputResponses").is_some_and(|responses| !responses.is_object()) {
+        return Err(RelayError::InvalidParams(
+            "`inputResponses` must be an object".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn progress_token(params: &Option<Value>) -> Option<Value> {
