@@ -104,10 +104,15 @@ fn checked_meta(params: Option<&Value>, taken: bool) -> Result<Option<LogLevel>,
             "`_meta.{META_CLIENT_CAPABILITIES}` is required and must be an object"
         )));
     }
-    Ok(meta
-        .and_then(|m| m.get(META_LOG_LEVEL))
-        .and_then(Value::as_str)
-        .and_then(LogLevel::parse))
+    // An unknown level is refused, as `logging/setLevel` refuses it.
+    match meta.and_then(|m| m.get(META_LOG_LEVEL)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(level) => level.as_str().and_then(LogLevel::parse).map(Some).ok_or_else(|| {
+            RelayError::InvalidParams(format!(
+                "`_meta.{META_LOG_LEVEL}` must be a syslog level name (debug, info, notice, warning, error, critical, alert, emergency)"
+            ))
+        }),
+    }
 }
 
 /// Puts `capabilities` in a request's `_meta` as the client's.
@@ -363,6 +368,19 @@ pub fn mirrored_name<'a>(method: &str, params: Option<&'a Value>) -> Option<Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_log_level_is_refused() {
+        for level in [json!("loud"), json!(3), json!({})] {
+            let params = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {}, META_LOG_LEVEL: level}});
+            assert!(
+                matches!(check_meta(Some(&params), false), Err(RelayError::InvalidParams(m)) if m.contains(META_LOG_LEVEL)),
+                "{level}"
+            );
+        }
+        let params = json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {}, META_LOG_LEVEL: "warning"}});
+        assert!(check_meta(Some(&params), false).is_ok());
+    }
 
     #[test]
     fn meta_is_checked_version_first() {

@@ -359,6 +359,19 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
         );
     }
 
+    // An unknown log level is refused, as logging/setLevel refuses it.
+    let mut loud = meta.clone();
+    loud["io.modelcontextprotocol/logLevel"] = json!("loud");
+    let (status, answer, _) = post(
+        standard("tools/list"),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"_meta": loud}}),
+    )
+    .await?;
+    ensure!(
+        answer["error"]["code"] == -32602,
+        "logLevel: {status} {answer}"
+    );
+
     // An unknown method: 404 with -32601, and the retired methods are unknown.
     for method in ["no/such", "logging/setLevel"] {
         let (status, answer, _) = post(
