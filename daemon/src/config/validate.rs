@@ -309,9 +309,15 @@ fn validate_daemon(
         .iter()
         .filter(|origin| !is_origin_entry(origin))
     {
+        let message = if origin.trim().eq_ignore_ascii_case("null") {
+            // Sent by sandboxed frames and local files: any web page can send it.
+            "`null` is the origin any web page can give itself (a sandboxed frame): allowing it would let every page reach plexus".to_string()
+        } else {
+            format!("`{origin}` is not an origin like `https://ide.example.com` (a scheme and a host, no path or wildcard)")
+        };
         issues.push(ConfigIssue {
             key: "daemon.allowed_origins".into(),
-            message: format!("`{origin}` is not an origin like `https://ide.example.com` (a scheme and a host, no path or wildcard)"),
+            message,
         });
     }
     let mut at_least_one = |key: &str, value: Option<usize>, default: usize| {
@@ -1114,7 +1120,7 @@ mod tests {
             r#"
             [daemon]
             allowed_hosts = ["*", "mcp.example.com", "https://mcp.example.com", "10.0.0.1:7464", "[::1]:7464"]
-            allowed_origins = ["*", "https://ide.example.com", "ide.example.com", "https://ide.example.com/path", "http://localhost:3000/"]
+            allowed_origins = ["*", "https://ide.example.com", "ide.example.com", "https://ide.example.com/path", "http://localhost:3000/", "null"]
             [upstreams.nul]
             command = "x\u0000y"
             [upstreams.args]
@@ -1132,6 +1138,7 @@ mod tests {
             "daemon.allowed_origins: `*` is not an origin",
             "daemon.allowed_origins: `ide.example.com` is not an origin",
             "daemon.allowed_origins: `https://ide.example.com/path` is not an origin",
+            "daemon.allowed_origins: `null` is the origin any web page can give itself",
             "upstreams.nul.command: must not contain a NUL character",
             "upstreams.args.args: must not contain a NUL character",
             "upstreams.args.cwd: must not contain a NUL character",
