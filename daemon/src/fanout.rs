@@ -421,8 +421,10 @@ impl Fanout {
     }
 
     /// Relays a notification an upstream sent on its own (progress never comes
-    /// here: the supervisor's tap routes it as it is read).
-    pub fn route_notification(&self, upstream: &str, message: &Value) {
+    /// here: the supervisor's tap routes it as it is read). One from a per-session
+    /// instance (`owner`) goes to that session alone: the process is its own.
+    pub fn route_notification(&self, upstream: &str, owner: Option<u64>, message: &Value) {
+        let owned_by = |session: &Arc<dyn Client>| owner.is_none_or(|owner| owner == session.id());
         let method = message.get("method").and_then(Value::as_str).unwrap_or("");
         let params = message.get("params").cloned().unwrap_or(Value::Null);
         match method {
@@ -450,6 +452,7 @@ impl Fanout {
                             .as_ref()
                             .is_some_and(|source| source.has_call_from(session.id()));
                     if concerned
+                        && owned_by(&session)
                         && session.shows_upstream(upstream)
                         && session.log_level().is_some_and(|wanted| level >= wanted)
                     {
@@ -467,7 +470,7 @@ impl Fanout {
                 params.insert("uri".into(), Value::String(exposed.clone()));
                 let message = jsonrpc::notification(method, Some(Value::Object(params)));
                 for session in self.live_sessions() {
-                    if session.is_subscribed(&exposed) {
+                    if owned_by(&session) && session.is_subscribed(&exposed) {
                         session.notify(message.clone());
                     }
                 }

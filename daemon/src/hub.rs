@@ -504,9 +504,11 @@ impl Hub {
                 }
                 let _ = installed.send(());
             }
-            SupervisorEvent::Notification { upstream, message } => {
-                self.fanout.route_notification(&upstream, &message)
-            }
+            SupervisorEvent::Notification {
+                upstream,
+                session,
+                message,
+            } => self.fanout.route_notification(&upstream, session, &message),
             SupervisorEvent::Request {
                 upstream,
                 instance,

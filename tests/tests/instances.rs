@@ -239,3 +239,64 @@ async fn a_per_session_upstream_takes_subscriptions_on_the_session_instance() ->
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// What a per-session instance says on its own (a log message) reaches its own
+/// session alone: each session's process is its own, and its messages went to
+/// every session that showed the upstream.
+// Logging is deprecated (SEP-2577) but still served, and relayed.
+#[allow(deprecated)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> anyhow::Result<()> {
+    use plexus_tests::answering::{call, len_of, wait_for_tool, AnsweringClient};
+    use rmcp::model::{LoggingLevel, SetLevelRequestParams};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    let section = fixture_upstream(
+        "mine",
+        "share = \"session\"",
+        &["--name", "private", "--conformance"],
+    );
+    let daemon = Daemon::start("", &section).await?;
+    let (alice, bob) = (
+        AnsweringClient::named("alice"),
+        AnsweringClient::named("bob"),
+    );
+    let transport = || StreamableHttpClientTransport::from_uri(daemon.url.clone());
+    let alice_client = alice.clone().serve(transport()).await?;
+    let bob_client = bob.clone().serve(transport()).await?;
+    for client in [&alice_client, &bob_client] {
+        client
+            .set_level(SetLevelRequestParams::new(LoggingLevel::Debug))
+            .await?;
+        // Each has its own instance running.
+        wait_for_tool(client, "mine__whoami").await?;
+        call(client, "mine__whoami", json!({})).await?;
+    }
+    call(&alice_client, "mine__test_tool_with_logging", json!({})).await?;
+    ensure!(
+        eventually(Duration::from_secs(10), || len_of(&alice.logs) > 0).await,
+        "alice heard nothing of her own instance"
+    );
+    // Time for a stray copy to reach bob, had it been sent.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        len_of(&bob.logs) == 0,
+        "bob heard alice's instance: {:?}",
+        bob.logs.lock().unwrap_or_else(|e| e.into_inner())
+    );
+    call(&bob_client, "mine__test_tool_with_logging", json!({})).await?;
+    let alice_heard = len_of(&alice.logs);
+    ensure!(
+        eventually(Duration::from_secs(10), || len_of(&bob.logs) > 0).await,
+        "bob heard nothing of his own instance"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        len_of(&alice.logs) == alice_heard,
+        "alice heard bob's instance"
+    );
+    alice_client.cancel().await?;
+    bob_client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

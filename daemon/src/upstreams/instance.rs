@@ -73,6 +73,9 @@ pub struct Instance {
     pub(super) name: Arc<str>,
     /// Whether this instance's listings feed the catalog (per-session ones do not).
     pub(super) publishes_listing: bool,
+    /// The session a per-session instance serves: what it says on its own is that
+    /// session's alone.
+    pub(super) owner: Option<u64>,
     /// Stop as soon as the listing is published (the discovery run of per-session upstreams).
     pub(super) stop_after_listing: bool,
     /// The era this instance speaks whatever the config says: the handshake-era
@@ -143,6 +146,7 @@ impl Instance {
         Instance {
             name,
             publishes_listing: true,
+            owner: None,
             stop_after_listing: false,
             protocol: None,
             on_demand: false,
@@ -643,7 +647,7 @@ impl Upstream {
             if handshake {
                 return self
                     .handshake_twin
-                    .get_or_init(|| self.spawn_instance(true))
+                    .get_or_init(|| self.spawn_instance(true, None))
                     .clone();
             }
             return self.shared.clone();
@@ -652,20 +656,21 @@ impl Upstream {
             .entry(session)
             .or_insert_with(|| {
                 self.session_count.fetch_add(1, Ordering::Relaxed);
-                self.spawn_instance(handshake)
+                self.spawn_instance(handshake, Some(session))
             })
             .clone()
     }
 
     /// A new instance that feeds no listing, started on demand and stopped with the
-    /// shared one.
-    fn spawn_instance(self: &Arc<Self>, handshake: bool) -> Arc<Instance> {
+    /// shared one; `owner`'s alone, if given.
+    fn spawn_instance(self: &Arc<Self>, handshake: bool, owner: Option<u64>) -> Arc<Instance> {
         let mut instance = Instance::new(
             self.name.clone(),
             UpstreamState::Idle,
             self.shared.stop.child_token(),
         );
         instance.publishes_listing = false;
+        instance.owner = owner;
         instance.protocol = handshake.then_some(UpstreamProtocol::Handshake);
         instance.on_demand = true;
         let instance = Arc::new(instance);

@@ -56,7 +56,12 @@ pub enum SupervisorEvent {
         installed: oneshot::Sender<()>,
     },
     /// A notification the upstream sent on its own (progress, logs, updates, ...).
-    Notification { upstream: Arc<str>, message: Value },
+    Notification {
+        upstream: Arc<str>,
+        /// The session whose own instance sent it, for a per-session upstream.
+        session: Option<u64>,
+        message: Value,
+    },
     /// A request the upstream sent (sampling, elicitation, roots, ping);
     /// `origin` is plexus's id of the request whose HTTP stream carried it.
     Request {

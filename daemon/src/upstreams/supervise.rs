@@ -407,6 +407,7 @@ async fn serve_events(
                     upstream
                         .report(SupervisorEvent::Notification {
                             upstream: upstream.name().into(),
+                            session: instance.owner,
                             message,
                         })
                         .await;
