@@ -240,8 +240,8 @@ async fn a_per_session_upstream_takes_subscriptions_on_the_session_instance() ->
     Ok(())
 }
 
-/// What a per-session instance says on its own (a log message) reaches its own
-/// session alone: each session's process is its own, and its messages went to
+/// What a per-session instance says on its own (a log message, a resource update)
+/// reaches its own session alone: each session's process is its own, and its messages went to
 /// every session that showed the upstream.
 // Logging is deprecated (SEP-2577) but still served, and relayed.
 #[allow(deprecated)]
@@ -294,6 +294,29 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
     ensure!(
         len_of(&alice.logs) == alice_heard,
         "alice heard bob's instance"
+    );
+    // Both subscribe to the same resource, each on their own instance: alice's
+    // instance saying it changed is news to alice alone.
+    let uri = "mine+test://watched-resource";
+    for client in [&alice_client, &bob_client] {
+        client
+            .subscribe(rmcp::model::SubscribeRequestParams::new(uri))
+            .await?;
+    }
+    call(
+        &alice_client,
+        "mine__echo",
+        json!({"text": "x", "updated": "test://watched-resource"}),
+    )
+    .await?;
+    ensure!(
+        eventually(Duration::from_secs(10), || len_of(&alice.updates) > 0).await,
+        "alice heard no update of her own instance"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        len_of(&bob.updates) == 0,
+        "bob heard alice's instance's update"
     );
     alice_client.cancel().await?;
     bob_client.cancel().await?;
