@@ -73,10 +73,11 @@ pub struct Fanout {
     subscriptions: Mutex<HashMap<(String, String), usize>>,
     /// Upstream connections that asked a session for its roots, told when they change.
     roots_askers: Mutex<HashMap<u64, Vec<(String, UpstreamConnection)>>>,
-    /// URL-mode elicitations, by upstream and the elicitation id it chose, to the
-    /// session they were sent to: two upstreams may choose one id, and neither may
-    /// complete the other's.
-    elicitations: DashMap<(String, String), u64>,
+    /// URL-mode elicitations, by upstream, the session whose own instance asked
+    /// (per-session upstreams) and the elicitation id it chose, to the session they
+    /// were sent to: two upstreams, or two sessions' instances of one, may choose
+    /// one id, and neither may complete the other's.
+    elicitations: DashMap<(String, Option<u64>, String), u64>,
     /// Upstreams whose `roots/list` plexus answered when no client could.
     roots_for_nobody: Mutex<Vec<(String, UpstreamConnection)>>,
 }
@@ -479,9 +480,9 @@ impl Fanout {
                 let Some(id) = params.get("elicitationId").and_then(Value::as_str) else {
                     return;
                 };
-                if let Some((_, session)) = self
-                    .elicitations
-                    .remove(&(upstream.to_string(), id.to_string()))
+                if let Some((_, session)) =
+                    self.elicitations
+                        .remove(&(upstream.to_string(), owner, id.to_string()))
                 {
                     if let Some(session) = self.session(session) {
                         session.notify(message.clone());
@@ -618,8 +619,10 @@ impl Fanout {
                 .and_then(|p| p.get("elicitationId"))
                 .and_then(Value::as_str)
             {
-                self.elicitations
-                    .insert((name.to_string(), elicitation.to_string()), session.id());
+                self.elicitations.insert(
+                    (name.to_string(), instance.owner(), elicitation.to_string()),
+                    session.id(),
+                );
             }
         }
         let sink = target.related.as_ref().unwrap_or(session.outbound());

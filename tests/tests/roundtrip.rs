@@ -608,8 +608,9 @@ async fn a_handshake_client_runs_a_2026_upstreams_tasks() -> anyhow::Result<()> 
 }
 
 /// Two upstreams may choose one URL elicitation id (both fixtures choose
-/// `fixture-url-1`): each one's `notifications/elicitation/complete` reaches the
-/// client it asked, never the other's, however their elicitations interleave.
+/// `fixture-url-1`), and so may two sessions' own instances of one per-session
+/// upstream: each one's `notifications/elicitation/complete` reaches the client it
+/// asked, never the other's, however their elicitations interleave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_elicitation_id_from_two_upstreams_completes_for_each_its_own_client(
 ) -> anyhow::Result<()> {
@@ -618,48 +619,55 @@ async fn one_elicitation_id_from_two_upstreams_completes_for_each_its_own_client
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::ServiceExt;
 
-    let sections = format!(
+    let two_upstreams = format!(
         "{}{}",
         fixture_upstream("a", "", &[]),
         fixture_upstream("b", "", &[])
     );
-    let daemon = Daemon::start("", &sections).await?;
-    daemon.wait_ready(Duration::from_secs(20)).await?;
-    let mut slow = AnsweringClient::named("slow");
-    slow.elicitation_delay = Duration::from_millis(1500);
-    let quick = AnsweringClient::named("quick");
-    let (slow_heard, quick_heard) = (
-        slow.elicitations_completed.clone(),
-        quick.elicitations_completed.clone(),
-    );
-    let slow = slow
-        .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
-        .await?;
-    let quick = quick
-        .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
-        .await?;
-    // The slow client is asked first; the quick one, under the same id, while it thinks.
-    let slow_call = call(&slow, "a__ask", json!({"kind": "url"}));
-    let quick_call = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        call(&quick, "b__ask", json!({"kind": "url"})).await
-    };
-    let (slow_answer, quick_answer) = tokio::join!(slow_call, quick_call);
-    for answer in [slow_answer?, quick_answer?] {
-        ensure!(answer["content"][0]["text"] == "url:accept", "{answer}");
+    let per_session = fixture_upstream("a", "share = \"session\"", &[]);
+    for (sections, slow_tool, quick_tool) in [
+        (two_upstreams, "a__ask", "b__ask"),
+        (per_session, "a__ask", "a__ask"),
+    ] {
+        let daemon = Daemon::start("", &sections).await?;
+        daemon.wait_ready(Duration::from_secs(20)).await?;
+        let mut slow = AnsweringClient::named("slow");
+        slow.elicitation_delay = Duration::from_millis(1500);
+        let quick = AnsweringClient::named("quick");
+        let (slow_heard, quick_heard) = (
+            slow.elicitations_completed.clone(),
+            quick.elicitations_completed.clone(),
+        );
+        let slow = slow
+            .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+            .await?;
+        let quick = quick
+            .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
+            .await?;
+        plexus_tests::answering::wait_for_tool(&slow, slow_tool).await?;
+        // The slow client is asked first; the quick one, under the same id, while it thinks.
+        let slow_call = call(&slow, slow_tool, json!({"kind": "url"}));
+        let quick_call = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            call(&quick, quick_tool, json!({"kind": "url"})).await
+        };
+        let (slow_answer, quick_answer) = tokio::join!(slow_call, quick_call);
+        for answer in [slow_answer?, quick_answer?] {
+            ensure!(answer["content"][0]["text"] == "url:accept", "{answer}");
+        }
+        ensure!(
+            eventually_len(&slow_heard, Duration::from_secs(10)).await == 1
+                && eventually_len(&quick_heard, Duration::from_secs(10)).await == 1,
+            "{quick_tool}: completions heard: slow {:?}, quick {:?}",
+            len_of(&slow_heard),
+            len_of(&quick_heard)
+        );
+        // None more arrives.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ensure!(len_of(&slow_heard) == 1 && len_of(&quick_heard) == 1);
+        slow.cancel().await?;
+        quick.cancel().await?;
+        ensure!(daemon.stop().await?.success());
     }
-    ensure!(
-        eventually_len(&slow_heard, Duration::from_secs(10)).await == 1
-            && eventually_len(&quick_heard, Duration::from_secs(10)).await == 1,
-        "completions heard: slow {:?}, quick {:?}",
-        len_of(&slow_heard),
-        len_of(&quick_heard)
-    );
-    // None more arrives.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    ensure!(len_of(&slow_heard) == 1 && len_of(&quick_heard) == 1);
-    slow.cancel().await?;
-    quick.cancel().await?;
-    ensure!(daemon.stop().await?.success());
     Ok(())
 }

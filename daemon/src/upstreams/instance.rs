@@ -164,6 +164,11 @@ impl Instance {
         }
     }
 
+    /// The session this instance serves alone (per-session upstreams).
+    pub fn owner(&self) -> Option<u64> {
+        self.owner
+    }
+
     pub fn history(&self) -> History {
         self.history
             .lock()
