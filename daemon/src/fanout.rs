@@ -498,14 +498,17 @@ impl Fanout {
                 if let Some(id) = params.get("taskId").and_then(Value::as_str) {
                     owner = self.task_routes.owner(id);
                 }
-                if let Some(session) = owner.and_then(|id| self.session(id)) {
+                if let Some(session) = owner
+                    .and_then(|id| self.session(id))
+                    .filter(|session| owned_by(session))
+                {
                     session.notify(jsonrpc::notification(method, Some(params)));
                 }
             }
             "notifications/cancelled" => {
                 // An upstream withdrew one of its requests: tell the client that holds it.
                 if let Some(request_id) = params.get("requestId") {
-                    for session in self.live_sessions() {
+                    for session in self.live_sessions().iter().filter(|s| owned_by(s)) {
                         session.withdraw_client_bound(upstream, request_id);
                     }
                 }
