@@ -464,6 +464,26 @@ fn explore(target: &str, options: &ExploreOptions, what: Exploration) -> ExitCod
     }
 }
 
+/// Text for people, for a terminal: it carries upstreams' words (stderr lines,
+/// descriptions), and a control character in them (an escape that retitles,
+/// repaints or writes the clipboard) is shown escaped, not sent to the terminal.
+/// Line breaks and tabs stay.
+fn for_terminal(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.contains(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            shown.extend(c.escape_unicode());
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
+}
+
 /// `plexus reload`: the daemon's JSON answer on stdout.
 fn reload(config: &std::path::Path, admin: Option<&str>) -> ExitCode {
     let Some(runtime) = runtime() else {
@@ -520,7 +540,7 @@ fn admin_command(config: &std::path::Path, admin: Option<&str>, command: AdminCo
         let text = match &command {
             AdminCommand::Status { json: false } if status == 200 => {
                 match serde_json::from_str(&body) {
-                    Ok(status) => status::text(&status),
+                    Ok(status) => for_terminal(&status::text(&status)).into_owned(),
                     Err(_) => body,
                 }
             }
@@ -548,7 +568,7 @@ fn pins(
             let text = if json {
                 format!("{}\n", answer.body)
             } else {
-                pins_command::render(command, &answer)
+                for_terminal(&pins_command::render(command, &answer)).into_owned()
             };
             let _ = std::io::stdout().write_all(text.as_bytes());
             ExitCode::SUCCESS
@@ -573,4 +593,19 @@ fn init_tracing(default: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_for_a_terminal_shows_control_characters_escaped() {
+        let plain = "plexus 0.1.0\n\tready";
+        assert!(matches!(for_terminal(plain), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            for_terminal("a\u{1b}]0;title\u{7}b\u{9b}2J\u{7f}c\n"),
+            "a\\u{1b}]0;title\\u{7}b\\u{9b}2J\\u{7f}c\n"
+        );
+    }
 }

@@ -20,9 +20,11 @@ async fn plexus(args: &[&str], config: &std::path::Path) -> anyhow::Result<(i32,
     ))
 }
 
+/// An upstream that exits at once, saying so on stderr with terminal escapes in
+/// the line (a title, a colour), as a hostile or careless program may.
 fn crashing(name: &str, extra: &str) -> String {
     format!(
-        "[upstreams.{name}]\ncommand = \"sh\"\nargs = [\"-c\", \"echo {name} is broken >&2; exit 3\"]\n{extra}\n"
+        "[upstreams.{name}]\ncommand = \"sh\"\nargs = [\"-c\", \"printf '%s is broken \\\\033]0;retitled\\\\007\\\\033[31mred\\\\n' {name} >&2; exit 3\"]\n{extra}\n"
     )
 }
 
@@ -114,9 +116,15 @@ async fn status_shows_ready_backing_off_and_failed_upstreams() -> anyhow::Result
         "failed",
         "broken is broken",
         "sessions: http local=1",
+        // The upstream's escapes are shown, not sent to the terminal.
+        r"\u{1b}]0;retitled\u{7}",
     ] {
         ensure!(table.contains(needle), "no `{needle}` in\n{table}");
     }
+    ensure!(
+        !table.contains(['\u{1b}', '\u{7}']),
+        "terminal escapes reached the table:\n{table:?}"
+    );
     // The page, and the metrics operators expect.
     let (status_code, page) = daemon.admin_get("/").await?;
     ensure!(
