@@ -266,7 +266,27 @@ async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()
     let call = json!({"name": "brittle__echo", "arguments": {"text": "x"}});
     let first = session.request("tools/call", call.clone()).await?;
     ensure!(first["error"]["code"] == -33003, "{first}");
-    wait_for_state(&daemon, "brittle", "ready", Duration::from_secs(10)).await?;
+    // Ready again after one restart: a readiness read alone can still be the
+    // crashed run's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = daemon.admin_get("/status").await?;
+        let status: Value = serde_json::from_str(&body)?;
+        let brittle = status["upstreams"]
+            .as_array()
+            .and_then(|all| all.iter().find(|u| u["name"] == "brittle"))
+            .cloned()
+            .unwrap_or_default();
+        if brittle["state"] == "ready" && brittle["restarts"].as_u64() >= Some(1) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "never back: {brittle}\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     // Once it is back, the call kills it again.
     let second = call_once_back(
         &mut session,
@@ -275,7 +295,11 @@ async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()
         WAIT_BACK,
     )
     .await?;
-    ensure!(second["error"]["code"] == -33003, "{second}");
+    ensure!(
+        second["error"]["code"] == -33003,
+        "{second}\n{}",
+        daemon.log()
+    );
     wait_for_state(&daemon, "brittle", "failed", Duration::from_secs(10)).await?;
     let started = Instant::now();
     let failed = session.request("tools/call", call).await?;
