@@ -187,15 +187,7 @@ async fn pins_action(admin: &Admin, path: &str, body: Incoming) -> Response<Body
     let timeout = admin.settings.borrow().body_read_timeout;
     let bytes = match crate::listener::read_body(body, ADMIN_BODY_LIMIT, timeout).await {
         Ok(bytes) => bytes,
-        Err(error) => {
-            let mut answer = error_answer(error.status(), &error.to_string());
-            if error.ends_connection() {
-                answer
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            return answer;
-        }
+        Err(error) => return error.closing(error_answer(error.status(), &error.to_string())),
     };
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(request) => request,

@@ -325,11 +325,10 @@ pub fn answering_as_plexus(reply: Reply) -> Reply {
             if !named(&mut meta) {
                 return Reply::Unread(raw);
             }
-            let written = serde_json::to_vec(&meta).unwrap_or_default();
-            match raw.with_member("_meta", &written) {
-                Some(changed) => Reply::Unread(changed),
-                None => Reply::Unread(raw),
-            }
+            let changed = serde_json::to_vec(&meta)
+                .ok()
+                .and_then(|written| raw.with_member("_meta", &written));
+            Reply::Unread(changed.unwrap_or(raw))
         }
         other => other,
     }

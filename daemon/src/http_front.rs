@@ -269,13 +269,7 @@ impl HttpFront {
                     }
                     BodyError::Unreadable(_) => RelayError::InvalidRequest(error.to_string()),
                 };
-                let mut response = json_error(error.status(), &relayed);
-                if error.ends_connection() {
-                    response
-                        .headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return response;
+                return error.closing(json_error(error.status(), &relayed));
             }
         };
         let received = match ClientMessage::read_served(body, &self.known) {

@@ -51,10 +51,16 @@ impl BodyError {
         }
     }
 
-    /// Whether the connection must close after the answer: what is left of the
-    /// body would be read as the next request.
-    pub fn ends_connection(&self) -> bool {
-        matches!(self, BodyError::TimedOut(_))
+    /// `answer`, made to close its connection where the body was not all read:
+    /// what is left of it would be read as the next request.
+    pub fn closing<B>(&self, mut answer: Response<B>) -> Response<B> {
+        if matches!(self, BodyError::TimedOut(_)) {
+            answer.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        answer
     }
 }
 

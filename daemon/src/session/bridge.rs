@@ -420,16 +420,13 @@ pub async fn listen(
             let Some(route) = catalog.route_resource(uri) else {
                 continue;
             };
-            // Beyond the session's bound, the rest are not honoured (the
-            // acknowledgement names those that are).
-            if !scope.subscribe(uri).unwrap_or(false) {
-                continue;
-            }
-            match hub.fanout.subscription(scope.id(), &route, true).await {
-                Ok(()) => uris.push(Value::String(uri.to_string())),
+            // One refused (upstream, or beyond the session's bound) is not
+            // honoured: the acknowledgement names those that are.
+            match scope.subscribe(uri, &route).await {
+                Ok(true) => uris.push(Value::String(uri.to_string())),
+                Ok(false) => {}
                 Err(error) => {
                     tracing::debug!(%error, uri, "a listen stream's subscription was refused");
-                    scope.lock_subscriptions().remove(uri);
                 }
             }
         }

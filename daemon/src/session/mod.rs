@@ -505,8 +505,26 @@ impl Session {
         self.lock_subscriptions().contains(uri)
     }
 
+    /// Subscribes the session to `uri`, and through `route` its upstream; whether
+    /// it is new. One the upstream refuses is not kept: it takes no place in the
+    /// bound.
+    pub(crate) async fn subscribe(
+        &self,
+        uri: &str,
+        route: &registry::Route,
+    ) -> Result<bool, RelayError> {
+        if !self.add_subscription(uri)? {
+            return Ok(false);
+        }
+        if let Err(error) = self.hub.fanout.subscription(self.id, route, true).await {
+            self.lock_subscriptions().remove(uri);
+            return Err(error);
+        }
+        Ok(true)
+    }
+
     /// Adds `uri` to the session's subscriptions; whether it is new there.
-    pub(crate) fn subscribe(&self, uri: &str) -> Result<bool, RelayError> {
+    fn add_subscription(&self, uri: &str) -> Result<bool, RelayError> {
         let mut subscriptions = self.lock_subscriptions();
         if subscriptions.contains(uri) {
             return Ok(false);
@@ -770,20 +788,10 @@ impl Session {
                         _ => return Err(unrouted(&catalog, Kind::Resources, &uri)),
                     },
                 };
-                let changed = if subscribe {
-                    self.subscribe(&uri)?
-                } else {
-                    self.lock_subscriptions().remove(&uri)
-                };
-                if changed {
-                    let subscribed = self.hub.fanout.subscription(self.id, &route, subscribe);
-                    if let Err(error) = subscribed.await {
-                        if subscribe {
-                            // Refused: not subscribed, and no place in the bound taken.
-                            self.lock_subscriptions().remove(&uri);
-                        }
-                        return Err(error);
-                    }
+                if subscribe {
+                    self.subscribe(&uri, &route).await?;
+                } else if self.lock_subscriptions().remove(&uri) {
+                    self.hub.fanout.subscription(self.id, &route, false).await?;
                 }
                 Ok(Reply::Result(json!({})))
             }
@@ -1235,8 +1243,8 @@ fn failed(id: Value, error: &RelayError, modern: bool) -> Handled {
     Handled::Respond(jsonrpc::error_object_response(id, error).into())
 }
 
-fn invalid(id: Value, reason: &str) -> Handled {
-    Handled::Respond(jsonrpc::error_response(id, &RelayError::InvalidRequest(reason.into())).into())
+fn invalid(id: Value, reason: &'static str) -> Handled {
+    Handled::Respond(jsonrpc::NotJsonRpc { id, reason }.answer().into())
 }
 
 /// The schema makes a request's `_meta` an object; an upstream may drop a request
