@@ -296,7 +296,14 @@ fn validate_daemon(
     }
     // Entries are compared exactly: a pattern or a URL in the wrong list would
     // never match, and every request it was meant for would be refused.
-    for host in raw.allowed_hosts.iter().filter(|host| !is_host_entry(host)) {
+    // (Empty entries are reported above, once.)
+    let given = |entry: &&String| !entry.trim().is_empty();
+    for host in raw
+        .allowed_hosts
+        .iter()
+        .filter(given)
+        .filter(|host| !is_host_entry(host))
+    {
         issues.push(ConfigIssue {
             key: "daemon.allowed_hosts".into(),
             message: format!(
@@ -307,6 +314,7 @@ fn validate_daemon(
     for origin in raw
         .allowed_origins
         .iter()
+        .filter(given)
         .filter(|origin| !is_origin_entry(origin))
     {
         let message = if origin.trim().eq_ignore_ascii_case("null") {
@@ -1119,7 +1127,7 @@ mod tests {
         let issues = issues_of(
             r#"
             [daemon]
-            allowed_hosts = ["*", "mcp.example.com", "https://mcp.example.com", "10.0.0.1:7464", "[::1]:7464"]
+            allowed_hosts = ["*", "mcp.example.com", "https://mcp.example.com", "10.0.0.1:7464", "[::1]:7464", ""]
             allowed_origins = ["*", "https://ide.example.com", "ide.example.com", "https://ide.example.com/path", "http://localhost:3000/", "null"]
             [upstreams.nul]
             command = "x\u0000y"
@@ -1133,6 +1141,7 @@ mod tests {
             "#,
         );
         let expected = [
+            "daemon.allowed_hosts: entries must not be empty",
             "daemon.allowed_hosts: `*` is not a host name",
             "daemon.allowed_hosts: `https://mcp.example.com` is not a host name",
             "daemon.allowed_origins: `*` is not an origin",
