@@ -86,13 +86,18 @@ impl HandshakeError {
         let HandshakeError::Refused { method, error } = self else {
             return false;
         };
-        method == "initialize"
-            && error.get("code").and_then(Value::as_i64) == Some(UNSUPPORTED_PROTOCOL_VERSION)
-            && error
-                .pointer("/data/supported")
-                .and_then(Value::as_array)
-                .is_some_and(|versions| versions.iter().any(|v| v == MODERN_VERSION))
+        method == "initialize" && refused_naming_modern_version(error)
     }
+}
+
+/// Whether `error` is a refusal for the version asked (-32022) whose
+/// `data.supported` lists 2026-07-28: a server of that revision speaking.
+fn refused_naming_modern_version(error: &Value) -> bool {
+    error.get("code").and_then(Value::as_i64) == Some(UNSUPPORTED_PROTOCOL_VERSION)
+        && error
+            .pointer("/data/supported")
+            .and_then(Value::as_array)
+            .is_some_and(|versions| versions.iter().any(|v| v == MODERN_VERSION))
 }
 
 /// The code a server of 2026-07-28 refuses a version with.
@@ -166,11 +171,23 @@ pub async fn discover(
 ) -> Result<Option<ServerHello>, HandshakeError> {
     let meta = request_meta(identity);
     let params = json!({ "_meta": meta });
-    let result = match connection
-        .request("server/discover", Some(params))
+    let mut answer = connection
+        .request("server/discover", Some(params.clone()))
         .await?
-        .into_result()
-    {
+        .into_result();
+    // A -32022 that lists 2026-07-28, the version asked, comes from a server of
+    // that revision: it is asked once more, as the error invites, rather than
+    // taken for a handshake-era server (which never sends -32022).
+    if answer.as_ref().is_err_and(refused_naming_modern_version) {
+        tracing::debug!(
+            "server/discover was refused for its version by a server that lists it; asking again"
+        );
+        answer = connection
+            .request("server/discover", Some(params))
+            .await?
+            .into_result();
+    }
+    let result = match answer {
         Ok(result) => result,
         Err(_) => return Ok(None),
     };

@@ -978,6 +978,33 @@ async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() 
     Ok(())
 }
 
+/// A server that refuses `server/discover` for its version (-32022) while naming
+/// 2026-07-28, the version asked, among those it supports is a server of that
+/// revision: plexus asks again, as the error invites, rather than taking it for a
+/// handshake-era server (none sends -32022) and falling back to `initialize`,
+/// which the dual fixture would answer in the older era.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discover_refused_for_the_version_it_names_is_asked_again() -> anyhow::Result<()> {
+    let sections = fixture_upstream(
+        "picky",
+        "",
+        &["--name", "picky", "--modern", "--refuse-first-discover"],
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let log = daemon.log();
+    ensure!(
+        log.contains("upstream initialized upstream=picky protocol=2026-07-28"),
+        "{log}"
+    );
+    let client = connect_modern(&AnsweringClient::named("caller").modern(), &daemon.url).await?;
+    let answer = call(&client, "picky__echo", json!({"text": "second time"})).await?;
+    ensure!(answer["content"][0]["text"] == "second time", "{answer}");
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 /// An upstream of 2026-07-28 may name itself in each result's `_meta`; relayed, the
 /// result names plexus, the server its client talks to (a 2026-07-28 client would
 /// otherwise take each upstream's name for its server's, call by call). Small and

@@ -79,6 +79,10 @@ struct Cli {
     /// (-32022, `data.supported`), so only `server/discover` starts a session.
     #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
     refuse_handshake: bool,
+    /// With --modern: answer the first `server/discover` with -32022 naming
+    /// 2026-07-28 itself, as a server refusing one request's version does.
+    #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
+    refuse_first_discover: bool,
     /// Over stdio, name the server in every result's `_meta`
     /// (`io.modelcontextprotocol/serverInfo`), as some SDKs of 2026-07-28 do.
     #[arg(long, conflicts_with = "unfiltered")]
@@ -314,6 +318,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         .map(std::time::Duration::from_millis),
                     byte_order_mark: cli.byte_order_mark,
                     refuse_handshake: cli.refuse_handshake,
+                    refuse_first_discover: cli.refuse_first_discover,
                     server_info_in_results: cli.server_info_in_results,
                 },
             ));
