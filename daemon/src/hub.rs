@@ -624,9 +624,12 @@ impl Hub {
             crate::era::set_client_capabilities(&mut params, capabilities);
         }
         // The client's progress token never reaches a shared upstream: plexus's own does.
-        let progress = self
-            .progress
-            .register(&mut params, call.related, upstream.name_arc());
+        let progress = self.progress.register(
+            &mut params,
+            call.related,
+            upstream.name_arc(),
+            instance.owner(),
+        );
         // The request gets its upstream-side id first, so whatever the upstream sends
         // while serving it (over HTTP, on this request's own stream) is attributed
         // to this call, and through it to this session.

@@ -2,8 +2,10 @@
 //! call that asked for progress gets plexus's own token (`plexus-<n>`); the
 //! upstream's progress under it goes back to the call's stream under the client's
 //! token, and marks the call alive (which extends its deadline). Only the upstream
-//! the call went to is heard under its token: the tokens are plexus's, and another
-//! upstream that named one would speak into a call it does not serve.
+//! the call went to is heard under its token (and of a per-session upstream, only
+//! the instance of the call's session): the tokens are plexus's, and guessable, and
+//! another upstream or instance that named one would speak into a call it does not
+//! serve.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +27,8 @@ pub struct ProgressRoutes {
 struct ProgressRoute {
     /// The upstream the call went to: the only one heard under its token.
     upstream: Arc<str>,
+    /// The session owning the instance the call went to (per-session upstreams).
+    owner: Option<u64>,
     sink: mpsc::Sender<Value>,
     client_token: Value,
     activity: Arc<Notify>,
@@ -45,12 +49,13 @@ impl Drop for ProgressGuard<'_> {
 
 impl ProgressRoutes {
     /// Swaps the client's token in `params` for a fresh one of plexus's, routed to
-    /// `sink` for progress that `upstream` sends.
+    /// `sink` for progress that `upstream`'s instance owned by `owner` sends.
     pub fn register(
         &self,
         params: &mut Option<Value>,
         sink: &mpsc::Sender<Value>,
         upstream: &Arc<str>,
+        owner: Option<u64>,
     ) -> Option<ProgressGuard<'_>> {
         let meta = params.as_mut()?.get_mut("_meta")?.as_object_mut()?;
         let client_token = meta.remove("progressToken")?;
@@ -61,6 +66,7 @@ impl ProgressRoutes {
             token.clone(),
             ProgressRoute {
                 upstream: upstream.clone(),
+                owner,
                 sink: sink.clone(),
                 client_token,
                 activity: activity.clone(),
@@ -73,9 +79,9 @@ impl ProgressRoutes {
         })
     }
 
-    /// Sends the progress notification `upstream` sent to the call it is about,
-    /// under that client's own token.
-    pub fn route(&self, message: &Value, upstream: &str) {
+    /// Sends the progress notification that `upstream`'s instance owned by `owner`
+    /// sent to the call it is about, under that client's own token.
+    pub fn route(&self, message: &Value, upstream: &str, owner: Option<u64>) {
         let Some(params) = message.get("params").and_then(Value::as_object) else {
             return;
         };
@@ -86,14 +92,14 @@ impl ProgressRoutes {
             tracing::debug!(token, "progress for a call that is no longer in flight");
             return;
         };
-        if *route.upstream != *upstream {
+        if *route.upstream != *upstream || route.owner != owner {
             // An upstream cannot flood the log.
             if let Some(misrouted) = adapters::rpc::count_rarely(&self.misrouted) {
                 tracing::warn!(
                     upstream,
                     token,
                     misrouted,
-                    "an upstream sent progress under the token of a call to another upstream; dropped"
+                    "an upstream sent progress under the token of a call to another upstream, or to another session's instance; dropped"
                 );
             }
             return;
@@ -126,7 +132,7 @@ mod tests {
         let (sink, mut received) = mpsc::channel(4);
         let mut params = Some(json!({"name": "x", "_meta": {"progressToken": 7}}));
         let upstream: Arc<str> = Arc::from("alpha");
-        let guard = routes.register(&mut params, &sink, &upstream);
+        let guard = routes.register(&mut params, &sink, &upstream, Some(1));
         let token = params
             .as_ref()
             .and_then(|p| p["_meta"]["progressToken"].as_str());
@@ -135,14 +141,28 @@ mod tests {
         routes.route(
             &json!({"params": {"progressToken": "plexus-1", "progress": 9, "message": "enter your password"}}),
             "beta",
+            Some(1),
         );
         assert!(
             received.try_recv().is_err(),
             "another upstream's progress got through"
         );
+        // Nor is another session's instance of the same upstream, nor its shared one.
+        for owner in [Some(2), None] {
+            routes.route(
+                &json!({"params": {"progressToken": "plexus-1", "progress": 9}}),
+                "alpha",
+                owner,
+            );
+            assert!(
+                received.try_recv().is_err(),
+                "another instance's progress got through ({owner:?})"
+            );
+        }
         routes.route(
             &json!({"params": {"progressToken": "plexus-1", "progress": 1}}),
             "alpha",
+            Some(1),
         );
         let sent = received.try_recv().ok();
         assert_eq!(
@@ -154,6 +174,7 @@ mod tests {
         routes.route(
             &json!({"params": {"progressToken": "plexus-1", "progress": 2}}),
             "alpha",
+            Some(1),
         );
         assert!(received.try_recv().is_err());
     }

@@ -323,3 +323,74 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// plexus's progress tokens are guessable (`plexus-<n>`), and each per-session
+/// instance is a process of its own: one that names another session's call by its
+/// token is the same upstream, but not the instance the call went to, and is not
+/// heard. The victim sees its own progress alone, and the log says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_session_instance_cannot_speak_into_another_sessions_call_by_its_progress_token(
+) -> anyhow::Result<()> {
+    let section = fixture_upstream("mine", "share = \"session\"", &["--name", "per-session"]);
+    let daemon = Daemon::start("", &section).await?;
+    let mut victim = RawHttpSession::connect(&daemon.url).await?;
+    let mut spoofer = RawHttpSession::connect(&daemon.url).await?;
+    let mut listed = false;
+    for _ in 0..200 {
+        let tools = victim.request("tools/list", json!({})).await?;
+        if tools.to_string().contains("mine__sleep") {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(listed, "never listed\n{}", daemon.log());
+    // Each session's instance is running before the calls that matter.
+    for session in [&mut victim, &mut spoofer] {
+        let echo = session
+            .request(
+                "tools/call",
+                json!({"name": "mine__echo", "arguments": {"text": "up"}}),
+            )
+            .await?;
+        ensure!(echo["result"]["content"][0]["text"] == "up", "{echo}");
+    }
+    // The daemon's first progress token is `plexus-1`: the victim's call gets it.
+    let victims_call = victim.request(
+        "tools/call",
+        json!({"name": "mine__sleep", "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
+    );
+    let spoofing = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        spoofer
+            .request(
+                "tools/call",
+                json!({"name": "mine__sleep", "arguments": {"ms": 600, "spoof_progress": "plexus-1"}}),
+            )
+            .await
+    };
+    let (answer, spoofed) = tokio::join!(victims_call, spoofing);
+    ensure!(answer?["result"]["content"][0]["text"] == "slept 1500 ms");
+    ensure!(spoofed?["result"]["content"][0]["text"] == "slept 600 ms");
+    let progress: Vec<&Value> = victim
+        .streamed
+        .iter()
+        .filter(|message| message["method"] == "notifications/progress")
+        .collect();
+    ensure!(
+        !progress.is_empty()
+            && progress.iter().all(|message| {
+                message["params"]["progressToken"] == "mine"
+                    && message["params"]["total"] == 1500.0
+                    && message["params"].get("message").is_none()
+            }),
+        "the victim heard another session's instance: {progress:?}"
+    );
+    let log = daemon.log();
+    ensure!(
+        log.contains("or to another session's instance; dropped"),
+        "{log}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -152,11 +152,12 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     // call's last progress is there before its result, which takes the reply's path.
     let progress = upstream.supervision.progress.clone();
     let from = name.clone();
+    let owner = instance.owner();
     let events_tx = Events::new(events_tx).with_tap(Arc::new(move |message| {
         let is_progress =
             message.get("method").and_then(Value::as_str) == Some("notifications/progress");
         if is_progress {
-            progress.route(message, &from);
+            progress.route(message, &from, owner);
         }
         is_progress
     }));
