@@ -207,10 +207,10 @@ fn validate_daemon(
             message: format!("{page_size} is out of range (1 to 10000)"),
         });
     }
-    let mut duration = |key: &str, value: Option<String>, default: Duration| {
+    let mut duration = |key: &str, value: Option<String>, default: Duration, zero: Zero| {
         value.map_or(default, |text| {
             parse_duration(&text)
-                .and_then(|duration| nonzero_where_needed(key, duration))
+                .and_then(|duration| nonzero_where_needed(zero, duration))
                 .unwrap_or_else(|message| {
                     issues.push(ConfigIssue {
                         key: format!("daemon.{key}"),
@@ -220,11 +220,17 @@ fn validate_daemon(
                 })
         })
     };
-    let drain_timeout = duration("drain_timeout", raw.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+    let drain_timeout = duration(
+        "drain_timeout",
+        raw.drain_timeout,
+        DEFAULT_DRAIN_TIMEOUT,
+        Zero::Allowed,
+    );
     let session_idle_timeout = duration(
         "session_idle_timeout",
         raw.session_idle_timeout,
         DEFAULT_SESSION_IDLE_TIMEOUT,
+        Zero::Refused,
     );
     let state_dir = match raw.state_dir {
         Some(dir) => base.join(dir),
@@ -234,16 +240,19 @@ fn validate_daemon(
         "header_read_timeout",
         raw.header_read_timeout,
         DEFAULT_HEADER_READ_TIMEOUT,
+        Zero::Refused,
     );
     let body_read_timeout = duration(
         "body_read_timeout",
         raw.body_read_timeout,
         DEFAULT_BODY_READ_TIMEOUT,
+        Zero::Refused,
     );
     let first_list_wait = duration(
         "first_list_wait",
         raw.first_list_wait,
         DEFAULT_FIRST_LIST_WAIT,
+        Zero::Allowed,
     );
     let pins = base.join(raw.pins.unwrap_or_else(|| PathBuf::from(DEFAULT_PINS_FILE)));
     let mut tokens = Vec::new();
@@ -441,9 +450,9 @@ fn validate_upstream(
             None
         }
     };
-    let mut duration = |field: &str, value: Option<String>, default: Duration| {
+    let mut duration = |field: &str, value: Option<String>, default: Duration, zero: Zero| {
         let parsed = |text: &str| {
-            parse_duration(text).and_then(|duration| nonzero_where_needed(field, duration))
+            parse_duration(text).and_then(|duration| nonzero_where_needed(zero, duration))
         };
         value.map_or(Some(default), |text| match parsed(&text) {
             Ok(duration) => Some(duration),
@@ -456,44 +465,82 @@ fn validate_upstream(
             }
         })
     };
-    let init_timeout = duration("init_timeout", raw.init_timeout, DEFAULT_INIT_TIMEOUT);
-    let call_timeout = duration("call_timeout", raw.call_timeout, DEFAULT_CALL_TIMEOUT);
+    let init_timeout = duration(
+        "init_timeout",
+        raw.init_timeout,
+        DEFAULT_INIT_TIMEOUT,
+        Zero::Refused,
+    );
+    let call_timeout = duration(
+        "call_timeout",
+        raw.call_timeout,
+        DEFAULT_CALL_TIMEOUT,
+        Zero::Refused,
+    );
     // Unset, the cap is never below the call's own deadline.
     let explicit_max_call_timeout = raw.max_call_timeout.is_some();
     let max_call_timeout = duration(
         "max_call_timeout",
         raw.max_call_timeout,
         DEFAULT_MAX_CALL_TIMEOUT.max(call_timeout.unwrap_or_default()),
+        Zero::Refused,
     );
-    let idle_timeout = duration("idle_timeout", raw.idle_timeout, DEFAULT_IDLE_TIMEOUT);
-    let restart_window = duration("restart_window", raw.restart_window, DEFAULT_RESTART_WINDOW);
+    let idle_timeout = duration(
+        "idle_timeout",
+        raw.idle_timeout,
+        DEFAULT_IDLE_TIMEOUT,
+        Zero::Allowed,
+    );
+    let restart_window = duration(
+        "restart_window",
+        raw.restart_window,
+        DEFAULT_RESTART_WINDOW,
+        Zero::Allowed,
+    );
     let restart_backoff = duration(
         "restart_backoff",
         raw.restart_backoff,
         DEFAULT_RESTART_BACKOFF,
+        Zero::Allowed,
     );
     let restart_backoff_max = duration(
         "restart_backoff_max",
         raw.restart_backoff_max,
         DEFAULT_RESTART_BACKOFF_MAX,
+        Zero::Allowed,
     );
     let health_interval = duration(
         "health_interval",
         raw.health_interval,
         DEFAULT_HEALTH_INTERVAL,
+        Zero::Allowed,
     );
-    let health_timeout = duration("health_timeout", raw.health_timeout, DEFAULT_HEALTH_TIMEOUT);
-    let stop_grace = duration("stop_grace", raw.stop_grace, DEFAULT_STOP_GRACE);
+    let health_timeout = duration(
+        "health_timeout",
+        raw.health_timeout,
+        DEFAULT_HEALTH_TIMEOUT,
+        Zero::Refused,
+    );
+    let stop_grace = duration(
+        "stop_grace",
+        raw.stop_grace,
+        DEFAULT_STOP_GRACE,
+        Zero::Allowed,
+    );
     let schema_check_interval = duration(
         "schema_check_interval",
         raw.schema_check_interval,
         DEFAULT_SCHEMA_CHECK_INTERVAL,
+        Zero::Allowed,
     );
     let mut tool_timeouts = BTreeMap::new();
     for (tool, text) in raw.tool_timeouts {
-        if let Some(timeout) =
-            duration(&format!("tool_timeouts.{tool}"), Some(text), Duration::ZERO)
-        {
+        if let Some(timeout) = duration(
+            &format!("tool_timeouts.{tool}"),
+            Some(text),
+            Duration::ZERO,
+            Zero::Refused,
+        ) {
             tool_timeouts.insert(tool, timeout);
         }
     }
@@ -912,23 +959,19 @@ fn is_origin_entry(entry: &str) -> bool {
     })
 }
 
-/// Timeouts that cannot be zero: `"0s"` reads as "never" to some, and here it would
-/// fail every call, start, health check, connection or session at once. Only
-/// `health_interval` and `schema_check_interval` take `"0s"`, for never.
-const NEVER_ZERO: &[&str] = &[
-    "init_timeout",
-    "call_timeout",
-    "max_call_timeout",
-    "health_timeout",
-    "header_read_timeout",
-    "body_read_timeout",
-    "session_idle_timeout",
-];
+/// Whether a duration key takes `"0s"`. Timeouts do not: `"0s"` reads as "never" to
+/// some, and here it would fail every call, start, health check, connection or
+/// session at once. Only `health_interval` and `schema_check_interval` take `"0s"`,
+/// for never (and the grace and back-off keys, for none).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Zero {
+    Allowed,
+    Refused,
+}
 
-/// `duration`, unless `key` is one that cannot be zero and it is.
-fn nonzero_where_needed(key: &str, duration: Duration) -> Result<Duration, String> {
-    let never_zero = NEVER_ZERO.contains(&key) || key.starts_with("tool_timeouts.");
-    if never_zero && duration.is_zero() {
+/// `duration`, unless it is zero where `zero` refuses that.
+fn nonzero_where_needed(zero: Zero, duration: Duration) -> Result<Duration, String> {
+    if zero == Zero::Refused && duration.is_zero() {
         return Err("must be longer than 0s (only health_interval and schema_check_interval take \"0s\", for never)".into());
     }
     Ok(duration)
