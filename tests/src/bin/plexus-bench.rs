@@ -75,6 +75,12 @@ struct Cli {
     /// `--targets` naming neither).
     #[arg(long, value_name = "BINARY")]
     against: Option<PathBuf>,
+    /// Threads of the clients' runtime. One by default, as the MCP clients people
+    /// run are (Node's and Python's event loops): on a machine of few cores, a
+    /// client's own idle threads woken at each reply compete with the processes it
+    /// measures, and more with a relay's three than a direct connection's two.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    client_threads: usize,
 }
 
 /// What one run measures.
@@ -156,18 +162,34 @@ fn cells(payloads: &[usize], calls: impl Fn(usize, usize) -> usize) -> Vec<Cell>
     cells
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.client_threads == 0 {
+        bail!("--client-threads must be at least 1");
+    }
+    let runtime = if cli.client_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cli.client_threads)
+            .enable_all()
+            .build()
+    }
+    .context("building the clients' runtime")?;
+    println!("clients: {} runtime thread(s)", cli.client_threads);
     // Interrupted, the run is dropped: the daemons and fixtures it started go with
     // their handles (killed on drop) instead of outliving the bench.
-    tokio::select! {
-        outcome = run(cli) => outcome,
-        signal = interrupted() => {
-            signal?;
-            anyhow::bail!("interrupted; every process the bench started was stopped")
+    runtime.block_on(async {
+        tokio::select! {
+            outcome = run(cli) => outcome,
+            signal = interrupted() => {
+                signal?;
+                anyhow::bail!("interrupted; every process the bench started was stopped")
+            }
         }
-    }
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM.
