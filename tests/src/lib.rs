@@ -13,7 +13,7 @@ use rmcp::model::{ClientConfig, ProtocolVersion};
 use rmcp::service::RunningService;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
@@ -482,6 +482,57 @@ impl RawHttpSession {
         }
         Ok(request.send().await?.status().as_u16())
     }
+}
+
+/// A progress-token spoofing round: `victim` calls `victim_tool` (the fixture's
+/// `sleep`, 1.5 s, with progress) while `spoofer`, 300 ms later, calls
+/// `spoofer_tool` (a `sleep` of 600 ms that also sends its progress under
+/// `plexus-1`, the daemon's first progress token and so the victim's). Fails unless
+/// both are answered and the victim hears its own progress, all of it, alone.
+pub async fn progress_is_not_spoofed(
+    victim: &mut RawHttpSession,
+    victim_tool: &str,
+    spoofer: &mut RawHttpSession,
+    spoofer_tool: &str,
+) -> anyhow::Result<()> {
+    let victims_call = victim.request(
+        "tools/call",
+        json!({"name": victim_tool, "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
+    );
+    let spoofing = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        spoofer
+            .request(
+                "tools/call",
+                json!({"name": spoofer_tool, "arguments": {"ms": 600, "spoof_progress": "plexus-1"}}),
+            )
+            .await
+    };
+    let (answer, spoofed) = tokio::join!(victims_call, spoofing);
+    let (answer, spoofed) = (answer?, spoofed?);
+    anyhow::ensure!(
+        answer["result"]["content"][0]["text"] == "slept 1500 ms",
+        "{answer}"
+    );
+    anyhow::ensure!(
+        spoofed["result"]["content"][0]["text"] == "slept 600 ms",
+        "{spoofed}"
+    );
+    let progress: Vec<&Value> = victim
+        .streamed
+        .iter()
+        .filter(|message| message["method"] == "notifications/progress")
+        .collect();
+    anyhow::ensure!(
+        !progress.is_empty()
+            && progress.iter().all(|message| {
+                message["params"]["progressToken"] == "mine"
+                    && message["params"]["total"] == 1500.0
+                    && message["params"].get("message").is_none()
+            }),
+        "the victim heard progress not of its own call: {progress:?}"
+    );
+    Ok(())
 }
 
 /// Raw JSON-RPC over a child's stdin/stdout: what a server sends, unmodified. The

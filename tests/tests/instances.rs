@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use plexus_tests::{eventually, fixture_upstream, processes_matching, Daemon, RawHttpSession};
+use plexus_tests::{
+    eventually, fixture_upstream, processes_matching, progress_is_not_spoofed, Daemon,
+    RawHttpSession,
+};
 use serde_json::{json, Value};
 
 /// Calls `mine__whoami` until the upstream (discovered, then started for this
@@ -356,36 +359,7 @@ async fn a_per_session_instance_cannot_speak_into_another_sessions_call_by_its_p
         ensure!(echo["result"]["content"][0]["text"] == "up", "{echo}");
     }
     // The daemon's first progress token is `plexus-1`: the victim's call gets it.
-    let victims_call = victim.request(
-        "tools/call",
-        json!({"name": "mine__sleep", "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
-    );
-    let spoofing = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        spoofer
-            .request(
-                "tools/call",
-                json!({"name": "mine__sleep", "arguments": {"ms": 600, "spoof_progress": "plexus-1"}}),
-            )
-            .await
-    };
-    let (answer, spoofed) = tokio::join!(victims_call, spoofing);
-    ensure!(answer?["result"]["content"][0]["text"] == "slept 1500 ms");
-    ensure!(spoofed?["result"]["content"][0]["text"] == "slept 600 ms");
-    let progress: Vec<&Value> = victim
-        .streamed
-        .iter()
-        .filter(|message| message["method"] == "notifications/progress")
-        .collect();
-    ensure!(
-        !progress.is_empty()
-            && progress.iter().all(|message| {
-                message["params"]["progressToken"] == "mine"
-                    && message["params"]["total"] == 1500.0
-                    && message["params"].get("message").is_none()
-            }),
-        "the victim heard another session's instance: {progress:?}"
-    );
+    progress_is_not_spoofed(&mut victim, "mine__sleep", &mut spoofer, "mine__sleep").await?;
     let log = daemon.log();
     ensure!(
         log.contains("or to another session's instance; dropped"),

@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::{
-    arguments, fixture_binary, fixture_upstream, http_client, plexus_binary, Client, Daemon,
-    HttpFixture, RawHttpSession, RawStdioSession, TestClient,
+    arguments, fixture_binary, fixture_upstream, http_client, plexus_binary,
+    progress_is_not_spoofed, Client, Daemon, HttpFixture, RawHttpSession, RawStdioSession,
+    TestClient,
 };
 use rmcp::model::CallToolRequestParams;
 use rmcp::ServiceError;
@@ -630,37 +631,7 @@ async fn an_upstream_cannot_speak_into_another_upstreams_call_by_its_progress_to
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let mut victim = RawHttpSession::connect(&daemon.url).await?;
     let mut spoofer = RawHttpSession::connect(&daemon.url).await?;
-    // The daemon's first progress token is `plexus-1`: the victim's call gets it.
-    let victims_call = victim.request(
-        "tools/call",
-        json!({"name": "alpha__sleep", "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
-    );
-    let spoofing = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        spoofer
-            .request(
-                "tools/call",
-                json!({"name": "beta__sleep", "arguments": {"ms": 600, "spoof_progress": "plexus-1"}}),
-            )
-            .await
-    };
-    let (answer, spoofed) = tokio::join!(victims_call, spoofing);
-    ensure!(answer?["result"]["content"][0]["text"] == "slept 1500 ms");
-    ensure!(spoofed?["result"]["content"][0]["text"] == "slept 600 ms");
-    let progress: Vec<&Value> = victim
-        .streamed
-        .iter()
-        .filter(|message| message["method"] == "notifications/progress")
-        .collect();
-    ensure!(
-        !progress.is_empty()
-            && progress.iter().all(|message| {
-                message["params"]["progressToken"] == "mine"
-                    && message["params"]["total"] == 1500.0
-                    && message["params"].get("message").is_none()
-            }),
-        "the victim heard another upstream's progress: {progress:?}"
-    );
+    progress_is_not_spoofed(&mut victim, "alpha__sleep", &mut spoofer, "beta__sleep").await?;
     let log = daemon.log();
     ensure!(
         log.contains("an upstream sent progress under the token of a call to another upstream"),
