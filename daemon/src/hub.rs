@@ -602,6 +602,9 @@ impl Hub {
             .and_then(|tool| config.tool_timeouts.get(tool))
             .copied()
             .unwrap_or(config.call_timeout);
+        if !call.modern {
+            upstream.settle_handshake_twin(config.init_timeout).await;
+        }
         let instance = upstream.instance_for(call.owner, call.modern);
         // A starting upstream is waited for within the call's own deadline (a client
         // that just launched plexus must not see its first call fail); an on-demand

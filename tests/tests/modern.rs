@@ -460,6 +460,85 @@ async fn ask(client: &Client, tool: &str, kind: &str) -> anyhow::Result<String> 
         .with_context(|| format!("{tool} {kind}: {result}"))
 }
 
+/// SDKs of 2026-07-28 list only that revision in `server/discover`, yet answer
+/// `initialize`; a tool of theirs that asks the client with a request of its own
+/// reaches the client only in a handshake-era session. So a handshake-era client's
+/// calls to such an upstream go to a handshake-era twin of it, as for one listing
+/// both eras. One that refuses `initialize` too serves 2026-07-28 alone: its twin is
+/// given up at the first refusal, and handshake-era clients are bridged to the
+/// shared instance (its input-required results asked as real requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_it_can(
+) -> anyhow::Result<()> {
+    let sections = format!(
+        "{}{}",
+        fixture_upstream("sdk", "", &["--modern", "--discover-modern-only"]),
+        fixture_upstream(
+            "strict",
+            "",
+            &["--modern", "--discover-modern-only", "--refuse-handshake"]
+        )
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let old = AnsweringClient::named("old");
+    let legacy = rmcp::ServiceExt::serve(
+        old.clone(),
+        StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+    )
+    .await?;
+    let new = AnsweringClient::named("new").modern();
+    let modern_client = connect_modern(&new, &daemon.url).await?;
+    for round in 0..2 {
+        for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
+            for upstream in ["sdk", "strict"] {
+                for kind in ["sampling", "elicitation"] {
+                    let text = ask(client, &format!("{upstream}__ask"), kind)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "{name} client, {upstream}, {kind}, round {round}\n{}",
+                                daemon.log()
+                            )
+                        })?;
+                    ensure!(
+                        text == expected_ask(kind, name),
+                        "{name}, {upstream}: {text}"
+                    );
+                }
+            }
+        }
+    }
+    let log = daemon.log();
+    let initialized = |upstream: &str, protocol: &str| {
+        log.lines()
+            .filter(|l| {
+                l.contains("upstream initialized")
+                    && l.contains(&format!("upstream={upstream} "))
+                    && l.contains(&format!("protocol={protocol}"))
+            })
+            .count()
+    };
+    // sdk: the shared instance, and the handshake-era twin the old client's calls went to.
+    ensure!(
+        initialized("sdk", "2026-07-28") == 1 && initialized("sdk", "2025-11-25") == 1,
+        "{log}"
+    );
+    // strict: its twin was refused once, and never asked again.
+    ensure!(
+        initialized("strict", "2025-11-25") == 0
+            && log
+                .matches("listed 2026-07-28 alone and refused initialize too")
+                .count()
+                == 1,
+        "{log}"
+    );
+    legacy.cancel().await?;
+    modern_client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 /// A 2026-07-28 upstream (the fixture with `--modern`, found by plexus's
 /// `server/discover` probe) and a handshake-era one, each used by clients of
 /// both eras: every client gets the same answers. A handshake-era client is

@@ -204,12 +204,16 @@ impl Session {
     ) -> Result<Reply, RelayError> {
         // A 2026-07-28 client retries for itself, and a handshake-era client is
         // answered input_required only by a 2026-07-28 upstream: the params are
-        // kept for a retry unless neither can happen.
+        // kept for a retry unless neither can happen (once the era the call will
+        // be served in is known).
+        let named = self.hub.upstream_named(upstream);
+        if let (Ok(named), false) = (&named, self.is_scope()) {
+            named
+                .settle_handshake_twin(named.config().init_timeout)
+                .await;
+        }
         let may_retry = !self.is_scope()
-            && !self
-                .hub
-                .upstream_named(upstream)
-                .is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());
+            && !named.is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());
         if !may_retry {
             let reply = self
                 .hub

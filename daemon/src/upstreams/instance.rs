@@ -4,7 +4,7 @@
 //! (`supervise`) drives each instance's life.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -443,6 +443,10 @@ pub struct Upstream {
     /// and this one, started on the first handshake-era session's call, the
     /// handshake era.
     handshake_twin: std::sync::OnceLock<Arc<Instance>>,
+    /// The twin's `initialize` was refused by an upstream whose `server/discover`
+    /// listed 2026-07-28 alone: it serves no other era after all, and
+    /// handshake-era clients are bridged to its shared instance.
+    handshake_refused: AtomicBool,
     sessions: DashMap<u64, Arc<Instance>>,
     /// How many `sessions` holds: every session's end asks every upstream, and most
     /// have none to stop (a 2026-07-28 request is a session of its own).
@@ -483,6 +487,7 @@ impl Upstream {
             config: RwLock::new(Arc::new(config)),
             shared: Arc::new(shared),
             handshake_twin: std::sync::OnceLock::new(),
+            handshake_refused: AtomicBool::new(false),
             sessions: DashMap::new(),
             session_count: AtomicUsize::new(0),
             stats: Arc::new(ConnectionStats::default()),
@@ -634,13 +639,61 @@ impl Upstream {
         config.start == Start::Lazy || config.share == Share::Session
     }
 
-    /// Whether requests of handshake-era clients go to a handshake-era instance:
-    /// the upstream's `server/discover` listed both eras and `protocol = "auto"`.
+    /// Whether requests of handshake-era clients go to a handshake-era instance
+    /// (`protocol = "auto"`, a 2026-07-28 upstream): its `server/discover` listed
+    /// both eras, or, shared, it listed 2026-07-28 alone and has not refused
+    /// `initialize`. SDKs list only 2026-07-28 there yet answer `initialize`, and
+    /// their tools' own requests to the client (sampling, elicitation) reach it only
+    /// in a handshake-era session. Per-session instances keep to what was listed.
     pub fn serves_both_eras(&self) -> bool {
-        self.config().protocol.follows_client_era()
-            && self
-                .shared
-                .hello_is(|hello| hello.is_modern() && hello.also_handshake)
+        let config = self.config();
+        config.protocol.follows_client_era()
+            && self.shared.hello_is(|hello| {
+                hello.is_modern()
+                    && (hello.also_handshake
+                        || (config.share == Share::Shared && !self.handshake_refused()))
+            })
+    }
+
+    fn handshake_refused(&self) -> bool {
+        self.handshake_refused.load(Ordering::Relaxed)
+    }
+
+    /// The handshake twin of an upstream that listed 2026-07-28 alone was refused
+    /// `initialize`: from now on handshake-era clients are bridged to the shared instance.
+    pub(super) fn refuse_handshake_twin(&self) {
+        self.handshake_refused.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `instance` is the handshake twin of an upstream whose
+    /// `server/discover` listed 2026-07-28 alone (it may yet refuse `initialize`).
+    pub(super) fn twin_is_a_guess(&self, instance: &Instance) -> bool {
+        self.handshake_twin
+            .get()
+            .is_some_and(|twin| std::ptr::eq(Arc::as_ptr(twin), instance))
+            && !self.shared.hello_is(|hello| hello.also_handshake)
+    }
+
+    /// For a handshake-era client's request: if its call would go to a handshake
+    /// twin that is still a guess and not running, starts it and waits (within
+    /// `within`) until it runs or is refused, so the request, and whether it may
+    /// be answered input_required, follow the era it will really be served in.
+    pub async fn settle_handshake_twin(self: &Arc<Self>, within: Duration) {
+        if self.config().share != Share::Shared
+            || self.handshake_refused()
+            || !self.serves_both_eras()
+            || self.shared.hello_is(|hello| hello.also_handshake)
+        {
+            return;
+        }
+        let twin = self
+            .handshake_twin
+            .get_or_init(|| self.spawn_instance(true, None))
+            .clone();
+        if twin.live_connection().is_none() {
+            // Ready, or refused (and so stopped), or failing as any start can.
+            let _ = twin.connection_for_call(true, within).await;
+        }
     }
 
     /// The instance serving `session`: the shared one, or that session's own; for

@@ -199,6 +199,12 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     };
     let hello = match hello {
         Ok(Ok(hello)) => hello,
+        Ok(Err(error)) if error.refuses_handshake() && upstream.twin_is_a_guess(instance) => {
+            tracing::info!(upstream = %name, %error, "the upstream listed 2026-07-28 alone and refused initialize too; handshake-era clients are bridged to its 2026-07-28 instance");
+            upstream.refuse_handshake_twin();
+            instance.fail(format!("initialize refused: {error}"));
+            return end_run(instance, &connection, RunEnd::Stopped).await;
+        }
         Ok(Err(error)) => {
             tracing::error!(upstream = %name, %error, stderr = ?connection.stderr_tail(), "upstream initialize failed");
             instance.fail(format!("initialize failed: {error}"));

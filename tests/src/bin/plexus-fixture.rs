@@ -83,6 +83,10 @@ struct Cli {
     /// 2026-07-28 itself, as a server refusing one request's version does.
     #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
     refuse_first_discover: bool,
+    /// With --modern: `server/discover` lists 2026-07-28 alone while `initialize`
+    /// is still answered, as the SDKs of that revision do.
+    #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
+    discover_modern_only: bool,
     /// Over stdio, name the server in every result's `_meta`
     /// (`io.modelcontextprotocol/serverInfo`), as some SDKs of 2026-07-28 do.
     #[arg(long, conflicts_with = "unfiltered")]
@@ -319,6 +323,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     byte_order_mark: cli.byte_order_mark,
                     refuse_handshake: cli.refuse_handshake,
                     refuse_first_discover: cli.refuse_first_discover,
+                    discover_modern_only: cli.discover_modern_only,
                     server_info_in_results: cli.server_info_in_results,
                 },
             ));
