@@ -675,15 +675,24 @@ impl Upstream {
     }
 
     /// For a handshake-era client's request: if its call would go to a handshake
-    /// twin that is still a guess and not running, starts it and waits (within
-    /// `within`) until it runs or is refused, so the request, and whether it may
-    /// be answered input_required, follow the era it will really be served in.
-    pub async fn settle_handshake_twin(self: &Arc<Self>, within: Duration) {
-        if self.config().share != Share::Shared
-            || self.handshake_refused()
-            || !self.serves_both_eras()
-            || self.shared.hello_is(|hello| hello.also_handshake)
+    /// twin that is still a guess and not running, starts it and waits (within the
+    /// upstream's `init_timeout`) until it runs or is refused, so the request, and
+    /// whether it may be answered input_required, follow the era it will really be
+    /// served in. Asked per request: the cheap tests come first.
+    pub async fn settle_handshake_twin(self: &Arc<Self>) {
+        if self.handshake_refused()
+            || !self
+                .shared
+                .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
+            || self
+                .handshake_twin
+                .get()
+                .is_some_and(|twin| twin.live_connection().is_some())
         {
+            return;
+        }
+        let config = self.config();
+        if config.share != Share::Shared || !config.protocol.follows_client_era() {
             return;
         }
         let twin = self
@@ -692,7 +701,7 @@ impl Upstream {
             .clone();
         if twin.live_connection().is_none() {
             // Ready, or refused (and so stopped), or failing as any start can.
-            let _ = twin.connection_for_call(true, within).await;
+            let _ = twin.connection_for_call(true, config.init_timeout).await;
         }
     }
 
