@@ -80,22 +80,6 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
-    /// Whether the upstream turned `initialize` down (refused it, answered a version
-    /// or a result plexus cannot use, or refused the HTTP request), rather than
-    /// failing to answer at all.
-    pub fn refuses_handshake(&self) -> bool {
-        match self {
-            HandshakeError::Refused { method, .. } | HandshakeError::Malformed { method, .. } => {
-                method == "initialize"
-            }
-            HandshakeError::UnsupportedVersion(_) => true,
-            HandshakeError::Connection(ConnectionError::HttpStatus { status, .. }) => {
-                (400..500).contains(status)
-            }
-            HandshakeError::Connection(_) => false,
-        }
-    }
-
     /// Whether this is an `initialize` refused for its version (-32022) by a
     /// server that lists 2026-07-28 among those it supports.
     fn names_modern_version(&self) -> bool {

@@ -465,18 +465,24 @@ async fn ask(client: &Client, tool: &str, kind: &str) -> anyhow::Result<String> 
 /// reaches the client only in a handshake-era session. So a handshake-era client's
 /// calls to such an upstream go to a handshake-era twin of it, as for one listing
 /// both eras. One that refuses `initialize` too serves 2026-07-28 alone: its twin is
-/// given up at the first refusal, and handshake-era clients are bridged to the
-/// shared instance (its input-required results asked as real requests).
+/// given up at the first refusal (or any failure to start), and handshake-era
+/// clients are bridged to the shared instance (its input-required results asked as
+/// real requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_it_can(
 ) -> anyhow::Result<()> {
     let sections = format!(
-        "{}{}",
+        "{}{}{}",
         fixture_upstream("sdk", "", &["--modern", "--discover-modern-only"]),
         fixture_upstream(
             "strict",
             "",
             &["--modern", "--discover-modern-only", "--refuse-handshake"]
+        ),
+        fixture_upstream(
+            "crashy",
+            "",
+            &["--modern", "--discover-modern-only", "--exit-on-initialize"]
         )
     );
     let daemon = Daemon::start("", &sections).await?;
@@ -491,7 +497,7 @@ async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_
     let modern_client = connect_modern(&new, &daemon.url).await?;
     for round in 0..2 {
         for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
-            for upstream in ["sdk", "strict"] {
+            for upstream in ["sdk", "strict", "crashy"] {
                 for kind in ["sampling", "elicitation"] {
                     let text = ask(client, &format!("{upstream}__ask"), kind)
                         .await
@@ -524,13 +530,15 @@ async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_
         initialized("sdk", "2026-07-28") == 1 && initialized("sdk", "2025-11-25") == 1,
         "{log}"
     );
-    // strict: its twin was refused once, and never asked again.
+    // strict and crashy: each twin failed once (refused, or its process exited),
+    // and was never started again.
     ensure!(
         initialized("strict", "2025-11-25") == 0
+            && initialized("crashy", "2025-11-25") == 0
             && log
-                .matches("listed 2026-07-28 alone and refused initialize too")
+                .matches("listed 2026-07-28 alone and did not take initialize either")
                 .count()
-                == 1,
+                == 2,
         "{log}"
     );
     legacy.cancel().await?;

@@ -199,10 +199,19 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     };
     let hello = match hello {
         Ok(Ok(hello)) => hello,
-        Ok(Err(error)) if error.refuses_handshake() && upstream.twin_is_a_guess(instance) => {
-            tracing::info!(upstream = %name, %error, "the upstream listed 2026-07-28 alone and refused initialize too; handshake-era clients are bridged to its 2026-07-28 instance");
+        // A twin guessed at (the upstream listed 2026-07-28 alone) that does not
+        // start, however it fails, is given up: the upstream serves handshake-era
+        // clients as it did without one, bridged.
+        Ok(Err(error)) if upstream.twin_is_a_guess(instance) => {
+            tracing::info!(upstream = %name, %error, "the upstream listed 2026-07-28 alone and did not take initialize either; handshake-era clients are bridged to its 2026-07-28 instance");
             upstream.refuse_handshake_twin();
-            instance.fail(format!("initialize refused: {error}"));
+            instance.fail(format!("initialize failed: {error}"));
+            return end_run(instance, &connection, RunEnd::Stopped).await;
+        }
+        Err(_) if upstream.twin_is_a_guess(instance) => {
+            tracing::info!(upstream = %name, timeout_ms = config.init_timeout.as_millis() as u64, "the upstream listed 2026-07-28 alone and did not answer initialize either; handshake-era clients are bridged to its 2026-07-28 instance");
+            upstream.refuse_handshake_twin();
+            instance.fail("it did not answer initialize in time".into());
             return end_run(instance, &connection, RunEnd::Stopped).await;
         }
         Ok(Err(error)) => {

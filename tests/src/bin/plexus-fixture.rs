@@ -87,6 +87,9 @@ struct Cli {
     /// is still answered, as the SDKs of that revision do.
     #[arg(long, requires = "modern", conflicts_with = "unfiltered")]
     discover_modern_only: bool,
+    /// Over stdio, exit (status 3) instead of answering `initialize`.
+    #[arg(long, conflicts_with = "unfiltered")]
+    exit_on_initialize: bool,
     /// Over stdio, name the server in every result's `_meta`
     /// (`io.modelcontextprotocol/serverInfo`), as some SDKs of 2026-07-28 do.
     #[arg(long, conflicts_with = "unfiltered")]
@@ -324,6 +327,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     refuse_handshake: cli.refuse_handshake,
                     refuse_first_discover: cli.refuse_first_discover,
                     discover_modern_only: cli.discover_modern_only,
+                    exit_on_initialize: cli.exit_on_initialize,
                     server_info_in_results: cli.server_info_in_results,
                 },
             ));
