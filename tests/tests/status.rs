@@ -1,11 +1,12 @@
 //! `plexus status`, `GET /status`, the status page and the process metrics, against
-//! a daemon with a ready, a backing-off and a failed upstream; `plexus restart`.
+//! a daemon with a ready, a backing-off and a failed upstream, and with handshake
+//! twins; `plexus restart`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::{fixture_upstream, plexus_binary, Daemon, RawHttpSession};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 async fn plexus(args: &[&str], config: &std::path::Path) -> anyhow::Result<(i32, String)> {
     let output = tokio::process::Command::new(plexus_binary())
@@ -197,5 +198,76 @@ fn the_grafana_dashboard_charts_metrics_that_exist() -> anyhow::Result<()> {
         }
     }
     ensure!(charted >= 15, "only {charted} metric references");
+    Ok(())
+}
+
+/// A 2026-07-28 upstream listing that revision alone gets a handshake-era twin for
+/// handshake-era clients' calls: the status shows it (a second process of the
+/// upstream), and shows one the upstream would not start as given up, its clients
+/// bridged. An upstream with no twin shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_handshake_twins() -> anyhow::Result<()> {
+    let sections = [
+        fixture_upstream("plain", "", &[]),
+        fixture_upstream("sdk", "", &["--modern", "--discover-modern-only"]),
+        fixture_upstream(
+            "strict",
+            "",
+            &["--modern", "--discover-modern-only", "--refuse-handshake"],
+        ),
+    ]
+    .join("\n");
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let config = daemon.dir.path().join("config.toml");
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for upstream in ["plain", "sdk", "strict"] {
+        let echo = session
+            .request(
+                "tools/call",
+                json!({"name": format!("{upstream}__echo"), "arguments": {"text": "hi"}}),
+            )
+            .await?;
+        ensure!(echo["result"]["content"][0]["text"] == "hi", "{echo}");
+    }
+    let (code, out) = plexus(&["status", "--json"], &config).await?;
+    ensure!(code == 0, "status exit {code}: {out}");
+    let status: Value = serde_json::from_str(&out)?;
+    let twin = |name: &str| {
+        status["upstreams"]
+            .as_array()
+            .and_then(|all| all.iter().find(|u| u["name"] == name))
+            .map(|u| u["handshake_twin"].clone())
+            .unwrap_or_default()
+    };
+    ensure!(twin("plain").is_null(), "{status}");
+    let sdk = twin("sdk");
+    ensure!(
+        sdk["state"] == "ready"
+            && sdk["protocol"] == "2025-11-25"
+            && sdk["pid"].as_u64().is_some()
+            && sdk["given_up"] == false,
+        "{sdk}"
+    );
+    let strict = twin("strict");
+    ensure!(
+        strict["given_up"] == true
+            && strict["last_error"]
+                .as_str()
+                .is_some_and(|error| error.contains("initialize failed")),
+        "{strict}"
+    );
+    let (code, table) = plexus(&["status"], &config).await?;
+    ensure!(code == 0, "status exit {code}: {table}");
+    ensure!(
+        table.contains(&format!(
+            "handshake twin: ready pid {} 2025-11-25",
+            sdk["pid"]
+        )) && table.contains("handshake twin: given up (initialize failed")
+            && table.contains("handshake-era clients are bridged")
+            && table.matches("handshake twin:").count() == 2,
+        "{table}"
+    );
+    ensure!(daemon.stop().await?.success());
     Ok(())
 }

@@ -655,8 +655,15 @@ impl Upstream {
             })
     }
 
-    fn handshake_refused(&self) -> bool {
+    /// Whether a handshake twin guessed at did not start: handshake-era clients
+    /// are bridged to the shared instance.
+    pub fn handshake_refused(&self) -> bool {
         self.handshake_refused.load(Ordering::Relaxed)
+    }
+
+    /// The handshake-era twin, once a handshake-era client's call started it.
+    pub fn handshake_twin(&self) -> Option<&Arc<Instance>> {
+        self.handshake_twin.get()
     }
 
     /// The handshake twin of an upstream that listed 2026-07-28 alone was refused
