@@ -603,7 +603,7 @@ impl Hub {
             .copied()
             .unwrap_or(config.call_timeout);
         if !call.modern {
-            upstream.settle_handshake_twin().await;
+            upstream.settle_handshake_twin(call.owner).await;
         }
         let instance = upstream.instance_for(call.owner, call.modern);
         // A starting upstream is waited for within the call's own deadline (a client

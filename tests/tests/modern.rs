@@ -471,20 +471,28 @@ async fn ask(client: &Client, tool: &str, kind: &str) -> anyhow::Result<String> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_it_can(
 ) -> anyhow::Result<()> {
-    let sections = format!(
-        "{}{}{}",
+    let per_session = "share = \"session\"";
+    let sections = [
         fixture_upstream("sdk", "", &["--modern", "--discover-modern-only"]),
         fixture_upstream(
             "strict",
             "",
-            &["--modern", "--discover-modern-only", "--refuse-handshake"]
+            &["--modern", "--discover-modern-only", "--refuse-handshake"],
         ),
         fixture_upstream(
             "crashy",
             "",
-            &["--modern", "--discover-modern-only", "--exit-on-initialize"]
-        )
-    );
+            &["--modern", "--discover-modern-only", "--exit-on-initialize"],
+        ),
+        // Each session's own instance, of either kind.
+        fixture_upstream("mine", per_session, &["--modern", "--discover-modern-only"]),
+        fixture_upstream(
+            "mystrict",
+            per_session,
+            &["--modern", "--discover-modern-only", "--refuse-handshake"],
+        ),
+    ]
+    .concat();
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let old = AnsweringClient::named("old");
@@ -497,7 +505,7 @@ async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_
     let modern_client = connect_modern(&new, &daemon.url).await?;
     for round in 0..2 {
         for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
-            for upstream in ["sdk", "strict", "crashy"] {
+            for upstream in ["sdk", "strict", "crashy", "mine", "mystrict"] {
                 for kind in ["sampling", "elicitation"] {
                     let text = ask(client, &format!("{upstream}__ask"), kind)
                         .await
@@ -525,20 +533,24 @@ async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_
             })
             .count()
     };
-    // sdk: the shared instance, and the handshake-era twin the old client's calls went to.
+    // sdk: the shared instance, and the handshake-era twin the old client's calls
+    // went to; mine: the old client's session's own instance spoke its era.
     ensure!(
-        initialized("sdk", "2026-07-28") == 1 && initialized("sdk", "2025-11-25") == 1,
+        initialized("sdk", "2026-07-28") == 1
+            && initialized("sdk", "2025-11-25") == 1
+            && initialized("mine", "2025-11-25") == 1,
         "{log}"
     );
-    // strict and crashy: each twin failed once (refused, or its process exited),
-    // and was never started again.
+    // strict, crashy and mystrict: each guess failed once (refused, or its process
+    // exited), and was never started again.
     ensure!(
         initialized("strict", "2025-11-25") == 0
             && initialized("crashy", "2025-11-25") == 0
+            && initialized("mystrict", "2025-11-25") == 0
             && log
                 .matches("listed 2026-07-28 alone and did not take initialize either")
                 .count()
-                == 2,
+                == 3,
         "{log}"
     );
     legacy.cancel().await?;

@@ -208,7 +208,7 @@ impl Session {
         // be served in is known).
         let named = self.hub.upstream_named(upstream);
         if let (Ok(named), false) = (&named, self.is_scope()) {
-            named.settle_handshake_twin().await;
+            named.settle_handshake_twin(call.owner).await;
         }
         let may_retry = !self.is_scope()
             && !named.is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());

@@ -641,17 +641,14 @@ impl Upstream {
 
     /// Whether requests of handshake-era clients go to a handshake-era instance
     /// (`protocol = "auto"`, a 2026-07-28 upstream): its `server/discover` listed
-    /// both eras, or, shared, it listed 2026-07-28 alone and has not refused
-    /// `initialize`. SDKs list only 2026-07-28 there yet answer `initialize`, and
-    /// their tools' own requests to the client (sampling, elicitation) reach it only
-    /// in a handshake-era session. Per-session instances keep to what was listed.
+    /// both eras, or it listed 2026-07-28 alone and has not refused `initialize`.
+    /// SDKs list only 2026-07-28 there yet answer `initialize`, and their tools' own
+    /// requests to the client (sampling, elicitation) reach it only in a
+    /// handshake-era session.
     pub fn serves_both_eras(&self) -> bool {
-        let config = self.config();
-        config.protocol.follows_client_era()
+        self.config().protocol.follows_client_era()
             && self.shared.hello_is(|hello| {
-                hello.is_modern()
-                    && (hello.also_handshake
-                        || (config.share == Share::Shared && !self.handshake_refused()))
+                hello.is_modern() && (hello.also_handshake || !self.handshake_refused())
             })
     }
 
@@ -666,49 +663,60 @@ impl Upstream {
         self.handshake_twin.get()
     }
 
-    /// The handshake twin of an upstream that listed 2026-07-28 alone was refused
-    /// `initialize`: from now on handshake-era clients are bridged to the shared instance.
-    pub(super) fn refuse_handshake_twin(&self) {
+    /// A handshake-era instance guessed at (`twin_is_a_guess`) did not start: from
+    /// now on handshake-era clients are bridged to a 2026-07-28 instance, and a
+    /// session's own such instance gives way to one.
+    pub(super) fn refuse_handshake_twin(&self, instance: &Arc<Instance>) {
         self.handshake_refused.store(true, Ordering::Relaxed);
+        if let Some(owner) = instance.owner {
+            let removed = self
+                .sessions
+                .remove_if(&owner, |_, own| Arc::ptr_eq(own, instance));
+            if removed.is_some() {
+                self.session_count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
-    /// Whether `instance` is the handshake twin of an upstream whose
-    /// `server/discover` listed 2026-07-28 alone (it may yet refuse `initialize`).
+    /// Whether `instance` is a handshake-era one (the shared twin, or a session's
+    /// own) of an upstream whose `server/discover` listed 2026-07-28 alone: it may
+    /// yet refuse `initialize`.
     pub(super) fn twin_is_a_guess(&self, instance: &Instance) -> bool {
-        self.handshake_twin
-            .get()
-            .is_some_and(|twin| std::ptr::eq(Arc::as_ptr(twin), instance))
-            && !self.shared.hello_is(|hello| hello.also_handshake)
+        instance.protocol == Some(UpstreamProtocol::Handshake)
+            && !instance.publishes_listing
+            && self
+                .shared
+                .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
     }
 
-    /// For a handshake-era client's request: if its call would go to a handshake
-    /// twin that is still a guess and not running, starts it and waits (within the
-    /// upstream's `init_timeout`) until it runs or is refused, so the request, and
-    /// whether it may be answered input_required, follow the era it will really be
-    /// served in. Asked per request: the cheap tests come first.
-    pub async fn settle_handshake_twin(self: &Arc<Self>) {
+    /// For a handshake-era client's request in `session`: if it would go to a
+    /// handshake-era instance that is still a guess and not running (the shared
+    /// twin, or the session's own), starts it and waits (within the upstream's
+    /// `init_timeout`) until it runs or is refused, so the request, and whether it
+    /// may be answered input_required, follow the era it will really be served in.
+    /// Asked per request: the cheap tests come first.
+    pub async fn settle_handshake_twin(self: &Arc<Self>, session: u64) {
         if self.handshake_refused()
             || !self
                 .shared
                 .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
-            || self
-                .handshake_twin
-                .get()
-                .is_some_and(|twin| twin.live_connection().is_some())
         {
             return;
         }
         let config = self.config();
-        if config.share != Share::Shared || !config.protocol.follows_client_era() {
+        if !config.protocol.follows_client_era() {
             return;
         }
-        let twin = self
-            .handshake_twin
-            .get_or_init(|| self.spawn_instance(true, None))
-            .clone();
-        if twin.live_connection().is_none() {
+        let guessed = match config.share {
+            Share::Shared => self
+                .handshake_twin
+                .get_or_init(|| self.spawn_instance(true, None))
+                .clone(),
+            Share::Session => self.instance_for(session, false),
+        };
+        if guessed.live_connection().is_none() {
             // Ready, or refused (and so stopped), or failing as any start can.
-            let _ = twin.connection_for_call(true, config.init_timeout).await;
+            let _ = guessed.connection_for_call(true, config.init_timeout).await;
         }
     }
 

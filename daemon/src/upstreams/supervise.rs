@@ -204,13 +204,13 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
         // clients as it did without one, bridged.
         Ok(Err(error)) if upstream.twin_is_a_guess(instance) => {
             tracing::info!(upstream = %name, %error, "the upstream listed 2026-07-28 alone and did not take initialize either; handshake-era clients are bridged to its 2026-07-28 instance");
-            upstream.refuse_handshake_twin();
+            upstream.refuse_handshake_twin(instance);
             instance.fail(format!("initialize failed: {error}"));
             return end_run(instance, &connection, RunEnd::Stopped).await;
         }
         Err(_) if upstream.twin_is_a_guess(instance) => {
             tracing::info!(upstream = %name, timeout_ms = config.init_timeout.as_millis() as u64, "the upstream listed 2026-07-28 alone and did not answer initialize either; handshake-era clients are bridged to its 2026-07-28 instance");
-            upstream.refuse_handshake_twin();
+            upstream.refuse_handshake_twin(instance);
             instance.fail("it did not answer initialize in time".into());
             return end_run(instance, &connection, RunEnd::Stopped).await;
         }
