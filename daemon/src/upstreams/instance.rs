@@ -443,9 +443,9 @@ pub struct Upstream {
     /// and this one, started on the first handshake-era session's call, the
     /// handshake era.
     handshake_twin: std::sync::OnceLock<Arc<Instance>>,
-    /// The twin's `initialize` was refused by an upstream whose `server/discover`
-    /// listed 2026-07-28 alone: it serves no other era after all, and
-    /// handshake-era clients are bridged to its shared instance.
+    /// A handshake-era instance (the twin, or a session's own) of an upstream whose
+    /// `server/discover` listed 2026-07-28 alone did not start: it serves no other
+    /// era after all, and handshake-era clients are bridged.
     handshake_refused: AtomicBool,
     sessions: DashMap<u64, Arc<Instance>>,
     /// How many `sessions` holds: every session's end asks every upstream, and most
@@ -652,8 +652,8 @@ impl Upstream {
             })
     }
 
-    /// Whether a handshake twin guessed at did not start: handshake-era clients
-    /// are bridged to the shared instance.
+    /// Whether a handshake-era instance guessed at did not start: handshake-era
+    /// clients are bridged to a 2026-07-28 instance (the shared one, or their own).
     pub fn handshake_refused(&self) -> bool {
         self.handshake_refused.load(Ordering::Relaxed)
     }
