@@ -426,6 +426,11 @@ impl Hub {
     }
 
     /// The upstream of that name, or the error a call to it gets.
+    /// Whether `upstream` has a listing in the catalog (fresh, or kept from an earlier run).
+    pub fn lists(&self, upstream: &str) -> bool {
+        self.catalog.lists(upstream)
+    }
+
     pub fn upstream_named(&self, name: &str) -> Result<Arc<Upstream>, RelayError> {
         self.upstreams.named(name)
     }

@@ -611,6 +611,43 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
         )
         .await?;
     ensure!(echo["result"]["content"][0]["text"] == "ok", "{echo}");
+    // A name under an upstream that was never listed is about that upstream: its
+    // state, not an unknown name. A name under no upstream is unknown.
+    let ghostly = session
+        .request(
+            "tools/call",
+            json!({"name": "ghost__anything", "arguments": {}}),
+        )
+        .await?;
+    let error = &ghostly["error"];
+    ensure!(
+        error["code"] == -33001
+            && error["data"]["upstream"] == "ghost"
+            && error["data"]["state"]
+                .as_str()
+                .is_some_and(|state| state == "backing_off" || state == "failed"),
+        "{ghostly}"
+    );
+    let prompt = session
+        .request("prompts/get", json!({"name": "homeless__anything"}))
+        .await?;
+    ensure!(
+        prompt["error"]["code"] == -33001 && prompt["error"]["data"]["upstream"] == "homeless",
+        "{prompt}"
+    );
+    let nowhere = session
+        .request(
+            "tools/call",
+            json!({"name": "nobody__anything", "arguments": {}}),
+        )
+        .await?;
+    ensure!(
+        nowhere["error"]["code"] == -32602
+            && nowhere["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("unknown tool")),
+        "{nowhere}"
+    );
     let status = daemon.stop().await?;
     ensure!(status.success());
     Ok(())

@@ -26,6 +26,7 @@ use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, Envelope, RelayError};
 use crate::logging::LogLevel;
+use crate::upstreams::UpstreamState;
 
 /// Protocol revisions plexus serves to clients, oldest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -693,7 +694,7 @@ impl Session {
                     None => catalog
                         .route_unlisted_tool(&name)
                         .filter(|_| catalog.held(Kind::Tools, &name).is_none())
-                        .ok_or_else(|| unrouted(&catalog, Kind::Tools, &name))?,
+                        .ok_or_else(|| self.unrouted_name(&catalog, Kind::Tools, &name))?,
                 };
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let designated = catalog.param_headers(&name);
@@ -734,7 +735,7 @@ impl Session {
                 let (params, name) = take_string(params, "name")?;
                 let route = catalog
                     .route_prompt(&name)
-                    .ok_or_else(|| unrouted(&catalog, Kind::Prompts, &name))?;
+                    .ok_or_else(|| self.unrouted_name(&catalog, Kind::Prompts, &name))?;
                 self.forward_named(method, params, None, &route, &[], related)
                     .await
             }
@@ -1137,6 +1138,37 @@ impl Session {
         if !self.listed.swap(true, Ordering::Relaxed) {
             self.hub.wait_for_first_listings().await;
         }
+    }
+
+    /// The error for a tool or prompt name that routes nowhere. A name under the
+    /// prefix of an upstream this session may see that has no listing yet (its
+    /// first start is still under way, backing off, or failed) is about that
+    /// upstream: the caller hears its state (-33001), not that the name is unknown.
+    fn unrouted_name(&self, catalog: &registry::Catalog, kind: Kind, name: &str) -> RelayError {
+        let unknown = unrouted(catalog, kind, name);
+        if !matches!(
+            unknown,
+            RelayError::UnknownTool(_) | RelayError::UnknownPrompt(_)
+        ) {
+            return unknown;
+        }
+        for upstream in self.hub.upstreams().values() {
+            let config = upstream.config();
+            let under_prefix = !config.prefix.is_empty()
+                && name
+                    .strip_prefix(config.prefix.as_str())
+                    .and_then(|rest| rest.strip_prefix("__"))
+                    .is_some_and(|rest| !rest.is_empty());
+            if under_prefix
+                && config.enabled
+                && catalog.shows_upstream(upstream.name())
+                && upstream.shared.state() != UpstreamState::Ready
+                && !self.hub.lists(upstream.name())
+            {
+                return upstream.shared.unavailable();
+            }
+        }
+        unknown
     }
 
     async fn list(&self, kind: Kind, params: Option<Value>) -> Result<Value, RelayError> {
