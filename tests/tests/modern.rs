@@ -442,6 +442,26 @@ async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A handshake-era client and a 2026-07-28 one of the daemon at `url`, named "old"
+/// and "new", each answering the daemon's input requests; with their handlers,
+/// which record what each was asked.
+async fn old_and_new_clients(
+    url: &str,
+) -> anyhow::Result<(
+    (AnsweringClient, AnsweringService),
+    (AnsweringClient, AnsweringService),
+)> {
+    let old = AnsweringClient::named("old");
+    let legacy = rmcp::ServiceExt::serve(
+        old.clone(),
+        StreamableHttpClientTransport::from_uri(url.to_string()),
+    )
+    .await?;
+    let new = AnsweringClient::named("new").modern();
+    let modern = connect_modern(&new, url).await?;
+    Ok(((old, legacy), (new, modern)))
+}
+
 /// What `ask` answers when `client` fulfils its input request.
 fn expected_ask(kind: &str, client: &str) -> String {
     match kind {
@@ -495,14 +515,7 @@ async fn an_upstream_listing_2026_alone_meets_handshake_clients_in_their_era_if_
     .concat();
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
-    let old = AnsweringClient::named("old");
-    let legacy = rmcp::ServiceExt::serve(
-        old.clone(),
-        StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-    )
-    .await?;
-    let new = AnsweringClient::named("new").modern();
-    let modern_client = connect_modern(&new, &daemon.url).await?;
+    let ((_, legacy), (_, modern_client)) = old_and_new_clients(&daemon.url).await?;
     for round in 0..2 {
         for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
             for upstream in ["sdk", "strict", "crashy", "mine", "mystrict"] {
@@ -587,14 +600,7 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
         "fx was not reached with the handshake\n{log}"
     );
 
-    let old = AnsweringClient::named("old");
-    let legacy = rmcp::ServiceExt::serve(
-        old.clone(),
-        StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-    )
-    .await?;
-    let new = AnsweringClient::named("new").modern();
-    let modern_client = connect_modern(&new, &daemon.url).await?;
+    let ((old, legacy), (new, modern_client)) = old_and_new_clients(&daemon.url).await?;
 
     for (client, name) in [(&legacy, "old"), (&modern_client, "new")] {
         for upstream in ["fxm", "fx"] {
