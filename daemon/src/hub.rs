@@ -425,12 +425,12 @@ impl Hub {
         self.next_session.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// The upstream of that name, or the error a call to it gets.
     /// Whether `upstream` has a listing in the catalog (fresh, or kept from an earlier run).
     pub fn lists(&self, upstream: &str) -> bool {
         self.catalog.lists(upstream)
     }
 
+    /// The upstream of that name, or the error a call to it gets.
     pub fn upstream_named(&self, name: &str) -> Result<Arc<Upstream>, RelayError> {
         self.upstreams.named(name)
     }

@@ -209,15 +209,13 @@ fn validate_daemon(
     }
     let mut duration = |key: &str, value: Option<String>, default: Duration, zero: Zero| {
         value.map_or(default, |text| {
-            parse_duration(&text)
-                .and_then(|duration| nonzero_where_needed(zero, duration))
-                .unwrap_or_else(|message| {
-                    issues.push(ConfigIssue {
-                        key: format!("daemon.{key}"),
-                        message,
-                    });
-                    default
-                })
+            duration_where(&text, zero).unwrap_or_else(|message| {
+                issues.push(ConfigIssue {
+                    key: format!("daemon.{key}"),
+                    message,
+                });
+                default
+            })
         })
     };
     let drain_timeout = duration(
@@ -451,10 +449,7 @@ fn validate_upstream(
         }
     };
     let mut duration = |field: &str, value: Option<String>, default: Duration, zero: Zero| {
-        let parsed = |text: &str| {
-            parse_duration(text).and_then(|duration| nonzero_where_needed(zero, duration))
-        };
-        value.map_or(Some(default), |text| match parsed(&text) {
+        value.map_or(Some(default), |text| match duration_where(&text, zero) {
             Ok(duration) => Some(duration),
             Err(message) => {
                 issues.push(ConfigIssue {
@@ -969,8 +964,9 @@ enum Zero {
     Refused,
 }
 
-/// `duration`, unless it is zero where `zero` refuses that.
-fn nonzero_where_needed(zero: Zero, duration: Duration) -> Result<Duration, String> {
+/// The duration `text` gives, unless it is zero where `zero` refuses that.
+fn duration_where(text: &str, zero: Zero) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
     if zero == Zero::Refused && duration.is_zero() {
         return Err("must be longer than 0s (only health_interval and schema_check_interval take \"0s\", for never)".into());
     }

@@ -684,9 +684,14 @@ impl Upstream {
     pub(super) fn twin_is_a_guess(&self, instance: &Instance) -> bool {
         instance.protocol == Some(UpstreamProtocol::Handshake)
             && !instance.publishes_listing
-            && self
-                .shared
-                .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
+            && self.lists_2026_alone()
+    }
+
+    /// Whether the shared instance speaks 2026-07-28 and its `server/discover`
+    /// listed no handshake-era version.
+    fn lists_2026_alone(&self) -> bool {
+        self.shared
+            .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
     }
 
     /// For a handshake-era client's request in `session`: if it would go to a
@@ -696,11 +701,7 @@ impl Upstream {
     /// may be answered input_required, follow the era it will really be served in.
     /// Asked per request: the cheap tests come first.
     pub async fn settle_handshake_twin(self: &Arc<Self>, session: u64) {
-        if self.handshake_refused()
-            || !self
-                .shared
-                .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
-        {
+        if self.handshake_refused() || !self.lists_2026_alone() {
             return;
         }
         let config = self.config();
