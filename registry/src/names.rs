@@ -38,6 +38,20 @@ pub fn joined_name(prefix: &str, name: &str) -> String {
     }
 }
 
+/// Whether `exposed` has the form of a name exposed under `prefix` (`{prefix}__…`,
+/// sanitised as exposed names are); never for an empty prefix. For saying which
+/// upstream an unknown name points at: routing goes by the catalog's table.
+pub fn is_under_prefix(exposed: &str, prefix: &str) -> bool {
+    if prefix.is_empty() {
+        return false;
+    }
+    let head = sanitize_name(prefix);
+    exposed
+        .strip_prefix(head.as_str())
+        .and_then(|rest| rest.strip_prefix(PREFIX_SEPARATOR))
+        .is_some_and(|rest| !rest.is_empty())
+}
+
 /// The name a client sees for `name` of an upstream exposed under `prefix`.
 ///
 /// Budgets below [`MINIMUM_NAME_BUDGET`] are raised to it. An over-budget name keeps its
@@ -68,6 +82,20 @@ fn short_hash_hex(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_under_the_prefix_it_was_exposed_with() {
+        assert!(is_under_prefix(&exposed_name("fx", "echo", 64), "fx"));
+        assert!(is_under_prefix(
+            &exposed_name("my.tools", "echo", 64),
+            "my.tools"
+        ));
+        let long = exposed_name("fx", &"x".repeat(100), 64);
+        assert!(is_under_prefix(&long, "fx"));
+        assert!(!is_under_prefix("fx__", "fx"));
+        assert!(!is_under_prefix("fxy__echo", "fx"));
+        assert!(!is_under_prefix("echo", ""));
+    }
 
     #[test]
     fn sanitize_replaces_each_disallowed_character() {

@@ -1154,12 +1154,7 @@ impl Session {
         }
         for upstream in self.hub.upstreams().values() {
             let config = upstream.config();
-            let under_prefix = !config.prefix.is_empty()
-                && name
-                    .strip_prefix(config.prefix.as_str())
-                    .and_then(|rest| rest.strip_prefix("__"))
-                    .is_some_and(|rest| !rest.is_empty());
-            if under_prefix
+            if registry::names::is_under_prefix(name, &config.prefix)
                 && config.enabled
                 && catalog.shows_upstream(upstream.name())
                 && upstream.shared.state() != UpstreamState::Ready
