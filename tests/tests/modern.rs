@@ -1055,9 +1055,8 @@ async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() -> anyhow::Result<()>
 {
-    let sections = fixture_upstream(
+    let log = a_2026_upstream_echoes(
         "slow",
-        "",
         &[
             "--name",
             "slow",
@@ -1066,20 +1065,10 @@ async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() 
             "--slow-start",
             "6000",
         ],
-    );
-    let daemon = Daemon::start("", &sections).await?;
-    daemon.wait_ready(Duration::from_secs(30)).await?;
-    let log = daemon.log();
-    ensure!(
-        log.contains("upstream initialized upstream=slow protocol=2026-07-28")
-            && !log.contains("upstream initialize failed"),
-        "{log}"
-    );
-    let client = connect_modern(&AnsweringClient::named("caller").modern(), &daemon.url).await?;
-    let answer = call(&client, "slow__echo", json!({"text": "late but here"})).await?;
-    ensure!(answer["content"][0]["text"] == "late but here", "{answer}");
-    client.cancel().await?;
-    ensure!(daemon.stop().await?.success());
+        "late but here",
+    )
+    .await?;
+    ensure!(!log.contains("upstream initialize failed"), "{log}");
     Ok(())
 }
 
@@ -1090,24 +1079,34 @@ async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() 
 /// which the dual fixture would answer in the older era.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discover_refused_for_the_version_it_names_is_asked_again() -> anyhow::Result<()> {
-    let sections = fixture_upstream(
+    a_2026_upstream_echoes(
         "picky",
-        "",
         &["--name", "picky", "--modern", "--refuse-first-discover"],
-    );
-    let daemon = Daemon::start("", &sections).await?;
+        "second time",
+    )
+    .await?;
+    Ok(())
+}
+
+/// A daemon whose one upstream `name` is the fixture run with `args`: it is reached
+/// as 2026-07-28 and echoes `text` to a 2026-07-28 client. Returns the daemon's log
+/// as it stood once the upstream was ready.
+async fn a_2026_upstream_echoes(name: &str, args: &[&str], text: &str) -> anyhow::Result<String> {
+    let daemon = Daemon::start("", &fixture_upstream(name, "", args)).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let log = daemon.log();
     ensure!(
-        log.contains("upstream initialized upstream=picky protocol=2026-07-28"),
+        log.contains(&format!(
+            "upstream initialized upstream={name} protocol=2026-07-28"
+        )),
         "{log}"
     );
     let client = connect_modern(&AnsweringClient::named("caller").modern(), &daemon.url).await?;
-    let answer = call(&client, "picky__echo", json!({"text": "second time"})).await?;
-    ensure!(answer["content"][0]["text"] == "second time", "{answer}");
+    let answer = call(&client, &format!("{name}__echo"), json!({"text": text})).await?;
+    ensure!(answer["content"][0]["text"] == text, "{answer}");
     client.cancel().await?;
     ensure!(daemon.stop().await?.success());
-    Ok(())
+    Ok(log)
 }
 
 /// An upstream of 2026-07-28 may name itself in each result's `_meta`; relayed, the
