@@ -237,12 +237,12 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     // where a daemon's memory lands varies from start to start, so each figure is
     // the median of a few.
     let drift = tempfile::NamedTempFile::new().context("creating the drift file")?;
-    let sections = extra_upstreams(scale.upstreams, scale.tools, Some(drift.path()));
+    let sections = extra_upstreams(scale.upstreams, scale.tools, Some(drift.path()), "");
     let (mut idle, mut fresh, mut readies) = (Vec::new(), Vec::new(), Vec::new());
     let (mut idle_anon, mut fresh_anon, mut restarted_anon) = (Vec::new(), Vec::new(), Vec::new());
     let mut loaded = None;
     for _ in 0..scale.samples.max(1) {
-        let daemon = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None))
+        let daemon = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None, ""))
             .await
             .context("starting the idle daemon")?;
         wait_ready_closely(&daemon).await?;
@@ -275,6 +275,33 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         restarted_anon.push(anon);
     }
     let rss_restarted = median_kib(&mut restarted);
+
+    // The same once more with every upstream lazy: each serves its cached listing
+    // until a call starts it, so nothing but the disk's listings and pins is read.
+    let lazy_sections = extra_upstreams(
+        scale.upstreams,
+        scale.tools,
+        Some(drift.path()),
+        "start = \"lazy\"",
+    );
+    let (mut lazy, mut lazy_anon) = (Vec::new(), Vec::new());
+    for _ in 0..scale.samples.max(1) {
+        let (status, dir) = daemon.stop_keeping_state().await?;
+        ensure!(status.success(), "plexus exited with {status}");
+        daemon = Daemon::start_in(dir, "", &lazy_sections)
+            .await
+            .context("restarting plexus with lazy upstreams")?;
+        wait_ready_closely(&daemon).await?;
+        let (rss, anon) = settled_memory(&daemon).await?;
+        lazy.push(rss);
+        lazy_anon.push(anon);
+    }
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success(), "plexus exited with {status}");
+    daemon = Daemon::start_in(dir, "", &sections)
+        .await
+        .context("restarting plexus on its state")?;
+    wait_ready_closely(&daemon).await?;
 
     let mut lister = Lister::open(&daemon.url).await?;
     let pid = daemon.pid().context("plexus has no pid")?;
@@ -320,7 +347,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     // Twice the upstreams, for linearity; pages of 10, so a page holds what a
     // 10-tool catalog's whole list does.
     // As many fresh starts as at the first size, so both ready times are medians.
-    let twice = extra_upstreams(scale.upstreams * 2, scale.tools, None);
+    let twice = extra_upstreams(scale.upstreams * 2, scale.tools, None, "");
     let mut readies_twice = Vec::new();
     let mut last = None;
     for _ in 0..scale.samples.max(1) {
@@ -396,14 +423,24 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         times_json(restarted[0]),
         times_json(restarted[restarted.len() - 1]),
     );
+    let rss_lazy = median_kib(&mut lazy);
+    println!(
+        "  restarted with every upstream lazy, serving its cached listing ({samples} times, median [min–max]): daemon RSS {:.1} MiB, {:.1} MiB more, {:.2}× [{:.2}–{:.2}] the definitions' JSON",
+        kib(rss_lazy),
+        kib(rss_lazy.saturating_sub(idle_rss)),
+        times_json(rss_lazy),
+        times_json(lazy[0]),
+        times_json(lazy[lazy.len() - 1]),
+    );
     let idle_anon = median_kib(&mut idle_anon);
     let anon_times_json =
         |anon: u64| (anon.saturating_sub(idle_anon) * 1024) as f64 / json_bytes as f64;
     println!(
-        "  anonymous memory (RssAnon, medians), beyond an idle daemon's {:.1} MiB: {:.2}× the definitions' JSON fresh, {:.2}× restarted",
+        "  anonymous memory (RssAnon, medians), beyond an idle daemon's {:.1} MiB: {:.2}× the definitions' JSON fresh, {:.2}× restarted, {:.2}× restarted lazy",
         kib(idle_anon),
         anon_times_json(median_kib(&mut fresh_anon)),
         anon_times_json(median_kib(&mut restarted_anon)),
+        anon_times_json(median_kib(&mut lazy_anon)),
     );
     let rounds = scale.page_rounds;
     println!(
@@ -454,8 +491,8 @@ async fn restart_timed(
 }
 
 /// `count` fixture upstreams `fx0`… with `tools` extra tools each; the first one
-/// drifts as `drift` says, if given.
-fn extra_upstreams(count: usize, tools: usize, drift: Option<&Path>) -> String {
+/// drifts as `drift` says, if given; `extra` is added to each one's section.
+fn extra_upstreams(count: usize, tools: usize, drift: Option<&Path>, extra: &str) -> String {
     let tools = tools.to_string();
     (0..count)
         .map(|n| {
@@ -465,7 +502,7 @@ fn extra_upstreams(count: usize, tools: usize, drift: Option<&Path>) -> String {
             if let (0, Some(path)) = (n, &drift) {
                 args.extend(["--drift-file", path]);
             }
-            fixture_upstream(&name, "", &args)
+            fixture_upstream(&name, extra, &args)
         })
         .collect()
 }
