@@ -940,6 +940,9 @@ impl SetHooks for Hub {
                             self.pins.evaluate(name, snapshot, policy)
                         })
                     });
+                // An upstream that starts late (on demand, or after failing) would
+                // otherwise keep its pins' copy of these texts until it lists.
+                self.share_pinned_texts(name);
                 true
             }
             None => false,
