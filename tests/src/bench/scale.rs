@@ -262,14 +262,9 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let (idle_rss, rss) = (median_kib(&mut idle), median_kib(&mut fresh));
 
     // The same again on the state it left: pins and listings read from disk.
-    let mut restarted = Vec::with_capacity(scale.samples);
+    let (mut restarted, mut lazy, mut lazy_anon) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scale.samples.max(1) {
-        let (status, dir) = daemon.stop_keeping_state().await?;
-        ensure!(status.success(), "plexus exited with {status}");
-        daemon = Daemon::start_in(dir, "", &sections)
-            .await
-            .context("restarting plexus on its state")?;
-        wait_ready_closely(&daemon).await?;
+        daemon = restart_on_state(daemon, &sections).await?;
         let (rss, anon) = settled_memory(&daemon).await?;
         restarted.push(rss);
         restarted_anon.push(anon);
@@ -284,24 +279,13 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         Some(drift.path()),
         "start = \"lazy\"",
     );
-    let (mut lazy, mut lazy_anon) = (Vec::new(), Vec::new());
     for _ in 0..scale.samples.max(1) {
-        let (status, dir) = daemon.stop_keeping_state().await?;
-        ensure!(status.success(), "plexus exited with {status}");
-        daemon = Daemon::start_in(dir, "", &lazy_sections)
-            .await
-            .context("restarting plexus with lazy upstreams")?;
-        wait_ready_closely(&daemon).await?;
+        daemon = restart_on_state(daemon, &lazy_sections).await?;
         let (rss, anon) = settled_memory(&daemon).await?;
         lazy.push(rss);
         lazy_anon.push(anon);
     }
-    let (status, dir) = daemon.stop_keeping_state().await?;
-    ensure!(status.success(), "plexus exited with {status}");
-    daemon = Daemon::start_in(dir, "", &sections)
-        .await
-        .context("restarting plexus on its state")?;
-    wait_ready_closely(&daemon).await?;
+    let daemon = restart_on_state(daemon, &sections).await?;
 
     let mut lister = Lister::open(&daemon.url).await?;
     let pid = daemon.pid().context("plexus has no pid")?;
@@ -468,6 +452,18 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         rebuild.1
     );
     Ok(())
+}
+
+/// Stops `daemon` keeping its state, and starts another on that state with
+/// `sections` for upstreams, once it is ready.
+async fn restart_on_state(daemon: Daemon, sections: &str) -> anyhow::Result<Daemon> {
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success(), "plexus exited with {status}");
+    let daemon = Daemon::start_in(dir, "", sections)
+        .await
+        .context("restarting plexus on its state")?;
+    wait_ready_closely(&daemon).await?;
+    Ok(daemon)
 }
 
 /// Stops `previous` (if any), then starts a daemon on `sections` and adds how long it
