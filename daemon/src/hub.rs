@@ -153,15 +153,22 @@ impl Hub {
     }
 
     /// Brings the upstreams to a new configuration (see `UpstreamSet::apply`), and
-    /// judges every upstream's catalog again under its (possibly new) pin policy; a pin
-    /// file that could not be read is read again.
+    /// judges every upstream's catalog again under its (possibly new) pin policy (but
+    /// those it added, judged as they entered, unless the pin file was read again); a
+    /// pin file that could not be read is read again.
     pub async fn apply(&self, diff: ConfigDiff, drain_timeout: Duration) -> ApplyReport {
         let report = self.upstreams.apply(diff, self, drain_timeout).await;
-        for (name, snapshot) in self.pins.reread_if_unreadable() {
+        let reread = self.pins.reread_if_unreadable();
+        let pins_reread = !reread.is_empty();
+        for (name, snapshot) in reread {
             self.pins.observe(&name, &snapshot, self.policy(&name));
         }
         for name in self.upstreams().keys() {
-            self.requarantine(name);
+            // An upstream this apply added was judged as it entered, under its
+            // policy: judging it again would read its whole listing once more.
+            if pins_reread || !report.added.contains(name) {
+                self.requarantine(name);
+            }
         }
         self.report_status();
         report
