@@ -159,13 +159,14 @@ impl Hub {
     pub async fn apply(&self, diff: ConfigDiff, drain_timeout: Duration) -> ApplyReport {
         let report = self.upstreams.apply(diff, self, drain_timeout).await;
         let reread = self.pins.reread_if_unreadable();
-        let pins_reread = !reread.is_empty();
-        for (name, snapshot) in reread {
+        let pins_reread = reread.is_some();
+        for (name, snapshot) in reread.unwrap_or_default() {
             self.pins.observe(&name, &snapshot, self.policy(&name));
         }
         for name in self.upstreams().keys() {
             // An upstream this apply added was judged as it entered, under its
-            // policy: judging it again would read its whole listing once more.
+            // policy and the pins as they read then: judging it again would read
+            // its whole listing once more.
             if pins_reread || !report.added.contains(name) {
                 self.requarantine(name);
             }

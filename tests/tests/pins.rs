@@ -881,6 +881,64 @@ async fn a_corrupt_pin_file_fails_closed_until_mended() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An upstream a reload adds is judged as it enters, against the pins as they read
+/// then; when the same reload finds the pin file readable again, it is judged once
+/// more: a lazy upstream's cached listing is not left held for a file that now reads
+/// (held, it would never be called, so never listed afresh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_added_by_the_reload_that_mends_the_pin_file_is_judged_against_it(
+) -> anyhow::Result<()> {
+    let lazy = |name: &str| fixture_upstream(name, "start = \"lazy\"", &["--name", name]);
+    // A first run lists both lazy upstreams once (nothing of them is cached yet).
+    let daemon = Daemon::start("", &format!("{}{}", lazy("beta"), lazy("gamma"))).await?;
+    daemon.wait_ready(WAIT).await?;
+    let cached = |dir: &Path, name: &str| {
+        dir.join("state")
+            .join("catalog")
+            .join(format!("{name}.json"))
+            .exists()
+    };
+    let dir = daemon.dir.path().to_path_buf();
+    ensure!(
+        eventually(WAIT, || cached(&dir, "beta") && cached(&dir, "gamma")).await,
+        "nothing cached: {}",
+        daemon.log()
+    );
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success(), "plexus exited with {status}");
+
+    // Restarted with a corrupt pin file and gamma alone: its cached listing is held.
+    let pin_path = dir.path().join("plexus.lock");
+    std::fs::write(&pin_path, "{ oops")?;
+    let daemon = Daemon::start_in(dir, "", &lazy("gamma")).await?;
+    daemon.wait_ready(WAIT).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = listed(&mut session, "tools").await?;
+    ensure!(tools.is_empty(), "a corrupt pin file exposed {tools:?}");
+
+    // One reload mends the file (here: removes it) and adds beta, which enters with
+    // its cached listing while the pins still cannot be read.
+    std::fs::remove_file(&pin_path)?;
+    let config_path = daemon.dir.path().join("config.toml");
+    let config = std::fs::read_to_string(&config_path)?;
+    std::fs::write(&config_path, format!("{config}\n{}", lazy("beta")))?;
+    let report = daemon.reload().await?;
+    ensure!(report["added"] == json!(["beta"]), "{report}");
+    let tools = listed(&mut session, "tools").await?;
+    ensure!(
+        has(&tools, "beta__echo") && has(&tools, "gamma__echo"),
+        "still held after the mend: {tools:?}\n{}",
+        daemon.log()
+    );
+    let answer = call(&mut session, "beta__echo", json!({"text": "mended"})).await?;
+    ensure!(
+        answer["result"]["content"][0]["text"] == "mended",
+        "{answer}"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plexus_hash_equals_what_the_daemon_pinned() -> anyhow::Result<()> {
     let section =

@@ -316,26 +316,29 @@ impl Pins {
         Ok(())
     }
 
-    /// Reads the file again if it could not be read before; returns the upstreams
-    /// seen in this run, to be checked again, when it now reads.
-    pub fn reread_if_unreadable(&self) -> Vec<(String, ListingSnapshot)> {
+    /// Reads the file again if it could not be read before; when it now reads,
+    /// returns the upstreams seen in this run, to be checked again (None: it read
+    /// before, or still does not).
+    pub fn reread_if_unreadable(&self) -> Option<Vec<(String, ListingSnapshot)>> {
         let mut state = self.lock();
         if state.file.is_ok() {
-            return Vec::new();
+            return None;
         }
         state.file = read(&self.path);
         if state.file.is_err() {
-            return Vec::new();
+            return None;
         }
         tracing::info!(path = %self.path.display(), "the pin file reads again");
-        state
-            .observed
-            .iter()
-            .filter_map(|(name, observed)| {
-                let record = record_of(&state.file, name);
-                Some((name.clone(), observed.snapshot(record)?))
-            })
-            .collect()
+        Some(
+            state
+                .observed
+                .iter()
+                .filter_map(|(name, observed)| {
+                    let record = record_of(&state.file, name);
+                    Some((name.clone(), observed.snapshot(record)?))
+                })
+                .collect(),
+        )
     }
 
     /// A removed upstream's listing is no longer kept (its pin stays in the file).
