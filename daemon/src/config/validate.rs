@@ -956,8 +956,8 @@ fn is_origin_entry(entry: &str) -> bool {
 
 /// Whether a duration key takes `"0s"`. Timeouts do not: `"0s"` reads as "never" to
 /// some, and here it would fail every call, start, health check, connection or
-/// session at once. Only `health_interval` and `schema_check_interval` take `"0s"`,
-/// for never (and the grace and back-off keys, for none).
+/// session at once. The interval keys take it for never; the waits, windows,
+/// grace and back-off keys for none.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Zero {
     Allowed,
