@@ -15,7 +15,12 @@ use registry::{
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::memory;
 use crate::metrics::Metrics;
+
+/// A kept listing this large is parsed on a thread of its own ([`memory::apart`]);
+/// a smaller one's values are too few to leave holes worth a thread.
+const PARSE_APART_FROM: usize = 64 * 1024;
 
 /// One published state of the catalog: the whole, and each view of it, computed
 /// together so a reader never sees a view of another snapshot.
@@ -366,7 +371,13 @@ impl CatalogHost {
     pub fn load(&self, mut listing: UpstreamListing) -> Option<(UpstreamListing, Value)> {
         let name = listing.upstream.clone();
         let text = std::fs::read_to_string(self.cache_path(&name)).ok()?;
-        let Ok(Value::Object(mut body)) = serde_json::from_str::<Value>(&text) else {
+        let parse = || serde_json::from_str::<Value>(&text);
+        let parsed = if text.len() >= PARSE_APART_FROM {
+            memory::apart(parse)
+        } else {
+            parse()
+        };
+        let Ok(Value::Object(mut body)) = parsed else {
             tracing::warn!(upstream = %name, "ignoring an unreadable cached listing");
             return None;
         };
