@@ -20,7 +20,7 @@ pub(super) fn assemble(
     for kind in Kind::ALL {
         let total = parts
             .iter()
-            .map(|part| part.exposed[kind.index()].len())
+            .map(|part| part.tables.exposed[kind.index()].len())
             .sum();
         catalog.entries[kind.index()].reserve(total);
         let listed = listed_key_of(&parts, &catalog.entries[kind.index()], kind);
@@ -47,13 +47,13 @@ pub(super) fn assemble(
                 namespace_taken(part, kind, owner, &mut warnings);
                 continue;
             }
-            for (exposed, held) in &part.held[kind.index()] {
+            for (exposed, held) in &part.tables.held[kind.index()] {
                 catalog.held[kind.index()]
                     .entry(exposed.clone())
                     .or_insert_with(|| held.clone());
             }
             // Places of this part's entries of `kind` that won their name.
-            let mut won = vec![false; part.exposed[kind.index()].len()];
+            let mut won = vec![false; part.tables.exposed[kind.index()].len()];
             for (index, won) in won.iter_mut().enumerate() {
                 let entry = EntryRef {
                     part: part_number,
@@ -86,7 +86,7 @@ pub(super) fn assemble(
                 }
             }
             if kind == Kind::ResourceTemplates {
-                for (index, head) in &part.templates {
+                for (index, head) in &part.tables.templates {
                     if index.is_none_or(|index| won[index as usize]) {
                         catalog.templates.push(head.clone());
                     }
@@ -131,10 +131,10 @@ fn namespace_taken(
     owner: &Arc<str>,
     warnings: &mut Vec<CatalogWarning>,
 ) {
-    let originals = (0..part.exposed[kind.index()].len())
+    let originals = (0..part.tables.exposed[kind.index()].len())
         .map(|index| part.original(kind, index))
         .chain(
-            part.held[kind.index()]
+            part.tables.held[kind.index()]
                 .iter()
                 .map(|(_, held)| held.route.original.as_str()),
         );
@@ -194,7 +194,7 @@ fn shadowing(catalog: &Catalog) -> Vec<CatalogWarning> {
     for (position, part) in catalog.parts.iter().enumerate() {
         let part_number = u32::try_from(position).unwrap_or(u32::MAX);
         let mut mentions: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-        for (word, tools) in part.words.iter() {
+        for (word, tools) in part.tables.words.iter() {
             let names_other = catalog
                 .routed(Kind::Tools, word)
                 .is_some_and(|other| catalog.parts[other.part as usize].upstream != part.upstream)

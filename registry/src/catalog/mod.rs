@@ -556,7 +556,8 @@ impl Catalog {
         let mut hasher = Sha256::new();
         for entry in &self.entries[kind.index()] {
             hasher.update(
-                self.parts[entry.part as usize].exposed[kind.index()][entry.index as usize].hash,
+                self.parts[entry.part as usize].tables.exposed[kind.index()][entry.index as usize]
+                    .hash,
             );
         }
         hasher.finalize().into()

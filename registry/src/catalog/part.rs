@@ -250,6 +250,18 @@ pub struct UpstreamPart {
     tool_filter: ToolFilter,
     /// The URI namespace its prefix gives (a snapshot may find it taken).
     pub(super) namespace: Option<String>,
+    /// What its entries make: shared by a part that differs only in what is not
+    /// an entry (a listing listed again after a restart, whose cache hints the
+    /// kept one lacks), so installing that one copies nothing.
+    pub(super) tables: Arc<Tables>,
+    instructions: Option<String>,
+    quarantine: Quarantine,
+    pub(super) cache: [Option<CacheHint>; 4],
+}
+
+/// A part's entries: their texts, keys and routes, and what is found from them.
+#[derive(Debug, Default)]
+pub(super) struct Tables {
     listed: [Listed; 4],
     pub(super) exposed: [Vec<Exposed>; 4],
     /// The exposed entries' keys, exposed and original, in the order of `exposed`.
@@ -260,15 +272,12 @@ pub struct UpstreamPart {
     /// templates (None: held).
     pub(super) templates: Vec<(Option<u32>, TemplateHead)>,
     /// Exposed tools that mirror parameters into headers, or may run as tasks.
-    pub(super) param_headers: Vec<(u32, Arc<[ParamHeader]>)>,
-    pub(super) task_support: Vec<(u32, TaskSupport)>,
+    param_headers: Vec<(u32, Arc<[ParamHeader]>)>,
+    task_support: Vec<(u32, TaskSupport)>,
     /// Each word of the exposed tools' descriptions and titles, with the tools
     /// (places among the exposed tools) whose text has it: shadowing is found from
     /// these, never by reading every description again.
     pub(super) words: Words,
-    instructions: Option<String>,
-    quarantine: Quarantine,
-    pub(super) cache: [Option<CacheHint>; 4],
     /// How many listed entries the quarantine holds.
     held_count: usize,
 }
@@ -280,24 +289,8 @@ impl UpstreamPart {
         listing: &UpstreamListing,
         name_budget: usize,
     ) -> (UpstreamPart, Vec<CatalogWarning>) {
-        let mut part = UpstreamPart {
-            upstream: listing.upstream.clone(),
-            prefix: listing.prefix.clone(),
-            tool_filter: listing.tool_filter.clone(),
-            namespace: uris::uri_namespace(&listing.prefix),
-            listed: Default::default(),
-            exposed: Default::default(),
-            keys: Default::default(),
-            held: Default::default(),
-            templates: Vec::new(),
-            param_headers: Vec::new(),
-            task_support: Vec::new(),
-            words: Words::default(),
-            instructions: listing.instructions.clone(),
-            quarantine: listing.quarantine.clone(),
-            cache: listing.cache,
-            held_count: 0,
-        };
+        let namespace = uris::uri_namespace(&listing.prefix);
+        let mut tables = Tables::default();
         let mut warnings = Vec::new();
         let mut scratch = Vec::new();
         let mut words = WordsBuilder::default();
@@ -312,7 +305,8 @@ impl UpstreamPart {
                 let spans = write_listed(kind, entry, &mut text);
                 ends.push(u32::try_from(text.len()).unwrap_or(u32::MAX));
                 if let Some(identity) = entry.get(key_field(kind)).and_then(Value::as_str) {
-                    part.held_count += usize::from(part.quarantine.holds(kind, identity).is_some());
+                    tables.held_count +=
+                        usize::from(listing.quarantine.holds(kind, identity).is_some());
                 }
                 let (original, schema_fix) =
                     match check_entry(kind, entry, index, &listing.tool_filter) {
@@ -336,7 +330,7 @@ impl UpstreamPart {
                         names::exposed_name(&listing.prefix, &original, name_budget)
                     }
                     Kind::Resources | Kind::ResourceTemplates => {
-                        uris::expose(part.namespace.as_deref(), &original)
+                        uris::expose(namespace.as_deref(), &original)
                     }
                 };
                 let route = Route {
@@ -346,7 +340,7 @@ impl UpstreamPart {
                 if let Some(change) = listing.quarantine.holds(kind, &route.original) {
                     // Held back: not listed, not routed, but known, so a caller learns why.
                     if kind == Kind::ResourceTemplates {
-                        part.templates.push((
+                        tables.templates.push((
                             None,
                             template_head(listing, &exposed_key, Some(change.clone())),
                         ));
@@ -355,11 +349,11 @@ impl UpstreamPart {
                         route,
                         change: change.clone(),
                     };
-                    part.held[kind.index()].push((exposed_key, held));
+                    tables.held[kind.index()].push((exposed_key, held));
                     continue;
                 }
-                let exposed = &mut part.exposed[kind.index()];
-                let keys = &mut part.keys[kind.index()];
+                let exposed = &mut tables.exposed[kind.index()];
+                let keys = &mut tables.keys[kind.index()];
                 if let Some(kept) = taken.get(&exposed_key) {
                     let kept = entries
                         .get(exposed[*kept].listed as usize)
@@ -413,10 +407,10 @@ impl UpstreamPart {
                             .and_then(Result::ok)
                             .unwrap_or_default();
                         if !designated.is_empty() {
-                            part.param_headers.push((place, designated.into()));
+                            tables.param_headers.push((place, designated.into()));
                         }
                         if let Some(support) = TaskSupport::of_tool(entry) {
-                            part.task_support.push((place, support));
+                            tables.task_support.push((place, support));
                         }
                         let mut texts = Vec::new();
                         model_facing_text(entry, &mut texts);
@@ -425,7 +419,8 @@ impl UpstreamPart {
                     Kind::ResourceTemplates => {
                         // An empty head would match every URI and shadow steps that can decide better.
                         if !uris::template_literal_head(&exposed_key).is_empty() {
-                            part.templates
+                            tables
+                                .templates
                                 .push((Some(place), template_head(listing, &exposed_key, None)));
                         }
                     }
@@ -435,20 +430,30 @@ impl UpstreamPart {
             }
             // Grown by doubling; kept as long as the listing is.
             text.shrink_to_fit();
-            part.exposed[kind.index()].shrink_to_fit();
-            part.keys[kind.index()].shrink_to_fit();
-            part.held[kind.index()].shrink_to_fit();
-            part.listed[kind.index()] = Listed {
+            tables.exposed[kind.index()].shrink_to_fit();
+            tables.keys[kind.index()].shrink_to_fit();
+            tables.held[kind.index()].shrink_to_fit();
+            tables.listed[kind.index()] = Listed {
                 text: String::from_utf8(text)
                     .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
                     .into(),
                 ends,
             };
         }
-        part.words = words.finish();
-        part.templates.shrink_to_fit();
-        part.param_headers.shrink_to_fit();
-        part.task_support.shrink_to_fit();
+        tables.words = words.finish();
+        tables.templates.shrink_to_fit();
+        tables.param_headers.shrink_to_fit();
+        tables.task_support.shrink_to_fit();
+        let part = UpstreamPart {
+            upstream: listing.upstream.clone(),
+            prefix: listing.prefix.clone(),
+            tool_filter: listing.tool_filter.clone(),
+            namespace,
+            tables: Arc::new(tables),
+            instructions: listing.instructions.clone(),
+            quarantine: listing.quarantine.clone(),
+            cache: listing.cache,
+        };
         (part, warnings)
     }
 
@@ -460,17 +465,17 @@ impl UpstreamPart {
     /// pins share, and the memory the new part took is given back whole.
     pub fn in_place_of(self: &Arc<Self>, built: Arc<UpstreamPart>) -> Arc<UpstreamPart> {
         let (mine, theirs) = (&self.quarantine, &built.quarantine);
-        let same_entries = self.upstream == built.upstream
-            && self.prefix == built.prefix
-            && self.tool_filter == built.tool_filter
-            && mine.whole == theirs.whole
-            && mine.entries == theirs.entries
-            && mine.admits_unlisted == theirs.admits_unlisted
-            && self
-                .listed
-                .iter()
-                .zip(&built.listed)
-                .all(|(mine, theirs)| mine.ends == theirs.ends && mine.text == theirs.text);
+        let same_entries =
+            self.upstream == built.upstream
+                && self.prefix == built.prefix
+                && self.tool_filter == built.tool_filter
+                && mine.whole == theirs.whole
+                && mine.entries == theirs.entries
+                && mine.admits_unlisted == theirs.admits_unlisted
+                && (Arc::ptr_eq(&self.tables, &built.tables)
+                    || self.tables.listed.iter().zip(&built.tables.listed).all(
+                        |(mine, theirs)| mine.ends == theirs.ends && mine.text == theirs.text,
+                    ));
         if !same_entries {
             return built;
         }
@@ -495,10 +500,10 @@ impl UpstreamPart {
             upstream: self.upstream.clone(),
             prefix: self.prefix.clone(),
             tool_filter: self.tool_filter.clone(),
-            tools: self.listed[Kind::Tools.index()].values(),
-            prompts: self.listed[Kind::Prompts.index()].values(),
-            resources: self.listed[Kind::Resources.index()].values(),
-            resource_templates: self.listed[Kind::ResourceTemplates.index()].values(),
+            tools: self.tables.listed[Kind::Tools.index()].values(),
+            prompts: self.tables.listed[Kind::Prompts.index()].values(),
+            resources: self.tables.listed[Kind::Resources.index()].values(),
+            resource_templates: self.tables.listed[Kind::ResourceTemplates.index()].values(),
             instructions: self.instructions.clone(),
             quarantine: self.quarantine.clone(),
             cache: self.cache,
@@ -507,7 +512,7 @@ impl UpstreamPart {
 
     /// Every listed entry's text (held ones too), sharing the part's.
     pub fn entry_texts(&self) -> impl Iterator<Item = EntryText> + '_ {
-        self.listed.iter().flat_map(|listed| {
+        self.tables.listed.iter().flat_map(|listed| {
             (0..listed.ends.len()).map(|index| {
                 let (start, end) = listed.span(index);
                 EntryText {
@@ -529,7 +534,7 @@ impl UpstreamPart {
 
     /// How many of the listed entries (of every kind) the quarantine holds.
     pub fn held_count(&self) -> usize {
-        self.held_count
+        self.tables.held_count
     }
 
     /// The instructions clients may see (None when there are none or they are held).
@@ -553,13 +558,13 @@ impl UpstreamPart {
 
     /// The exposed JSON of exposed entry `index` of `kind`, appended to `out`.
     pub(super) fn write_exposed(&self, kind: Kind, index: usize, out: &mut Vec<u8>) {
-        let item = &self.exposed[kind.index()][index];
+        let item = &self.tables.exposed[kind.index()][index];
         item.write_json(
-            self.listed[kind.index()]
+            self.tables.listed[kind.index()]
                 .get(item.listed as usize)
                 .as_bytes(),
             self.exposed_key(kind, index),
-            self.keys[kind.index()].escaped,
+            self.tables.keys[kind.index()].escaped,
             out,
         );
     }
@@ -568,29 +573,29 @@ impl UpstreamPart {
     /// JSON, and room for the schema fix and a prefix (a longer key grows the
     /// buffer once).
     pub(super) fn exposed_size_hint(&self, kind: Kind, index: usize) -> usize {
-        let Some(item) = self.exposed[kind.index()].get(index) else {
+        let Some(item) = self.tables.exposed[kind.index()].get(index) else {
             return 0;
         };
-        let (start, end) = self.listed[kind.index()].span(item.listed as usize);
+        let (start, end) = self.tables.listed[kind.index()].span(item.listed as usize);
         (end - start) as usize + 96
     }
 
     /// The exposed name, URI or template of exposed entry `index` of `kind`.
     pub(super) fn exposed_key(&self, kind: Kind, index: usize) -> &str {
-        self.keys[kind.index()].exposed(index)
+        self.tables.keys[kind.index()].exposed(index)
     }
 
     /// The upstream's own name, URI or template of exposed entry `index` of `kind`.
     pub(super) fn original(&self, kind: Kind, index: usize) -> &str {
-        let kept = self.keys[kind.index()].original(index);
+        let kept = self.tables.keys[kind.index()].original(index);
         if !kept.is_empty() {
             return kept;
         }
-        let Some(item) = self.exposed[kind.index()].get(index) else {
+        let Some(item) = self.tables.exposed[kind.index()].get(index) else {
             return "";
         };
         let (from, to) = (item.key_span.0 as usize, item.key_span.1 as usize);
-        let entry = self.listed[kind.index()].get(item.listed as usize);
+        let entry = self.tables.listed[kind.index()].get(item.listed as usize);
         entry
             .get(from + 1..to.saturating_sub(1).max(from + 1))
             .unwrap_or_default()
@@ -599,19 +604,21 @@ impl UpstreamPart {
     /// The parameters exposed tool `index` mirrors into headers, if any.
     pub(super) fn param_headers(&self, index: u32) -> Option<&[ParamHeader]> {
         let found = self
+            .tables
             .param_headers
             .binary_search_by_key(&index, |(place, _)| *place)
             .ok()?;
-        Some(&self.param_headers[found].1)
+        Some(&self.tables.param_headers[found].1)
     }
 
     /// Whether exposed tool `index` may run as a task.
     pub(super) fn task_support(&self, index: u32) -> Option<TaskSupport> {
         let found = self
+            .tables
             .task_support
             .binary_search_by_key(&index, |(place, _)| *place)
             .ok()?;
-        Some(self.task_support[found].1)
+        Some(self.tables.task_support[found].1)
     }
 
     /// Where exposed entry `index` of `kind` goes.
@@ -815,12 +822,16 @@ mod tests {
         ];
         server.resource_templates = vec![json!({"uriTemplate": "x://{id}"})];
         let (part, _) = UpstreamPart::build(&server, 64);
-        assert!(part.keys[Kind::Resources.index()].escaped);
-        assert!(!part.keys[Kind::Prompts.index()].escaped);
+        assert!(part.tables.keys[Kind::Resources.index()].escaped);
+        assert!(!part.tables.keys[Kind::Prompts.index()].escaped);
         for kind in Kind::ALL {
             let listed = server.listed(kind);
-            assert_eq!(part.exposed[kind.index()].len(), listed.len(), "{kind:?}");
-            for (index, item) in part.exposed[kind.index()].iter().enumerate() {
+            assert_eq!(
+                part.tables.exposed[kind.index()].len(),
+                listed.len(),
+                "{kind:?}"
+            );
+            for (index, item) in part.tables.exposed[kind.index()].iter().enumerate() {
                 let entry = &listed[item.listed as usize];
                 let fix = match item.fix {
                     Fix::None => SchemaFix::None,
@@ -881,7 +892,7 @@ mod tests {
         fresh.cache = [Some(CacheHint::NONE); 4];
         let kept = installed.in_place_of(build(&fresh));
         assert!(!Arc::ptr_eq(&kept, &installed));
-        assert!(kept.listed[0].text.as_ptr() == installed.listed[0].text.as_ptr());
+        assert!(Arc::ptr_eq(&kept.tables, &installed.tables));
         assert_eq!(kept.exposed_key(Kind::Tools, 0), "p__t");
         assert_eq!(kept.shown_instructions().map(String::as_str), Some("hello"));
         assert_eq!(kept.cache, fresh.cache);
