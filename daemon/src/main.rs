@@ -367,7 +367,7 @@ fn main() -> ExitCode {
             }
             // Before the runtime's threads start allocating.
             memory::fix_thresholds_for_reading();
-            let Some(runtime) = runtime() else {
+            let Some(runtime) = runtime_with(loaded.daemon.worker_threads) else {
                 return ExitCode::FAILURE;
             };
             // Read before the runtime starts; None unless systemd started us (Type=notify).
@@ -402,10 +402,17 @@ fn environment(key: &str) -> Option<String> {
 }
 
 fn runtime() -> Option<tokio::runtime::Runtime> {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    runtime_with(None)
+}
+
+/// The runtime with `worker_threads` workers; None: tokio's default, one per core
+/// unless `TOKIO_WORKER_THREADS` says otherwise.
+fn runtime_with(worker_threads: Option<usize>) -> Option<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = worker_threads {
+        builder.worker_threads(threads);
+    }
+    match builder.enable_all().build() {
         Ok(runtime) => Some(runtime),
         Err(error) => {
             tracing::error!(%error, "cannot start the async runtime");

@@ -236,6 +236,15 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
         registry.register(Box::new(build_info))?;
+        // Set once: the runtime's workers never change while it runs.
+        let worker_threads = IntGauge::new(
+            "plexus_runtime_worker_threads",
+            "Worker threads of the async runtime ([daemon] worker_threads, else one per core).",
+        )?;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            worker_threads.set(i64::try_from(runtime.metrics().num_workers()).unwrap_or(i64::MAX));
+        }
+        registry.register(Box::new(worker_threads))?;
         registry.register(Box::new(relay_requests.clone()))?;
         registry.register(Box::new(relay_duration.clone()))?;
         registry.register(Box::new(upstream_up.clone()))?;

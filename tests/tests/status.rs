@@ -1,11 +1,14 @@
 //! `plexus status`, `GET /status`, the status page and the process metrics, against
 //! a daemon with a ready, a backing-off and a failed upstream, and with handshake
-//! twins; `plexus restart`.
+//! twins; `plexus restart`; the runtime's worker threads.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use plexus_tests::{fixture_upstream, plexus_binary, Daemon, RawHttpSession};
+use plexus_tests::{
+    arguments, fixture_upstream, http_client, plexus_binary, Daemon, RawHttpSession, TestClient,
+};
+use rmcp::model::CallToolRequestParams;
 use serde_json::{json, Value};
 
 async fn plexus(args: &[&str], config: &std::path::Path) -> anyhow::Result<(i32, String)> {
@@ -269,5 +272,50 @@ async fn status_shows_handshake_twins() -> anyhow::Result<()> {
         "{table}"
     );
     ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// `[daemon] worker_threads` sizes the runtime: `plexus_runtime_worker_threads`
+/// reports what runs (one per core when the key is absent), and a daemon on one
+/// worker lists and relays as one on several.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_runs_the_worker_threads_the_config_asks_for() -> anyhow::Result<()> {
+    let per_core = match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(threads) => threads.parse()?,
+        Err(_) => std::thread::available_parallelism()?.get(),
+    };
+    for (daemon_extra, threads) in [
+        ("worker_threads = 1".to_string(), 1),
+        ("worker_threads = 3".to_string(), 3),
+        (String::new(), per_core),
+    ] {
+        let daemon = Daemon::start(&daemon_extra, &fixture_upstream("fx", "", &[])).await?;
+        daemon.wait_ready(Duration::from_secs(30)).await?;
+        let (_, metrics) = daemon.admin_get("/metrics").await?;
+        let line = format!("plexus_runtime_worker_threads {threads}");
+        ensure!(
+            metrics.lines().any(|have| have == line),
+            "no `{line}` in /metrics of a daemon with `{daemon_extra}`:\n{metrics}"
+        );
+        let client = http_client(&daemon.url, TestClient::default()).await?;
+        let tools = client.list_all_tools().await?;
+        ensure!(
+            tools.iter().any(|tool| tool.name == "fx__echo"),
+            "{tools:?}"
+        );
+        let text = format!("on {threads} workers");
+        let result = client
+            .call_tool(
+                CallToolRequestParams::new("fx__echo")
+                    .with_arguments(arguments(json!({ "text": text }))),
+            )
+            .await?;
+        ensure!(
+            serde_json::to_value(&result)?["content"][0]["text"] == text.as_str(),
+            "{result:?}"
+        );
+        client.cancel().await?;
+        ensure!(daemon.stop().await?.success());
+    }
     Ok(())
 }

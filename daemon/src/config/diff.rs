@@ -101,6 +101,9 @@ pub fn daemon_keys_needing_restart(
     if old.header_read_timeout != new.header_read_timeout {
         keys.push("daemon.header_read_timeout");
     }
+    if old.worker_threads != new.worker_threads {
+        keys.push("daemon.worker_threads");
+    }
     keys
 }
 
@@ -208,6 +211,11 @@ mod tests {
         assert_eq!(
             daemon_keys_needing_restart(&old.daemon, &new.daemon),
             ["daemon.listen"]
+        );
+        let threads = config("[daemon]\nlisten = \"127.0.0.1:1\"\nworker_threads = 1\n");
+        assert_eq!(
+            daemon_keys_needing_restart(&old.daemon, &threads.daemon),
+            ["daemon.worker_threads"]
         );
     }
 }

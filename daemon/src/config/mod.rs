@@ -53,6 +53,8 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 /// Upstreams starting at once: enough that fast servers come up together, few
 /// enough that a cold `npx` / `uvx` herd does not thrash a small machine.
 pub const DEFAULT_START_CONCURRENCY: usize = 16;
+/// Most worker threads `worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
 pub const DEFAULT_MAX_SESSIONS_PER_PRINCIPAL: usize = 200;
 
 /// A validated configuration.
@@ -108,6 +110,8 @@ pub struct DaemonSettings {
     pub first_list_wait: Duration,
     /// How many upstreams may be starting at once (spawned, not yet listed).
     pub start_concurrency: usize,
+    /// The runtime's worker threads; None: one per core (or `TOKIO_WORKER_THREADS`).
+    pub worker_threads: Option<usize>,
 }
 
 /// Bearer tokens by name. Their values never appear in logs, errors or `Debug`.

@@ -43,6 +43,7 @@ pub(super) struct RawDaemon {
     pub audit_log: Option<PathBuf>,
     pub first_list_wait: Option<String>,
     pub start_concurrency: Option<usize>,
+    pub worker_threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

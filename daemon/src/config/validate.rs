@@ -361,8 +361,18 @@ fn validate_daemon(
         raw.start_concurrency,
         DEFAULT_START_CONCURRENCY,
     );
+    let worker_threads = raw.worker_threads;
+    if let Some(threads) =
+        worker_threads.filter(|threads| !(1..=MAX_WORKER_THREADS).contains(threads))
+    {
+        issues.push(ConfigIssue {
+            key: "daemon.worker_threads".into(),
+            message: format!("{threads} is out of range (1 to {MAX_WORKER_THREADS})"),
+        });
+    }
     DaemonSettings {
         start_concurrency,
+        worker_threads,
         auth_tokens,
         allowed_hosts: raw
             .allowed_hosts
@@ -1195,6 +1205,22 @@ mod tests {
             "upstreams.env.env.C: a variable's name must not be empty",
         ];
         assert_issues(&issues, &expected);
+    }
+
+    #[test]
+    fn worker_threads_is_a_count_from_one_and_absent_by_default() {
+        for (threads, expected) in [("0", "0"), ("1025", "1025")] {
+            let issues = issues_of(&format!("[daemon]\nworker_threads = {threads}\n"));
+            let message = format!("daemon.worker_threads: {expected} is out of range (1 to 1024)");
+            assert_issues(&issues, &[message.as_str()]);
+        }
+        let read = |text: &str| {
+            parse(text, Path::new("/etc/plexus"), &no_environment)
+                .map(|config| config.daemon.worker_threads)
+                .map_err(|issues| issues.len())
+        };
+        assert_eq!(read("[daemon]\nworker_threads = 1\n"), Ok(Some(1)));
+        assert_eq!(read("[daemon]\n"), Ok(None));
     }
 
     #[test]
