@@ -103,6 +103,50 @@ async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow
     Ok(())
 }
 
+/// A last-known catalog large enough to be parsed on a thread of its own (64 KiB
+/// and up) is listed after a restart exactly as it was before, its upstream not
+/// started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_last_known_catalog_is_listed_as_before_after_a_restart() -> anyhow::Result<()> {
+    let section = fixture_upstream(
+        "big",
+        "start = \"lazy\"\nidle_timeout = \"1s\"",
+        &["--name", "big-one", "--extra-tools", "400"],
+    );
+    let daemon = Daemon::start("page_size = 1000", &section).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let mut before = Value::Null;
+    for _ in 0..200 {
+        let tools = session.request("tools/list", json!({})).await?;
+        if tools["result"]["tools"].as_array().map(Vec::len) == Some(406) {
+            before = tools["result"]["tools"].clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(!before.is_null(), "never listed whole\n{}", daemon.log());
+
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    ensure!(status.success());
+    let kept = std::fs::metadata(dir.path().join("state/catalog/big.json"))?.len();
+    ensure!(kept >= 64 * 1024, "the kept listing is only {kept} bytes");
+    let daemon = Daemon::start_in(dir, "page_size = 1000", &section).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let tools = session.request("tools/list", json!({})).await?;
+    ensure!(
+        tools["result"]["tools"] == before,
+        "listed otherwise after the restart: {:.500}",
+        tools.to_string()
+    );
+    ensure!(state_of(&daemon, "big").await? == "idle");
+    ensure!(
+        processes_matching("--name big-one").is_empty(),
+        "it was started without a call"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_per_session_upstream_runs_one_instance_per_session() -> anyhow::Result<()> {
     let section = fixture_upstream("mine", "share = \"session\"", &["--name", "per-session"]);
