@@ -45,11 +45,20 @@ async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow:
 }
 
 /// `--against`: another build (here the same one) runs as a second daemon, its
-/// calls checked and reported beside plexus-http's.
+/// calls checked and reported beside plexus-http's; both on one worker thread
+/// (`--worker-threads 1`).
 #[tokio::test]
 async fn the_bench_measures_another_build_beside_this_one() -> anyhow::Result<()> {
     let plexus = plexus_tests::plexus_binary();
-    let args = ["--quick", "--no-scale", "--payloads", "100", "--against"];
+    let args = [
+        "--quick",
+        "--no-scale",
+        "--payloads",
+        "100",
+        "--worker-threads",
+        "1",
+        "--against",
+    ];
     let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
     args.push(plexus.as_os_str());
     let output = bench(&args).await?;
@@ -69,6 +78,10 @@ async fn the_bench_measures_another_build_beside_this_one() -> anyhow::Result<()
     ensure!(
         !stdout.contains("plexus-stdio"),
         "a target that was not asked for:\n{stdout}"
+    );
+    ensure!(
+        stdout.contains("plexus: worker_threads = 1"),
+        "the daemons' worker threads are not reported:\n{stdout}"
     );
     Ok(())
 }

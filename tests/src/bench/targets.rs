@@ -117,14 +117,17 @@ pub struct Rig {
     daemon: Daemon,
     /// The same daemon from another build, when one is compared (`--against`).
     against: Option<Daemon>,
+    /// Lines every daemon's `[daemon]` section gets (stdio fronts started later too).
+    daemon_extra: String,
     /// The HTTP fixtures' logs, beside no daemon's: they start first.
     _fixture_dir: tempfile::TempDir,
     _modern_dir: tempfile::TempDir,
 }
 
 impl Rig {
-    /// `against`: another build of plexus, run as a second daemon like the first.
-    pub async fn start(against: Option<&Path>) -> anyhow::Result<Rig> {
+    /// `against`: another build of plexus, run as a second daemon like the first;
+    /// `daemon_extra`: lines for every daemon's `[daemon]` section, stdio fronts too.
+    pub async fn start(against: Option<&Path>, daemon_extra: &str) -> anyhow::Result<Rig> {
         let fixture_dir = tempfile::tempdir().context("creating the HTTP fixture's directory")?;
         let http_fixture = HttpFixture::start(
             fixture_dir.path(),
@@ -147,7 +150,7 @@ impl Rig {
             upstream_sections(),
             http_fixture.url()
         );
-        let daemon = Daemon::start("", &sections)
+        let daemon = Daemon::start(daemon_extra, &sections)
             .await
             .context("starting plexus")?;
         daemon
@@ -156,7 +159,7 @@ impl Rig {
             .context("waiting for plexus's upstreams")?;
         let against = match against {
             Some(binary) => {
-                let other = Daemon::start_binary(binary, "", &sections)
+                let other = Daemon::start_binary(binary, daemon_extra, &sections)
                     .await
                     .with_context(|| format!("starting {}", binary.display()))?;
                 other
@@ -172,6 +175,7 @@ impl Rig {
             modern_fixture,
             daemon,
             against,
+            daemon_extra: daemon_extra.to_string(),
             _fixture_dir: fixture_dir,
             _modern_dir: modern_dir,
         })
@@ -229,8 +233,9 @@ impl Rig {
                 std::fs::write(
                     &config,
                     format!(
-                        "[daemon]\nstate_dir = {:?}\n\n{}",
+                        "[daemon]\nstate_dir = {:?}\n{}\n\n{}",
                         state.display().to_string(),
+                        self.daemon_extra,
                         upstream_sections()
                     ),
                 )

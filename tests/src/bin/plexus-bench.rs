@@ -81,6 +81,11 @@ struct Cli {
     /// measures, and more with a relay's three than a direct connection's two.
     #[arg(long, value_name = "N", default_value_t = 1)]
     client_threads: usize,
+    /// `[daemon] worker_threads` of the plexus daemons behind the echo cells (the
+    /// HTTP daemon, and each stdio front); without it, the daemon's default (one
+    /// per core). The scale figures keep the default.
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<usize>,
 }
 
 /// What one run measures.
@@ -213,7 +218,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         targets.retain(|target| *target != Target::BASELINE);
     }
 
-    let rig = Rig::start(cli.against.as_deref()).await?;
+    let daemon_extra = cli
+        .worker_threads
+        .map(|threads| format!("worker_threads = {threads}"))
+        .unwrap_or_default();
+    if !daemon_extra.is_empty() {
+        println!("plexus: {daemon_extra}");
+    }
+    let rig = Rig::start(cli.against.as_deref(), &daemon_extra).await?;
     // Every target gets its sessions up front: the first serves the shared cells.
     let mut sessions: Vec<(Target, Vec<Client>)> = Vec::new();
     for target in targets {
