@@ -302,6 +302,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     // ratio counts.
     let (mut walks, mut walk_cpus, mut serialisations) = (Vec::new(), Vec::new(), Vec::new());
     let (mut wall_ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
+    let (mut ping_cpus, mut beyond_ratios) = (Vec::new(), Vec::new());
     for _ in 0..scale.walk_rounds {
         let cpu_before = DaemonCpu::read(pid)?;
         let (took, walked) = lister.walk().await?;
@@ -311,6 +312,13 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
             "a walk of {} pages",
             walked.len()
         );
+        // As many requests that carry nothing (pings, on the same session and
+        // connection): what the walk's requests cost whatever their pages hold.
+        let cpu_before = DaemonCpu::read(pid)?;
+        for _ in 0..walked.len() {
+            lister.ping().await?;
+        }
+        let ping_cpu = cpu_before.since(pid)?;
         let started = Instant::now();
         let bytes = serde_json::to_vec(&tools)?;
         let serialised = started.elapsed();
@@ -320,6 +328,8 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         );
         wall_ratios.push(took.as_secs_f64() / serialised.as_secs_f64());
         cpu_ratios.push(cpu.as_secs_f64() / serialised.as_secs_f64());
+        beyond_ratios.push((cpu.as_secs_f64() - ping_cpu.as_secs_f64()) / serialised.as_secs_f64());
+        ping_cpus.push(ms(ping_cpu));
         walks.push(ms(took));
         walk_cpus.push(ms(cpu));
         serialisations.push(ms(serialised));
@@ -445,6 +455,11 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
         Spread::of(serialisations).show(1),
         Spread::of(wall_ratios).show(2),
         Spread::of(cpu_ratios).show(2),
+    );
+    println!(
+        "    as many pings on the same session: {} ms of the daemon's CPU; the walk beyond them: {}× the serialisation",
+        Spread::of(ping_cpus).show(1),
+        Spread::of(beyond_ratios).show(2),
     );
     println!(
         "  rebuild after one upstream's list_changed: {:.2} ms (mean of {} rebuilds)",
@@ -650,6 +665,17 @@ impl Lister {
     }
 
     /// One extra tool called through the daemon echoes its arguments.
+    /// A `ping`, its empty result checked.
+    async fn ping(&mut self) -> anyhow::Result<()> {
+        let body = self.post("ping", json!({})).await?;
+        let answer: Value = serde_json::from_slice(&body)?;
+        ensure!(
+            answer.get("result") == Some(&json!({})),
+            "ping answered {answer}"
+        );
+        Ok(())
+    }
+
     async fn check_call(&mut self, scale: CatalogScale) -> anyhow::Result<()> {
         let name = format!("fx{}__extra_{:04}", scale.upstreams - 1, scale.tools - 1);
         let arguments = json!({"query": "plexus", "limit": 3});
