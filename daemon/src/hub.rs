@@ -262,6 +262,11 @@ impl Hub {
     /// daemon is still starting and has nothing listed yet, not even from its cache:
     /// a client's first list then shows its tools, for clients that never list again.
     pub async fn wait_for_first_listings(&self) {
+        self.wait_for_first_listings_of(|_| true).await
+    }
+
+    /// As [`Hub::wait_for_first_listings`], for the upstreams `which` names only.
+    pub async fn wait_for_first_listings_of(&self, which: impl Fn(&str) -> bool) {
         let within = *self
             .first_list_wait
             .lock()
@@ -269,15 +274,10 @@ impl Hub {
         let deadline = Instant::now() + within;
         let mut catalogs = self.subscribe();
         loop {
-            let waiting = self.upstreams().values().any(|upstream| {
-                upstream.config().enabled
-                    && !upstream.on_demand()
-                    && matches!(
-                        upstream.shared.state(),
-                        UpstreamState::Starting | UpstreamState::Idle
-                    )
-                    && !self.catalog.lists(upstream.name())
-            });
+            let waiting = self
+                .upstreams()
+                .values()
+                .any(|upstream| which(upstream.name()) && self.awaits_first_listing(upstream));
             if !waiting {
                 return;
             }
@@ -289,6 +289,18 @@ impl Hub {
                 _ = tokio::time::sleep_until(deadline) => return,
             }
         }
+    }
+
+    /// Whether `upstream` is enabled, starts with the daemon, is still starting and
+    /// has nothing listed yet, not even from its cache.
+    pub fn awaits_first_listing(&self, upstream: &Upstream) -> bool {
+        upstream.config().enabled
+            && !upstream.on_demand()
+            && matches!(
+                upstream.shared.state(),
+                UpstreamState::Starting | UpstreamState::Idle
+            )
+            && !self.catalog.lists(upstream.name())
     }
 
     /// Runs a task that shutdown waits for.

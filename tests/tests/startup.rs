@@ -120,6 +120,57 @@ async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Res
     Ok(())
 }
 
+/// On a first run, with nothing cached, a call made before any list names a tool
+/// no catalog has yet: it waits for that upstream's first listing (as a first list
+/// does) and is served, over HTTP and the stdio front. A name under an upstream
+/// that cannot start fails at once with its state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_call_before_any_listing_waits_for_its_upstream() -> anyhow::Result<()> {
+    let broken = "[upstreams.broken]\ncommand = \"/nonexistent/plexus-upstream\"\n";
+    let sections = format!("{}\n{broken}", late("late", "1.5"));
+    let call = json!({"name": "late__echo", "arguments": {"text": "first"}});
+    let daemon = Daemon::start("", &sections).await?;
+    let stdio = daemon.stdio_config(&sections)?.display().to_string();
+    let mut http = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
+    let mut served =
+        RawStdioSession::spawn(&plexus_binary(), &["serve", "--stdio", "--config", &stdio]).await?;
+    let started = Instant::now();
+    let answers = [
+        ("http", http.request("tools/call", call.clone()).await?),
+        ("stdio", served.request("tools/call", call).await?),
+    ];
+    for (front, answer) in answers {
+        ensure!(
+            answer["result"]["content"][0]["text"] == "first",
+            "{front}: the first call did not wait for its upstream: {answer}"
+        );
+    }
+    ensure!(
+        started.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let refused = http
+        .request(
+            "tools/call",
+            json!({"name": "broken__echo", "arguments": {}}),
+        )
+        .await?;
+    ensure!(
+        refused["error"]["code"] == -33001 && refused["error"]["data"]["upstream"] == "broken",
+        "{refused}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    served.close().await;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 /// `start_concurrency` bounds how many upstreams are starting at once: with two
 /// slots, two upstreams that hang in `initialize` hold both and the rest are not
 /// even spawned; a reload that raises the limit lets them start at once.

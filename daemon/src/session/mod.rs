@@ -687,15 +687,16 @@ impl Session {
             "initialize" => Ok(Reply::Result(self.initialize(params))),
             "ping" => Ok(Reply::Result(json!({}))),
             "tools/call" => {
-                let catalog = self.catalog();
                 let (mut params, name) = take_string(params, "name")?;
-                let route = match catalog.route_tool(&name) {
-                    Some(route) => route,
-                    None => catalog
-                        .route_unlisted_tool(&name)
-                        .filter(|_| catalog.held(Kind::Tools, &name).is_none())
-                        .ok_or_else(|| self.unrouted_name(&catalog, Kind::Tools, &name))?,
-                };
+                let (catalog, route) = self
+                    .route_name(Kind::Tools, &name, |catalog, name| {
+                        catalog.route_tool(name).or_else(|| {
+                            catalog
+                                .route_unlisted_tool(name)
+                                .filter(|_| catalog.held(Kind::Tools, name).is_none())
+                        })
+                    })
+                    .await?;
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let designated = catalog.param_headers(&name);
                 let arguments = match arguments {
@@ -731,11 +732,10 @@ impl Session {
                 .await
             }
             "prompts/get" => {
-                let catalog = self.catalog();
                 let (params, name) = take_string(params, "name")?;
-                let route = catalog
-                    .route_prompt(&name)
-                    .ok_or_else(|| self.unrouted_name(&catalog, Kind::Prompts, &name))?;
+                let (_, route) = self
+                    .route_name(Kind::Prompts, &name, Catalog::route_prompt)
+                    .await?;
                 self.forward_named(method, params, None, &route, &[], related)
                     .await
             }
@@ -1137,6 +1137,47 @@ impl Session {
     async fn wait_for_first_list(&self) {
         if !self.listed.swap(true, Ordering::Relaxed) {
             self.hub.wait_for_first_listings().await;
+        }
+    }
+
+    /// Routes a tool or prompt `name` with `route` in the session's catalog, and
+    /// returns the catalog with the route. A name that routes nowhere yet, under the
+    /// prefix of an upstream this session may see that is still on its first start
+    /// (nothing listed, not even from its cache), waits for that upstream's first
+    /// listing as a first list does (up to `first_list_wait`), and is routed in the
+    /// catalog it makes: a client that just launched plexus does not see its first
+    /// call fail.
+    async fn route_name(
+        &self,
+        kind: Kind,
+        name: &str,
+        route: impl Fn(&Catalog, &str) -> Option<registry::Route>,
+    ) -> Result<(Arc<Catalog>, registry::Route), RelayError> {
+        let catalog = self.catalog();
+        if let Some(found) = route(&catalog, name) {
+            return Ok((catalog, found));
+        }
+        let upstreams = self.hub.upstreams();
+        let starting: Vec<&str> = upstreams
+            .values()
+            .filter(|upstream| {
+                registry::names::is_under_prefix(name, &upstream.config().prefix)
+                    && catalog.shows_upstream(upstream.name())
+                    && self.hub.awaits_first_listing(upstream)
+            })
+            .map(|upstream| upstream.name())
+            .collect();
+        let catalog = if starting.is_empty() {
+            catalog
+        } else {
+            self.hub
+                .wait_for_first_listings_of(|upstream| starting.contains(&upstream))
+                .await;
+            self.catalog()
+        };
+        match route(&catalog, name) {
+            Some(found) => Ok((catalog, found)),
+            None => Err(self.unrouted_name(&catalog, kind, name)),
         }
     }
 
