@@ -3,7 +3,7 @@
 //! methods and never interprets the rest.
 
 mod connection;
-mod escapes;
+pub mod escapes;
 pub mod framing;
 pub mod handshake;
 pub mod json_out;

@@ -50,6 +50,11 @@ impl ClientMessage {
     /// Reads a message to pass on whole. A tool call's large arguments object is
     /// skimmed, not read: one scan finds where it is and checks its syntax.
     pub fn read(bytes: Bytes) -> Result<ClientMessage, serde_json::Error> {
+        ClientMessage::read_paired(with_paired_surrogates(bytes))
+    }
+
+    /// [`ClientMessage::read`] of a message without lone surrogate escapes.
+    fn read_paired(bytes: Bytes) -> Result<ClientMessage, serde_json::Error> {
         if bytes.len() >= UNREAD_ARGUMENTS_MIN {
             if let Some(read) = skim_call(&bytes) {
                 return Ok(read);
@@ -66,8 +71,9 @@ impl ClientMessage {
         bytes: Bytes,
         known: &KnownCapabilities,
     ) -> Result<ClientMessage, serde_json::Error> {
+        let bytes = with_paired_surrogates(bytes);
         if bytes.len() >= UNREAD_ARGUMENTS_MIN {
-            return ClientMessage::read(bytes);
+            return ClientMessage::read_paired(bytes);
         }
         read_without_client_fields(&bytes, known)
     }
@@ -82,6 +88,21 @@ impl ClientMessage {
             Some(Value::Object(params)) => put_back(params, &arguments),
             _ => Ok(()),
         }
+    }
+}
+
+/// A client's message with each `\u` escape naming half a UTF-16 surrogate pair made
+/// U+FFFD, as an upstream's is (`adapters::escapes`). JavaScript writes one for a
+/// string cut inside an emoji, and no reader of UTF-8 takes it: refused, the message
+/// could only be answered with a parse error whose id is null, which no client
+/// matches to its request (it would wait for good). Mended, it is answered.
+fn with_paired_surrogates(bytes: Bytes) -> Bytes {
+    match adapters::escapes::repair_lone_surrogates(&bytes) {
+        Some(repaired) => {
+            tracing::debug!("a client escaped half a UTF-16 surrogate pair; read as U+FFFD");
+            Bytes::from(repaired)
+        }
+        None => bytes,
     }
 }
 
@@ -379,6 +400,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn half_a_surrogate_pair_is_read_as_a_replacement_character() {
+        let known = KnownCapabilities::default();
+        // Small arguments are read; large ones stay as written, mended alike; a
+        // whole pair, and an escaped backslash before a `u`, are left as they are.
+        let small = call(r#"{"text":"cut \ud83d here, \ud83d\ude00 kept, \\ud800 too"}"#);
+        let large = call(&large(r"cut \\ud800 \udc00"));
+        for read in [
+            ClientMessage::read(Bytes::from(small.clone())).unwrap(),
+            ClientMessage::read_served(Bytes::from(small), &known).unwrap(),
+        ] {
+            assert!(read.arguments.is_none());
+            assert_eq!(
+                read.message["params"]["arguments"]["text"],
+                "cut \u{fffd} here, \u{1f600} kept, \\ud800 too"
+            );
+        }
+        for read in [
+            ClientMessage::read(Bytes::from(large.clone())).unwrap(),
+            ClientMessage::read_served(Bytes::from(large), &known).unwrap(),
+        ] {
+            let written = read.arguments.as_ref().unwrap();
+            let text = written.read().unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(text.starts_with("cut \\ud800 \u{fffd}x"), "{text:.40}");
+        }
+    }
+
     fn modern(meta: &str, arguments: &str) -> String {
         format!(
             r#"{{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{{"name":"echo","arguments":{arguments},"_meta":{meta}}}}}"#
@@ -610,10 +661,12 @@ mod tests {
     }
 
     #[test]
-    fn arguments_a_reader_refuses_are_refused_at_once() {
-        // Half a surrogate pair passes a skim; the message is read, and refused.
+    fn large_arguments_with_half_a_surrogate_pair_stay_unread_once_mended() {
+        // Mended before the skim: what is left unread is what any reader takes.
         let text = call(&large("\\ud800"));
-        assert!(ClientMessage::read(Bytes::from(text)).is_err());
+        let read = ClientMessage::read(Bytes::from(text)).unwrap();
+        let written = read.arguments.as_ref().unwrap();
+        assert!(written.text().starts_with(br#"{ "text" : "\ufffd"#));
         let text = call(&large("\\ud83d\\ude00"));
         assert!(ClientMessage::read(Bytes::from(text)).is_ok_and(|read| read.arguments.is_some()));
     }

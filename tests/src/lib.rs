@@ -656,6 +656,26 @@ impl RawStdioSession {
             &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
         )
         .await?;
+        self.answer_to(&id, answer).await
+    }
+
+    /// Sends `line` as it is (a request whose id is the string `id`, written by the
+    /// caller: text no `Value` holds), and returns the response message; requests
+    /// the server sends meanwhile get an empty result.
+    pub async fn request_raw(&mut self, id: &str, line: &str) -> anyhow::Result<Value> {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        self.stdin.flush().await?;
+        self.answer_to(&Value::from(id), &|_| serde_json::json!({}))
+            .await
+    }
+
+    /// Reads until the response to `id`, answering the server's requests meanwhile.
+    async fn answer_to(
+        &mut self,
+        id: &Value,
+        answer: &dyn Fn(&str) -> Value,
+    ) -> anyhow::Result<Value> {
         loop {
             let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
                 .await
@@ -675,7 +695,7 @@ impl RawStdioSession {
                     let reply = serde_json::json!({"jsonrpc": "2.0", "id": asked_id, "result": answer(asked)});
                     self.send(&reply).await?;
                 }
-                (None, Some(answered)) if answered == &id => return Ok(message),
+                (None, Some(answered)) if answered == id => return Ok(message),
                 (Some(_), None) => self.heard.push(message),
                 _ => {}
             }

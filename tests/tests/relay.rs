@@ -318,14 +318,18 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
         "{null_meta}"
     );
     // A large call's arguments go on unread, but not with half a surrogate pair in
-    // them: a reader refuses that (some upstreams drop it unanswered), and so does plexus.
+    // them: a reader refuses that (some upstreams drop it unanswered). They go with
+    // U+FFFD in its place, as a small call's do.
+    let padding = "p".repeat(4096);
     let lone = format!(
-        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"healthy__echo","arguments":{{"text":"{}\ud800"}}}}}}"#,
-        "p".repeat(4096)
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"healthy__echo","arguments":{{"text":"{padding}\ud800"}}}}}}"#,
     );
     let started = Instant::now();
-    let refused = session.post_raw(lone.as_bytes()).await?;
-    ensure!(refused["error"]["code"] == -32700, "{refused}");
+    let mended = session.post_raw(lone.as_bytes()).await?;
+    ensure!(
+        mended["id"] == 7 && mended["result"]["content"][0]["text"] == format!("{padding}\u{fffd}"),
+        "{mended:.300}"
+    );
     ensure!(started.elapsed() < Duration::from_secs(5));
     // Nor nested deeper than a reader goes: the upstream could not read the call to
     // answer it, and the caller waited out the deadline. Refused as a small call is.
@@ -1001,6 +1005,65 @@ async fn still_serves(client: &Client, upstream: &str) -> anyhow::Result<()> {
 fn echo(upstream: &str, text: &str) -> CallToolRequestParams {
     CallToolRequestParams::new(format!("{upstream}__echo"))
         .with_arguments(arguments(json!({ "text": text })))
+}
+
+/// A client that escapes half a UTF-16 surrogate pair (JavaScript does, for a string
+/// cut inside an emoji) gets its call answered, with U+FFFD in its place, rather than
+/// a parse error whose null id it cannot match to its request: over HTTP, the stdio
+/// front and `plexus connect`, small arguments (read) and large (passed on unread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_half_surrogate_pair_is_answered_as_a_replacement_character() -> anyhow::Result<()>
+{
+    let sections = fixture_upstream("fx", "", &[]);
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let stdio = daemon.stdio_config(&sections)?.display().to_string();
+    let call = |id: &str, text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":"{id}","method":"tools/call","params":{{"name":"fx__echo","arguments":{{"text":"{text} \ud83d cut, \udc00 low, \ud83d\ude00 whole"}}}}}}"#
+        )
+    };
+    let expected = |text: &str| format!("{text} \u{fffd} cut, \u{fffd} low, \u{1f600} whole");
+    let mut http = RawHttpSession::connect(&daemon.url).await?;
+    let mut connect = RawStdioSession::spawn(&plexus_binary(), &["connect", &daemon.url]).await?;
+    let mut served =
+        RawStdioSession::spawn(&plexus_binary(), &["serve", "--stdio", "--config", &stdio]).await?;
+    // The stdio front starts its own upstream: a call waits for it.
+    for (n, text) in ["small".to_string(), "large".repeat(400)]
+        .iter()
+        .enumerate()
+    {
+        let answers = [
+            (
+                "http",
+                http.post_raw(call(&format!("h{n}"), text).as_bytes())
+                    .await?,
+            ),
+            (
+                "connect",
+                connect
+                    .request_raw(&format!("c{n}"), &call(&format!("c{n}"), text))
+                    .await?,
+            ),
+            (
+                "stdio",
+                served
+                    .request_raw(&format!("s{n}"), &call(&format!("s{n}"), text))
+                    .await?,
+            ),
+        ];
+        for (front, answer) in answers {
+            ensure!(
+                answer["result"]["content"][0]["text"] == expected(text),
+                "{front}, {} bytes: {answer:.300}",
+                text.len()
+            );
+        }
+    }
+    connect.close().await;
+    served.close().await;
+    daemon.stop().await?;
+    Ok(())
 }
 
 /// An upstream that escapes half a UTF-16 surrogate pair (as JavaScript writes a
