@@ -122,8 +122,9 @@ async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Res
 
 /// On a first run, with nothing cached, a call made before any list names a tool
 /// no catalog has yet: it waits for that upstream's first listing (as a first list
-/// does) and is served, over HTTP and the stdio front. A name under an upstream
-/// that cannot start fails at once with its state.
+/// does) and is served, over HTTP and the stdio front; so does a read of a resource
+/// under its URI namespace. A name under an upstream that cannot start fails at
+/// once with its state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_call_before_any_listing_waits_for_its_upstream() -> anyhow::Result<()> {
     let broken = "[upstreams.broken]\ncommand = \"/nonexistent/plexus-upstream\"\n";
@@ -145,6 +146,32 @@ async fn a_first_call_before_any_listing_waits_for_its_upstream() -> anyhow::Res
             "{front}: the first call did not wait for its upstream: {answer}"
         );
     }
+    // A front of its own on a state of its own: nothing cached.
+    let fresh = tempfile::tempdir()?;
+    let fresh_config = fresh.path().join("config.toml");
+    std::fs::write(
+        &fresh_config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{sections}",
+            fresh.path().join("state").display().to_string()
+        ),
+    )?;
+    let fresh_config = fresh_config.display().to_string();
+    let stdio_started = Instant::now();
+    let mut reader = RawStdioSession::spawn(
+        &plexus_binary(),
+        &["serve", "--stdio", "--config", &fresh_config],
+    )
+    .await?;
+    let read = reader
+        .request("resources/read", json!({"uri": "late+fixture://text"}))
+        .await?;
+    ensure!(
+        read["result"]["contents"][0]["uri"] == "late+fixture://text",
+        "the first read did not wait for its upstream: {read}"
+    );
+    ensure!(stdio_started.elapsed() >= Duration::from_millis(700));
+    reader.close().await;
     ensure!(
         started.elapsed() >= Duration::from_millis(700),
         "{:?}",

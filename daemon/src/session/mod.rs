@@ -689,14 +689,16 @@ impl Session {
             "tools/call" => {
                 let (mut params, name) = take_string(params, "name")?;
                 let (catalog, route) = self
-                    .route_name(Kind::Tools, &name, |catalog, name| {
+                    .route_waiting(&name, under_prefix(&name), |catalog, name| {
                         catalog.route_tool(name).or_else(|| {
                             catalog
                                 .route_unlisted_tool(name)
                                 .filter(|_| catalog.held(Kind::Tools, name).is_none())
                         })
                     })
-                    .await?;
+                    .await;
+                let route =
+                    route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Tools, &name))?;
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let designated = catalog.param_headers(&name);
                 let arguments = match arguments {
@@ -733,18 +735,20 @@ impl Session {
             }
             "prompts/get" => {
                 let (params, name) = take_string(params, "name")?;
-                let (_, route) = self
-                    .route_name(Kind::Prompts, &name, Catalog::route_prompt)
-                    .await?;
+                let (catalog, route) = self
+                    .route_waiting(&name, under_prefix(&name), Catalog::route_prompt)
+                    .await;
+                let route =
+                    route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Prompts, &name))?;
                 self.forward_named(method, params, None, &route, &[], related)
                     .await
             }
             "resources/read" => {
-                let catalog = self.catalog();
                 let (params, uri) = take_string(params, "uri")?;
-                let route = catalog
-                    .route_resource(&uri)
-                    .ok_or_else(|| unrouted(&catalog, Kind::Resources, &uri))?;
+                let (catalog, route) = self
+                    .route_waiting(&uri, in_namespace(&uri), Catalog::route_resource)
+                    .await;
+                let route = route.ok_or_else(|| unrouted(&catalog, Kind::Resources, &uri))?;
                 let params = with_string(params, "uri", &route.original);
                 let call = self.call_context(None, related);
                 let reply = self
@@ -1140,45 +1144,42 @@ impl Session {
         }
     }
 
-    /// Routes a tool or prompt `name` with `route` in the session's catalog, and
-    /// returns the catalog with the route. A name that routes nowhere yet, under the
-    /// prefix of an upstream this session may see that is still on its first start
-    /// (nothing listed, not even from its cache), waits for that upstream's first
-    /// listing as a first list does (up to `first_list_wait`), and is routed in the
-    /// catalog it makes: a client that just launched plexus does not see its first
-    /// call fail.
-    async fn route_name(
+    /// Routes `key` (a tool or prompt name, a resource URI) with `route` in the
+    /// session's catalog, and returns the catalog with the route, if any. A key that
+    /// routes nowhere yet and `belongs` to (by its prefix) an upstream this session
+    /// may see that is still on its first start (nothing listed, not even from its
+    /// cache) waits for that upstream's first listing as a first list does (up to
+    /// `first_list_wait`), and is routed in the catalog it makes: a client that just
+    /// launched plexus does not see its first call fail.
+    async fn route_waiting(
         &self,
-        kind: Kind,
-        name: &str,
+        key: &str,
+        belongs: impl Fn(&str) -> bool,
         route: impl Fn(&Catalog, &str) -> Option<registry::Route>,
-    ) -> Result<(Arc<Catalog>, registry::Route), RelayError> {
+    ) -> (Arc<Catalog>, Option<registry::Route>) {
         let catalog = self.catalog();
-        if let Some(found) = route(&catalog, name) {
-            return Ok((catalog, found));
+        if let Some(found) = route(&catalog, key) {
+            return (catalog, Some(found));
         }
         let upstreams = self.hub.upstreams();
         let starting: Vec<&str> = upstreams
             .values()
             .filter(|upstream| {
-                registry::names::is_under_prefix(name, &upstream.config().prefix)
+                belongs(&upstream.config().prefix)
                     && catalog.shows_upstream(upstream.name())
                     && self.hub.awaits_first_listing(upstream)
             })
             .map(|upstream| upstream.name())
             .collect();
-        let catalog = if starting.is_empty() {
-            catalog
-        } else {
-            self.hub
-                .wait_for_first_listings_of(|upstream| starting.contains(&upstream))
-                .await;
-            self.catalog()
-        };
-        match route(&catalog, name) {
-            Some(found) => Ok((catalog, found)),
-            None => Err(self.unrouted_name(&catalog, kind, name)),
+        if starting.is_empty() {
+            return (catalog, None);
         }
+        self.hub
+            .wait_for_first_listings_of(|upstream| starting.contains(&upstream))
+            .await;
+        let catalog = self.catalog();
+        let found = route(&catalog, key);
+        (catalog, found)
     }
 
     /// The error for a tool or prompt name that routes nowhere. A name under the
@@ -1227,6 +1228,21 @@ impl Session {
             result.insert("cacheScope".into(), Value::from(cache.scope()));
         }
         Ok(Value::Object(result))
+    }
+}
+
+/// Whether an upstream of this prefix would expose `name`.
+fn under_prefix(name: &str) -> impl Fn(&str) -> bool + '_ {
+    move |prefix| registry::names::is_under_prefix(name, prefix)
+}
+
+/// Whether an upstream of this prefix would expose `uri` (in its URI namespace).
+fn in_namespace(uri: &str) -> impl Fn(&str) -> bool + '_ {
+    let namespace = registry::uris::split_namespace(uri).map(|(namespace, _)| namespace);
+    move |prefix| {
+        namespace.is_some_and(|namespace| {
+            registry::uris::uri_namespace(prefix).as_deref() == Some(namespace)
+        })
     }
 }
 
