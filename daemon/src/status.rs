@@ -148,9 +148,10 @@ pub fn text(status: &Value) -> String {
                 .as_u64()
                 .map_or("-".into(), |pid| pid.to_string()),
             duration(upstream["uptime_s"].as_f64()),
-            upstream["restarts"],
+            // As strings: a JSON value's `Display` ignores the column's width.
+            upstream["restarts"].to_string(),
             format!("{}/{}", upstream["in_flight"], upstream["pending"]),
-            upstream["entries"]["tools"],
+            upstream["entries"]["tools"].to_string(),
             upstream["protocol"].as_str().unwrap_or("-"),
             pin_text,
         ));
@@ -296,5 +297,49 @@ fn duration(seconds: Option<f64>) -> String {
         0..=59 => format!("{seconds}s"),
         60..=3599 => format!("{}m{:02}s", seconds / 60, seconds % 60),
         _ => format!("{}h{:02}m", seconds / 3600, seconds % 3600 / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tables_columns_line_up() {
+        let upstream = |name: &str, restarts: u64, tools: u64, protocol: &str| {
+            json!({"name": name, "state": "ready", "pid": 4242, "uptime_s": 75.0,
+                   "restarts": restarts, "in_flight": 1, "pending": 0,
+                   "entries": {"tools": tools}, "protocol": protocol,
+                   "pin": {"state": "pinned", "held": 0}})
+        };
+        let status = json!({
+            "daemon": {"version": "0", "pid": 1, "uptime_s": 1.0, "config": "c.toml"},
+            "upstreams": [upstream("a", 0, 4, "2025-11-25"), upstream("longer-name", 12, 1000, "2026-07-28")],
+        });
+        let table = text(&status);
+        let lines: Vec<&str> = table.lines().filter(|line| !line.is_empty()).collect();
+        let header = lines
+            .iter()
+            .find(|line| line.starts_with("UPSTREAM"))
+            .unwrap();
+        let rows: Vec<&&str> = lines.iter().filter(|line| line.contains("ready")).collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        // Right-aligned counts end where their heading does; the protocol starts
+        // where its heading does.
+        for (heading, values) in [("RESTARTS", ["0", "12"]), ("TOOLS", ["4", "1000"])] {
+            let end = header.find(heading).unwrap() + heading.len();
+            for (row, value) in rows.iter().zip(values) {
+                assert_eq!(&row[end - value.len()..end], value, "{heading}:\n{table}");
+                assert_eq!(
+                    &row[end - value.len() - 1..end - value.len()],
+                    " ",
+                    "{table}"
+                );
+            }
+        }
+        let protocol = header.find("PROTOCOL").unwrap();
+        for row in rows {
+            assert!(row[protocol..].starts_with("202"), "{table}");
+        }
     }
 }
