@@ -301,6 +301,7 @@ fn duration(seconds: Option<f64>) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
