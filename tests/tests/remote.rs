@@ -416,6 +416,77 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
     Ok(())
 }
 
+/// A server that redirects (307 or 308) on its own origin, as one mounted at
+/// `/mcp/` answers `/mcp`, is followed, for every request (its session's GET stream
+/// too) and is served; a redirect to another origin is not followed (every request
+/// carries the configured headers), and the upstream's error says where it points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let requests = dir.path().join("requests.jsonl");
+    let log = requests.display().to_string();
+    let fixture = HttpFixture::start(dir.path(), any_port(), &["--request-log", &log]).await?;
+    let base = fixture.url().trim_end_matches("/mcp").to_string();
+    let sections = format!(
+        "{}{}{}",
+        remote_section("moved", &format!("{base}/moved"), ""),
+        remote_section("forgood", &format!("{base}/moved-for-good"), ""),
+        remote_section(
+            "away",
+            &format!("{base}/away"),
+            "restart_backoff = \"100ms\""
+        ),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for upstream in ["moved", "forgood"] {
+        let echo = json!({"name": format!("{upstream}__echo"), "arguments": {"text": upstream}});
+        loop {
+            let answer = session.request("tools/call", echo.clone()).await?;
+            if text_of(&answer["result"]) == upstream {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{upstream}: {answer}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Both reached `/mcp` with their POSTs, and a GET for their sessions' streams.
+    let at_mcp = |method: &str| {
+        request_log(&requests)
+            .iter()
+            .filter(|line| line["path"] == "/mcp" && line["method"] == method)
+            .count()
+    };
+    ensure!(
+        plexus_tests::eventually(Duration::from_secs(10), || at_mcp("GET") >= 2).await,
+        "{:?}",
+        request_log(&requests)
+    );
+    ensure!(at_mcp("POST") >= 4);
+    let (_, status) = daemon.admin_get("/status").await?;
+    let status: Value = serde_json::from_str(&status)?;
+    let away = status["upstreams"]
+        .as_array()
+        .and_then(|all| all.iter().find(|upstream| upstream["name"] == "away"))
+        .cloned()
+        .unwrap_or_default();
+    ensure!(away["state"] != "ready", "{away}");
+    let error = away["last_error"].as_str().unwrap_or_default();
+    ensure!(
+        error.contains("http://localhost:") && error.contains("another origin"),
+        "{away}"
+    );
+    ensure!(
+        !request_log(&requests).iter().any(|line| line["host"]
+            .as_str()
+            .is_some_and(|host| host.starts_with("localhost"))),
+        "a redirect to another origin was followed"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 /// The server ends plexus's session (here: a DELETE behind plexus's back). The
 /// next request is answered 404, which closes the connection; the upstream is
 /// initialized again in a new session and serves calls.

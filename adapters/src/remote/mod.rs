@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LOCATION};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
@@ -246,6 +246,8 @@ struct Shared {
     /// The task reading each request's response, so a cancel can close its stream.
     streams: Mutex<HashMap<u64, AbortHandle>>,
     listening: AtomicBool,
+    /// Whether a followed redirect was logged (once: it may come with every request).
+    redirect_noted: AtomicBool,
 }
 
 /// What a POST carrying a request says about it in headers.
@@ -332,6 +334,31 @@ enum PostFailure {
     Failed(String),
 }
 
+/// Why [`Shared::send`] got no response to hand back.
+enum SendFailure {
+    Http(hyper_util::client::legacy::Error),
+    /// A redirect it does not follow, said whole.
+    Redirect(String),
+}
+
+impl SendFailure {
+    fn is_connect(&self) -> bool {
+        matches!(self, SendFailure::Http(error) if error.is_connect())
+    }
+}
+
+impl fmt::Display for SendFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendFailure::Http(error) => f.write_str(&error_chain(error)),
+            SendFailure::Redirect(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// How many redirects one request follows.
+const MAX_REDIRECTS: usize = 5;
+
 /// How reading an event stream ended.
 enum Pumped {
     /// The reply awaited arrived.
@@ -382,16 +409,19 @@ fn snippet(body: &[u8]) -> String {
 /// Resolves an HTTP+SSE `endpoint` against the URL; it must stay on the same
 /// origin, since every POST carries the configured headers.
 fn resolve_endpoint(base: &Uri, endpoint: &str) -> Result<Uri, String> {
-    let endpoint = endpoint.trim();
+    resolve_on_origin(base, endpoint).map_err(|reason| format!("the endpoint {reason}"))
+}
+
+/// Resolves `reference` (an endpoint, a redirect's `Location`) against `base`, on
+/// `base`'s origin only: every request carries the configured headers.
+fn resolve_on_origin(base: &Uri, reference: &str) -> Result<Uri, String> {
+    let endpoint = reference.trim();
     if endpoint.contains("://") {
         let uri: Uri = endpoint
             .parse()
-            .map_err(|_| format!("the endpoint `{endpoint}` is not a URL"))?;
+            .map_err(|_| format!("`{endpoint}` is not a URL"))?;
         if uri.scheme() != base.scheme() || uri.authority() != base.authority() {
-            return Err(format!(
-                "the endpoint `{}` is on another origin",
-                display_url(&uri)
-            ));
+            return Err(format!("`{}` is on another origin", display_url(&uri)));
         }
         return Ok(uri);
     }
@@ -407,7 +437,7 @@ fn resolve_endpoint(base: &Uri, endpoint: &str) -> Result<Uri, String> {
     parts.path_and_query = Some(
         path_and_query
             .parse()
-            .map_err(|_| format!("the endpoint `{endpoint}` is not a path"))?,
+            .map_err(|_| format!("`{endpoint}` is not a path"))?,
     );
     Uri::from_parts(parts).map_err(|error| error.to_string())
 }
@@ -455,6 +485,7 @@ pub(crate) async fn connect(
         protocol_version: Mutex::new(None),
         streams: Mutex::new(HashMap::new()),
         listening: AtomicBool::new(false),
+        redirect_noted: AtomicBool::new(false),
     });
     options.stats.spawns.fetch_add(1, Ordering::Relaxed);
     tracing::info!(upstream = %upstream, url = %shared.url_text, transport = endpoint.transport.label(), "connecting to HTTP upstream");
@@ -616,12 +647,12 @@ impl HttpTransport {
             if let Some(version) = shared.negotiated_version() {
                 request.headers_mut().insert(VERSION_HEADER, version);
             }
-            match tokio::time::timeout(DELETE_TIMEOUT, shared.client.request(request)).await {
+            match tokio::time::timeout(DELETE_TIMEOUT, shared.send(request)).await {
                 Ok(Ok(response)) => {
                     tracing::debug!(upstream = %shared.upstream, status = response.status().as_u16(), "deleted the upstream's session")
                 }
-                Ok(Err(error)) => {
-                    tracing::debug!(upstream = %shared.upstream, error = %error_chain(&error), "deleting the upstream's session failed")
+                Ok(Err(failure)) => {
+                    tracing::debug!(upstream = %shared.upstream, error = %failure, "deleting the upstream's session failed")
                 }
                 Err(_) => {
                     tracing::debug!(upstream = %shared.upstream, "deleting the upstream's session timed out")
@@ -696,6 +727,52 @@ impl Shared {
         self.pending.fail_all(ConnectionError::Closed);
     }
 
+    /// Sends `request`, following a 307 or 308 redirect (they keep the method and
+    /// the body) on the same origin, up to [`MAX_REDIRECTS`] times: a server mounted
+    /// at `/mcp/` answers `/mcp` so. A redirect to another origin is not followed,
+    /// since every request carries the configured headers.
+    async fn send(&self, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, SendFailure> {
+        let (head, body) = request.into_parts();
+        let mut target = head.uri.clone();
+        let mut redirects = 0;
+        loop {
+            let mut request = Request::new(body.clone());
+            *request.method_mut() = head.method.clone();
+            *request.uri_mut() = target.clone();
+            *request.headers_mut() = head.headers.clone();
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(SendFailure::Http)?;
+            if !matches!(
+                response.status(),
+                StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT
+            ) {
+                return Ok(response);
+            }
+            let Some(location) = response.headers().get(LOCATION) else {
+                return Ok(response);
+            };
+            let location = String::from_utf8_lossy(location.as_bytes()).into_owned();
+            let from = display_url(&target);
+            if redirects == MAX_REDIRECTS {
+                return Err(SendFailure::Redirect(format!(
+                    "{from} redirected more than {MAX_REDIRECTS} times"
+                )));
+            }
+            redirects += 1;
+            target = resolve_on_origin(&target, &location).map_err(|reason| {
+                SendFailure::Redirect(format!(
+                    "{from} redirected to {reason}, which plexus does not follow (set the upstream's `url` to it)"
+                ))
+            })?;
+            if !self.redirect_noted.swap(true, Ordering::Relaxed) {
+                tracing::warn!(upstream = %self.upstream, from, to = %display_url(&target), "the upstream redirects; following (setting its `url` to where it points saves a round trip a request)");
+            }
+        }
+    }
+
     /// A request to `target` with the configured headers.
     fn request(&self, method: Method, target: &Uri, body: Bytes) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(body));
@@ -741,11 +818,11 @@ impl Shared {
                 }
             }
         }
-        self.client.request(request).await.map_err(|error| {
-            if error.is_connect() {
-                PostFailure::Unreachable(format!("{}: {}", self.url_text, error_chain(&error)))
+        self.send(request).await.map_err(|failure| {
+            if failure.is_connect() {
+                PostFailure::Unreachable(format!("{}: {failure}", self.url_text))
             } else {
-                PostFailure::Failed(error_chain(&error))
+                PostFailure::Failed(failure.to_string())
             }
         })
     }
@@ -1001,7 +1078,7 @@ impl Shared {
         request
             .headers_mut()
             .insert("last-event-id", HeaderValue::from_str(last_event_id).ok()?);
-        let response = self.client.request(request).await.ok()?;
+        let response = self.send(request).await.ok()?;
         if response.status().is_success() && content_type_is(&response, EVENT_STREAM) {
             Some(response.into_body())
         } else {
@@ -1206,15 +1283,19 @@ impl Shared {
             {
                 request.headers_mut().insert("last-event-id", last);
             }
-            let response = match self.client.request(request).await {
+            let response = match self.send(request).await {
                 Ok(response) => response,
-                Err(error) if error.is_connect() => {
-                    let reason = format!("{}: {}", self.url_text, error_chain(&error));
+                Err(failure) if failure.is_connect() => {
+                    let reason = format!("{}: {failure}", self.url_text);
                     return self.close(&reason);
                 }
-                Err(error) => {
+                Err(failure @ SendFailure::Redirect(_)) => {
+                    tracing::debug!(upstream = %self.upstream, error = %failure, "no GET event stream");
+                    return;
+                }
+                Err(failure) => {
                     failures += 1;
-                    tracing::debug!(upstream = %self.upstream, error = %error_chain(&error), "the GET event stream failed");
+                    tracing::debug!(upstream = %self.upstream, error = %failure, "the GET event stream failed");
                     tokio::time::sleep(retry_delay(&decoder) * failures.min(10)).await;
                     continue;
                 }
@@ -1259,10 +1340,10 @@ impl Shared {
             .headers_mut()
             .insert(ACCEPT, HeaderValue::from_static(EVENT_STREAM));
         let waited = self.connect_timeout;
-        let response = tokio::time::timeout(waited, self.client.request(request))
+        let response = tokio::time::timeout(waited, self.send(request))
             .await
             .map_err(|_| format!("no answer within {} ms", waited.as_millis()))?
-            .map_err(|error| error_chain(&error))?;
+            .map_err(|failure| failure.to_string())?;
         let status = response.status();
         if !status.is_success() {
             return Err(format!("GET answered HTTP {}", status.as_u16()));
