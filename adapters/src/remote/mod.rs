@@ -768,7 +768,7 @@ impl Shared {
                 ))
             })?;
             if !self.redirect_noted.swap(true, Ordering::Relaxed) {
-                tracing::warn!(upstream = %self.upstream, from, to = %display_url(&target), "the upstream redirects; following (setting its `url` to where it points saves a round trip a request)");
+                tracing::warn!(upstream = %self.upstream, from = %from, to = %display_url(&target), "the upstream redirects; following (setting its `url` to where it points saves a round trip a request)");
             }
         }
     }
