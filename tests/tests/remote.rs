@@ -420,6 +420,7 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
 /// `/mcp/` answers `/mcp`, is followed, for every request (its session's GET stream
 /// too) and is served; a redirect to another origin is not followed (every request
 /// carries the configured headers), and the upstream's error says where it points.
+/// A URL that answers a web page has an error that names its content type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -436,7 +437,7 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
             &format!("{base}/away"),
             "restart_backoff = \"100ms\""
         ),
-    );
+    ) + &remote_section("page", &format!("{base}/page"), "");
     let daemon = Daemon::start("", &sections).await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut session = RawHttpSession::connect(&daemon.url).await?;
@@ -464,13 +465,38 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
         request_log(&requests)
     );
     ensure!(at_mcp("POST") >= 4);
-    let (_, status) = daemon.admin_get("/status").await?;
-    let status: Value = serde_json::from_str(&status)?;
-    let away = status["upstreams"]
-        .as_array()
-        .and_then(|all| all.iter().find(|upstream| upstream["name"] == "away"))
-        .cloned()
-        .unwrap_or_default();
+    // Both have failed a first start by now (they began with the others); read
+    // again until their errors are there, whatever the timing.
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let (_, text) = daemon.admin_get("/status").await?;
+        status = serde_json::from_str(&text)?;
+        let failed = |name: &str| {
+            status["upstreams"].as_array().is_some_and(|all| {
+                all.iter()
+                    .any(|upstream| upstream["name"] == name && upstream["last_error"].is_string())
+            })
+        };
+        if failed("page") && failed("away") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let upstream = |name: &str| {
+        status["upstreams"]
+            .as_array()
+            .and_then(|all| all.iter().find(|upstream| upstream["name"] == name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let page = upstream("page");
+    ensure!(
+        page["last_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("(text/html) is not JSON")),
+        "{page}"
+    );
+    let away = upstream("away");
     ensure!(away["state"] != "ready", "{away}");
     let error = away["last_error"].as_str().unwrap_or_default();
     ensure!(

@@ -963,6 +963,11 @@ impl Shared {
                 }),
             );
         }
+        // Named when the body is not JSON: an HTML error page says more so.
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
         match self.read_body(response.into_body()).await {
             Ok(body) => {
                 let body = with_paired_surrogates(Bytes::from(body), &self.upstream, &self.stats);
@@ -994,7 +999,10 @@ impl Shared {
                 }
                 if !answered {
                     let reason = match unreadable {
-                        Some(error) => format!("the response is not JSON: {error}"),
+                        Some(error) => format!(
+                            "the response ({}) is not JSON: {error}",
+                            content_type.as_deref().unwrap_or("no content type")
+                        ),
                         None => "the JSON response holds no reply to the request".into(),
                     };
                     let url = self.url_text.clone();
