@@ -235,7 +235,11 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         "headers = { X-Api-Key = \"not-the-key\" }\nrestart_backoff = \"5s\"",
     );
     let daemon = Daemon::start("", &wrong).await?;
-    let needle = format!("{} answered HTTP 401", keyed.url());
+    // It says what the server asked for, and where credentials go.
+    let needle = format!(
+        "{} answered HTTP 401: missing or wrong `x-api-key`; it asks for Bearer authorization",
+        keyed.url()
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while !daemon.log().contains(&needle) {
         ensure!(
@@ -245,6 +249,7 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    ensure!(daemon.log().contains("in `headers`"), "{}", daemon.log());
     ensure!(!daemon.log().contains("not-the-key"));
     ensure!(daemon.stop().await?.success());
     drop((keyed, plain, modern));

@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LOCATION};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE,
+};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
@@ -396,6 +398,21 @@ fn jsonrpc_error(body: &[u8]) -> Option<Value> {
     Some(error.clone())
 }
 
+/// What a 401's `WWW-Authenticate` challenge asks for, said for the operator:
+/// plexus runs no authorization flow for its upstreams, it sends what `headers`
+/// (or the URL's credentials) give.
+fn authorization_hint(response: &Response<Incoming>) -> Option<String> {
+    if response.status() != StatusCode::UNAUTHORIZED {
+        return None;
+    }
+    let challenge = response.headers().get(WWW_AUTHENTICATE)?;
+    let challenge = String::from_utf8_lossy(challenge.as_bytes());
+    let scheme = challenge.split_whitespace().next().unwrap_or_default();
+    Some(format!(
+        "it asks for {scheme} authorization, which plexus does not obtain itself: give the upstream its credentials in `headers` (e.g. Authorization = \"{scheme} ${{TOKEN}}\")"
+    ))
+}
+
 /// A short, printable piece of an error body.
 fn snippet(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
@@ -616,11 +633,12 @@ impl HttpTransport {
             }
         };
         let status = response.status();
+        let hint = authorization_hint(&response);
         let body = read_small(response).await;
         if status.is_success() {
             return Ok(());
         }
-        match shared.refusal(status, &body) {
+        match shared.refusal(status, &body, hint) {
             Some(Ok(Reply::Error(error))) => Err(ConnectionError::HttpStatus {
                 url: shared.url_text.clone(),
                 status: status.as_u16(),
@@ -830,7 +848,12 @@ impl Shared {
     /// What a refused HTTP request means: a JSON-RPC error body is the reply; a
     /// 404 on a session is the session's end (None: the caller closes the
     /// connection); anything else is an HTTP failure.
-    fn refusal(&self, status: StatusCode, body: &[u8]) -> Option<Result<Reply, ConnectionError>> {
+    fn refusal(
+        &self,
+        status: StatusCode,
+        body: &[u8],
+        hint: Option<String>,
+    ) -> Option<Result<Reply, ConnectionError>> {
         if let Some(error) = jsonrpc_error(body) {
             return Some(Ok(Reply::Error(error)));
         }
@@ -839,16 +862,22 @@ impl Shared {
         if session_ended {
             return None;
         }
+        let detail = match (hint, snippet(body)) {
+            (Some(hint), body) if body.is_empty() => hint,
+            (Some(hint), body) => format!("{body}; {hint}"),
+            (None, body) => body,
+        };
         Some(Err(ConnectionError::HttpStatus {
             url: self.url_text.clone(),
             status: status.as_u16(),
-            detail: snippet(body),
+            detail,
         }))
     }
 
-    /// Completes request `id`, refused with `status` and `body`.
-    fn refuse(&self, id: u64, status: StatusCode, body: &[u8]) {
-        match self.refusal(status, body) {
+    /// Completes request `id`, refused with `status` and `body` (and a `hint` for
+    /// the operator).
+    fn refuse(&self, id: u64, status: StatusCode, body: &[u8], hint: Option<String>) {
+        match self.refusal(status, body, hint) {
             Some(outcome) => self.complete(id, outcome),
             None => {
                 // Never served, so it may be sent again, in the next session.
@@ -882,6 +911,7 @@ impl Shared {
                         self.set_mode(Mode::Streamable);
                         return self.answer(id, &head, Ok(response)).await;
                     }
+                    let hint = authorization_hint(&response);
                     let refused = read_small(response).await;
                     if jsonrpc_error(&refused).is_none() {
                         match self.open_legacy().await {
@@ -896,7 +926,7 @@ impl Shared {
                         }
                     }
                     self.set_mode(Mode::Streamable);
-                    return self.refuse(id, status, &refused);
+                    return self.refuse(id, status, &refused, hint);
                 }
             }
         }
@@ -935,8 +965,9 @@ impl Shared {
         };
         let status = response.status();
         if !status.is_success() {
+            let hint = authorization_hint(&response);
             let body = read_small(response).await;
-            return self.refuse(id, status, &body);
+            return self.refuse(id, status, &body, hint);
         }
         if head.initialize {
             let session = response.headers().get(SESSION_HEADER).cloned();
@@ -1418,9 +1449,10 @@ impl Shared {
         match self.post(endpoint, None, body, false).await {
             Ok(response) => {
                 let status = response.status();
+                let hint = authorization_hint(&response);
                 let body = read_small(response).await;
                 if !status.is_success() {
-                    self.refuse(id, status, &body);
+                    self.refuse(id, status, &body, hint);
                 }
             }
             Err(failure) => self.post_failed(id, failure),
