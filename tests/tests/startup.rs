@@ -128,7 +128,8 @@ async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_call_before_any_listing_waits_for_its_upstream() -> anyhow::Result<()> {
     let broken = "[upstreams.broken]\ncommand = \"/nonexistent/plexus-upstream\"\n";
-    let sections = format!("{}\n{broken}", late("late", "1.5"));
+    let bare = format!("{}prefix = \"\"\n", late("bare", "1.5"));
+    let sections = format!("{}\n{broken}\n{bare}", late("late", "1.5"));
     let call = json!({"name": "late__echo", "arguments": {"text": "first"}});
     let daemon = Daemon::start("", &sections).await?;
     let stdio = daemon.stdio_config(&sections)?.display().to_string();
@@ -172,6 +173,25 @@ async fn a_first_call_before_any_listing_waits_for_its_upstream() -> anyhow::Res
     );
     ensure!(stdio_started.elapsed() >= Duration::from_millis(700));
     reader.close().await;
+    // An upstream without a prefix may expose any name: a name nothing routes
+    // waits for it too.
+    std::fs::remove_dir_all(fresh.path().join("state"))?;
+    let mut bare_client = RawStdioSession::spawn(
+        &plexus_binary(),
+        &["serve", "--stdio", "--config", &fresh_config],
+    )
+    .await?;
+    let echo = bare_client
+        .request(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"text": "bare"}}),
+        )
+        .await?;
+    ensure!(
+        echo["result"]["content"][0]["text"] == "bare",
+        "the first call to an unprefixed upstream did not wait for it: {echo}"
+    );
+    bare_client.close().await;
     ensure!(
         started.elapsed() >= Duration::from_millis(700),
         "{:?}",

@@ -1146,7 +1146,7 @@ impl Session {
 
     /// Routes `key` (a tool or prompt name, a resource URI) with `route` in the
     /// session's catalog, and returns the catalog with the route, if any. A key that
-    /// routes nowhere yet and `belongs` to (by its prefix) an upstream this session
+    /// routes nowhere yet and may `belong` (by its prefix) to an upstream this session
     /// may see that is still on its first start (nothing listed, not even from its
     /// cache) waits for that upstream's first listing as a first list does (up to
     /// `first_list_wait`), and is routed in the catalog it makes: a client that just
@@ -1231,18 +1231,21 @@ impl Session {
     }
 }
 
-/// Whether an upstream of this prefix would expose `name`.
+/// Whether an upstream of this prefix may expose `name`: one under its prefix, or
+/// any name for an upstream without one.
 fn under_prefix(name: &str) -> impl Fn(&str) -> bool + '_ {
-    move |prefix| registry::names::is_under_prefix(name, prefix)
+    move |prefix| prefix.is_empty() || registry::names::is_under_prefix(name, prefix)
 }
 
-/// Whether an upstream of this prefix would expose `uri` (in its URI namespace).
+/// Whether an upstream of this prefix may expose `uri`: one in its URI namespace,
+/// or any URI for an upstream without a prefix (its URIs are exposed unchanged).
 fn in_namespace(uri: &str) -> impl Fn(&str) -> bool + '_ {
     let namespace = registry::uris::split_namespace(uri).map(|(namespace, _)| namespace);
     move |prefix| {
-        namespace.is_some_and(|namespace| {
-            registry::uris::uri_namespace(prefix).as_deref() == Some(namespace)
-        })
+        prefix.is_empty()
+            || namespace.is_some_and(|namespace| {
+                registry::uris::uri_namespace(prefix).as_deref() == Some(namespace)
+            })
     }
 }
 
