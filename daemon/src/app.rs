@@ -205,6 +205,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
 pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeError> {
     let upstreams = loaded.config.upstreams.len();
     let daemon = Daemon::start(loaded, None).await?;
+    daemon.hub.fanout.serve_one_client();
     tracing::info!(upstreams, "plexus serving one client on stdio");
     let own_stdio::OwnStdio {
         input,

@@ -4,6 +4,7 @@
 //! plexus keeps upstream on the sessions' behalf.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use adapters::{Reply, UpstreamConnection};
@@ -80,6 +81,9 @@ pub struct Fanout {
     elicitations: DashMap<(String, Option<u64>, String), u64>,
     /// Upstreams whose `roots/list` plexus answered when no client could.
     roots_for_nobody: Mutex<Vec<(String, UpstreamConnection)>>,
+    /// The daemon serves one client (`serve --stdio`): a request no call claims is
+    /// that client's, with nothing to guess.
+    one_client: AtomicBool,
 }
 
 impl Fanout {
@@ -101,6 +105,24 @@ impl Fanout {
             roots_askers: Mutex::new(HashMap::new()),
             elicitations: DashMap::new(),
             roots_for_nobody: Mutex::new(Vec::new()),
+            one_client: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on the daemon serves one client, and only one (`serve --stdio`).
+    pub fn serve_one_client(&self) {
+        self.one_client.store(true, Ordering::Relaxed);
+    }
+
+    /// The daemon's only client, if it serves one (`serve --stdio`) and that
+    /// client declared `capability`.
+    fn only_client_with(&self, capability: &[&str]) -> Option<u64> {
+        if !self.one_client.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.live_sessions().as_slice() {
+            [only] if only.has_capability(capability) => Some(only.id()),
+            _ => None,
         }
     }
 
@@ -651,6 +673,10 @@ impl Fanout {
     ) -> Result<Caller, Reply> {
         match callers {
             [] => {
+                // The daemon's only client is the one to ask: there is no other.
+                if let Some(session) = self.only_client_with(capability) {
+                    return Ok(Caller::of_session(session));
+                }
                 // No call in flight: nothing says which client the request is for, and
                 // plexus never guesses (a shared upstream would get one client's roots
                 // or sampling on behalf of all).
@@ -666,7 +692,6 @@ impl Fanout {
                     waiting.push((name.to_string(), connection.clone()));
                     return Err(Reply::Result(json!({"roots": []})));
                 }
-                let _ = capability;
                 Err(error(
                     jsonrpc::INTERNAL_ERROR,
                     format!("no client call to upstream `{name}` is in flight, so plexus has no client to ask for `{method}` (it never guesses which client a request is for)"),

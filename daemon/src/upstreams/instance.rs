@@ -125,6 +125,19 @@ pub struct Caller {
     pub upstream_id: Option<u64>,
 }
 
+impl Caller {
+    /// No call: `session` itself, where a request goes that no call claims when the
+    /// session is the daemon's only client.
+    pub fn of_session(session: u64) -> Caller {
+        Caller {
+            id: 0,
+            session,
+            related: None,
+            upstream_id: None,
+        }
+    }
+}
+
 /// Removes a call from its instance's callers when it ends.
 pub struct CallerGuard<'a> {
     instance: &'a Instance,
