@@ -407,7 +407,7 @@ fn authorization_hint(response: &Response<Incoming>) -> Option<String> {
     }
     let challenge = response.headers().get(WWW_AUTHENTICATE)?;
     let challenge = String::from_utf8_lossy(challenge.as_bytes());
-    let scheme = challenge.split_whitespace().next().unwrap_or_default();
+    let scheme = challenge.split_whitespace().next()?;
     Some(format!(
         "it asks for {scheme} authorization, which plexus does not obtain itself: give the upstream its credentials in `headers` (e.g. Authorization = \"{scheme} ${{TOKEN}}\")"
     ))
