@@ -23,7 +23,7 @@ use crate::{names, uris};
 /// where the entry's JSON does not spell it plainly, one after the other in one
 /// text: a route is two offsets into it, not an allocation or two per entry (at
 /// 10,000 entries those were a megabyte).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 struct Keys {
     text: String,
     /// Per entry, where its exposed key ends and where its original key ends
@@ -107,7 +107,7 @@ pub(super) struct Exposed {
 
 /// The entries of one kind as the upstream listed them, as compact JSON one after
 /// another: one allocation per kind, not a tree of them per entry.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 struct Listed {
     text: SharedText,
     /// Where each entry's JSON ends in `text` (it starts where the one before ends).
