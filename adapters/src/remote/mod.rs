@@ -660,12 +660,20 @@ impl HttpTransport {
         if let (false, Some(session), Mode::Streamable) =
             (shared.closed.is_cancelled(), session, shared.mode())
         {
-            let mut request = shared.request(Method::DELETE, &shared.url, Bytes::new());
-            request.headers_mut().insert(SESSION_HEADER, session);
-            if let Some(version) = shared.negotiated_version() {
-                request.headers_mut().insert(VERSION_HEADER, version);
-            }
-            match tokio::time::timeout(DELETE_TIMEOUT, shared.send(request)).await {
+            let version = shared.negotiated_version();
+            let delete = |target: &Uri| {
+                let mut request = shared.request(Method::DELETE, target, Bytes::new());
+                request
+                    .headers_mut()
+                    .insert(SESSION_HEADER, session.clone());
+                if let Some(version) = &version {
+                    request
+                        .headers_mut()
+                        .insert(VERSION_HEADER, version.clone());
+                }
+                request
+            };
+            match tokio::time::timeout(DELETE_TIMEOUT, shared.send(&shared.url, delete)).await {
                 Ok(Ok(response)) => {
                     tracing::debug!(upstream = %shared.upstream, status = response.status().as_u16(), "deleted the upstream's session")
                 }
@@ -745,22 +753,22 @@ impl Shared {
         self.pending.fail_all(ConnectionError::Closed);
     }
 
-    /// Sends `request`, following a 307 or 308 redirect (they keep the method and
+    /// Sends what `build` makes for `target`, following a 307 or 308 redirect (they keep the method and
     /// the body) on the same origin, up to [`MAX_REDIRECTS`] times: a server mounted
     /// at `/mcp/` answers `/mcp` so. A redirect to another origin is not followed,
     /// since every request carries the configured headers.
-    async fn send(&self, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, SendFailure> {
-        let (head, body) = request.into_parts();
-        let mut target = head.uri.clone();
+    async fn send(
+        &self,
+        target: &Uri,
+        build: impl Fn(&Uri) -> Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, SendFailure> {
+        let mut target = target.clone();
         let mut redirects = 0;
         loop {
-            let mut request = Request::new(body.clone());
-            *request.method_mut() = head.method.clone();
-            *request.uri_mut() = target.clone();
-            *request.headers_mut() = head.headers.clone();
+            // Built anew for each target: nothing is copied unless redirected.
             let response = self
                 .client
-                .request(request)
+                .request(build(&target))
                 .await
                 .map_err(SendFailure::Http)?;
             if !matches!(
@@ -809,6 +817,24 @@ impl Shared {
         body: Bytes,
         streamable: bool,
     ) -> Result<Response<Incoming>, PostFailure> {
+        let build = |target: &Uri| self.post_request(target, head, body.clone(), streamable);
+        self.send(target, build).await.map_err(|failure| {
+            if failure.is_connect() {
+                PostFailure::Unreachable(format!("{}: {failure}", self.url_text))
+            } else {
+                PostFailure::Failed(failure.to_string())
+            }
+        })
+    }
+
+    /// The POST of one message to `target`: streamable HTTP adds its headers.
+    fn post_request(
+        &self,
+        target: &Uri,
+        head: Option<&Head>,
+        body: Bytes,
+        streamable: bool,
+    ) -> Request<Full<Bytes>> {
         let mut request = self.request(Method::POST, target, body);
         let headers = request.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -836,13 +862,7 @@ impl Shared {
                 }
             }
         }
-        self.send(request).await.map_err(|failure| {
-            if failure.is_connect() {
-                PostFailure::Unreachable(format!("{}: {failure}", self.url_text))
-            } else {
-                PostFailure::Failed(failure.to_string())
-            }
-        })
+        request
     }
 
     /// What a refused HTTP request means: a JSON-RPC error body is the reply; a
@@ -1113,11 +1133,11 @@ impl Shared {
 
     /// GET with `Last-Event-ID`: the rest of an interrupted stream.
     async fn resume(&self, last_event_id: &str) -> Option<Incoming> {
-        let mut request = self.listen_request();
-        request
-            .headers_mut()
-            .insert("last-event-id", HeaderValue::from_str(last_event_id).ok()?);
-        let response = self.send(request).await.ok()?;
+        let last = HeaderValue::from_str(last_event_id).ok()?;
+        let response = self
+            .send(&self.url, |target| self.listen_request(target, Some(&last)))
+            .await
+            .ok()?;
         if response.status().is_success() && content_type_is(&response, EVENT_STREAM) {
             Some(response.into_body())
         } else {
@@ -1125,11 +1145,19 @@ impl Shared {
         }
     }
 
-    /// A GET of the MCP endpoint for its event stream.
-    fn listen_request(&self) -> Request<Full<Bytes>> {
-        let mut request = self.request(Method::GET, &self.url, Bytes::new());
+    /// A GET of the MCP endpoint (at `target`) for its event stream, resumed after
+    /// `last_event_id` if given.
+    fn listen_request(
+        &self,
+        target: &Uri,
+        last_event_id: Option<&HeaderValue>,
+    ) -> Request<Full<Bytes>> {
+        let mut request = self.request(Method::GET, target, Bytes::new());
         let headers = request.headers_mut();
         headers.insert(ACCEPT, HeaderValue::from_static(EVENT_STREAM));
+        if let Some(last) = last_event_id {
+            headers.insert("last-event-id", last.clone());
+        }
         if let Some(session) = self.session_id() {
             headers.insert(SESSION_HEADER, session);
         }
@@ -1314,15 +1342,12 @@ impl Shared {
         let mut decoder = SseDecoder::new(self.max_message_bytes);
         let mut failures = 0u32;
         loop {
-            let mut request = self.listen_request();
-            if let Some(last) = decoder
+            let last = decoder
                 .last_event_id
                 .as_deref()
-                .and_then(|id| HeaderValue::from_str(id).ok())
-            {
-                request.headers_mut().insert("last-event-id", last);
-            }
-            let response = match self.send(request).await {
+                .and_then(|id| HeaderValue::from_str(id).ok());
+            let listen = |target: &Uri| self.listen_request(target, last.as_ref());
+            let response = match self.send(&self.url, listen).await {
                 Ok(response) => response,
                 Err(failure) if failure.is_connect() => {
                     let reason = format!("{}: {failure}", self.url_text);
@@ -1374,12 +1399,15 @@ impl Shared {
     /// Opens the HTTP+SSE event stream and waits for its `endpoint` event; a task
     /// then reads the stream for the connection's life.
     async fn open_legacy(self: &Arc<Self>) -> Result<Uri, String> {
-        let mut request = self.request(Method::GET, &self.url, Bytes::new());
-        request
-            .headers_mut()
-            .insert(ACCEPT, HeaderValue::from_static(EVENT_STREAM));
+        let open = |target: &Uri| {
+            let mut request = self.request(Method::GET, target, Bytes::new());
+            request
+                .headers_mut()
+                .insert(ACCEPT, HeaderValue::from_static(EVENT_STREAM));
+            request
+        };
         let waited = self.connect_timeout;
-        let response = tokio::time::timeout(waited, self.send(request))
+        let response = tokio::time::timeout(waited, self.send(&self.url, open))
             .await
             .map_err(|_| format!("no answer within {} ms", waited.as_millis()))?
             .map_err(|failure| failure.to_string())?;
