@@ -75,9 +75,6 @@ pub struct CallContext<'a> {
     pub related: &'a mpsc::Sender<Value>,
     /// `Mcp-Param-*` headers the tool's schema asks for (sent to HTTP upstreams).
     pub headers: &'a [(String, String)],
-    /// The calling client speaks 2026-07-28 (else the handshake era): an upstream
-    /// that serves both eras is reached in the client's.
-    pub modern: bool,
     /// The caller relays the result as the upstream wrote it unless it must change
     /// it, so it may come unread ([`Reply::Unread`]).
     pub result_unread: bool,
@@ -627,10 +624,7 @@ impl Hub {
             .and_then(|tool| config.tool_timeouts.get(tool))
             .copied()
             .unwrap_or(config.call_timeout);
-        if !call.modern {
-            upstream.settle_handshake_twin(call.owner).await;
-        }
-        let instance = upstream.instance_for(call.owner, call.modern);
+        let instance = upstream.instance_for(call.owner);
         // A starting upstream is waited for within the call's own deadline (a client
         // that just launched plexus must not see its first call fail); an on-demand
         // start has its own budget.
@@ -777,7 +771,6 @@ impl Hub {
                 tool: None,
                 related: call.related,
                 headers: &[],
-                modern: call.modern,
                 result_unread: false,
                 arguments: None,
             };

@@ -1,7 +1,7 @@
 //! What `GET /status`, the admin listener's page and `plexus status` show: each
 //! upstream's state, process, uptime, restarts, last exit with its stderr tail,
-//! calls in flight and waiting, entries by kind, protocol and pin, and its
-//! handshake-era twin if one was started; the sessions by front and principal; the
+//! calls in flight and waiting, entries by kind, protocol and pin; the sessions
+//! by front and principal; the
 //! daemon's version, config and uptime.
 
 use std::collections::BTreeMap;
@@ -62,16 +62,6 @@ pub fn status(hub: &Hub, http_sessions: BTreeMap<String, usize>, started: Instan
             "entries": entries,
             "protocol": instance.hello().map(|hello| hello.protocol_version),
             "pin": pin,
-            "handshake_twin": upstream.handshake_twin().map(|twin| {
-                let (pid, _) = twin.process();
-                json!({
-                    "state": twin.reported_state().label(),
-                    "pid": pid,
-                    "protocol": twin.hello().map(|hello| hello.protocol_version),
-                    "last_error": twin.last_error(),
-                    "given_up": upstream.handshake_refused(),
-                })
-            }),
         }));
     }
     let stdio = hub
@@ -90,29 +80,6 @@ pub fn status(hub: &Hub, http_sessions: BTreeMap<String, usize>, started: Instan
         },
         "upstreams": upstreams,
         "sessions": {"http": http_sessions, "stdio": stdio},
-    })
-}
-
-/// An upstream's handshake-era twin (a second process, or HTTP session, of it for
-/// handshake-era clients), in a few words; None when none was started.
-fn twin_line(upstream: &Value) -> Option<String> {
-    let twin = upstream["handshake_twin"].as_object()?;
-    Some(if twin.get("given_up") == Some(&Value::Bool(true)) {
-        format!(
-            "given up ({}); handshake-era clients are bridged",
-            twin.get("last_error")
-                .and_then(Value::as_str)
-                .unwrap_or("it did not start")
-        )
-    } else {
-        format!(
-            "{} pid {} {}",
-            twin.get("state").and_then(Value::as_str).unwrap_or("?"),
-            twin.get("pid")
-                .and_then(Value::as_u64)
-                .map_or("-".into(), |pid| pid.to_string()),
-            twin.get("protocol").and_then(Value::as_str).unwrap_or("-"),
-        )
     })
 }
 
@@ -155,9 +122,6 @@ pub fn text(status: &Value) -> String {
             upstream["protocol"].as_str().unwrap_or("-"),
             pin_text,
         ));
-        if let Some(twin) = twin_line(upstream) {
-            out.push_str(&format!("    handshake twin: {twin}\n"));
-        }
         let problem = upstream["last_error"].as_str().or_else(|| {
             upstream["last_exit"]
                 .as_str()
@@ -249,10 +213,7 @@ pub fn html(status: &Value) -> String {
             upstream["entries"]["prompts"],
             upstream["entries"]["resources"],
             upstream["entries"]["resource_templates"],
-            escape(upstream["protocol"].as_str().unwrap_or("-"))
-                + &twin_line(upstream)
-                    .map(|twin| format!("<br>handshake twin: {}", escape(&twin)))
-                    .unwrap_or_default(),
+            escape(upstream["protocol"].as_str().unwrap_or("-")),
             escape(upstream["pin"]["state"].as_str().unwrap_or("-")),
             upstream["pin"]["held"],
             last,

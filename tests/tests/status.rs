@@ -204,12 +204,12 @@ fn the_grafana_dashboard_charts_metrics_that_exist() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A 2026-07-28 upstream listing that revision alone gets a handshake-era twin for
-/// handshake-era clients' calls: the status shows it (a second process of the
-/// upstream), and shows one the upstream would not start as given up, its clients
-/// bridged. An upstream with no twin shows none.
+/// One process per shared upstream, whatever era its clients speak: a handshake-era
+/// client's calls and a 2026-07-28 client's reach the same process of each
+/// upstream, and the status shows that one, with the era it is spoken to in
+/// (`protocol = "auto"`: the handshake era wherever `initialize` is taken).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_shows_handshake_twins() -> anyhow::Result<()> {
+async fn status_shows_one_process_per_shared_upstream() -> anyhow::Result<()> {
     let sections = [
         fixture_upstream("plain", "", &[]),
         fixture_upstream("sdk", "", &["--modern", "--discover-modern-only"]),
@@ -223,7 +223,26 @@ async fn status_shows_handshake_twins() -> anyhow::Result<()> {
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let config = daemon.dir.path().join("config.toml");
+    let status_of = || async {
+        let (code, out) = plexus(&["status", "--json"], &config).await?;
+        ensure!(code == 0, "status exit {code}: {out}");
+        Ok::<Value, anyhow::Error>(serde_json::from_str(&out)?)
+    };
+    let process = |status: &Value, name: &str| {
+        status["upstreams"]
+            .as_array()
+            .and_then(|all| all.iter().find(|u| u["name"] == name))
+            .map(|u| {
+                (
+                    u["pid"].as_u64(),
+                    u["protocol"].clone(),
+                    u.get("handshake_twin").is_some(),
+                )
+            })
+    };
+    let before = status_of().await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let client = reqwest::Client::new();
     for upstream in ["plain", "sdk", "strict"] {
         let echo = session
             .request(
@@ -232,44 +251,55 @@ async fn status_shows_handshake_twins() -> anyhow::Result<()> {
             )
             .await?;
         ensure!(echo["result"]["content"][0]["text"] == "hi", "{echo}");
+        // The same call from a 2026-07-28 client: no session, `_meta` on the request.
+        let name = format!("{upstream}__echo");
+        let modern = client
+            .post(&daemon.url)
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", &name)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                    "name": name, "arguments": {"text": "hi"},
+                    "_meta": {
+                        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                        "io.modelcontextprotocol/clientCapabilities": {},
+                        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+                    },
+                }}),
+            )
+            .send()
+            .await?
+            .text()
+            .await?;
+        ensure!(modern.contains(r#""text":"hi""#), "{upstream}: {modern}");
     }
-    let (code, out) = plexus(&["status", "--json"], &config).await?;
-    ensure!(code == 0, "status exit {code}: {out}");
-    let status: Value = serde_json::from_str(&out)?;
-    let twin = |name: &str| {
-        status["upstreams"]
-            .as_array()
-            .and_then(|all| all.iter().find(|u| u["name"] == name))
-            .map(|u| u["handshake_twin"].clone())
-            .unwrap_or_default()
-    };
-    ensure!(twin("plain").is_null(), "{status}");
-    let sdk = twin("sdk");
+    let after = status_of().await?;
+    for (upstream, protocol) in [
+        ("plain", "2025-11-25"),
+        ("sdk", "2025-11-25"),
+        ("strict", "2026-07-28"),
+    ] {
+        let (pid, spoken, twin) = process(&after, upstream).context(upstream)?;
+        ensure!(
+            pid.is_some() && spoken == protocol && !twin,
+            "{upstream}: {after}"
+        );
+        ensure!(
+            process(&before, upstream).map(|p| p.0) == Some(pid),
+            "{upstream}: its process changed\nbefore {before}\nafter {after}"
+        );
+    }
+    let log = daemon.log();
     ensure!(
-        sdk["state"] == "ready"
-            && sdk["protocol"] == "2025-11-25"
-            && sdk["pid"].as_u64().is_some()
-            && sdk["given_up"] == false,
-        "{sdk}"
-    );
-    let strict = twin("strict");
-    ensure!(
-        strict["given_up"] == true
-            && strict["last_error"]
-                .as_str()
-                .is_some_and(|error| error.contains("initialize failed")),
-        "{strict}"
+        log.matches("upstream initialized").count() == 3,
+        "a process more than one per upstream started\n{log}"
     );
     let (code, table) = plexus(&["status"], &config).await?;
-    ensure!(code == 0, "status exit {code}: {table}");
     ensure!(
-        table.contains(&format!(
-            "handshake twin: ready pid {} 2025-11-25",
-            sdk["pid"]
-        )) && table.contains("handshake twin: given up (initialize failed")
-            && table.contains("handshake-era clients are bridged")
-            && table.matches("handshake twin:").count() == 2,
-        "{table}"
+        code == 0 && !table.contains("twin"),
+        "status exit {code}: {table}"
     );
     ensure!(daemon.stop().await?.success());
     Ok(())

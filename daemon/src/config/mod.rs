@@ -230,13 +230,14 @@ pub enum Share {
 /// The protocol era plexus speaks to an upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub enum Protocol {
-    /// Probe with `server/discover`; use `initialize` unless the upstream serves
-    /// 2026-07-28. An upstream that serves both eras is reached in the era of the
-    /// client each request comes from.
+    /// The handshake era wherever the upstream accepts `initialize` (so a server of
+    /// both eras is spoken to in the handshake era), 2026-07-28 for a server of that
+    /// revision alone. One era per instance, chosen as it starts; clients of the
+    /// other era are bridged.
     #[serde(rename = "auto")]
     Auto,
-    /// As `auto`, but an upstream that serves both eras is spoken to in 2026-07-28
-    /// only, whatever the client's era (handshake-era clients are bridged).
+    /// 2026-07-28 wherever the upstream's `server/discover` offers it, else the
+    /// handshake era: a server of both eras is spoken to in 2026-07-28.
     #[serde(rename = "newest")]
     Newest,
     /// The `initialize` handshake (2025-11-25 and earlier).
@@ -251,15 +252,11 @@ impl Protocol {
     pub fn for_adapter(self) -> adapters::handshake::UpstreamProtocol {
         use adapters::handshake::UpstreamProtocol;
         match self {
-            Protocol::Auto | Protocol::Newest => UpstreamProtocol::Auto,
+            Protocol::Auto => UpstreamProtocol::PreferHandshake,
+            Protocol::Newest => UpstreamProtocol::Auto,
             Protocol::Handshake => UpstreamProtocol::Handshake,
             Protocol::Modern => UpstreamProtocol::Modern,
         }
-    }
-
-    /// Whether an upstream that serves both eras meets each client in its own.
-    pub fn follows_client_era(self) -> bool {
-        self == Protocol::Auto
     }
 }
 

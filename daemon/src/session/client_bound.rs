@@ -204,14 +204,12 @@ impl Session {
     ) -> Result<Reply, RelayError> {
         // A 2026-07-28 client retries for itself, and a handshake-era client is
         // answered input_required only by a 2026-07-28 upstream: the params are
-        // kept for a retry unless neither can happen (once the era the call will
-        // be served in is known).
-        let named = self.hub.upstream_named(upstream);
-        if let (Ok(named), false) = (&named, self.is_scope()) {
-            named.settle_handshake_twin(call.owner).await;
-        }
+        // kept for a retry unless neither can happen.
         let may_retry = !self.is_scope()
-            && !named.is_ok_and(|upstream| upstream.meets_handshake_clients_in_their_era());
+            && !self
+                .hub
+                .upstream_named(upstream)
+                .is_ok_and(|upstream| upstream.speaks_handshake());
         if !may_retry {
             let reply = self
                 .hub

@@ -1053,7 +1053,6 @@ impl Session {
             tool,
             related,
             headers: &[],
-            modern: self.is_scope(),
             result_unread: false,
             arguments: None,
         }

@@ -4,11 +4,11 @@
 //! (`supervise`) drives each instance's life.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use adapters::handshake::{ClientIdentity, ServerHello, UpstreamProtocol};
+use adapters::handshake::{ClientIdentity, ServerHello};
 use adapters::stdio::ConnectionStats;
 use adapters::UpstreamConnection;
 use dashmap::DashMap;
@@ -78,9 +78,6 @@ pub struct Instance {
     pub(super) owner: Option<u64>,
     /// Stop as soon as the listing is published (the discovery run of per-session upstreams).
     pub(super) stop_after_listing: bool,
-    /// The era this instance speaks whatever the config says: the handshake-era
-    /// instances of an upstream that serves both eras.
-    pub(super) protocol: Option<UpstreamProtocol>,
     /// Started by the first call that needs it, whatever the upstream's `start`.
     on_demand: bool,
     pub(super) state: watch::Sender<UpstreamState>,
@@ -161,7 +158,6 @@ impl Instance {
             publishes_listing: true,
             owner: None,
             stop_after_listing: false,
-            protocol: None,
             on_demand: false,
             state: watch::channel(initial).0,
             connection: RwLock::new(None),
@@ -452,14 +448,6 @@ pub struct Upstream {
     /// Swapped in place by a reload that changes no process setting.
     config: RwLock<Arc<UpstreamConfig>>,
     pub shared: Arc<Instance>,
-    /// For an upstream that serves both eras, the shared instance speaks 2026-07-28
-    /// and this one, started on the first handshake-era session's call, the
-    /// handshake era.
-    handshake_twin: std::sync::OnceLock<Arc<Instance>>,
-    /// A handshake-era instance (the twin, or a session's own) of an upstream whose
-    /// `server/discover` listed 2026-07-28 alone did not start: it serves no other
-    /// era after all, and handshake-era clients are bridged.
-    handshake_refused: AtomicBool,
     sessions: DashMap<u64, Arc<Instance>>,
     /// How many `sessions` holds: every session's end asks every upstream, and most
     /// have none to stop (a 2026-07-28 request is a session of its own).
@@ -499,8 +487,6 @@ impl Upstream {
             ))),
             config: RwLock::new(Arc::new(config)),
             shared: Arc::new(shared),
-            handshake_twin: std::sync::OnceLock::new(),
-            handshake_refused: AtomicBool::new(false),
             sessions: DashMap::new(),
             session_count: AtomicUsize::new(0),
             stats: Arc::new(ConnectionStats::default()),
@@ -566,23 +552,14 @@ impl Upstream {
             .spawn(supervise(self.shared.clone(), self.clone()));
     }
 
-    /// Sets `level` on the shared instance and on the handshake-era twin, if any.
+    /// Sets `level` on the shared instance.
     pub async fn apply_log_level(&self, level: LogLevel) {
         self.shared.apply_log_level(level).await;
-        if let Some(twin) = self.handshake_twin.get() {
-            twin.apply_log_level(level).await;
-        }
     }
 
-    /// An operator's restart: the shared instance, and the handshake-era twin
-    /// unless it is idle (it starts on its own when a client needs it).
+    /// An operator's restart of the shared instance.
     pub fn restart(&self) {
         self.shared.retry();
-        if let Some(twin) = self.handshake_twin.get() {
-            if twin.state() != UpstreamState::Idle {
-                twin.retry();
-            }
-        }
     }
 
     /// Stops every instance; the supervisors stop their processes.
@@ -611,20 +588,16 @@ impl Upstream {
     pub fn has_call_from(&self, session: u64) -> bool {
         self.shared.has_call_from(session)
             || self
-                .handshake_twin
-                .get()
-                .is_some_and(|twin| twin.has_call_from(session))
-            || self
                 .sessions
                 .iter()
                 .any(|instance| instance.value().has_call_from(session))
     }
 
-    /// Whether a handshake-era client's call is known to reach this upstream in the
-    /// handshake era (so it is never answered input_required): it speaks no other,
-    /// or it serves both and gives such clients an instance of their era.
-    pub fn meets_handshake_clients_in_their_era(&self) -> bool {
-        self.shared.hello_is(|hello| !hello.is_modern()) || self.serves_both_eras()
+    /// Whether the upstream speaks the handshake era (so a handshake-era client's
+    /// call is never answered input_required): every instance of it speaks the era
+    /// its shared (or discovery) instance chose, as the config makes them choose alike.
+    pub fn speaks_handshake(&self) -> bool {
+        self.shared.hello_is(|hello| !hello.is_modern())
     }
 
     /// Whether the shared instance speaks 2026-07-28 (per-request `_meta`, no session).
@@ -652,122 +625,30 @@ impl Upstream {
         config.start == Start::Lazy || config.share == Share::Session
     }
 
-    /// Whether requests of handshake-era clients go to a handshake-era instance
-    /// (`protocol = "auto"`, a 2026-07-28 upstream): its `server/discover` listed
-    /// both eras, or it listed 2026-07-28 alone and has not refused `initialize`.
-    /// SDKs list only 2026-07-28 there yet answer `initialize`, and their tools' own
-    /// requests to the client (sampling, elicitation) reach it only in a
-    /// handshake-era session.
-    pub fn serves_both_eras(&self) -> bool {
-        self.config().protocol.follows_client_era()
-            && self.shared.hello_is(|hello| {
-                hello.is_modern() && (hello.also_handshake || !self.handshake_refused())
-            })
-    }
-
-    /// Whether a handshake-era instance guessed at did not start: handshake-era
-    /// clients are bridged to a 2026-07-28 instance (the shared one, or their own).
-    pub fn handshake_refused(&self) -> bool {
-        self.handshake_refused.load(Ordering::Relaxed)
-    }
-
-    /// The handshake-era twin, once a handshake-era client's call started it.
-    pub fn handshake_twin(&self) -> Option<&Arc<Instance>> {
-        self.handshake_twin.get()
-    }
-
-    /// A handshake-era instance guessed at (`twin_is_a_guess`) did not start: from
-    /// now on handshake-era clients are bridged to a 2026-07-28 instance, and a
-    /// session's own such instance gives way to one.
-    pub(super) fn refuse_handshake_twin(&self, instance: &Arc<Instance>) {
-        self.handshake_refused.store(true, Ordering::Relaxed);
-        if let Some(owner) = instance.owner {
-            let removed = self
-                .sessions
-                .remove_if(&owner, |_, own| Arc::ptr_eq(own, instance));
-            if removed.is_some() {
-                self.session_count.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Whether `instance` is a handshake-era one (the shared twin, or a session's
-    /// own) of an upstream whose `server/discover` listed 2026-07-28 alone: it may
-    /// yet refuse `initialize`.
-    pub(super) fn twin_is_a_guess(&self, instance: &Instance) -> bool {
-        instance.protocol == Some(UpstreamProtocol::Handshake)
-            && !instance.publishes_listing
-            && self.lists_2026_alone()
-    }
-
-    /// Whether the shared instance speaks 2026-07-28 and its `server/discover`
-    /// listed no handshake-era version.
-    fn lists_2026_alone(&self) -> bool {
-        self.shared
-            .hello_is(|hello| hello.is_modern() && !hello.also_handshake)
-    }
-
-    /// For a handshake-era client's request in `session`: if it would go to a
-    /// handshake-era instance that is still a guess and not running (the shared
-    /// twin, or the session's own), starts it and waits (within the upstream's
-    /// `init_timeout`) until it runs or is refused, so the request, and whether it
-    /// may be answered input_required, follow the era it will really be served in.
-    /// Asked per request: the cheap tests come first.
-    pub async fn settle_handshake_twin(self: &Arc<Self>, session: u64) {
-        if self.handshake_refused() || !self.lists_2026_alone() {
-            return;
-        }
-        let config = self.config();
-        if !config.protocol.follows_client_era() {
-            return;
-        }
-        let guessed = match config.share {
-            Share::Shared => self
-                .handshake_twin
-                .get_or_init(|| self.spawn_instance(true, None))
-                .clone(),
-            Share::Session => self.instance_for(session, false),
-        };
-        if guessed.live_connection().is_none() {
-            // Ready, or refused (and so stopped), or failing as any start can.
-            let _ = guessed.connection_for_call(true, config.init_timeout).await;
-        }
-    }
-
-    /// The instance serving `session`: the shared one, or that session's own; for
-    /// a handshake-era client (`modern` false) of an upstream that serves both
-    /// eras, one that speaks the handshake era.
-    pub fn instance_for(self: &Arc<Self>, session: u64, modern: bool) -> Arc<Instance> {
-        let handshake = !modern && self.serves_both_eras();
+    /// The instance serving `session`, whatever era its client speaks: the shared
+    /// one, or that session's own (`share = "session"`).
+    pub fn instance_for(self: &Arc<Self>, session: u64) -> Arc<Instance> {
         if self.config().share == Share::Shared {
-            if handshake {
-                return self
-                    .handshake_twin
-                    .get_or_init(|| self.spawn_instance(true, None))
-                    .clone();
-            }
             return self.shared.clone();
         }
         self.sessions
             .entry(session)
             .or_insert_with(|| {
                 self.session_count.fetch_add(1, Ordering::Relaxed);
-                self.spawn_instance(handshake, Some(session))
+                self.spawn_instance(session)
             })
             .clone()
     }
 
-    /// A new instance that feeds no listing, started on demand and stopped with the
-    /// shared one; `owner`'s alone, if given.
-    fn spawn_instance(self: &Arc<Self>, handshake: bool, owner: Option<u64>) -> Arc<Instance> {
+    /// A session's own instance, started on demand and stopped with the shared one.
+    fn spawn_instance(self: &Arc<Self>, owner: u64) -> Arc<Instance> {
         let mut instance = Instance::new(
             self.name.clone(),
             UpstreamState::Idle,
             self.shared.stop.child_token(),
         );
         instance.publishes_listing = false;
-        instance.owner = owner;
-        instance.protocol = handshake.then_some(UpstreamProtocol::Handshake);
+        instance.owner = Some(owner);
         instance.on_demand = true;
         let instance = Arc::new(instance);
         self.supervision

@@ -143,20 +143,6 @@ async fn set_state(instance: &Instance, upstream: &Upstream, state: UpstreamStat
     }
 }
 
-/// Ends a handshake-era instance guessed at that did not start (`reason`), for
-/// good: the upstream is taken to serve 2026-07-28 alone from now on.
-async fn give_up_guessed_twin(
-    instance: &Arc<Instance>,
-    upstream: &Arc<Upstream>,
-    connection: &UpstreamConnection,
-    reason: String,
-) -> RunEnd {
-    tracing::info!(upstream = %instance.name, %reason, "the upstream listed 2026-07-28 alone and did not take initialize either; handshake-era clients are bridged to its 2026-07-28 instance");
-    upstream.refuse_handshake_twin(instance);
-    instance.fail(reason);
-    end_run(instance, connection, RunEnd::Stopped).await
-}
-
 /// One life of the upstream process. Returns once it has exited and been reaped.
 async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd {
     let config = &upstream.config();
@@ -198,9 +184,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let start = handshake::connect(
         &connection,
         &identity,
-        instance
-            .protocol
-            .unwrap_or_else(|| config.protocol.for_adapter()),
+        config.protocol.for_adapter(),
         probe_timeout,
     );
     let hello = tokio::select! {
@@ -213,17 +197,6 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     };
     let hello = match hello {
         Ok(Ok(hello)) => hello,
-        // A twin guessed at (the upstream listed 2026-07-28 alone) that does not
-        // start, however it fails, is given up: the upstream serves handshake-era
-        // clients as it did without one, bridged.
-        Ok(Err(error)) if upstream.twin_is_a_guess(instance) => {
-            let reason = format!("initialize failed: {error}");
-            return give_up_guessed_twin(instance, upstream, &connection, reason).await;
-        }
-        Err(_) if upstream.twin_is_a_guess(instance) => {
-            let reason = "it did not answer initialize in time".to_string();
-            return give_up_guessed_twin(instance, upstream, &connection, reason).await;
-        }
         Ok(Err(error)) => {
             tracing::error!(upstream = %name, %error, stderr = ?connection.stderr_tail(), "upstream initialize failed");
             instance.fail(format!("initialize failed: {error}"));
