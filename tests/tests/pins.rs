@@ -985,3 +985,41 @@ async fn plexus_hash_equals_what_the_daemon_pinned() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A tool that changes under a session's own instance (`share = "session"`) is held
+/// for that session as it would be under a shared one: every instance's listing,
+/// at its start and after its `list_changed`, goes through the catalog and the
+/// pin check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_changes_under_a_sessions_own_instance_is_held() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "")?;
+    let daemon = Daemon::start("", &drifting("mine", &drift_file, "share = \"session\"")).await?;
+    let mut session = session_listing(&daemon, "tools", "mine__add").await?;
+    // The session's own instance starts with its first call.
+    let added = call(&mut session, "mine__add", json!({"a": 2, "b": 3})).await?;
+    ensure!(added["result"]["content"][0]["text"] == "5", "{added}");
+    let started = daemon
+        .log()
+        .matches("upstream initialized upstream=mine ")
+        .count();
+    // Its process now lists `add` with a renamed required parameter and says so.
+    std::fs::write(&drift_file, "rename-required")?;
+    let answer = refused_until_quarantined(&mut session, "mine__add", &daemon).await?;
+    quarantined(&answer, "breaking")?;
+    // Held in the session's own instance's run: no other process listed it.
+    ensure!(
+        daemon
+            .log()
+            .matches("upstream initialized upstream=mine ")
+            .count()
+            == started,
+        "{}",
+        daemon.log()
+    );
+    let (_, pins_status) = daemon.admin_get("/pins").await?;
+    ensure!(pins_status.contains("pending"), "{pins_status}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

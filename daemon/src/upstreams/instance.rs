@@ -71,8 +71,6 @@ impl UpstreamState {
 pub struct Instance {
     /// The upstream's name, for logs and errors.
     pub(super) name: Arc<str>,
-    /// Whether this instance's listings feed the catalog (per-session ones do not).
-    pub(super) publishes_listing: bool,
     /// The session a per-session instance serves: what it says on its own is that
     /// session's alone.
     pub(super) owner: Option<u64>,
@@ -155,7 +153,6 @@ impl Instance {
     pub(super) fn new(name: Arc<str>, initial: UpstreamState, stop: CancellationToken) -> Instance {
         Instance {
             name,
-            publishes_listing: true,
             owner: None,
             stop_after_listing: false,
             on_demand: false,
@@ -647,7 +644,6 @@ impl Upstream {
             UpstreamState::Idle,
             self.shared.stop.child_token(),
         );
-        instance.publishes_listing = false;
         instance.owner = Some(owner);
         instance.on_demand = true;
         let instance = Arc::new(instance);

@@ -131,7 +131,9 @@ async fn set_state(instance: &Instance, upstream: &Upstream, state: UpstreamStat
     if previous.label() != state.label() {
         instance.record(|history| history.since = Some(Instant::now()));
         tracing::info!(upstream = %instance.name, from = previous.label(), to = state.label(), "upstream state");
-        if instance.publishes_listing {
+        // The upstream's state is its shared instance's; a session's own comes and
+        // goes with that session.
+        if instance.owner().is_none() {
             upstream
                 .report(SupervisorEvent::State {
                     upstream: upstream.name().into(),
@@ -214,10 +216,10 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
         .write()
         .unwrap_or_else(PoisonError::into_inner) = Some(hello.clone());
 
-    if instance.publishes_listing {
-        upstream.remember_capabilities(hello.capabilities.clone());
-        publish_listing(&connection, upstream, &hello).await;
-    }
+    // Every instance's listing goes through the catalog and the pin check, a
+    // session's own too: what it lists is what its session is served, held or not.
+    upstream.remember_capabilities(hello.capabilities.clone());
+    publish_listing(&connection, upstream, &hello).await;
     drop(slot);
     if instance.stop_after_listing {
         set_state(instance, upstream, UpstreamState::Stopping).await;
@@ -237,15 +239,13 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let refresh = Arc::new(Notify::new());
     // The run's helpers end with it: the set is shut down (aborted and awaited) below.
     let mut helpers = JoinSet::new();
-    if instance.publishes_listing {
-        helpers.spawn(refresh_on_demand(
-            connection.clone(),
-            upstream.clone(),
-            hello,
-            refresh.clone(),
-        ));
-    }
-    if modern && instance.publishes_listing {
+    helpers.spawn(refresh_on_demand(
+        connection.clone(),
+        upstream.clone(),
+        hello,
+        refresh.clone(),
+    ));
+    if modern {
         helpers.spawn(listen_for_changes(
             connection.clone(),
             upstream.listen_uris.subscribe(),
