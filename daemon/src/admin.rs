@@ -22,7 +22,7 @@ use crate::control::{Action, ControlHandle, ReloadCause};
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::listener::Body;
-use crate::upstreams::UpstreamState;
+use crate::upstreams::{RestartOutcome, UpstreamState};
 
 /// What the admin listener serves with.
 pub struct Admin {
@@ -65,22 +65,24 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
                 ),
             };
         }
-        // POST /upstreams/<name>/restart: start again now, even from `failed`.
+        // POST /upstreams/<name>/restart: start again now, even from `failed`;
+        // answered once a serving upstream's successor serves (or did not start).
         let name = path
             .strip_prefix("/upstreams/")
             .and_then(|rest| rest.strip_suffix("/restart"));
-        return match name {
-            Some(name) if admin.control.restart(name).await => text(
-                StatusCode::ACCEPTED,
-                "application/json",
-                json!({"upstream": name, "restart": "requested"}).to_string(),
-            ),
-            Some(_) => text(
+        let Some(name) = name else {
+            return text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
+        };
+        return match admin.control.restart(name).await {
+            Some(outcome) => {
+                let (status, body) = restart_answer(name, &outcome);
+                text(status, "application/json", body.to_string())
+            }
+            None => text(
                 StatusCode::NOT_FOUND,
                 "text/plain",
                 "no such enabled upstream\n".into(),
             ),
-            None => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
         };
     }
     if request.method() != Method::GET {
@@ -276,4 +278,46 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// The answer to `POST /upstreams/<name>/restart`: 202 when the restart was done
+/// (`outcome` `restarted`: a successor serves, the predecessor drains) or asked of
+/// an instance with nothing to keep serving (`in_place`), 502 when the successor
+/// did not start (`failed`: the running instance serves on).
+fn restart_answer(name: &str, outcome: &RestartOutcome) -> (StatusCode, Value) {
+    match outcome {
+        RestartOutcome::Replaced {
+            generation,
+            pid,
+            previous_pid,
+        } => (
+            StatusCode::ACCEPTED,
+            json!({
+                "upstream": name,
+                "restart": "requested",
+                "outcome": "restarted",
+                "generation": generation,
+                "pid": pid,
+                "previous_pid": previous_pid,
+            }),
+        ),
+        RestartOutcome::InPlace { state } => (
+            StatusCode::ACCEPTED,
+            json!({
+                "upstream": name,
+                "restart": "requested",
+                "outcome": "in_place",
+                "state": state,
+            }),
+        ),
+        RestartOutcome::Failed { reason } => (
+            StatusCode::BAD_GATEWAY,
+            json!({
+                "upstream": name,
+                "restart": "requested",
+                "outcome": "failed",
+                "error": reason,
+            }),
+        ),
+    }
 }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{self, daemon_keys_needing_restart, Config, ConfigDiff, DaemonSettings};
 use crate::hub::Hub;
 use crate::systemd::{self, Notifier};
+use crate::upstreams::RestartOutcome;
 
 /// What the control loop is asked to do.
 pub enum Control {
@@ -34,10 +35,11 @@ pub enum Control {
 
 /// A control input the loop answers at once, whatever else it is doing.
 pub enum Action {
-    /// Start an upstream again now (even from `failed`); the reply says whether it exists.
+    /// Start an upstream again now (even from `failed`); the reply is what was
+    /// done, None when there is no such enabled upstream.
     Restart {
         upstream: String,
-        reply: oneshot::Sender<bool>,
+        reply: oneshot::Sender<Option<RestartOutcome>>,
     },
     /// Approve what is pending for an upstream (all of it, or the entries named
     /// `name`); the reply is the approval recorded, or why there is none.
@@ -54,10 +56,16 @@ pub enum Action {
 }
 
 impl Action {
-    fn run(self, hub: &Hub) {
+    /// `drain_timeout` is the one in force, for a restarted upstream's predecessor.
+    fn run(self, hub: &Arc<Hub>, drain_timeout: Duration) {
         match self {
             Action::Restart { upstream, reply } => {
-                let _ = reply.send(hub.retry(&upstream));
+                // A successor takes as long as a start: the loop answers meanwhile.
+                let restarting = hub.clone();
+                hub.spawn(async move {
+                    let outcome = restarting.restart(&upstream, drain_timeout).await;
+                    let _ = reply.send(outcome);
+                });
             }
             Action::ApprovePin {
                 upstream,
@@ -139,18 +147,16 @@ impl ControlHandle {
         let _ = self.0.try_send(Control::Reload { cause, reply: None });
     }
 
-    pub async fn restart(&self, upstream: &str) -> bool {
+    /// Restarts an upstream and waits for the outcome; None when there is no such
+    /// enabled upstream or the daemon is stopping.
+    pub async fn restart(&self, upstream: &str) -> Option<RestartOutcome> {
         let (reply, answer) = oneshot::channel();
         let upstream = upstream.to_string();
-        if self
-            .0
+        self.0
             .send(Control::Act(Action::Restart { upstream, reply }))
             .await
-            .is_err()
-        {
-            return false;
-        }
-        answer.await.unwrap_or(false)
+            .ok()?;
+        answer.await.ok().flatten()
     }
 
     /// Sends an action that answers with a result; None if the daemon is stopping.
@@ -228,7 +234,7 @@ impl ControlLoop {
                         None => return self.stop("the control channel closed"),
                         Some(Control::Shutdown { cause }) => return self.stop(cause),
                         Some(Control::Act(action)) => {
-                            action.run(&self.hub);
+                            action.run(&self.hub, self.current.daemon.drain_timeout);
                             continue;
                         }
                         Some(Control::Reload { cause, reply }) => {
@@ -244,6 +250,7 @@ impl ControlLoop {
                 }
             };
             let hub = self.hub.clone();
+            let drain_timeout = self.current.daemon.drain_timeout;
             let shutdown = self.shutdown.clone();
             let mut more: Option<(ReloadCause, Vec<oneshot::Sender<ReloadReport>>)> = None;
             let report = {
@@ -263,7 +270,7 @@ impl ControlLoop {
                                 }
                                 entry.1.extend(reply);
                             }
-                            Some(Control::Act(action)) => action.run(&hub),
+                            Some(Control::Act(action)) => action.run(&hub, drain_timeout),
                             Some(Control::Shutdown { cause }) => {
                                 tracing::info!("{cause}: shutting down");
                                 shutdown.cancel();
@@ -310,7 +317,9 @@ impl ControlLoop {
                     }
                     request.1.extend(reply);
                 }
-                Some(Control::Act(action)) => action.run(&self.hub),
+                Some(Control::Act(action)) => {
+                    action.run(&self.hub, self.current.daemon.drain_timeout)
+                }
                 Some(Control::Shutdown { cause }) => {
                     self.stop(cause);
                     return false;

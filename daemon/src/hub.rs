@@ -26,8 +26,8 @@ use crate::pins::{Pins, Policy};
 use crate::progress::ProgressRoutes;
 use crate::tasks::TaskRoutes;
 use crate::upstreams::{
-    empty_listing, ApplyReport, SetHooks, StartSlots, Supervision, SupervisorEvent, Upstream,
-    UpstreamSet, UpstreamState,
+    empty_listing, ApplyReport, RestartOutcome, SetHooks, StartSlots, Supervision, SupervisorEvent,
+    Upstream, UpstreamSet, UpstreamState,
 };
 
 pub struct Hub {
@@ -488,9 +488,12 @@ impl Hub {
         }
     }
 
-    /// Asks an upstream to start again now (after `failed`, during a backoff, or while running).
-    pub fn retry(&self, name: &str) -> bool {
-        self.upstreams.retry(name)
+    /// An operator's restart (see `UpstreamSet::restart`); None when there is no
+    /// such enabled upstream.
+    pub async fn restart(&self, name: &str, drain_timeout: Duration) -> Option<RestartOutcome> {
+        let outcome = self.upstreams.restart(name, self, drain_timeout).await;
+        self.report_status();
+        outcome
     }
 
     /// One supervisor event, in the order supervisors sent them.

@@ -149,7 +149,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Start an upstream again now, even from `failed` (exit 69 when no daemon answers).
+    /// Start an upstream again now, even from `failed`: a serving one is replaced by
+    /// a successor that starts first while its calls drain. Prints the outcome as
+    /// JSON once known (exit 1 when the successor did not start and the running
+    /// instance serves on, 69 when no daemon answers).
     Restart {
         upstream: String,
         #[arg(long, short, default_value = "config.toml")]

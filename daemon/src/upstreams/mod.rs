@@ -3,7 +3,10 @@
 //! is the diff from nothing, so startup and reload are one path. Supervisors
 //! report what happens to their instances as [`SupervisorEvent`]s on one channel;
 //! tables keyed by upstream name elsewhere hear of additions and removals through
-//! [`SetHooks`], so they are purged with their upstream.
+//! [`SetHooks`], so they are purged with their upstream. An operator's restart of a
+//! serving upstream ([`UpstreamSet::restart`]) takes a reload's path for a changed
+//! launch: a successor of the same configuration is warmed, swapped in, and the
+//! predecessor drained.
 
 mod instance;
 mod limiter;
@@ -29,7 +32,7 @@ pub use instance::{client_identity, Caller, Instance, Upstream, UpstreamState};
 pub use starts::StartSlots;
 pub use supervise::{empty_listing, fetch_listing, open_connection, DISCOVER_PROBE_TIMEOUT};
 
-use crate::config::{ConfigDiff, UpstreamConfig};
+use crate::config::{ConfigDiff, Share, UpstreamConfig};
 use crate::jsonrpc::RelayError;
 use crate::logging::LogLevel;
 use crate::progress::ProgressRoutes;
@@ -114,10 +117,31 @@ pub struct ApplyReport {
     pub failed: Vec<(String, String)>,
 }
 
+/// What an operator's restart did.
+#[derive(Clone, Debug)]
+pub enum RestartOutcome {
+    /// A successor of generation `generation` serves; the predecessor drains.
+    Replaced {
+        generation: u64,
+        pid: Option<u32>,
+        previous_pid: Option<u32>,
+    },
+    /// Nothing was serving (failed, backing off, idle, starting, or the discovery
+    /// instance of a per-session upstream), so the instance was asked to start
+    /// again now, in place; `state` is the one it was in.
+    InPlace { state: &'static str },
+    /// The successor did not start (`reason`): the running instance serves on.
+    Failed { reason: String },
+}
+
 pub struct UpstreamSet {
     current: RwLock<Arc<BTreeMap<String, Arc<Upstream>>>>,
     next_generation: AtomicU64,
     supervision: Arc<Supervision>,
+    /// Held while the set changes (a reload's `apply`, an operator's restart), so
+    /// two successors never replace one upstream at once (the loser would run on,
+    /// out of the set and never drained).
+    changing: tokio::sync::Mutex<()>,
 }
 
 impl UpstreamSet {
@@ -126,6 +150,7 @@ impl UpstreamSet {
             current: RwLock::new(Arc::new(BTreeMap::new())),
             next_generation: AtomicU64::new(1),
             supervision: Arc::new(supervision),
+            changing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -178,6 +203,7 @@ impl UpstreamSet {
         hooks: &(dyn SetHooks + Sync),
         drain_timeout: Duration,
     ) -> ApplyReport {
+        let _changing = self.changing.lock().await;
         let mut report = ApplyReport::default();
         hooks.batch(true);
         for name in diff.removed {
@@ -239,21 +265,56 @@ impl UpstreamSet {
         let name = config.name.clone();
         let old = self.get(&name);
         let new = self.create(config);
+        match self
+            .succeed(old, new, Succession::Reload, hooks, drain_timeout)
+            .await
+        {
+            Ok(()) => Ok(name),
+            Err(reason) => Err((name, reason)),
+        }
+    }
+
+    /// Puts `new` in the place of `old`. Where `old` serves (ready), `new` is
+    /// started first and waited for until it is ready and listed (`old` serves
+    /// until then, and on if `new` fails: the error says why); then `new` enters
+    /// the set, so new calls go to it, and `old` drains within `drain_timeout`.
+    async fn succeed(
+        &self,
+        old: Option<Arc<Upstream>>,
+        new: Arc<Upstream>,
+        succession: Succession,
+        hooks: &(dyn SetHooks + Sync),
+        drain_timeout: Duration,
+    ) -> Result<(), String> {
+        let name = new.name().to_string();
         let settings = new.config();
         // Warm the successor first only where there is something to keep serving.
+        // A reload leaves an on-demand upstream's successor to the next call that
+        // needs it; a restart was asked to start one now.
         let warm = settings.enabled
-            && !new.on_demand()
+            && (succession == Succession::Restart || !new.on_demand())
             && old
                 .as_ref()
                 .is_some_and(|old| old.shared.state() == UpstreamState::Ready);
         if warm {
-            tracing::info!(upstream = %name, "upstream's launch changed: starting its successor");
+            match succession {
+                Succession::Reload => {
+                    tracing::info!(upstream = %name, "upstream's launch changed: starting its successor")
+                }
+                Succession::Restart => {
+                    tracing::info!(upstream = %name, generation = new.generation(), "restart: starting a successor before stopping the running instance")
+                }
+            }
+            if new.on_demand() {
+                // Not left waiting for a call's demand.
+                new.shared.retry();
+            }
             new.start(true);
             let within = settings.init_timeout + Duration::from_secs(5);
             if let Err(reason) = new.shared.wait_ready(within).await {
                 new.stop();
-                tracing::error!(upstream = %name, %reason, "the changed upstream did not start; the previous instance keeps serving");
-                return Err((name, reason));
+                tracing::error!(upstream = %name, %reason, "the successor did not start; the previous instance keeps serving");
+                return Err(reason);
             }
         }
         self.update(|set| {
@@ -270,7 +331,7 @@ impl UpstreamSet {
         if let Some(old) = old {
             self.drain(old, drain_timeout);
         }
-        Ok(name)
+        Ok(())
     }
 
     /// Lets a removed or replaced upstream's calls finish, then stops it.
@@ -280,16 +341,99 @@ impl UpstreamSet {
             .spawn(async move { old.drain(drain_timeout).await });
     }
 
-    /// Asks an upstream to start again now (after `failed`, during a backoff, or
-    /// while running); false when there is no such enabled upstream.
-    pub fn retry(&self, name: &str) -> bool {
-        match self.get(name) {
-            Some(upstream) if upstream.config().enabled => {
-                tracing::info!(upstream = name, "restart requested by an operator");
-                upstream.restart();
-                true
-            }
-            _ => false,
+    /// An operator's restart of the enabled upstream `name` (None when there is no
+    /// such upstream, or plexus is stopping). A shared upstream that serves is
+    /// replaced as a reload replaces a changed one: a successor of the same
+    /// configuration (the next generation) is started and waited for, then takes
+    /// the new calls while the running instance drains, so no call meets it
+    /// stopping. One with no process to keep (failed, backing off, idle,
+    /// starting) and a per-session upstream (whose sessions own their instances;
+    /// its shared instance only lists) start again in place, as after an exit.
+    pub async fn restart(
+        &self,
+        name: &str,
+        hooks: &(dyn SetHooks + Sync),
+        drain_timeout: Duration,
+    ) -> Option<RestartOutcome> {
+        let _changing = self.changing.lock().await;
+        if self.supervision.shutdown.is_cancelled() {
+            return None;
         }
+        let old = self
+            .get(name)
+            .filter(|upstream| upstream.config().enabled)?;
+        let state = old.shared.reported_state();
+        tracing::info!(
+            upstream = name,
+            state = state.label(),
+            "restart requested by an operator"
+        );
+        if old.config().share == Share::Session || state != UpstreamState::Ready {
+            old.restart();
+            return Some(RestartOutcome::InPlace {
+                state: state.label(),
+            });
+        }
+        let previous_pid = old.shared.process().0;
+        let new = self.successor(&old);
+        let generation = new.generation();
+        let outcome = self
+            .succeed(
+                Some(old),
+                new.clone(),
+                Succession::Restart,
+                hooks,
+                drain_timeout,
+            )
+            .await;
+        if let Err(reason) = outcome {
+            return Some(RestartOutcome::Failed { reason });
+        }
+        // Counted as a restart of the upstream, whose count the successor carries on.
+        let _ = self
+            .supervision
+            .events
+            .send(SupervisorEvent::Restarted {
+                upstream: new.name_arc().clone(),
+                generation,
+            })
+            .await;
+        Some(RestartOutcome::Replaced {
+            generation,
+            pid: new.shared.process().0,
+            previous_pid,
+        })
     }
+
+    /// A new generation of `old`, of its configuration now, carrying what outlives
+    /// any one process: the connection counters, the capabilities it advertised,
+    /// the URIs its listen stream names, its restarts (this one counted) and last exit.
+    fn successor(&self, old: &Upstream) -> Arc<Upstream> {
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let mut new = Upstream::new(
+            (*old.config()).clone(),
+            generation,
+            self.supervision.clone(),
+        );
+        new.stats = old.stats.clone();
+        new.remember_capabilities(old.known_capabilities());
+        new.listen_uris
+            .send_replace(old.listen_uris.borrow().clone());
+        let past = old.shared.history();
+        new.shared.record(|history| {
+            history.restarts = past.restarts + 1;
+            history.last_exit = past.last_exit;
+            history.stderr_tail = past.stderr_tail;
+        });
+        Arc::new(new)
+    }
+}
+
+/// Why an upstream gets a successor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Succession {
+    /// A reload changed how it is launched.
+    Reload,
+    /// An operator asked for a restart: same configuration, next generation.
+    Restart,
 }
