@@ -608,20 +608,33 @@ impl Hub {
         mut params: Option<Value>,
         call: CallContext<'_>,
     ) -> Result<Reply, RelayError> {
-        let upstream = self.upstream_named(upstream_name)?;
+        let mut upstream = self.upstream_named(upstream_name)?;
         if self.shutdown.is_cancelled() {
             return Err(RelayError::ShuttingDown);
         }
+        let _permit = loop {
+            let config = upstream.config();
+            let permit =
+                upstream
+                    .limiter()
+                    .acquire()
+                    .await
+                    .ok_or_else(|| RelayError::Overloaded {
+                        upstream: upstream_name.to_string(),
+                        in_flight: config.max_in_flight,
+                        pending: config.max_pending,
+                    })?;
+            // A restart or reload put a successor in its place while this call
+            // waited: the call goes there, not to an instance about to stop.
+            match upstream
+                .retired()
+                .then(|| self.upstreams.get(upstream_name))
+            {
+                Some(Some(next)) if next.generation() != upstream.generation() => upstream = next,
+                _ => break permit,
+            }
+        };
         let config = upstream.config();
-        let _permit = upstream
-            .limiter()
-            .acquire()
-            .await
-            .ok_or_else(|| RelayError::Overloaded {
-                upstream: upstream_name.to_string(),
-                in_flight: config.max_in_flight,
-                pending: config.max_pending,
-            })?;
         let base = call
             .tool
             .and_then(|tool| config.tool_timeouts.get(tool))

@@ -341,3 +341,71 @@ async fn a_successor_that_cannot_start_leaves_the_running_instance_serving() -> 
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_for_a_slot_at_a_restart_are_served_by_the_successor() -> anyhow::Result<()> {
+    // `whoami` answers with the process's own pid (`$$` is kept across `exec`).
+    let script = format!("exec '{}' --name \"p$$\"", fixture_binary().display());
+    let section = format!(
+        "[upstreams.narrow]\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nmax_in_flight = 1\nmax_pending = 16\n"
+    );
+    let daemon = Daemon::start("drain_timeout = \"20s\"", &section).await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let old = pid_of(&daemon, "narrow").await?;
+
+    // The one slot is taken by a long call; four more wait in line for it.
+    let mut long = RawHttpSession::connect(&daemon.url).await?;
+    let long_call = tokio::spawn(async move {
+        long.request(
+            "tools/call",
+            json!({"name": "narrow__sleep", "arguments": {"ms": 1500}}),
+        )
+        .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream_status(&daemon, "narrow").await?["in_flight"] == 0 {
+        ensure!(Instant::now() < deadline, "the long call never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut waiting = Vec::new();
+    for _ in 0..4 {
+        let mut session = RawHttpSession::connect(&daemon.url).await?;
+        waiting.push(tokio::spawn(async move {
+            session
+                .request(
+                    "tools/call",
+                    json!({"name": "narrow__whoami", "arguments": {}}),
+                )
+                .await
+        }));
+    }
+    while upstream_status(&daemon, "narrow").await?["pending"] != 4 {
+        ensure!(Instant::now() < deadline, "the calls never waited in line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let (status, answer) = restart(&daemon, "narrow").await?;
+    ensure!(
+        status == 202 && answer["outcome"] == "restarted",
+        "{answer}"
+    );
+    let new = answer["pid"].as_u64().context("no new pid")?;
+    // The long call finishes where it runs; the calls in line go to the successor
+    // rather than keep the old process serving after it was replaced.
+    let long_answer = long_call.await??;
+    ensure!(long_answer["result"]["isError"] != true, "{long_answer}");
+    for call in waiting {
+        let answer = call.await??;
+        let by = answer["result"]["content"][0]["text"].clone();
+        ensure!(
+            by == format!("p{new}"),
+            "answered by {by} (old p{old}, new p{new}): {answer}"
+        );
+    }
+    ensure!(
+        eventually(Duration::from_secs(10), || !alive(old)).await,
+        "the old process was not stopped"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -4,7 +4,7 @@
 //! (`supervise`) drives each instance's life.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -460,6 +460,9 @@ pub struct Upstream {
     /// Cancelled when a removed or replaced upstream's drain time runs out: the calls
     /// it still has end with -33007.
     drained: CancellationToken,
+    /// Set once it has left the set and drains: a call admitted after that goes to
+    /// its successor, if it has one, never to an instance about to stop.
+    retired: AtomicBool,
     pub(super) supervision: Arc<Supervision>,
 }
 
@@ -490,6 +493,7 @@ impl Upstream {
             known_capabilities: RwLock::new(Value::Null),
             listen_uris: watch::Sender::new(BTreeSet::new()),
             drained: CancellationToken::new(),
+            retired: AtomicBool::new(false),
             supervision,
         }
     }
@@ -568,12 +572,19 @@ impl Upstream {
     /// Waits until no admitted call remains, up to `timeout`; then the calls left
     /// end with -33007 and every instance stops.
     pub async fn drain(&self, timeout: Duration) {
+        // Before the wait for idleness: a call that takes a slot after it sees this.
+        self.retired.store(true, Ordering::Release);
         let limiter = self.limiter();
         if tokio::time::timeout(timeout, limiter.idle()).await.is_err() {
             tracing::warn!(upstream = %self.name, calls = limiter.in_flight(), "drain time ran out; ending the calls left");
         }
         self.drained.cancel();
         self.stop();
+    }
+
+    /// Whether it has left the set (removed, or replaced by a reload or a restart).
+    pub fn retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Completes when the drain time of a removed or replaced upstream has run out.
