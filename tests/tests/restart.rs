@@ -409,3 +409,69 @@ async fn calls_waiting_for_a_slot_at_a_restart_are_served_by_the_successor() -> 
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_upstream_restarts_in_place_when_idle_and_ahead_when_running() -> anyhow::Result<()>
+{
+    let section = fixture_upstream("lazy", "start = \"lazy\"\nidle_timeout = \"3s\"", &[]);
+    let daemon = Daemon::start("", &section).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    // Listed once at start (nothing was known of it), then idle until a call.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tools = session.request("tools/list", json!({})).await?;
+        if tools.to_string().contains("lazy__whoami") {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "never listed\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut state = upstream_status(&daemon, "lazy").await?;
+    while state["state"] != "idle" {
+        ensure!(Instant::now() < deadline, "never idle: {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        state = upstream_status(&daemon, "lazy").await?;
+    }
+
+    // Idle: nothing to keep, so it is asked to start now, in place.
+    let (status, answer) = restart(&daemon, "lazy").await?;
+    ensure!(status == 202, "{status} {answer}");
+    ensure!(
+        answer["outcome"] == "in_place" && answer["state"] == "idle",
+        "{answer}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let old = loop {
+        let state = upstream_status(&daemon, "lazy").await?;
+        if state["state"] == "ready" {
+            break state["pid"].as_u64().context("no pid")?;
+        }
+        ensure!(Instant::now() < deadline, "not started: {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // Running: its successor is started at once, before it stops.
+    let (status, answer) = restart(&daemon, "lazy").await?;
+    ensure!(
+        status == 202 && answer["outcome"] == "restarted" && answer["previous_pid"] == old,
+        "{status} {answer}"
+    );
+    let new = answer["pid"].as_u64().context("no new pid")?;
+    ensure!(new != old && alive(new), "{answer}");
+    let state = upstream_status(&daemon, "lazy").await?;
+    ensure!(state["state"] == "ready" && state["pid"] == new, "{state}");
+    let answer = session
+        .request(
+            "tools/call",
+            json!({"name": "lazy__whoami", "arguments": {}}),
+        )
+        .await?;
+    ensure!(answer["result"]["isError"] == false, "{answer}");
+    ensure!(
+        eventually(Duration::from_secs(10), || !alive(old)).await,
+        "the old process was not stopped"
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
