@@ -329,15 +329,21 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     discover_modern_only: cli.discover_modern_only,
                     exit_on_initialize: cli.exit_on_initialize,
                     server_info_in_results: cli.server_info_in_results,
+                    handshake_tasks: cli.conformance && cli.modern,
                 },
             ));
             (Box::new(to_filter), Some(filter_task))
         };
 
         let stdin_eof = Arc::new(AtomicBool::new(false));
-        let stdin = EofFlag {
+        let stdin: EofFlag<Box<dyn AsyncRead + Send + Unpin>> = EofFlag {
             inner: if cli.unfiltered {
                 polled_stdin()
+            } else if cli.conformance && cli.modern {
+                // Handshake-era task requests are renamed before rmcp reads them.
+                let (to_rmcp, from_pump) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(rewrite_stdin(tokio::io::stdin(), to_rmcp));
+                Box::new(from_pump)
             } else {
                 Box::new(tokio::io::stdin())
             },
@@ -389,6 +395,51 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Ok(0)
     })
+}
+
+/// Copies `from` to `to` line by line, each JSON-RPC message passed through
+/// `tasks::rewrite_handshake_input`; `to` closes when `from` ends, so rmcp
+/// still sees the end of stdin.
+async fn rewrite_stdin<R, W>(from: R, mut to: W)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt as _;
+    let mut lines = BufReader::new(from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match lines.read_until(b'\n', &mut line).await {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "reading stdin");
+                break;
+            }
+        }
+        let body = line.strip_suffix(b"\n").unwrap_or(&line);
+        let rewritten = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|mut message| {
+                let before = message.get("method").cloned();
+                tasks::rewrite_handshake_input(&mut message);
+                (message.get("method") != before.as_ref())
+                    .then(|| serde_json::to_vec(&message).ok())
+                    .flatten()
+            });
+        let written = match rewritten {
+            Some(mut bytes) => {
+                bytes.push(b'\n');
+                to.write_all(&bytes).await
+            }
+            None => to.write_all(&line).await,
+        };
+        if written.and(to.flush().await).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 /// Installs a SIGTERM handler that only logs: once tokio owns the signal its
