@@ -30,6 +30,15 @@ impl Refusal {
         }
     }
 
+    /// A word for the error's `data.kind` and the metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::BadRequest(_) => "bad_request",
+            Refusal::Forbidden(_) => "forbidden",
+            Refusal::Unauthorized { .. } => "unauthorized",
+        }
+    }
+
     pub fn message(&self) -> &'static str {
         match self {
             Refusal::BadRequest(message) | Refusal::Forbidden(message) => message,

@@ -10,10 +10,14 @@
 //! original `initialize`, sets the log level and subscriptions again and tells the
 //! client the lists changed. A call that was in flight gets -33003; one that had
 //! not left waits for the new connection. Only protocol messages go to stdout.
+//!
+//! A refusal of its credentials (HTTP 401 or 403) is final: the bridge says so in
+//! one line on stderr, answers that request and every later one with the error,
+//! never asks the daemon again, and exits 77 (`EX_NOPERM`) when the client leaves.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use adapters::framing::{Frame, LineDecoder};
@@ -112,10 +116,28 @@ struct Bridge {
     output: mpsc::Sender<Answer>,
     /// Requests in flight by the client's id, so its cancel can end them.
     in_flight: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// Set once the daemon refused the credentials; the bridge then asks no more.
+    refused: OnceLock<Refused>,
+}
+
+/// How the daemon refused the bridge's credentials.
+struct Refused {
+    status: u16,
+    /// What the daemon said, for the client's error.
+    detail: String,
+}
+
+/// How the bridge ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The client closed its input.
+    ClientLeft,
+    /// The client left after the daemon refused the bridge's credentials.
+    Refused,
 }
 
 /// Runs the bridge until the client's input ends.
-pub async fn run(target: Target) -> Result<(), String> {
+pub async fn run(target: Target) -> Ended {
     let (output, mut outgoing) = mpsc::channel::<Answer>(256);
     let crate::own_stdio::OwnStdio {
         input,
@@ -137,6 +159,7 @@ pub async fn run(target: Target) -> Result<(), String> {
         remembered: Mutex::new(Remembered::default()),
         output,
         in_flight: Mutex::new(HashMap::new()),
+        refused: OnceLock::new(),
     });
     let keeper = tokio::spawn(keep_connected(bridge.clone()));
     // Lines as the stdio front reads them: capped, and bytes (a line that is not
@@ -204,9 +227,27 @@ pub async fn run(target: Target) -> Result<(), String> {
     if let Some(connection) = connection {
         connection.shutdown().await;
     }
+    let refused = bridge.refused.get().is_some();
     drop(bridge);
     let _ = writer.await;
-    Ok(())
+    if refused {
+        Ended::Refused
+    } else {
+        Ended::ClientLeft
+    }
+}
+
+/// Whether `error` is the daemon refusing the credentials (not the message).
+fn refusal(error: &ConnectionError) -> Option<Refused> {
+    match error {
+        ConnectionError::HttpStatus { status, detail, .. } if matches!(status, 401 | 403) => {
+            Some(Refused {
+                status: *status,
+                detail: detail.clone(),
+            })
+        }
+        _ => None,
+    }
 }
 
 impl Bridge {
@@ -218,6 +259,42 @@ impl Bridge {
 
     async fn send(&self, message: impl Into<Answer>) {
         let _ = self.output.send(message.into()).await;
+    }
+
+    /// The daemon refused the credentials: said once on stderr, and the live
+    /// connection closed so nothing asks again.
+    fn refuse(&self, refused: Refused) {
+        let status = refused.status;
+        if self.refused.set(refused).is_err() {
+            return;
+        }
+        let problem = match (status, self.target.token.is_some()) {
+            (401, true) => "refused the bearer token (HTTP 401)",
+            (401, false) => "requires a bearer token (HTTP 401)",
+            _ => "refused access (HTTP 403: a Host or Origin it does not answer, or a token it does not accept)",
+        };
+        // One line, stderr, whatever the log level: the client's user must see it.
+        eprintln!(
+            "plexus connect: plexus at {} {problem}; set PLEXUS_TOKEN or pass --token-file with a token from its [daemon] auth_tokens",
+            self.target.url
+        );
+        let connection = self.connection.send_replace(None);
+        if let Some(connection) = connection {
+            tokio::spawn(async move { connection.shutdown().await });
+        }
+    }
+
+    /// The error every request gets once the credentials were refused.
+    fn refused_error(&self) -> Option<Value> {
+        let refused = self.refused.get()?;
+        Some(json!({
+            "code": jsonrpc::INVALID_REQUEST,
+            "message": format!(
+                "plexus at {} refused the bridge's credentials (HTTP {}: {}); set PLEXUS_TOKEN or pass --token-file",
+                self.target.url, refused.status, refused.detail
+            ),
+            "data": {"kind": if refused.status == 401 { "unauthorized" } else { "forbidden" }, "status": refused.status, "retryable": false},
+        }))
     }
 
     async fn handle(self: Arc<Self>, message: ClientMessage) {
@@ -289,8 +366,18 @@ impl Bridge {
         if method == "notifications/initialized" {
             self.remembered().initialized = true;
         }
-        let connection = self.connection().await;
-        let _ = connection.notify(method, params).await;
+        if self.refused.get().is_some() {
+            return;
+        }
+        let connection = tokio::select! {
+            connection = self.connection() => connection,
+            () = self.refused_now() => return,
+        };
+        if let Err(error) = connection.notify(method, params).await {
+            if let Some(refused) = refusal(&error) {
+                self.refuse(refused);
+            }
+        }
     }
 
     /// Relays one request and writes its answer under the client's id.
@@ -303,7 +390,13 @@ impl Bridge {
         let relayed_unread = method == "tools/call";
         let headers = self.mirrored_headers(method, &params);
         let reply = loop {
-            let connection = self.connection().await;
+            if let Some(error) = self.refused_error() {
+                return self.send(jsonrpc::error_object_response(id, error)).await;
+            }
+            let connection = tokio::select! {
+                connection = self.connection() => connection,
+                () = self.refused_now() => continue,
+            };
             let values = params.values.clone();
             let request = match &params.arguments {
                 Some(arguments) => {
@@ -328,7 +421,10 @@ impl Bridge {
                     self.lost(&connection).await;
                     break Err(error);
                 }
-                Err(error) => break Err(error),
+                Err(error) => match refusal(&error) {
+                    Some(refused) => self.refuse(refused),
+                    None => break Err(error),
+                },
             }
         };
         let reply = match reply {
@@ -446,6 +542,17 @@ impl Bridge {
         }
     }
 
+    /// Returns once the credentials are refused (a request waiting for a
+    /// connection then waits no more).
+    async fn refused_now(&self) {
+        let mut connections = self.connection.subscribe();
+        while self.refused.get().is_none() {
+            if connections.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// `connection` failed: take it down so the keeper makes a new one.
     async fn lost(&self, connection: &UpstreamConnection) {
         self.connection.send_if_modified(|current| {
@@ -508,7 +615,12 @@ async fn keep_connected(bridge: Arc<Bridge>) {
         if !first {
             match restore(&bridge, &connection).await {
                 Ok(()) => tracing::info!(url = %bridge.target.url, "reconnected to plexus"),
-                Err(error) => {
+                Err(Restore::Refused(refused)) => {
+                    connection.shutdown().await;
+                    bridge.refuse(refused);
+                    return;
+                }
+                Err(Restore::Failed(error)) => {
                     tracing::warn!(%error, url = %bridge.target.url, "plexus is not back yet; retrying");
                     connection.shutdown().await;
                     tokio::time::sleep(delay).await;
@@ -547,14 +659,25 @@ async fn keep_connected(bridge: Arc<Bridge>) {
         }
         bridge.connection.send_replace(None);
         connection.shutdown().await;
+        if bridge.refused.get().is_some() {
+            return;
+        }
         tracing::warn!(url = %bridge.target.url, "lost the connection to plexus; reconnecting");
     }
+}
+
+/// Why a session could not be restored on a new connection.
+enum Restore {
+    /// The daemon refused the credentials: final.
+    Refused(Refused),
+    /// Not back yet: try again.
+    Failed(String),
 }
 
 /// A new connection for a client that had a session: its `initialize` again (the
 /// answer is the bridge's, not the client's), its log level and subscriptions,
 /// and `list_changed` so it lists again.
-async fn restore(bridge: &Bridge, connection: &UpstreamConnection) -> Result<(), String> {
+async fn restore(bridge: &Bridge, connection: &UpstreamConnection) -> Result<(), Restore> {
     let (initialize, initialized, log_level, subscriptions) = {
         let remembered = bridge.remembered();
         (
@@ -571,8 +694,15 @@ async fn restore(bridge: &Bridge, connection: &UpstreamConnection) -> Result<(),
     };
     match connection.request("initialize", Some(initialize)).await {
         Ok(Reply::Result(_) | Reply::Unread(_)) => {}
-        Ok(Reply::Error(error)) => return Err(format!("initialize was refused: {error}")),
-        Err(error) => return Err(error.to_string()),
+        Ok(Reply::Error(error)) => {
+            return Err(Restore::Failed(format!("initialize was refused: {error}")))
+        }
+        Err(error) => {
+            return Err(match refusal(&error) {
+                Some(refused) => Restore::Refused(refused),
+                None => Restore::Failed(error.to_string()),
+            })
+        }
     }
     if initialized {
         let _ = connection.notify("notifications/initialized", None).await;

@@ -179,7 +179,14 @@ impl HttpFront {
         };
         let principal: Arc<str> = match principal {
             Ok(principal) => Arc::from(principal),
-            Err(refusal) => return refused(&refusal),
+            Err(refusal) => {
+                self.hub
+                    .metrics()
+                    .http_refused_requests
+                    .with_label_values(&[refusal.kind()])
+                    .inc();
+                return refused(&refusal);
+            }
         };
         // A principal bound to a view sees it whatever the path; an unknown view is 404.
         let view = match self.hub.view_of(&principal, requested_view.as_deref()) {
@@ -840,13 +847,8 @@ fn check_version_header(headers: &HeaderMap) -> Result<(), RelayError> {
 /// A refusal at the door: its status, a JSON-RPC error body, and for 401 the
 /// `WWW-Authenticate` challenge.
 fn refused(refusal: &Refusal) -> Response<Body> {
-    let kind = match refusal {
-        Refusal::BadRequest(_) => "bad_request",
-        Refusal::Forbidden(_) => "forbidden",
-        Refusal::Unauthorized { .. } => "unauthorized",
-    };
     let error = RelayError::AccessDenied {
-        kind,
+        kind: refusal.kind(),
         reason: refusal.message(),
     };
     let mut response = json_error(refusal.status(), &error);

@@ -44,6 +44,8 @@ use clap::{Parser, Subcommand};
 const EXIT_BAD_CONFIG: u8 = 64;
 /// EX_UNAVAILABLE: no daemon answered.
 const EXIT_UNAVAILABLE: u8 = 69;
+/// EX_NOPERM: the daemon refused the credentials (`plexus connect`).
+const EXIT_NO_PERMISSION: u8 = 77;
 
 #[derive(Parser)]
 #[command(
@@ -275,11 +277,9 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             match runtime.block_on(connect_command::run(target)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("{error}");
-                    ExitCode::FAILURE
-                }
+                connect_command::Ended::ClientLeft => ExitCode::SUCCESS,
+                // Said on stderr when it happened.
+                connect_command::Ended::Refused => ExitCode::from(EXIT_NO_PERMISSION),
             }
         }
         Command::Reload { config, admin } => reload(&config, admin.as_deref()),

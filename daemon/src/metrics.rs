@@ -47,6 +47,8 @@ pub struct Metrics {
     pub audit_dropped: prometheus::IntCounter,
     pub upstream_stderr_lines: IntCounterVec,
     pub upstream_stderr_suppressed: IntCounterVec,
+    /// Requests refused at the door of the MCP front, by reason.
+    pub http_refused_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -214,6 +216,14 @@ impl Metrics {
             ),
             &["upstream"],
         )?;
+        let http_refused_requests = IntCounterVec::new(
+            Opts::new(
+                "plexus_http_refused_requests_total",
+                "Requests the MCP front refused before reading them (`unauthorized`, `forbidden`, `bad_request`).",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(http_refused_requests.clone()))?;
         registry.register(Box::new(upstream_stderr_lines.clone()))?;
         registry.register(Box::new(upstream_stderr_suppressed.clone()))?;
         registry.register(Box::new(schema_changes.clone()))?;
@@ -284,6 +294,7 @@ impl Metrics {
             audit_dropped,
             upstream_stderr_lines,
             upstream_stderr_suppressed,
+            http_refused_requests,
         })
     }
 

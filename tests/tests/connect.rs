@@ -381,3 +381,119 @@ async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// Requests the daemon refused for want of a valid token, from its metrics.
+async fn unauthorized_requests(daemon: &Daemon) -> anyhow::Result<u64> {
+    let (_, text) = daemon.admin_get("/metrics").await?;
+    Ok(text
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("plexus_http_refused_requests_total{reason=\"unauthorized\"} ")
+        })
+        .map_or(Ok(0), str::parse)?)
+}
+
+/// A bridge whose token is wrong or missing says so on stderr in one line naming
+/// the fix, answers `initialize` (and what follows) with the error under the
+/// client's id, asks the daemon no more, and exits 77 once the client leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_the_daemon_refuses_says_so_and_exits_77() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let daemon = Daemon::start_with_env(
+        "auth_tokens = { laptop = \"${PLEXUS_TEST_TOKEN}\" }",
+        &fixture_upstream("fx", "", &[]),
+        &[("PLEXUS_TEST_TOKEN", "the-right-token-0123456789")],
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let mut refused_before = unauthorized_requests(&daemon).await?;
+    for (case, token) in [
+        ("a wrong token", Some("not-the-token-0123456789")),
+        ("no token", None),
+    ] {
+        let mut command = connect_command(&daemon.url);
+        command.env_remove("PLEXUS_TOKEN");
+        if let Some(token) = token {
+            command.env("PLEXUS_TOKEN", token);
+        }
+        let mut bridge = command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut stdin = bridge.stdin.take().context("stdin")?;
+        let mut lines = tokio::io::BufReader::new(bridge.stdout.take().context("stdout")?).lines();
+        let mut stderr = bridge.stderr.take().context("stderr")?;
+        let mut next = async || -> anyhow::Result<serde_json::Value> {
+            let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+                .await
+                .context("no answer")??
+                .context("the bridge ended")?;
+            Ok(serde_json::from_str(&line)?)
+        };
+        let initialize = json!({"jsonrpc": "2.0", "id": "init-1", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "refused", "version": "0"}}});
+        stdin
+            .write_all(format!("{initialize}\n").as_bytes())
+            .await?;
+        let answer = next().await?;
+        ensure!(answer["id"] == "init-1", "{case}: {answer}");
+        ensure!(answer["error"]["code"] == -32600, "{case}: {answer}");
+        ensure!(
+            answer["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("PLEXUS_TOKEN")),
+            "{case}: {answer}"
+        );
+        ensure!(
+            answer["error"]["data"]["kind"] == "unauthorized",
+            "{case}: {answer}"
+        );
+        // A client that asks again is answered at once, from what the bridge knows.
+        let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+        stdin.write_all(format!("{list}\n").as_bytes()).await?;
+        let answer = next().await?;
+        ensure!(
+            answer["id"] == 2 && answer["error"]["code"] == -32600,
+            "{case}: {answer}"
+        );
+        // Given a couple of seconds, it asks the daemon no more.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let refused = unauthorized_requests(&daemon).await?;
+        println!(
+            "{case}: the daemon refused {} request(s)",
+            refused - refused_before
+        );
+        ensure!(
+            (1..=2).contains(&(refused - refused_before)),
+            "{case}: the daemon refused {} requests",
+            refused - refused_before
+        );
+        refused_before = refused;
+        ensure!(
+            bridge.try_wait()?.is_none(),
+            "{case}: the bridge ended before its client"
+        );
+        drop(stdin);
+        let status = tokio::time::timeout(Duration::from_secs(10), bridge.wait())
+            .await
+            .context("the bridge did not exit after its client left")??;
+        let mut said = String::new();
+        stderr.read_to_string(&mut said).await?;
+        println!("{case}: exit {status}, stderr: {said}");
+        ensure!(status.code() == Some(77), "{case}: {status}\n{said}");
+        let naming: Vec<&str> = said
+            .lines()
+            .filter(|line| line.contains("PLEXUS_TOKEN") && line.contains("--token-file"))
+            .collect();
+        ensure!(naming.len() == 1, "{case}: stderr:\n{said}");
+        ensure!(
+            said.lines().filter(|line| !line.trim().is_empty()).count() == 1,
+            "{case}: more than one line on stderr:\n{said}"
+        );
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

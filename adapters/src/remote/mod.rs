@@ -874,8 +874,24 @@ impl Shared {
         body: &[u8],
         hint: Option<String>,
     ) -> Option<Result<Reply, ConnectionError>> {
+        let refused_access = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
         if let Some(error) = jsonrpc_error(body) {
-            return Some(Ok(Reply::Error(error)));
+            // A door refusing the credentials answers no message: the caller sees
+            // the status (a bridge stops on it; retrying cannot help), with the
+            // error's words.
+            if !refused_access {
+                return Some(Ok(Reply::Error(error)));
+            }
+            // The server explained itself: no hint is added to its words.
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            return Some(Err(ConnectionError::HttpStatus {
+                url: self.url_text.clone(),
+                status: status.as_u16(),
+                detail: message.to_string(),
+            }));
         }
         let session_ended = status == StatusCode::NOT_FOUND
             && (self.session_id().is_some() || matches!(self.mode(), Mode::Legacy { .. }));
