@@ -420,67 +420,217 @@ fn note_dropped_line(upstream: &str, stats: &ConnectionStats, line: &[u8]) {
     }
 }
 
+/// Bytes read from an upstream's stderr at once: a flood is drained in few reads.
+const STDERR_READ_BYTES: usize = 64 * 1024;
+/// A stderr line longer than this is cut (its head kept, the rest dropped).
+const STDERR_LINE_BYTES: usize = 16 * 1024;
+
 async fn stderr_loop(
     upstream: Arc<str>,
-    stderr: ChildStderr,
+    mut stderr: ChildStderr,
     tail: Arc<Mutex<VecDeque<String>>>,
     ring_lines: usize,
     stats: Arc<ConnectionStats>,
     done: CancellationToken,
 ) {
+    use tokio::io::AsyncReadExt;
     let _done = done.drop_guard();
+    let mut lines = StderrLines {
+        upstream,
+        tail,
+        ring_lines,
+        stats,
+        budget: LogBudget::new(tokio::time::Instant::now()),
+        partial: Vec::new(),
+        discarding: false,
+    };
+    let mut chunk = vec![0; STDERR_READ_BYTES];
+    // One timer for the summaries, moved rather than made anew for each read (a
+    // flood is thousands of reads a second).
+    let summary = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(summary);
     // Always drained: a child blocked on a full stderr pipe stops answering.
-    let mut frames = FramedRead::new(stderr, LineDecoder::new(16 * 1024));
-    let mut budget = LogBudget::new(tokio::time::Instant::now());
     loop {
         // Lines left out are counted in the log once it has room again, whether or
         // not the upstream writes more: a burst that ends must not hide its count.
-        let next = match budget.summary_due() {
-            Some(due) => match tokio::time::timeout_at(due, frames.next()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    if let Some(suppressed) = budget.summarise(tokio::time::Instant::now()) {
-                        tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
-                    }
-                    continue;
+        let due = lines.budget.summary_due();
+        if let Some(due) = due {
+            if summary.deadline() != due {
+                summary.as_mut().reset(due);
+            }
+        }
+        // A read is cancellation-safe: the timer firing loses no bytes.
+        let read = tokio::select! {
+            read = stderr.read(&mut chunk) => read,
+            () = &mut summary, if due.is_some() => {
+                if let Some(suppressed) = lines.budget.summarise(tokio::time::Instant::now()) {
+                    log_suppressed(&lines.upstream, suppressed);
                 }
-            },
-            None => frames.next().await,
-        };
-        let Some(frame) = next else { break };
-        let text = match frame {
-            Ok(Frame::Line(line)) => String::from_utf8_lossy(&line).into_owned(),
-            Ok(Frame::TooLong { limit, head }) => format!(
-                "{}… [a stderr line over {limit} bytes was cut]",
-                String::from_utf8_lossy(&head)
-            ),
-            Err(_) => break,
-        };
-        stats.stderr_lines.fetch_add(1, Ordering::Relaxed);
-        // The log gets a burst, then a steady trickle and a count of what it missed;
-        // the ring keeps every line's tail for status and errors.
-        match budget.take(tokio::time::Instant::now()) {
-            Admit::Log { suppressed: 0 } => {
-                tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}")
+                continue;
             }
-            Admit::Log { suppressed } => {
-                tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
-                tracing::info!(target: "plexus::upstream_stderr", upstream = %upstream, "{text}");
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(read) => lines.take(&chunk[..read], tokio::time::Instant::now()),
+        }
+    }
+    lines.end(tokio::time::Instant::now());
+}
+
+fn log_suppressed(upstream: &str, suppressed: u64) {
+    tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
+}
+
+/// An upstream's stderr cut into lines at the cost of counting them: a line is
+/// built (a `String`) only when the log takes it or it is among the last ones,
+/// which the ring keeps; a flood's other lines are counted, never copied.
+struct StderrLines {
+    upstream: Arc<str>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    ring_lines: usize,
+    stats: Arc<ConnectionStats>,
+    budget: LogBudget,
+    /// The start of a line whose end has not come yet.
+    partial: Vec<u8>,
+    /// Within a line already reported cut: dropped up to its newline.
+    discarding: bool,
+}
+
+impl StderrLines {
+    /// Takes what one read returned.
+    fn take(&mut self, mut data: &[u8], now: tokio::time::Instant) {
+        if self.discarding {
+            let Some(newline) = memchr::memchr(b'\n', data) else {
+                return;
+            };
+            data = &data[newline + 1..];
+            self.discarding = false;
+        }
+        let count = memchr::memchr_iter(b'\n', data).count();
+        if count == 0 {
+            self.keep_partial(data, now);
+            return;
+        }
+        self.stats
+            .stderr_lines
+            .fetch_add(count as u64, Ordering::Relaxed);
+        // The log gets a burst, then a steady trickle and a count of what it
+        // missed: the first lines while it has room, then none of this read's.
+        let mut start = 0;
+        let mut logged = 0;
+        for end in memchr::memchr_iter(b'\n', data) {
+            match self.budget.take(now) {
+                Admit::Log { suppressed } => {
+                    let text = self.text(logged == 0, &data[start..end]);
+                    self.log(suppressed, &text);
+                }
+                Admit::Suppress => break,
             }
+            logged += 1;
+            start = end + 1;
+        }
+        let suppressed = count - logged;
+        if suppressed > 0 {
+            // `take` counted the first of them.
+            self.budget.suppressed += (suppressed - 1) as u64;
+            self.stats
+                .stderr_suppressed
+                .fetch_add(suppressed as u64, Ordering::Relaxed);
+        }
+        // The ring keeps the last lines, whole: only those are built.
+        let kept = count.min(self.ring_lines);
+        let ends: Vec<usize> = memchr::memrchr_iter(b'\n', data).take(kept + 1).collect();
+        let mut texts = Vec::with_capacity(kept);
+        for at in (0..kept).rev() {
+            let start = ends.get(at + 1).map_or(0, |end| end + 1);
+            let first = at + 1 == count;
+            texts.push(self.text(first, &data[start..ends[at]]));
+        }
+        self.keep(texts);
+        self.partial.clear();
+        self.keep_partial(&data[ends[0] + 1..], now);
+    }
+
+    /// Bytes after the last newline: the start of the next line, cut (and reported
+    /// at once, as a line) if it outgrows the cap before its end.
+    fn keep_partial(&mut self, data: &[u8], now: tokio::time::Instant) {
+        self.partial.extend_from_slice(data);
+        if self.partial.len() > STDERR_LINE_BYTES {
+            let text = cut_line(&self.partial);
+            self.partial.clear();
+            self.discarding = true;
+            self.one(text, now);
+        }
+    }
+
+    /// The output has ended: a last line without a newline still counts.
+    fn end(mut self, now: tokio::time::Instant) {
+        if !self.partial.is_empty() {
+            let text = self.text(true, &[]);
+            self.one(text, now);
+        }
+        let suppressed = self.budget.suppressed;
+        if suppressed > 0 {
+            log_suppressed(&self.upstream, suppressed);
+        }
+    }
+
+    /// One line, built: counted, logged if the budget allows, kept in the ring.
+    fn one(&mut self, text: String, now: tokio::time::Instant) {
+        self.stats.stderr_lines.fetch_add(1, Ordering::Relaxed);
+        match self.budget.take(now) {
+            Admit::Log { suppressed } => self.log(suppressed, &text),
             Admit::Suppress => {
-                stats.stderr_suppressed.fetch_add(1, Ordering::Relaxed);
+                self.stats.stderr_suppressed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
-        if tail.len() == ring_lines {
-            tail.pop_front();
+        self.keep(vec![text]);
+    }
+
+    fn log(&self, suppressed: u64, text: &str) {
+        if suppressed > 0 {
+            log_suppressed(&self.upstream, suppressed);
         }
-        tail.push_back(text);
+        tracing::info!(target: "plexus::upstream_stderr", upstream = %self.upstream, "{text}");
     }
-    let suppressed = budget.suppressed;
-    if suppressed > 0 {
-        tracing::warn!(target: "plexus::upstream_stderr", upstream = %upstream, suppressed, "{suppressed} stderr lines suppressed");
+
+    /// A line's text: `segment`, after the partial line when it is the first
+    /// line of a read; cut if over the cap; without a trailing `\r`.
+    fn text(&self, first: bool, segment: &[u8]) -> String {
+        let whole;
+        let line = if first && !self.partial.is_empty() {
+            whole = [self.partial.as_slice(), segment].concat();
+            whole.as_slice()
+        } else {
+            segment
+        };
+        if line.len() > STDERR_LINE_BYTES {
+            return cut_line(line);
+        }
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        String::from_utf8_lossy(line).into_owned()
     }
+
+    /// The ring's newest lines, oldest first; older ones leave to make room.
+    fn keep(&self, texts: Vec<String>) {
+        if self.ring_lines == 0 {
+            return;
+        }
+        let mut tail = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
+        for text in texts {
+            if tail.len() >= self.ring_lines {
+                tail.pop_front();
+            }
+            tail.push_back(text);
+        }
+    }
+}
+
+fn cut_line(line: &[u8]) -> String {
+    format!(
+        "{}… [a stderr line over {STDERR_LINE_BYTES} bytes was cut]",
+        String::from_utf8_lossy(&line[..crate::framing::HEAD_BYTES.min(line.len())])
+    )
 }
 
 /// How many stderr lines of one upstream go to the log: a burst, then a steady rate
@@ -673,5 +823,79 @@ mod budget_tests {
         assert_eq!(budget.summarise(due), Some(50));
         assert_eq!(budget.summary_due(), None);
         assert_eq!(budget.take(due), Admit::Suppress, "the count took the room");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod stderr_lines_tests {
+    use super::*;
+
+    fn lines(ring_lines: usize) -> StderrLines {
+        StderrLines {
+            upstream: Arc::from("test"),
+            tail: Arc::new(Mutex::new(VecDeque::new())),
+            ring_lines,
+            stats: Arc::new(ConnectionStats::default()),
+            budget: LogBudget::new(tokio::time::Instant::now()),
+            partial: Vec::new(),
+            discarding: false,
+        }
+    }
+
+    fn tail(lines: &StderrLines) -> Vec<String> {
+        lines.tail.lock().unwrap().iter().cloned().collect()
+    }
+
+    #[test]
+    fn lines_split_across_reads_are_kept_whole_and_counted() {
+        let now = tokio::time::Instant::now();
+        let mut lines = lines(3);
+        lines.take(b"one\ntw", now);
+        lines.take(b"o\r\nthr", now);
+        lines.take(b"ee\nfour\nfi", now);
+        assert_eq!(tail(&lines), ["two", "three", "four"]);
+        lines.take(&[b'a'; 2000], now);
+        assert_eq!(lines.stats.stderr_lines.load(Ordering::Relaxed), 4);
+        let stats = lines.stats.clone();
+        let ring = lines.tail.clone();
+        lines.end(now);
+        // The last line, without its newline, still counts.
+        assert_eq!(stats.stderr_lines.load(Ordering::Relaxed), 5);
+        let last = ring.lock().unwrap().back().cloned().unwrap();
+        assert_eq!(last, format!("fi{}", "a".repeat(2000)));
+    }
+
+    #[test]
+    fn a_flood_is_counted_and_its_last_lines_kept() {
+        let now = tokio::time::Instant::now();
+        let mut lines = lines(50);
+        let flood: Vec<u8> = (0..10_000)
+            .flat_map(|n| format!("line {n}\n").into_bytes())
+            .collect();
+        for read in flood.chunks(64 * 1024 - 7) {
+            lines.take(read, now);
+        }
+        assert_eq!(lines.stats.stderr_lines.load(Ordering::Relaxed), 10_000);
+        // The budget's burst of 100 was logged; the rest were counted for a summary.
+        assert_eq!(lines.stats.stderr_suppressed.load(Ordering::Relaxed), 9_900);
+        assert_eq!(lines.budget.suppressed, 9_900);
+        let expected: Vec<String> = (9_950..10_000).map(|n| format!("line {n}")).collect();
+        assert_eq!(tail(&lines), expected);
+    }
+
+    #[test]
+    fn an_overlong_line_is_cut_once() {
+        let now = tokio::time::Instant::now();
+        let mut lines = lines(5);
+        let long = vec![b'x'; STDERR_LINE_BYTES + 10];
+        lines.take(&long[..10_000], now);
+        lines.take(&long[10_000..], now);
+        lines.take(b"xxx\nafter\n", now);
+        let kept = tail(&lines);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(kept[0].ends_with("bytes was cut]"), "{kept:?}");
+        assert_eq!(kept[1], "after");
+        assert_eq!(lines.stats.stderr_lines.load(Ordering::Relaxed), 2);
     }
 }

@@ -1173,3 +1173,129 @@ async fn a_sigkilled_daemon_leaves_no_upstream_behind() -> anyhow::Result<()> {
     drop(daemon);
     Ok(())
 }
+
+/// The CPU time (user + system) a process has used, from `/proc/PID/stat`.
+fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command (in parentheses, which may hold spaces): state is
+    // the first, utime the 12th and stime the 13th.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no command in /proc stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // Linux reports these in USER_HZ, 100 on every architecture it runs on.
+    Ok(Duration::from_millis(ticks * 10))
+}
+
+/// An upstream writing numbered lines to stderr as fast as it can costs the daemon
+/// little CPU: lines the log's rate limit leaves out are counted, not built. The
+/// daemon still answers another upstream, and the stderr tail holds whole lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_flooding_stderr_costs_the_daemon_little_cpu() -> anyhow::Result<()> {
+    let counts = tempfile::tempdir()?;
+    let count_file = counts.path().join("flooded");
+    let count_arg = count_file.display().to_string();
+    let sections = format!(
+        "{}{}",
+        control_section(),
+        fixture_upstream(
+            "flood",
+            "",
+            &["--name", "flood", "--flood-stderr", &count_arg]
+        ),
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let pid = daemon.pid().context("no daemon pid")?;
+    let flooded = || -> u64 {
+        std::fs::read_to_string(&count_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    // Measured once the flood runs at its pace.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (lines_before, cpu_before, started) = (flooded(), cpu_time(pid)?, Instant::now());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (lines_after, cpu_after, wall) = (flooded(), cpu_time(pid)?, started.elapsed());
+    let share = (cpu_after - cpu_before).as_secs_f64() / wall.as_secs_f64();
+    let rate = (lines_after - lines_before) as f64 / wall.as_secs_f64();
+    println!(
+        "stderr flood: {:.0} lines/s written; the daemon used {:.1} % of a core over {:.1} s",
+        rate,
+        share * 100.0,
+        wall.as_secs_f64()
+    );
+    ensure!(lines_after > lines_before, "the flood did not run");
+
+    // Another upstream is served meanwhile.
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let asked = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        session.request(
+            "tools/call",
+            json!({"name": "control__echo", "arguments": {"text": "still here"}}),
+        ),
+    )
+    .await
+    .context("the control upstream did not answer during the flood")??;
+    println!(
+        "a call to another upstream answered in {:?}",
+        asked.elapsed()
+    );
+    ensure!(
+        answer["result"]["content"][0]["text"] == "still here",
+        "{answer}"
+    );
+
+    // The tail shown by status holds the last lines, each whole.
+    let (_, status) = daemon.admin_get("/status").await?;
+    let status: Value = serde_json::from_str(&status)?;
+    let tail: Vec<&str> = status["upstreams"]
+        .as_array()
+        .context("no upstreams in status")?
+        .iter()
+        .find(|upstream| upstream["name"] == "flood")
+        .and_then(|upstream| upstream["stderr_tail"].as_array())
+        .context("no stderr tail for the flooding upstream")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(tail.len() >= 10, "{tail:?}");
+    let numbers: Vec<u64> = tail
+        .iter()
+        .filter(|line| line.starts_with("flood line "))
+        .map(|line| {
+            line.trim_start_matches("flood line ")
+                .parse::<u64>()
+                .with_context(|| format!("a cut line in the tail: {line:?}"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(numbers.len() >= 10, "{tail:?}");
+    ensure!(
+        numbers.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "the tail's flood lines are not consecutive: {tail:?}"
+    );
+    ensure!(
+        numbers[0] > 1_000_000 || lines_after < 1_000_000,
+        "the tail is not the last lines: {tail:?}"
+    );
+    // The log was kept small: the rate limit's summaries stand for the rest.
+    let log = daemon.log();
+    let logged = log.matches("flood line ").count();
+    println!("{logged} flood lines in the daemon's log");
+    ensure!(
+        log.contains("stderr lines suppressed"),
+        "no summary in the log"
+    );
+    ensure!(
+        share <= 0.15,
+        "the daemon used {:.1} % of a core draining a stderr flood",
+        share * 100.0
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -60,6 +60,11 @@ struct Cli {
     /// Write BYTES bytes of 'x' (no newline) to stderr at startup.
     #[arg(long, value_name = "BYTES")]
     stderr_flood: Option<u64>,
+    /// Write numbered lines to stderr as fast as it can, in 64 KiB writes, on a
+    /// thread of its own while serving (a hostile upstream); the count written so
+    /// far is in the file PATH, rewritten every 100 ms.
+    #[arg(long, value_name = "PATH")]
+    flood_stderr: Option<std::path::PathBuf>,
     /// Write N short lines to stderr at startup (a chatty upstream).
     #[arg(long, value_name = "N")]
     stderr_lines: Option<u64>,
@@ -189,6 +194,9 @@ fn main() {
             }
         }
     }
+    if let Some(count_file) = cli.flood_stderr.clone() {
+        std::thread::spawn(move || flood_stderr_lines(&count_file));
+    }
     init_tracing();
     let code = match run(cli) {
         Ok(code) => code,
@@ -225,6 +233,30 @@ fn flood_stderr(bytes: u64) {
         left -= n as u64;
     }
     let _ = stderr.flush();
+}
+
+/// Numbered lines, 64 KiB at a time, until stderr is closed. Lines are whole in
+/// each write, so a reader sees complete lines however it reads.
+fn flood_stderr_lines(count_file: &std::path::Path) {
+    let mut buffer = Vec::with_capacity(70 * 1024);
+    let mut written: u64 = 0;
+    let mut noted = std::time::Instant::now();
+    loop {
+        buffer.clear();
+        while buffer.len() < 64 * 1024 {
+            let _ = writeln!(buffer, "flood line {written}");
+            written += 1;
+        }
+        // Stderr is unbuffered: one write of whole lines, locked for that write
+        // only (the fixture's own log lines go between).
+        if std::io::stderr().lock().write_all(&buffer).is_err() {
+            return;
+        }
+        if noted.elapsed() >= std::time::Duration::from_millis(100) {
+            noted = std::time::Instant::now();
+            let _ = std::fs::write(count_file, written.to_string());
+        }
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
