@@ -1,9 +1,11 @@
 //! Accepting HTTP/1.1 connections on a bound listener until shutdown, shared by
 //! the MCP front and the admin listener.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,7 +15,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
 use crate::repoll::Repoll;
@@ -23,7 +25,8 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// What one listener allows its clients.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
-    /// Connections open at once; more wait in the kernel's backlog until one ends.
+    /// Connections open at once; more wait in the kernel's backlog until one ends,
+    /// or take the place of one that has sent no request yet.
     pub max_connections: usize,
     /// How long a client may take to send a request's headers (also between
     /// requests on a kept-alive connection); then the connection is closed.
@@ -100,18 +103,40 @@ pub async fn serve<H, F>(
 {
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let unserved = Arc::new(Unserved::default());
     let nodelay_inherited = nodelay_for_accepted(&listener);
     loop {
         // A slot first: at the cap, new connections are not accepted (and so not
-        // given a descriptor) until one ends.
-        let slot = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            slot = slots.clone().acquire_owned() => slot,
-        };
-        let Ok(slot) = slot else { break };
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
+        // given a descriptor) until one ends, or one that has sent no request yet
+        // makes room.
+        let (slot, accepted) = match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let accepted = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    accepted = listener.accept() => accepted,
+                };
+                (slot, accepted)
+            }
+            Err(TryAcquireError::Closed) => break,
+            Err(TryAcquireError::NoPermits) => {
+                let accepted = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    // A slot came free: taken on the next turn.
+                    _ = slots.clone().acquire_owned() => continue,
+                    accepted = listener.accept(), if unserved.any() => accepted,
+                };
+                // Slow clients holding every slot without a request would keep a
+                // new one out for a `header_read_timeout`: the one that has waited
+                // longest is closed, and its slot goes to the new client (which
+                // holds one descriptor over the cap until then: the budget's margin).
+                unserved.close_oldest();
+                let slot = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    slot = slots.clone().acquire_owned() => slot,
+                };
+                let Ok(slot) = slot else { break };
+                (slot, accepted)
+            }
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
@@ -122,32 +147,16 @@ pub async fn serve<H, F>(
                 continue;
             }
         };
-        // Without it a keep-alive exchange on loopback waits ~40 ms for delayed ACKs.
-        if !nodelay_inherited {
-            let _ = stream.set_nodelay(true);
-        }
-        let handler = handler.clone();
-        let watcher = graceful.watcher();
-        // The connection (some 1.7 KB of state) is built in its task's own memory,
-        // reached through one pointer: moved by value through the spawn, it was
-        // copied a dozen times per accepted connection.
-        tokio::spawn(Box::pin(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let handler = handler.clone();
-                async move { Ok::<_, Infallible>(handler(request).await) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            // Polled again in place when hyper wakes its own task (see `repoll`).
-            let connection = Repoll::new(watcher.watch(connection));
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "HTTP connection ended with an error");
-            }
-            drop(slot);
-        }));
+        serve_connection(
+            stream,
+            peer,
+            slot,
+            Unserved::enter(&unserved),
+            handler.clone(),
+            &graceful,
+            limits,
+            nodelay_inherited,
+        );
     }
     drop(listener);
     let drain = drain();
@@ -166,6 +175,124 @@ pub async fn serve<H, F>(
         {
             tracing::warn!("HTTP connections still open after their last answers");
         }
+    }
+}
+
+/// Serves one accepted connection on a task of its own, which ends when the
+/// connection does, or when it is closed to make room while it has sent no request.
+#[allow(clippy::too_many_arguments)]
+fn serve_connection<H, F>(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    slot: OwnedSemaphorePermit,
+    waiting: Arc<Waiting>,
+    handler: H,
+    graceful: &GracefulShutdown,
+    limits: ConnectionLimits,
+    nodelay_inherited: bool,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    // Without it a keep-alive exchange on loopback waits ~40 ms for delayed ACKs.
+    if !nodelay_inherited {
+        let _ = stream.set_nodelay(true);
+    }
+    let watcher = graceful.watcher();
+    let closed = waiting.closed.clone();
+    // The connection (some 1.7 KB of state) is built in its task's own memory,
+    // reached through one pointer: moved by value through the spawn, it was
+    // copied a dozen times per accepted connection.
+    tokio::spawn(Box::pin(async move {
+        let service = hyper::service::service_fn(move |request| {
+            waiting.served();
+            let handler = handler.clone();
+            async move { Ok::<_, Infallible>(handler(request).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .keep_alive(true)
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        // Polled again in place when hyper wakes its own task (see `repoll`).
+        let connection = Repoll::new(watcher.watch(connection));
+        tokio::select! {
+            ended = connection => {
+                if let Err(error) = ended {
+                    tracing::debug!(%peer, %error, "HTTP connection ended with an error");
+                }
+            }
+            () = closed.cancelled() => {
+                tracing::debug!(%peer, "closed a connection that had sent no request, to make room at the cap");
+            }
+        }
+        drop(slot);
+    }));
+}
+
+/// The connections that have not sent a whole request head yet, oldest first.
+#[derive(Default)]
+struct Unserved {
+    next: AtomicU64,
+    waiting: Mutex<BTreeMap<u64, CancellationToken>>,
+    /// Whether making room was logged (once per listener).
+    noted: AtomicBool,
+}
+
+impl Unserved {
+    fn enter(this: &Arc<Unserved>) -> Arc<Waiting> {
+        let id = this.next.fetch_add(1, Ordering::Relaxed);
+        let closed = CancellationToken::new();
+        this.lock().insert(id, closed.clone());
+        Arc::new(Waiting {
+            id,
+            closed,
+            unserved: this.clone(),
+            served: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn any(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    /// Closes the connection that has waited longest without a request.
+    fn close_oldest(&self) {
+        let oldest = self.lock().pop_first();
+        if let Some((_, closed)) = oldest {
+            closed.cancel();
+            if !self.noted.swap(true, Ordering::Relaxed) {
+                tracing::warn!("at the connection cap: connections that have sent no request are closed to make room for new ones (slow or idle clients)");
+            }
+        }
+    }
+}
+
+/// One connection's place among the unserved, left at its first request or end.
+struct Waiting {
+    id: u64,
+    closed: CancellationToken,
+    unserved: Arc<Unserved>,
+    served: AtomicBool,
+}
+
+impl Waiting {
+    /// A request head has arrived: the connection is no longer one to close.
+    fn served(&self) {
+        // Read first: every later request finds it set without a write.
+        if !self.served.load(Ordering::Relaxed) && !self.served.swap(true, Ordering::Relaxed) {
+            self.unserved.lock().remove(&self.id);
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.served();
     }
 }
 

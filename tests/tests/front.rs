@@ -461,6 +461,8 @@ async fn silent_connections_take_no_slot() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Connections beyond the cap wait while every slot serves a request; the admin
+/// listener has slots of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
 ) -> anyhow::Result<()> {
@@ -471,13 +473,18 @@ async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
     .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
-    // Three idle connections take every slot: each has begun a request and gone
-    // quiet (a connection that has sent nothing is still the kernel's to hold).
-    let mut idle = Vec::new();
+    // Three busy connections take every slot: each has sent a request's head and
+    // is slow with its body (the daemon waits for it, for `body_read_timeout`).
+    let mut busy = Vec::new();
     for _ in 0..3 {
         let mut stream = TcpStream::connect(&address).await?;
-        stream.write_all(b"POST /mcp HTTP/1.1\r\n").await?;
-        idle.push(stream);
+        stream
+            .write_all(
+                format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{")
+                    .as_bytes(),
+            )
+            .await?;
+        busy.push(stream);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
@@ -493,10 +500,59 @@ async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
     // The admin listener has slots of its own.
     let (status, _) = daemon.admin_get("/healthz").await?;
     ensure!(status == 200);
-    // One idle client goes away: the waiting one is served.
-    drop(idle.pop());
+    // One busy client goes away: the waiting one is served.
+    drop(busy.pop());
     let (status, text) = tokio::time::timeout(Duration::from_secs(10), waiting).await???;
     ensure!(status == 200, "{text}");
+    drop(busy);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// At the cap, a new client takes the place of the connection that has waited
+/// longest without sending a whole request head: idle or slow clients cannot
+/// keep it out for a `header_read_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_new_client_takes_the_place_of_the_oldest_idle_one() -> anyhow::Result<()> {
+    let daemon = Daemon::start(
+        "max_connections = 3\nheader_read_timeout = \"30s\"",
+        &fixture_upstream("fx", "", &[]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let address = authority(&daemon.url);
+    // Three idle connections take every slot: each has begun a request and gone
+    // quiet (a connection that has sent nothing is still the kernel's to hold).
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(&address).await?;
+        stream.write_all(b"POST /mcp HTTP/1.1\r\n").await?;
+        idle.push(stream);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
+    let asked = Instant::now();
+    let (status, text) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw_request(&address, &host, &initialize_body()),
+    )
+    .await
+    .context("idle connections kept a new client out")??;
+    println!("served at the cap in {:?}", asked.elapsed());
+    ensure!(status == 200, "{text}");
+    // The oldest idle one was closed; the younger ones are still open.
+    let mut byte = [0; 1];
+    let oldest = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut byte)).await;
+    ensure!(
+        matches!(oldest, Ok(Ok(0) | Err(_))),
+        "the oldest idle connection is still open: {oldest:?}"
+    );
+    let youngest = tokio::time::timeout(Duration::from_millis(300), idle[2].read(&mut byte)).await;
+    ensure!(
+        youngest.is_err(),
+        "the youngest idle connection was closed: {youngest:?}"
+    );
     drop(idle);
     ensure!(daemon.stop().await?.success());
     Ok(())
