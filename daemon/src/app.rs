@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::Admin;
 use crate::config::{Config, DaemonSettings};
 use crate::control::{self, ControlHandle, ControlLoop};
+use crate::descriptors;
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -123,7 +124,9 @@ impl Daemon {
 
 /// Runs the daemon with the HTTP and admin listeners until a shutdown signal.
 pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(), ServeError> {
+    let descriptor_limits = raise_descriptor_limit();
     let daemon_settings = loaded.config.daemon.clone();
+    let upstream_descriptors = descriptors::upstream_descriptors(&loaded.config);
     // Bind before starting anything, so a taken port fails fast and leaves nothing behind.
     let mcp_listener = bind(daemon_settings.listen).await?;
     let admin_listener = bind(daemon_settings.admin_listen).await?;
@@ -149,10 +152,26 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
         }));
     }
 
-    // Each listener has its own cap, so a flood of one leaves the other reachable.
+    // Each listener has its own cap, so a flood of one leaves the other reachable;
+    // together they fit the descriptor budget.
+    let (mcp_cap, admin_cap) = descriptors::listener_caps(
+        descriptor_limits,
+        daemon_settings.max_connections,
+        upstream_descriptors,
+    );
+    for (listener, cap) in [("mcp", mcp_cap), ("admin", admin_cap)] {
+        hub.metrics()
+            .listener_max_connections
+            .with_label_values(&[listener])
+            .set(i64::try_from(cap).unwrap_or(i64::MAX));
+    }
     let limits = listener::ConnectionLimits {
-        max_connections: daemon_settings.max_connections,
+        max_connections: mcp_cap,
         header_read_timeout: daemon_settings.header_read_timeout,
+    };
+    let admin_limits = listener::ConnectionLimits {
+        max_connections: admin_cap,
+        ..limits
     };
     let mcp_front = {
         let front = front.clone();
@@ -179,7 +198,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
         tokio::spawn(listener::serve(
             admin_listener,
             move |request| admin::handle(admin.clone(), request),
-            limits,
+            admin_limits,
             shutdown.clone(),
             || Duration::from_secs(1),
             || {},
@@ -203,6 +222,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
 /// Runs the daemon for one client on stdin/stdout, until its input ends or a
 /// shutdown signal.
 pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeError> {
+    raise_descriptor_limit();
     let upstreams = loaded.config.upstreams.len();
     let daemon = Daemon::start(loaded, None).await?;
     daemon.hub.fanout.serve_one_client();
@@ -224,6 +244,26 @@ pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), Ser
     tracing::info!("stdio client gone; stopping upstreams");
     daemon.stop().await;
     Ok(())
+}
+
+/// The soft descriptor limit raised to the hard one, as far as allowed.
+fn raise_descriptor_limit() -> Option<descriptors::Limits> {
+    match descriptors::raise_soft_limit() {
+        Ok(limits) => {
+            if let Some(from) = limits.raised_from {
+                tracing::info!(
+                    from,
+                    to = limits.soft,
+                    "raised the soft descriptor limit to the hard one"
+                );
+            }
+            Some(limits)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot read or raise the descriptor limit");
+            None
+        }
+    }
 }
 
 async fn bind(address: SocketAddr) -> Result<TcpListener, ServeError> {

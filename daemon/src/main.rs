@@ -11,6 +11,7 @@ mod client_message;
 mod config;
 mod connect_command;
 mod control;
+mod descriptors;
 mod era;
 mod explore_command;
 mod fanout;

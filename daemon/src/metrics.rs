@@ -49,6 +49,8 @@ pub struct Metrics {
     pub upstream_stderr_suppressed: IntCounterVec,
     /// Requests refused at the door of the MCP front, by reason.
     pub http_refused_requests: IntCounterVec,
+    /// Each listener's connection cap (set at start from the descriptor budget).
+    pub listener_max_connections: IntGaugeVec,
 }
 
 impl Metrics {
@@ -224,6 +226,14 @@ impl Metrics {
             &["reason"],
         )?;
         registry.register(Box::new(http_refused_requests.clone()))?;
+        let listener_max_connections = IntGaugeVec::new(
+            Opts::new(
+                "plexus_listener_max_connections",
+                "Connections each listener takes at once (`mcp`, `admin`); from [daemon] max_connections or the descriptor limit.",
+            ),
+            &["listener"],
+        )?;
+        registry.register(Box::new(listener_max_connections.clone()))?;
         registry.register(Box::new(upstream_stderr_lines.clone()))?;
         registry.register(Box::new(upstream_stderr_suppressed.clone()))?;
         registry.register(Box::new(schema_changes.clone()))?;
@@ -295,6 +305,7 @@ impl Metrics {
             upstream_stderr_lines,
             upstream_stderr_suppressed,
             http_refused_requests,
+            listener_max_connections,
         })
     }
 

@@ -557,3 +557,133 @@ async fn at_the_cap_a_new_client_takes_the_place_of_the_oldest_idle_one() -> any
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A script that runs the daemon under `ulimit` arguments (`-n 256`: soft and
+/// hard; `-S -n 512`: soft only).
+fn limited_plexus(dir: &std::path::Path, ulimit: &str) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("limited-plexus");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nulimit {ulimit} || exit 71\nexec {:?} \"$@\"\n",
+            plexus_binary().display().to_string()
+        ),
+    )?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    Ok(script)
+}
+
+/// `Max open files` of a process: (soft, hard).
+fn open_files_limit(pid: u32) -> anyhow::Result<(String, String)> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))?;
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .context("no open files limit")?;
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    Ok((fields[3].to_string(), fields[4].to_string()))
+}
+
+async fn metric(daemon: &Daemon, series: &str) -> anyhow::Result<Option<f64>> {
+    let (_, text) = daemon.admin_get("/metrics").await?;
+    Ok(text
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok()))
+}
+
+/// At a descriptor limit of 256 that raising cannot lift, hundreds of slow
+/// clients (silent, or stopped halfway through a request) neither make `accept`
+/// fail nor keep a new client out: it is answered well within
+/// `header_read_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_at_the_descriptor_limit_keep_no_one_out() -> anyhow::Result<()> {
+    let scripts = tempfile::tempdir()?;
+    let limited = limited_plexus(scripts.path(), "-n 256")?;
+    let daemon = Daemon::start_binary(
+        &limited,
+        "header_read_timeout = \"10s\"",
+        &fixture_upstream("fx", "", &[]),
+    )
+    .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let pid = daemon.pid().context("no daemon pid")?;
+    ensure!(
+        open_files_limit(pid)? == ("256".to_string(), "256".to_string()),
+        "{:?}",
+        open_files_limit(pid)?
+    );
+    let cap = metric(&daemon, "plexus_listener_max_connections{listener=\"mcp\"}")
+        .await?
+        .context("no connection cap in the metrics")?;
+    println!("descriptor limit 256: connection cap {cap}");
+    ensure!(cap > 100.0 && cap < 256.0, "cap {cap}");
+    ensure!(
+        daemon
+            .log()
+            .contains("the descriptor limit caps connections at"),
+        "no warning of a small budget:\n{}",
+        daemon.log()
+    );
+    let address = authority(&daemon.url);
+    let mut slow = Vec::new();
+    for n in 0..615 {
+        let mut stream = TcpStream::connect(&address).await?;
+        if n % 3 != 0 {
+            stream
+                .write_all(format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n").as_bytes())
+                .await?;
+        }
+        slow.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
+    let asked = Instant::now();
+    let (status, text) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw_request(&address, &host, &initialize_body()),
+    )
+    .await
+    .context("a new client was kept out by slow ones")??;
+    let waited = asked.elapsed();
+    println!("615 slow clients: a new client answered in {waited:?}");
+    ensure!(status == 200, "{text}");
+    // And again, a moment later, with the slow ones still there.
+    let (status, text) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw_request(&address, &host, &initialize_body()),
+    )
+    .await
+    .context("a second new client was kept out")??;
+    ensure!(status == 200, "{text}");
+    let log = daemon.log();
+    let accept_failures = log.matches("accept failed").count();
+    println!("accept failures in the log: {accept_failures}");
+    ensure!(
+        accept_failures <= 3,
+        "{accept_failures} accept failures:\n{log}"
+    );
+    drop(slow);
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// A soft descriptor limit below the hard one is raised to it at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soft_descriptor_limit_is_raised_to_the_hard_one() -> anyhow::Result<()> {
+    let scripts = tempfile::tempdir()?;
+    let limited = limited_plexus(scripts.path(), "-S -n 512")?;
+    let daemon = Daemon::start_binary(&limited, "", &fixture_upstream("fx", "", &[])).await?;
+    let pid = daemon.pid().context("no daemon pid")?;
+    let (soft, hard) = open_files_limit(pid)?;
+    println!("the daemon's open files limit: soft {soft}, hard {hard}");
+    ensure!(soft == hard, "soft {soft}, hard {hard}");
+    ensure!(soft != "512", "the hard limit is 512 here: nothing to show");
+    ensure!(
+        daemon.log().contains("raised the soft descriptor limit"),
+        "{}",
+        daemon.log()
+    );
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

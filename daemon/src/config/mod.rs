@@ -94,8 +94,9 @@ pub struct DaemonSettings {
     pub allowed_hosts: Vec<String>,
     /// `Origin` values accepted besides loopback origins (`https://app.example`).
     pub allowed_origins: Vec<String>,
-    /// Open connections per listener; more wait to be accepted.
-    pub max_connections: usize,
+    /// Open connections on the MCP listener (the admin listener takes at most
+    /// `descriptors::ADMIN_CONNECTIONS`); None: what the descriptor limit allows.
+    pub max_connections: Option<usize>,
     /// How long a client may take to send a request's headers.
     pub header_read_timeout: Duration,
     /// How long a client may take to send a request's body once its headers are in.

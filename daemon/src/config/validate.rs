@@ -345,11 +345,10 @@ fn validate_daemon(
         }
         value
     };
-    let max_connections = at_least_one(
-        "max_connections",
-        raw.max_connections,
-        DEFAULT_MAX_CONNECTIONS,
-    );
+    // Unset, it is derived from the descriptor limit at start (`descriptors.rs`).
+    let max_connections = raw
+        .max_connections
+        .map(|value| at_least_one("max_connections", Some(value), DEFAULT_MAX_CONNECTIONS));
     let max_sessions = at_least_one("max_sessions", raw.max_sessions, DEFAULT_MAX_SESSIONS);
     let max_sessions_per_principal = at_least_one(
         "max_sessions_per_principal",
