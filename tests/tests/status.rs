@@ -1,6 +1,6 @@
 //! `plexus status`, `GET /status`, the status page and the process metrics, against
-//! a daemon with a ready, a backing-off and a failed upstream, and with handshake
-//! twins; `plexus restart`; the runtime's worker threads.
+//! a daemon with a ready, a backing-off and a failed upstream, and with upstreams
+//! of both eras (one process each); `plexus restart`; the runtime's worker threads.
 
 use std::time::{Duration, Instant};
 
