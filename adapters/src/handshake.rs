@@ -24,14 +24,8 @@ pub const MODERN_VERSION: &str = "2026-07-28";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpstreamProtocol {
     /// Probe with `server/discover`; fall back to `initialize` on anything but a
-    /// modern answer: 2026-07-28 wherever it is offered.
+    /// modern answer.
     Auto,
-    /// `initialize` first; `server/discover` only when that is refused: the
-    /// handshake era wherever it is accepted, 2026-07-28 for a server of that
-    /// revision alone. A server that serves both eras on one connection takes the
-    /// era of the first request it is sent (SDKs decide so), so the probe must not
-    /// come first when the handshake era is wanted.
-    PreferHandshake,
     /// `initialize` only.
     Handshake,
     /// 2026-07-28 only.
@@ -86,18 +80,6 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
-    /// Whether a refused `initialize` may come from a server of 2026-07-28 alone
-    /// (which refuses it with -32022, or, over HTTP, at the HTTP level): worth one
-    /// `server/discover` before giving up.
-    fn may_mean_modern_only(&self) -> bool {
-        match self {
-            HandshakeError::Refused { method, .. } => method == "initialize",
-            HandshakeError::Connection(ConnectionError::HttpStatus { .. }) => true,
-            HandshakeError::UnsupportedVersion(version) => version == MODERN_VERSION,
-            _ => false,
-        }
-    }
-
     /// Whether this is an `initialize` refused for its version (-32022) by a
     /// server that lists 2026-07-28 among those it supports.
     fn names_modern_version(&self) -> bool {
@@ -131,13 +113,6 @@ pub async fn connect(
 ) -> Result<ServerHello, HandshakeError> {
     match protocol {
         UpstreamProtocol::Handshake => initialize(connection, identity).await,
-        UpstreamProtocol::PreferHandshake => match initialize(connection, identity).await {
-            Err(refused) if refused.may_mean_modern_only() => {
-                tracing::debug!(error = %refused, "initialize was refused; asking server/discover");
-                discover(connection, identity).await?.ok_or(refused)
-            }
-            handshake => handshake,
-        },
         UpstreamProtocol::Modern => {
             discover(connection, identity)
                 .await?

@@ -482,16 +482,16 @@ async fn ask(client: &Client, tool: &str, kind: &str) -> anyhow::Result<String> 
 
 /// Each upstream is spoken to in one era, chosen as it starts, and clients of the
 /// other era are bridged; no second process is started for an era. Under
-/// `protocol = "auto"` every upstream that takes `initialize` is spoken to in the
-/// handshake era: one of both eras, and one whose `server/discover` lists
-/// 2026-07-28 alone yet answers `initialize` (as SDKs of both eras do). One that
-/// refuses `initialize` serves 2026-07-28 alone and is spoken to so;
-/// `protocol = "newest"` prefers 2026-07-28 where it is offered. Clients of
-/// either era get every tool's input requests (sampling, elicitation) answered,
-/// from every one of them, shared or per session.
+/// `protocol = "auto"` an upstream whose `server/discover` offers 2026-07-28 is
+/// spoken to in it: one of both eras, one that lists 2026-07-28 alone yet answers
+/// `initialize` (as SDKs of both eras do), and one of 2026-07-28 alone.
+/// `protocol = "handshake"` forces the older era. Clients of either era get every
+/// tool's input requests (sampling, elicitation) answered, from every one of them,
+/// shared or per session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Result<()> {
     let per_session = "share = \"session\"";
+    let handshake = "protocol = \"handshake\"";
     let sections = [
         fixture_upstream("sdk", "", &["--modern", "--discover-modern-only"]),
         fixture_upstream("dual", "", &["--modern"]),
@@ -500,17 +500,21 @@ async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Re
             "",
             &["--modern", "--discover-modern-only", "--refuse-handshake"],
         ),
-        fixture_upstream("newest", "protocol = \"newest\"", &["--modern"]),
-        // Each session's own instance speaks the era its upstream's discovery run chose.
-        fixture_upstream("mine", per_session, &["--modern", "--discover-modern-only"]),
+        fixture_upstream("old", handshake, &["--modern"]),
+        // Each session's own instance speaks the era its upstream's config chooses.
         fixture_upstream(
-            "mystrict",
+            "mine",
+            &format!("{per_session}\n{handshake}"),
+            &["--modern", "--discover-modern-only"],
+        ),
+        fixture_upstream(
+            "mynew",
             per_session,
-            &["--modern", "--discover-modern-only", "--refuse-handshake"],
+            &["--modern", "--discover-modern-only"],
         ),
     ]
     .concat();
-    let upstreams = ["sdk", "dual", "strict", "newest", "mine", "mystrict"];
+    let upstreams = ["sdk", "dual", "strict", "old", "mine", "mynew"];
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let ((_, legacy), (_, modern_client)) = old_and_new_clients(&daemon.url).await?;
@@ -545,10 +549,10 @@ async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Re
             .count()
     };
     for (upstream, era, other) in [
-        ("sdk", "2025-11-25", "2026-07-28"),
-        ("dual", "2025-11-25", "2026-07-28"),
+        ("sdk", "2026-07-28", "2025-11-25"),
+        ("dual", "2026-07-28", "2025-11-25"),
         ("strict", "2026-07-28", "2025-11-25"),
-        ("newest", "2026-07-28", "2025-11-25"),
+        ("old", "2025-11-25", "2026-07-28"),
     ] {
         ensure!(
             initialized(upstream, era) == 1 && initialized(upstream, other) == 0,
@@ -561,13 +565,13 @@ async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Re
         "{log}"
     );
     ensure!(
-        initialized("mystrict", "2026-07-28") >= 2 && initialized("mystrict", "2025-11-25") == 0,
+        initialized("mynew", "2026-07-28") >= 2 && initialized("mynew", "2025-11-25") == 0,
         "{log}"
     );
     // The status shows one process per shared upstream, whatever clients came.
     let (_, status) = daemon.admin_get("/status").await?;
     let status: Value = serde_json::from_str(&status)?;
-    for upstream in ["sdk", "dual", "strict", "newest"] {
+    for upstream in ["sdk", "dual", "strict", "old"] {
         let entry = status["upstreams"]
             .as_array()
             .and_then(|all| all.iter().find(|u| u["name"] == upstream))
@@ -581,8 +585,8 @@ async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Re
     Ok(())
 }
 
-/// A 2026-07-28 upstream (the fixture with `--modern` under `protocol = "newest"`,
-/// found by plexus's `server/discover` probe) and a handshake-era one, each used by clients of
+/// A 2026-07-28 upstream (the fixture with `--modern`, found by plexus's
+/// `server/discover` probe) and a handshake-era one, each used by clients of
 /// both eras: every client gets the same answers. A handshake-era client is
 /// asked the modern upstream's input requests as real requests; a 2026-07-28
 /// client gets the upstream's input-required results as they are.
@@ -590,7 +594,7 @@ async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Re
 async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Result<()> {
     let sections = format!(
         "{}{}",
-        fixture_upstream("fxm", "protocol = \"newest\"", &["--modern"]),
+        fixture_upstream("fxm", "", &["--modern"]),
         fixture_upstream("fx", "", &[])
     );
     let daemon = Daemon::start("", &sections).await?;
@@ -791,7 +795,7 @@ async fn the_2026_wire_details_hold() -> anyhow::Result<()> {
 /// tool that needs it, while a client that declared it is asked as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow::Result<()> {
-    let section = fixture_upstream("fx", "protocol = \"newest\"", &["--modern"]);
+    let section = fixture_upstream("fx", "", &["--modern"]);
     let daemon = Daemon::start("", &section).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let bare = rmcp::model::ClientConfig::default()
@@ -829,12 +833,13 @@ async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow:
 }
 
 /// A dual-era upstream (the fixture with `--conformance --modern`: `server/discover`
-/// lists 2026-07-28 and the handshake versions) behind `protocol = "auto"` is
-/// spoken to in the handshake era, by one process: a handshake-era client gets
-/// what it gets from the fixture directly (`test_sampling` and `test_elicitation`
-/// ask it with server-to-client requests), and a 2026-07-28 client's `ask` is
-/// bridged: the upstream's request pauses the call as an input-required round.
-/// `protocol = "newest"` speaks 2026-07-28 to the same server.
+/// lists 2026-07-28 and the handshake versions) is one process, spoken to in one era,
+/// and clients of both eras get what they get from the fixture directly, whichever:
+/// `dual` (`protocol = "auto"`: 2026-07-28) and `hs` (`protocol = "handshake"`).
+/// `test_sampling` and `test_elicitation` ask a handshake-era client with
+/// server-to-client requests (from `dual`, plexus turns its input-required rounds into
+/// them); `ask` of a 2026-07-28 client is an input-required round (from `hs`, plexus
+/// turns the upstream's request into one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Result<()> {
     let fixture = plexus_tests::fixture_binary();
@@ -842,7 +847,7 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
     let sections = format!(
         "{}{}",
         fixture_upstream("dual", "", &args),
-        fixture_upstream("single", "protocol = \"newest\"\n", &args)
+        fixture_upstream("hs", "protocol = \"handshake\"\n", &args)
     );
     let daemon = Daemon::start("", &sections).await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
@@ -865,21 +870,28 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
     for (tool, args) in &asks {
         let expected = call(&direct, tool, args.clone()).await?;
         ensure!(expected["isError"] != true, "directly, {tool}: {expected}");
-        let through = match call(&legacy, &format!("dual__{tool}"), args.clone()).await {
-            Ok(through) => through,
-            Err(error) => anyhow::bail!("{tool} through plexus: {error:?}\n{}", daemon.log()),
-        };
-        ensure!(
-            through == expected,
-            "{tool} through plexus: {through}\ndirectly: {expected}"
-        );
+        for upstream in ["dual", "hs"] {
+            let through = match call(&legacy, &format!("{upstream}__{tool}"), args.clone()).await {
+                Ok(through) => through,
+                Err(error) => {
+                    anyhow::bail!(
+                        "{upstream}__{tool} through plexus: {error:?}\n{}",
+                        daemon.log()
+                    )
+                }
+            };
+            ensure!(
+                through == expected,
+                "{upstream}__{tool} through plexus: {through}\ndirectly: {expected}"
+            );
+        }
     }
     ensure!(
-        len_of(&handler.sampled) == 1,
+        len_of(&handler.sampled) == 2,
         "{}",
         len_of(&handler.sampled)
     );
-    // One process of dual, in the handshake era.
+    // One process of each, in its era.
     let log = daemon.log();
     let initialized = |upstream: &str, protocol: &str| {
         log.lines()
@@ -891,18 +903,16 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
             .count()
     };
     ensure!(
-        initialized("dual", "2025-11-25") == 1 && initialized("dual", "2026-07-28") == 0,
-        "dual: one handshake-era process\n{log}"
+        initialized("dual", "2026-07-28") == 1 && initialized("dual", "2025-11-25") == 0,
+        "dual: one 2026-07-28 process\n{log}"
     );
     ensure!(
-        !log.lines().any(|l| l.contains("upstream initialized")
-            && l.contains("upstream=single ")
-            && l.contains("protocol=2025-11-25")),
-        "protocol = \"newest\" started a handshake-era instance\n{log}"
+        initialized("hs", "2025-11-25") == 1 && initialized("hs", "2026-07-28") == 0,
+        "hs: one handshake-era process\n{log}"
     );
 
-    // A 2026-07-28 client is bridged: `ask` pauses as an input-required round,
-    // answered by the client, as directly.
+    // A 2026-07-28 client: `ask` pauses as an input-required round, answered by the
+    // client, as directly, relayed from `dual` and bridged from `hs`.
     let new = AnsweringClient::named("new").modern();
     let modern_client = connect_modern(&new, &daemon.url).await?;
     let direct_new = AnsweringClient::named("new").modern();
@@ -914,22 +924,29 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
         .await?;
     for kind in ["sampling", "elicitation", "roots"] {
         let expected = ask(&direct_modern, "ask", kind).await?;
-        let through = ask(&modern_client, "dual__ask", kind).await?;
-        ensure!(through == expected, "{kind}: {through} vs {expected}");
-        ensure!(through == expected_ask(kind, "new"), "{kind}: {through}");
+        for upstream in ["dual", "hs"] {
+            let through = ask(&modern_client, &format!("{upstream}__ask"), kind).await?;
+            ensure!(
+                through == expected,
+                "{upstream}, {kind}: {through} vs {expected}"
+            );
+            ensure!(through == expected_ask(kind, "new"), "{kind}: {through}");
+        }
     }
-    // The same tool's first round reaches the 2026-07-28 client as it is.
-    let first = modern_client
-        .peer()
-        .call_tool_once(
-            CallToolRequestParams::new("dual__ask")
-                .with_arguments(plexus_tests::arguments(json!({"kind": "sampling"}))),
-        )
-        .await?;
-    ensure!(
-        matches!(first, rmcp::model::CallToolResponse::InputRequired(_)),
-        "{first:?}"
-    );
+    // The same tool's first round reaches the 2026-07-28 client as input_required.
+    for upstream in ["dual", "hs"] {
+        let first = modern_client
+            .peer()
+            .call_tool_once(
+                CallToolRequestParams::new(format!("{upstream}__ask"))
+                    .with_arguments(plexus_tests::arguments(json!({"kind": "sampling"}))),
+            )
+            .await?;
+        ensure!(
+            matches!(first, rmcp::model::CallToolResponse::InputRequired(_)),
+            "{upstream}: {first:?}"
+        );
+    }
 
     for client in [direct, legacy, modern_client, direct_modern] {
         client.cancel().await?;
@@ -1058,36 +1075,28 @@ async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
 }
 
 /// A server of 2026-07-28 alone that is slow to start (a cold `uvx` install, heavy
-/// imports) is started in its first run, whichever era plexus asks first:
-/// - `protocol = "auto"` sends `initialize`, which it refuses naming the versions
-///   it serves once it has loaded; plexus then discovers it;
-/// - `protocol = "newest"` sends the `server/discover` probe, gives up waiting for
-///   it and sends `initialize`, which is refused so; the probe's late answer
-///   starts it (it used to fail that start and every later one as slow, and end
-///   `failed`).
+/// imports) answers the `server/discover` probe after plexus has given up on it and
+/// sent `initialize`, which it refuses naming the versions it serves. plexus
+/// discovers again and starts it, in its first run: it failed that start and every
+/// later one as slow, and ended `failed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() -> anyhow::Result<()>
 {
-    for extra in ["", "protocol = \"newest\""] {
-        let log = a_2026_upstream_echoes(
+    let log = a_2026_upstream_echoes(
+        "slow",
+        "",
+        &[
+            "--name",
             "slow",
-            extra,
-            &[
-                "--name",
-                "slow",
-                "--modern",
-                "--refuse-handshake",
-                "--slow-start",
-                "6000",
-            ],
-            "late but here",
-        )
-        .await?;
-        ensure!(
-            !log.contains("upstream initialize failed"),
-            "{extra}: {log}"
-        );
-    }
+            "--modern",
+            "--refuse-handshake",
+            "--slow-start",
+            "6000",
+        ],
+        "late but here",
+    )
+    .await?;
+    ensure!(!log.contains("upstream initialize failed"), "{log}");
     Ok(())
 }
 
@@ -1095,13 +1104,12 @@ async fn a_slow_server_of_2026_alone_is_started_when_it_refuses_the_handshake() 
 /// 2026-07-28, the version asked, among those it supports is a server of that
 /// revision: plexus asks again, as the error invites, rather than taking it for a
 /// handshake-era server (none sends -32022) and falling back to `initialize`,
-/// which the dual fixture would answer in the older era. (`protocol = "newest"`:
-/// the probe comes first only where 2026-07-28 is preferred.)
+/// which the dual fixture would answer in the older era.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discover_refused_for_the_version_it_names_is_asked_again() -> anyhow::Result<()> {
     a_2026_upstream_echoes(
         "picky",
-        "protocol = \"newest\"",
+        "",
         &["--name", "picky", "--modern", "--refuse-first-discover"],
         "second time",
     )

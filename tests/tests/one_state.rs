@@ -4,8 +4,8 @@
 //! (`tests/python/one_state_client.py`). Both see one counter kept by one process, a
 //! tool added through either era reaches the pin check and both clients' lists, and a
 //! breaking change made through either era is held for both. Run with the upstream in
-//! the era plexus chooses (`protocol = "auto"`: the handshake era, as it takes
-//! `initialize`) and forced into 2026-07-28.
+//! the era plexus chooses (`protocol = "auto"`: 2026-07-28, which its
+//! `server/discover` offers) and forced into the handshake era.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,8 +30,8 @@ async fn clients_of_both_eras_share_one_upstream_state() -> anyhow::Result<()> {
         "target/python-venv is missing: run scripts/ensure-python-sdk (scripts/test does)"
     );
     for (extra, spoken) in [
-        ("", "2025-11-25"),
-        ("protocol = \"2026-07-28\"\n", "2026-07-28"),
+        ("", "2026-07-28"),
+        ("protocol = \"handshake\"\n", "2025-11-25"),
     ] {
         let section = format!(
             "[upstreams.dual]\ncommand = {:?}\nargs = [{:?}]\non_schema_change = \"block\"\n{extra}",

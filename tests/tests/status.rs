@@ -207,7 +207,7 @@ fn the_grafana_dashboard_charts_metrics_that_exist() -> anyhow::Result<()> {
 /// One process per shared upstream, whatever era its clients speak: a handshake-era
 /// client's calls and a 2026-07-28 client's reach the same process of each
 /// upstream, and the status shows that one, with the era it is spoken to in
-/// (`protocol = "auto"`: the handshake era wherever `initialize` is taken).
+/// (`protocol = "auto"`: 2026-07-28 wherever `server/discover` offers it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_one_process_per_shared_upstream() -> anyhow::Result<()> {
     let sections = [
@@ -278,7 +278,7 @@ async fn status_shows_one_process_per_shared_upstream() -> anyhow::Result<()> {
     let after = status_of().await?;
     for (upstream, protocol) in [
         ("plain", "2025-11-25"),
-        ("sdk", "2025-11-25"),
+        ("sdk", "2026-07-28"),
         ("strict", "2026-07-28"),
     ] {
         let (pid, spoken, twin) = process(&after, upstream).context(upstream)?;

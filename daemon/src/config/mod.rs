@@ -231,14 +231,12 @@ pub enum Share {
 /// The protocol era plexus speaks to an upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub enum Protocol {
-    /// The handshake era wherever the upstream accepts `initialize` (so a server of
-    /// both eras is spoken to in the handshake era), 2026-07-28 for a server of that
-    /// revision alone. One era per instance, chosen as it starts; clients of the
-    /// other era are bridged.
+    /// `server/discover` first: 2026-07-28 wherever the upstream offers it, else
+    /// the `initialize` handshake. One era per instance, chosen as it starts;
+    /// clients of the other era are bridged.
     #[serde(rename = "auto")]
     Auto,
-    /// 2026-07-28 wherever the upstream's `server/discover` offers it, else the
-    /// handshake era: a server of both eras is spoken to in 2026-07-28.
+    /// The same as `auto` (kept for configs that name it).
     #[serde(rename = "newest")]
     Newest,
     /// The `initialize` handshake (2025-11-25 and earlier).
@@ -253,8 +251,7 @@ impl Protocol {
     pub fn for_adapter(self) -> adapters::handshake::UpstreamProtocol {
         use adapters::handshake::UpstreamProtocol;
         match self {
-            Protocol::Auto => UpstreamProtocol::PreferHandshake,
-            Protocol::Newest => UpstreamProtocol::Auto,
+            Protocol::Auto | Protocol::Newest => UpstreamProtocol::Auto,
             Protocol::Handshake => UpstreamProtocol::Handshake,
             Protocol::Modern => UpstreamProtocol::Modern,
         }
