@@ -81,6 +81,9 @@ pub struct Fanout {
     elicitations: DashMap<(String, Option<u64>, String), u64>,
     /// Upstreams whose `roots/list` plexus answered when no client could.
     roots_for_nobody: Mutex<Vec<(String, UpstreamConnection)>>,
+    /// Who holds a handshake-era task's `tasks/result`, by upstream and the
+    /// upstream's task id: the task's requests (which name it in `_meta`) are theirs.
+    task_holders: DashMap<(String, String), Caller>,
     /// The daemon serves one client (`serve --stdio`): a request no call claims is
     /// that client's, with nothing to guess.
     one_client: AtomicBool,
@@ -105,6 +108,7 @@ impl Fanout {
             roots_askers: Mutex::new(HashMap::new()),
             elicitations: DashMap::new(),
             roots_for_nobody: Mutex::new(Vec::new()),
+            task_holders: DashMap::new(),
             one_client: AtomicBool::new(false),
         }
     }
@@ -606,7 +610,14 @@ impl Fanout {
         } else {
             &callers[..]
         };
-        let target = match originating {
+        // A handshake-era task's request names its task: it is for whoever holds
+        // that task's `tasks/result`, whatever else is in flight.
+        let holder = related_task(params.as_ref()).and_then(|task| {
+            self.task_holders
+                .get(&(name.to_string(), task.to_string()))
+                .map(|holder| holder.clone())
+        });
+        let target = match originating.or(holder) {
             Some(call) => call,
             None => match self.caller_of(name, method, &capability, connection, unclaimed) {
                 Ok(call) => call,
@@ -658,6 +669,22 @@ impl Fanout {
                 jsonrpc::INTERNAL_ERROR,
                 "the client's queue is full or closed".into(),
             ))
+        }
+    }
+
+    /// Marks `holder` as the one waiting on `tasks/result` of the upstream's task
+    /// `task`, until the guard drops.
+    pub fn hold_task(
+        self: &Arc<Self>,
+        upstream: &str,
+        task: &str,
+        holder: Caller,
+    ) -> TaskHolderGuard {
+        let key = (upstream.to_string(), task.to_string());
+        self.task_holders.insert(key.clone(), holder);
+        TaskHolderGuard {
+            fanout: Arc::downgrade(self),
+            key,
         }
     }
 
@@ -846,6 +873,29 @@ impl Fanout {
                     .is_some_and(|value| !value.is_null())
             })
     }
+}
+
+/// Forgets a task's holder when its `tasks/result` ends.
+pub struct TaskHolderGuard {
+    fanout: Weak<Fanout>,
+    key: (String, String),
+}
+
+impl Drop for TaskHolderGuard {
+    fn drop(&mut self) {
+        if let Some(fanout) = self.fanout.upgrade() {
+            fanout.task_holders.remove(&self.key);
+        }
+    }
+}
+
+/// The task a server-to-client request names (2025-11-25's related-task `_meta`).
+fn related_task(params: Option<&Value>) -> Option<&str> {
+    params?
+        .get("_meta")?
+        .get("io.modelcontextprotocol/related-task")?
+        .get("taskId")?
+        .as_str()
 }
 
 /// Adds every member of `from` that `into` lacks, recursively.

@@ -37,6 +37,8 @@ pub const CONTINUATION_TTL: Duration = Duration::from_secs(600);
 #[derive(Default)]
 pub struct Continuations {
     paused: DashMap<String, Continuation>,
+    /// Handshake-era tasks whose input plexus asks for on their behalf.
+    pub tasks: super::task_extension::HeldTasks,
     /// Cancelled by `clear`: the expiry timers end with the front.
     closed: CancellationToken,
 }
@@ -72,6 +74,7 @@ impl Continuations {
     pub fn clear(&self) {
         self.closed.cancel();
         self.paused.clear();
+        self.tasks.clear();
     }
 }
 

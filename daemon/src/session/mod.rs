@@ -928,6 +928,11 @@ impl Session {
         params: Option<Value>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
+        if self.is_scope() && method == "tasks/update" {
+            if let Some(reply) = self.update_handshake_task(&params, related).await? {
+                return Ok(reply);
+            }
+        }
         let reply = self
             .hub
             .forward_task_request(method, params.clone(), self.call_context(None, related))
@@ -958,6 +963,14 @@ impl Session {
                 let Reply::Result(Value::Object(task)) = reply else {
                     return Ok(reply);
                 };
+                if task_extension::waits_for_input(&task) {
+                    let exposed = task
+                        .get("taskId")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    let waiting = self.task_waiting_for_input(exposed, &task).await;
+                    return Ok(Reply::Result(waiting));
+                }
                 // A task with an outcome: its `tasks/result` answers at once.
                 let outcome = if task_extension::has_outcome(&task) {
                     let reply = self
