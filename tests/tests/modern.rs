@@ -1189,3 +1189,42 @@ async fn relayed_results_name_plexus_as_their_server() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A handshake-era upstream's requests to the client mark no round: those its tool
+/// sends together (here a form, a sampling request and `roots/list`) reach a
+/// 2026-07-28 client in one input-required result, not one per retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_a_handshake_era_tool_sends_together_are_one_round() -> anyhow::Result<()> {
+    let section = fixture_upstream(
+        "hs",
+        "protocol = \"handshake\"\n",
+        &["--conformance", "--modern"],
+    );
+    let daemon = Daemon::start("", &section).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let client = connect_modern(&AnsweringClient::named("new").modern(), &daemon.url).await?;
+    let first = client
+        .peer()
+        .call_tool_once(CallToolRequestParams::new(
+            "hs__test_input_required_result_multiple_inputs",
+        ))
+        .await?;
+    let rmcp::model::CallToolResponse::InputRequired(first) = first else {
+        anyhow::bail!("not input_required: {first:?}\n{}", daemon.log());
+    };
+    let first = json_of(&first);
+    let mut methods: Vec<&str> = first["inputRequests"]
+        .as_object()
+        .context("inputRequests")?
+        .values()
+        .filter_map(|request| request["method"].as_str())
+        .collect();
+    methods.sort_unstable();
+    ensure!(
+        methods == ["elicitation/create", "roots/list", "sampling/createMessage"],
+        "{first}"
+    );
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -28,6 +28,11 @@ use crate::jsonrpc::{self, RelayError};
 
 /// Marks a `requestState` plexus issued, as opposed to one an upstream issued.
 const STATE_PREFIX: &str = "plexus.";
+/// How long after an upstream's request to the client another may still join its
+/// round, and how long a round may be gathered in all.
+const GATHER_QUIET: Duration = Duration::from_millis(20);
+const GATHER_AT_MOST: Duration = Duration::from_millis(200);
+
 /// How long a paused call waits for the client's retry before it is cancelled.
 pub const CONTINUATION_TTL: Duration = Duration::from_secs(600);
 
@@ -243,10 +248,7 @@ impl Continuation {
                 }
                 Some(input) = self.channels.inputs.recv() => {
                     self.add_pending(*input);
-                    // Several requests sent together go out together.
-                    while let Ok(more) = self.channels.inputs.try_recv() {
-                        self.add_pending(*more);
-                    }
+                    self.gather_inputs().await;
                     return Ok(self.pause(paused));
                 }
                 Some(message) = self.channels.events.recv() => {
@@ -270,6 +272,21 @@ impl Continuation {
             params["progressToken"] = token?.clone();
         }
         Some(message)
+    }
+
+    /// Takes the requests the upstream sends together with the first: a handshake-era
+    /// server's requests mark no round, so those that follow within a moment of
+    /// quiet (`GATHER_QUIET`, `GATHER_AT_MOST` in all) go out in the same round, and
+    /// the client sees every question it is asked at once rather than one per retry.
+    async fn gather_inputs(&mut self) {
+        let until = tokio::time::Instant::now() + GATHER_AT_MOST;
+        loop {
+            let quiet = (tokio::time::Instant::now() + GATHER_QUIET).min(until);
+            match tokio::time::timeout_at(quiet, self.channels.inputs.recv()).await {
+                Ok(Some(more)) => self.add_pending(*more),
+                Ok(None) | Err(_) => return,
+            }
+        }
     }
 
     fn add_pending(&mut self, input: InputNeeded) {
