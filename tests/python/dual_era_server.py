@@ -1,6 +1,7 @@
 """A stateful MCP server built on the official Python SDK 2.x, which serves both protocol
 eras on stdio (the first request decides): a counter that lives in the process, a tool
-that adds a tool, and a tool that changes `count`'s schema in a breaking way. Each change
+that adds a tool, a tool that changes `count`'s schema in a breaking way, and one that
+asks the client with a request of its own (`ctx.elicit`). Each change
 to the tool list is announced in the era the server is spoken to in.
 
     target/python-venv/bin/python tests/python/dual_era_server.py
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import os
 import warnings
+
+from pydantic import BaseModel
 
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -47,6 +50,17 @@ def count_by_twice(step: int, times: int) -> str:
 
 
 server.add_tool(count, name="count")
+
+
+class Signature(BaseModel):
+    name: str
+
+
+@server.tool()
+async def sign(ctx: Context) -> str:
+    """Asks the client who signs, with a request of its own (the handshake era's way)."""
+    answer = await ctx.elicit("Who signs?", Signature)
+    return f"signed by {answer.data.name}" if answer.action == "accept" else answer.action
 
 
 @server.tool()

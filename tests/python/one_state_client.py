@@ -24,6 +24,7 @@ from typing import Any, Awaitable, TypeVar
 import anyio
 import mcp_types as types
 from mcp import Client
+from mcp.client import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 
 warnings.simplefilter("ignore")
@@ -135,9 +136,18 @@ async def until_held(clients: dict[str, Client], name: str, arguments: dict[str,
             await anyio.sleep(0.1)
 
 
-async def run(url: str, plexus: Plexus) -> None:
-    old = Client(url, mode="legacy", cache=None)
-    new = Client(url, cache=None)
+def signer(era: str):
+    """An elicitation callback that signs as `era`."""
+
+    async def elicitation(_context: ClientRequestContext, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"name": era})
+
+    return elicitation
+
+
+async def run(url: str, plexus: Plexus, upstream_era: str) -> None:
+    old = Client(url, mode="legacy", cache=None, elicitation_callback=signer("old"))
+    new = Client(url, cache=None, elicitation_callback=signer("new"))
     async with old, new:
         ensure(old.protocol_version != "2026-07-28", "eras", f"legacy client speaks {old.protocol_version}")
         ensure(new.protocol_version == "2026-07-28", "eras", f"new client speaks {new.protocol_version}")
@@ -154,6 +164,23 @@ async def run(url: str, plexus: Plexus) -> None:
             pids.add(int(pid))
         ensure(pids == {first_pid}, "one-process", f"counted by {pids}, status shows {first_pid}")
         ok("one-counter", f"8 turns, values 1..8, process {first_pid}")
+
+        # A tool that asks its client with a request of its own: in the handshake era
+        # each client is asked (relayed, or bridged as an input-required round); on a
+        # 2026-07-28 connection the server itself has no back-channel for it.
+        for era, client in clients.items():
+            name = "old" if era == "handshake" else "new"
+            if upstream_era == "handshake":
+                signed = await text_of(client, "dual__sign", {}, f"sign-{era}")
+                ensure(signed == f"signed by {name}", "sign", f"{era}: {signed}")
+            else:
+                try:
+                    result = await bounded(f"sign-{era}", client.call_tool("dual__sign", {}))
+                    failed = result.is_error
+                except MCPError:
+                    failed = True
+                ensure(failed, "sign", f"{era}: answered on a 2026-07-28 connection")
+        ok("sign", f"upstream in the {upstream_era} era: each client {'asked' if upstream_era == 'handshake' else 'refused by the server'}")
 
         # A tool added through either era: the pin check sees it first (held as a
         # new entry under "block"), then both clients list and call it once approved.
@@ -198,10 +225,11 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--plexus", required=True)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--upstream-era", choices=["handshake", "2026-07-28"], required=True)
     args = parser.parse_args()
     async def bounded_run() -> None:
         with anyio.fail_after(TOTAL_S):
-            await run(args.url, Plexus(args.plexus, args.config))
+            await run(args.url, Plexus(args.plexus, args.config), args.upstream_era)
 
     try:
         anyio.run(bounded_run)

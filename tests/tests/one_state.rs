@@ -3,7 +3,8 @@
 //! used in turns by a handshake-era and a 2026-07-28 client of the same SDK
 //! (`tests/python/one_state_client.py`). Both see one counter kept by one process, a
 //! tool added through either era reaches the pin check and both clients' lists, and a
-//! breaking change made through either era is held for both. Run with the upstream in
+//! breaking change made through either era is held for both; a tool that asks its
+//! client with a request of its own reaches each client in the handshake era only. Run with the upstream in
 //! the era plexus chooses (`protocol = "auto"`: 2026-07-28, which its
 //! `server/discover` offers) and forced into the handshake era.
 
@@ -50,6 +51,12 @@ async fn clients_of_both_eras_share_one_upstream_state() -> anyhow::Result<()> {
             .arg(plexus_binary())
             .arg("--config")
             .arg(daemon.dir.path().join("config.toml"))
+            .arg("--upstream-era")
+            .arg(if spoken == "2026-07-28" {
+                "2026-07-28"
+            } else {
+                "handshake"
+            })
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
             .kill_on_drop(true)
