@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::admin_client::{self, AdminClientError};
 use crate::catalog_host::write_atomically;
 use crate::config::{self, SchemaPolicy};
-use crate::pins::file::{PinError, PinFile, UpstreamRecord};
+use crate::pins::format::{PinError, PinFile, UpstreamRecord};
 use crate::pins::{view, Policy};
 
 pub enum PinsCommand {

@@ -10,7 +10,9 @@
 //! is held whole until it is mended and the configuration reloaded.
 
 pub mod file;
+pub mod format;
 pub mod keyed;
+pub mod sharing;
 pub mod view;
 
 use std::collections::HashMap;
@@ -28,7 +30,8 @@ use serde_json::{json, Value};
 use crate::catalog_host::write_atomically_with;
 use crate::config::{PinMode, SchemaPolicy, UpstreamConfig};
 use crate::metrics::Metrics;
-use file::{Approval, Observation, PinError, PinFile, UpstreamRecord};
+use file::Observation;
+use format::{Approval, PinError, PinFile, UpstreamRecord};
 
 /// What an upstream's configuration says about pinning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

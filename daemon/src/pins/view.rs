@@ -8,7 +8,7 @@ use registry::fingerprint;
 use serde_json::{json, Map, Value};
 
 use super::class_label;
-use super::file::{PinError, PinFile, UpstreamRecord};
+use super::format::{PinError, PinFile, UpstreamRecord};
 
 /// Per upstream: where its pin stands. `held` gives the number of entries held
 /// back, when it is known.
