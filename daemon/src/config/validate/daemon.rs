@@ -1,0 +1,275 @@
+//! `[daemon]` checked into [`DaemonSettings`]: addresses, budgets, timeouts, the
+//! state directory, `auth_tokens`, `allowed_hosts` and `allowed_origins`, the limits.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::values::{duration_where, is_host_entry, is_origin_entry, secret_value, Zero};
+use crate::config::raw::RawDaemon;
+use crate::config::*;
+
+pub(super) fn validate_daemon(
+    raw: RawDaemon,
+    base: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+    issues: &mut Vec<ConfigIssue>,
+) -> DaemonSettings {
+    let mut address = |key: &str, value: Option<String>, default: &str| -> SocketAddr {
+        let text = value.unwrap_or_else(|| default.to_string());
+        text.parse().unwrap_or_else(|_| {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: format!("`{text}` is not an address like `127.0.0.1:7464`"),
+            });
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        })
+    };
+    let listen = address("listen", raw.listen, DEFAULT_LISTEN);
+    let admin_listen = address("admin_listen", raw.admin_listen, DEFAULT_ADMIN_LISTEN);
+    let name_budget = raw.name_budget.unwrap_or(DEFAULT_NAME_BUDGET);
+    if !(16..=1024).contains(&name_budget) {
+        issues.push(ConfigIssue {
+            key: "daemon.name_budget".into(),
+            message: format!("{name_budget} is out of range (16 to 1024)"),
+        });
+    }
+    let page_size = raw.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+    if !(1..=10_000).contains(&page_size) {
+        issues.push(ConfigIssue {
+            key: "daemon.page_size".into(),
+            message: format!("{page_size} is out of range (1 to 10000)"),
+        });
+    }
+    let mut duration = |key: &str, value: Option<String>, default: Duration, zero: Zero| {
+        value.map_or(default, |text| {
+            duration_where(&text, zero).unwrap_or_else(|message| {
+                issues.push(ConfigIssue {
+                    key: format!("daemon.{key}"),
+                    message,
+                });
+                default
+            })
+        })
+    };
+    let drain_timeout = duration(
+        "drain_timeout",
+        raw.drain_timeout,
+        DEFAULT_DRAIN_TIMEOUT,
+        Zero::Allowed,
+    );
+    let session_idle_timeout = duration(
+        "session_idle_timeout",
+        raw.session_idle_timeout,
+        DEFAULT_SESSION_IDLE_TIMEOUT,
+        Zero::Refused,
+    );
+    let state_dir = match raw.state_dir {
+        Some(dir) => base.join(dir),
+        None => default_state_dir(environment),
+    };
+    let header_read_timeout = duration(
+        "header_read_timeout",
+        raw.header_read_timeout,
+        DEFAULT_HEADER_READ_TIMEOUT,
+        Zero::Refused,
+    );
+    let body_read_timeout = duration(
+        "body_read_timeout",
+        raw.body_read_timeout,
+        DEFAULT_BODY_READ_TIMEOUT,
+        Zero::Refused,
+    );
+    let first_list_wait = duration(
+        "first_list_wait",
+        raw.first_list_wait,
+        DEFAULT_FIRST_LIST_WAIT,
+        Zero::Allowed,
+    );
+    let pins = base.join(raw.pins.unwrap_or_else(|| PathBuf::from(DEFAULT_PINS_FILE)));
+    let mut tokens = Vec::new();
+    for (name, value) in raw.auth_tokens {
+        let key = format!("daemon.auth_tokens.{name}");
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            issues.push(ConfigIssue {
+                key,
+                message: "token names use only letters, digits, `-`, `_` and `.`".into(),
+            });
+            continue;
+        }
+        match secret_value(&value, base, environment) {
+            Ok(token) if token.len() >= 16 => tokens.push((name, token)),
+            // The value itself is never repeated.
+            Ok(_) => issues.push(ConfigIssue {
+                key,
+                message: "a token must be at least 16 characters long".into(),
+            }),
+            Err(message) => issues.push(ConfigIssue { key, message }),
+        }
+    }
+    let auth_tokens = AuthTokens(tokens);
+    for (key, address) in [("listen", listen), ("admin_listen", admin_listen)] {
+        if !address.ip().is_loopback() && auth_tokens.is_empty() {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: format!(
+                    "{address} is reachable beyond this machine, and without [daemon] auth_tokens \
+                     anyone who reaches it could use every tool; add auth_tokens (and \
+                     allowed_hosts), or listen on 127.0.0.1"
+                ),
+            });
+        }
+    }
+    for (key, values) in [
+        ("allowed_hosts", &raw.allowed_hosts),
+        ("allowed_origins", &raw.allowed_origins),
+    ] {
+        if values.iter().any(|value| value.trim().is_empty()) {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: "entries must not be empty".into(),
+            });
+        }
+    }
+    // Entries are compared exactly: a pattern or a URL in the wrong list would
+    // never match, and every request it was meant for would be refused.
+    // (Empty entries are reported above, once.)
+    let given = |entry: &&String| !entry.trim().is_empty();
+    for host in raw
+        .allowed_hosts
+        .iter()
+        .filter(given)
+        .filter(|host| !is_host_entry(host))
+    {
+        issues.push(ConfigIssue {
+            key: "daemon.allowed_hosts".into(),
+            message: format!(
+                "`{host}` is not a host name or `name:port` (no scheme, path or wildcard)"
+            ),
+        });
+    }
+    for origin in raw
+        .allowed_origins
+        .iter()
+        .filter(given)
+        .filter(|origin| !is_origin_entry(origin))
+    {
+        let message = if origin.trim().eq_ignore_ascii_case("null") {
+            // Sent by sandboxed frames and local files: any web page can send it.
+            "`null` is the origin any web page can give itself (a sandboxed frame): allowing it would let every page reach plexus".to_string()
+        } else {
+            format!("`{origin}` is not an origin like `https://ide.example.com` (a scheme and a host, no path or wildcard)")
+        };
+        issues.push(ConfigIssue {
+            key: "daemon.allowed_origins".into(),
+            message,
+        });
+    }
+    let mut at_least_one = |key: &str, value: Option<usize>, default: usize| {
+        let value = value.unwrap_or(default);
+        if value == 0 {
+            issues.push(ConfigIssue {
+                key: format!("daemon.{key}"),
+                message: "must be at least 1".into(),
+            });
+        }
+        value
+    };
+    // Unset, it is derived from the descriptor limit at start (`descriptors.rs`).
+    let max_connections = raw
+        .max_connections
+        .map(|value| at_least_one("max_connections", Some(value), DEFAULT_MAX_CONNECTIONS));
+    let max_sessions = at_least_one("max_sessions", raw.max_sessions, DEFAULT_MAX_SESSIONS);
+    let max_sessions_per_principal = at_least_one(
+        "max_sessions_per_principal",
+        raw.max_sessions_per_principal,
+        DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+    );
+    let start_concurrency = at_least_one(
+        "start_concurrency",
+        raw.start_concurrency,
+        DEFAULT_START_CONCURRENCY,
+    );
+    let worker_threads = raw.worker_threads;
+    if let Some(threads) =
+        worker_threads.filter(|threads| !(1..=MAX_WORKER_THREADS).contains(threads))
+    {
+        issues.push(ConfigIssue {
+            key: "daemon.worker_threads".into(),
+            message: format!("{threads} is out of range (1 to {MAX_WORKER_THREADS})"),
+        });
+    }
+    DaemonSettings {
+        start_concurrency,
+        worker_threads,
+        auth_tokens,
+        allowed_hosts: raw
+            .allowed_hosts
+            .into_iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect(),
+        allowed_origins: raw
+            .allowed_origins
+            .into_iter()
+            .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+            .collect(),
+        max_connections,
+        header_read_timeout,
+        body_read_timeout,
+        max_sessions,
+        max_sessions_per_principal,
+        audit_log: raw.audit_log.map(|path| base.join(path)),
+        first_list_wait,
+        pins,
+        listen,
+        admin_listen,
+        name_budget,
+        page_size,
+        state_dir,
+        drain_timeout,
+        session_idle_timeout,
+    }
+}
+
+/// `$STATE_DIRECTORY` under systemd, else `$XDG_STATE_HOME/plexus`, else `~/.local/state/plexus`.
+pub fn default_state_dir(environment: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(dir) = environment("STATE_DIRECTORY").filter(|d| !d.is_empty()) {
+        // systemd may pass several, separated by colons; the first is ours.
+        let first = dir.split(':').next().unwrap_or(&dir).to_string();
+        return PathBuf::from(first);
+    }
+    if let Some(dir) = environment("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("plexus");
+    }
+    let home = environment("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".local/state/plexus")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_dir_follows_systemd_then_xdg_then_home() {
+        let systemd =
+            |key: &str| (key == "STATE_DIRECTORY").then(|| "/var/lib/plexus:/other".to_string());
+        assert_eq!(
+            default_state_dir(&systemd),
+            PathBuf::from("/var/lib/plexus")
+        );
+        let xdg = |key: &str| (key == "XDG_STATE_HOME").then(|| "/home/u/.state".to_string());
+        assert_eq!(
+            default_state_dir(&xdg),
+            PathBuf::from("/home/u/.state/plexus")
+        );
+        let home = |key: &str| (key == "HOME").then(|| "/home/u".to_string());
+        assert_eq!(
+            default_state_dir(&home),
+            PathBuf::from("/home/u/.local/state/plexus")
+        );
+    }
+}
