@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::limiter::Limiter;
-use super::supervise::supervise;
+use super::supervisor;
 use super::Supervision;
 use crate::config::{Share, Start, UpstreamConfig};
 use crate::jsonrpc::RelayError;
@@ -550,7 +550,7 @@ impl Upstream {
         }
         self.supervision
             .tasks
-            .spawn(supervise(self.shared.clone(), self.clone()));
+            .spawn(supervisor(self.shared.clone(), self.clone()));
     }
 
     /// Sets `level` on the shared instance.
@@ -660,7 +660,7 @@ impl Upstream {
         let instance = Arc::new(instance);
         self.supervision
             .tasks
-            .spawn(supervise(instance.clone(), self.clone()));
+            .spawn(supervisor(instance.clone(), self.clone()));
         instance
     }
 

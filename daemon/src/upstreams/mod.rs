@@ -78,6 +78,16 @@ pub enum SupervisorEvent {
     Restarted { upstream: Arc<str>, generation: u64 },
 }
 
+/// The task that keeps `instance` of `upstream` running, for `instance.rs` to
+/// spawn: the supervisor reads the instance's types, so the instance starts it
+/// through here and the two files do not import each other.
+fn supervisor(
+    instance: Arc<Instance>,
+    upstream: Arc<Upstream>,
+) -> impl std::future::Future<Output = ()> {
+    supervise::supervise(instance, upstream)
+}
+
 /// What every supervisor is given: where to report, the log level clients want,
 /// the tracker its tasks join, and the daemon's shutdown.
 pub struct Supervision {
