@@ -13,12 +13,16 @@
 //! refused (400, 404, 405) without a JSON-RPC error and a GET of the URL opens an
 //! event stream that names an endpoint.
 
+mod client;
 mod endpoint;
+mod head;
 mod sse;
 mod tls;
 
+use client::{HttpClient, PostFailure, SendFailure};
 pub use endpoint::{check_header, check_url};
-use endpoint::{display_url, resolve_endpoint, resolve_on_origin};
+use endpoint::{display_url, resolve_endpoint};
+use head::Head;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -26,22 +30,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use base64::Engine as _;
 use bytes::Bytes;
-use http::header::{
-    HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE,
-};
+use http::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::rpc::{
-    classify, count_sampled, encode_request, id_in_head, meta_field, our_id, skim_reply,
+    classify, count_sampled, encode_request, id_in_head, our_id, skim_reply,
     with_paired_surrogates, ConnectionError, Events, Incoming as Classified, MetaFields, Params,
     PendingRequests, Reply, SharedPending, UpstreamEvent,
 };
@@ -122,9 +121,6 @@ pub enum HttpError {
     Tls(String),
 }
 
-type Connector = tls::Connector;
-type HttpClient = Client<Connector, Full<Bytes>>;
-
 /// The first messages decide which transport an `auto` upstream speaks.
 #[derive(Clone, Debug)]
 enum Mode {
@@ -151,7 +147,6 @@ const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the session's DELETE may take at shutdown.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 const SESSION_ENDED: &str = "the upstream ended the session (HTTP 404)";
-const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
 const EVENT_STREAM: &str = "text/event-stream";
@@ -186,115 +181,6 @@ struct Shared {
     /// Whether a followed redirect was logged (once: it may come with every request).
     redirect_noted: AtomicBool,
 }
-
-/// What a POST carrying a request says about it in headers.
-#[derive(Default)]
-struct Head {
-    /// For a 2026-07-28 request: the version its `_meta` names, and the
-    /// `Mcp-Method`, `Mcp-Name` and `Mcp-Param-*` headers that mirror its body.
-    modern_version: Option<HeaderValue>,
-    method: Option<HeaderValue>,
-    name: Option<HeaderValue>,
-    params: Vec<(HeaderName, HeaderValue)>,
-    initialize: bool,
-}
-
-impl Head {
-    /// `meta`: the connection's per-request fields, which the request carries
-    /// unless it has its own.
-    fn of(method: &str, params: Option<&Map<String, Value>>, meta: Option<&MetaFields>) -> Head {
-        let initialize = method == "initialize";
-        let modern_version = meta_field(params, meta, PROTOCOL_VERSION_META)
-            .and_then(Value::as_str)
-            .and_then(|version| HeaderValue::from_str(version).ok());
-        if modern_version.is_none() {
-            return Head {
-                initialize,
-                ..Head::default()
-            };
-        }
-        let name_key = match method {
-            "tools/call" | "prompts/get" => Some("name"),
-            "resources/read" => Some("uri"),
-            "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
-            _ => None,
-        };
-        let name = name_key
-            .and_then(|key| params?.get(key)?.as_str())
-            .and_then(header_value_for);
-        Head {
-            modern_version,
-            method: HeaderValue::from_str(method).ok(),
-            name,
-            params: Vec::new(),
-            initialize,
-        }
-    }
-
-    /// Adds the `Mcp-Param-*` headers (a 2026-07-28 request only; names and values
-    /// that are not valid HTTP are dropped, and the upstream says what is missing).
-    fn with_params(mut self, headers: Vec<(String, String)>) -> Head {
-        if self.modern_version.is_some() {
-            self.params = headers
-                .into_iter()
-                .filter_map(|(name, value)| {
-                    Some((
-                        HeaderName::from_bytes(name.as_bytes()).ok()?,
-                        HeaderValue::from_str(&value).ok()?,
-                    ))
-                })
-                .collect();
-        }
-        self
-    }
-}
-
-/// A header value for `text`: as it is when plain ASCII, else base64 in the
-/// `=?base64?…?=` form 2026-07-28 defines.
-fn header_value_for(text: &str) -> Option<HeaderValue> {
-    let printable = text.bytes().all(|b| (0x20..=0x7e).contains(&b));
-    let padded = text.starts_with([' ', '\t']) || text.ends_with([' ', '\t']);
-    let looks_encoded = text.starts_with("=?base64?") && text.ends_with("?=");
-    let plain = printable && !padded && !looks_encoded;
-    if plain {
-        return HeaderValue::from_str(text).ok();
-    }
-    let encoded = base64::engine::general_purpose::STANDARD.encode(text);
-    HeaderValue::from_str(&format!("=?base64?{encoded}?=")).ok()
-}
-
-/// Why a POST got no response.
-enum PostFailure {
-    /// No connection could be made: the request never left.
-    Unreachable(String),
-    /// The exchange failed after the request may have left.
-    Failed(String),
-}
-
-/// Why [`Shared::send`] got no response to hand back.
-enum SendFailure {
-    Http(hyper_util::client::legacy::Error),
-    /// A redirect it does not follow, said whole.
-    Redirect(String),
-}
-
-impl SendFailure {
-    fn is_connect(&self) -> bool {
-        matches!(self, SendFailure::Http(error) if error.is_connect())
-    }
-}
-
-impl fmt::Display for SendFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SendFailure::Http(error) => f.write_str(&error_chain(error)),
-            SendFailure::Redirect(reason) => f.write_str(reason),
-        }
-    }
-}
-
-/// How many redirects one request follows.
-const MAX_REDIRECTS: usize = 5;
 
 /// How reading an event stream ended.
 enum Pumped {
@@ -373,10 +259,7 @@ pub(crate) async fn connect(
         let (name, value) = check_header(name, value)?;
         headers.append(name, value);
     }
-    let client = Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build(tls::connector(options.connect_timeout).map_err(HttpError::Tls)?);
+    let client = client::build(options.connect_timeout).map_err(HttpError::Tls)?;
     let pending: SharedPending = Arc::new(PendingRequests::default());
     let closed = CancellationToken::new();
     let initial = match endpoint.transport {
@@ -650,118 +533,6 @@ impl Shared {
         // Closed first, so no new request can register after the sweep.
         self.closed.cancel();
         self.pending.fail_all(ConnectionError::Closed);
-    }
-
-    /// Sends what `build` makes for `target`, following a 307 or 308 redirect (they keep the method and
-    /// the body) on the same origin, up to [`MAX_REDIRECTS`] times: a server mounted
-    /// at `/mcp/` answers `/mcp` so. A redirect to another origin is not followed,
-    /// since every request carries the configured headers.
-    async fn send(
-        &self,
-        target: &Uri,
-        build: impl Fn(&Uri) -> Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, SendFailure> {
-        let mut target = target.clone();
-        let mut redirects = 0;
-        loop {
-            // Built anew for each target: nothing is copied unless redirected.
-            let response = self
-                .client
-                .request(build(&target))
-                .await
-                .map_err(SendFailure::Http)?;
-            if !matches!(
-                response.status(),
-                StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT
-            ) {
-                return Ok(response);
-            }
-            let Some(location) = response.headers().get(LOCATION) else {
-                return Ok(response);
-            };
-            let location = String::from_utf8_lossy(location.as_bytes()).into_owned();
-            let from = display_url(&target);
-            if redirects == MAX_REDIRECTS {
-                return Err(SendFailure::Redirect(format!(
-                    "{from} redirected more than {MAX_REDIRECTS} times"
-                )));
-            }
-            redirects += 1;
-            target = resolve_on_origin(&target, &location).map_err(|reason| {
-                SendFailure::Redirect(format!(
-                    "{from} redirected to {reason}, which plexus does not follow (set the upstream's `url` to it)"
-                ))
-            })?;
-            if !self.redirect_noted.swap(true, Ordering::Relaxed) {
-                tracing::warn!(upstream = %self.upstream, from = %from, to = %display_url(&target), "the upstream redirects; following (setting its `url` to where it points saves a round trip a request)");
-            }
-        }
-    }
-
-    /// A request to `target` with the configured headers.
-    fn request(&self, method: Method, target: &Uri, body: Bytes) -> Request<Full<Bytes>> {
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = method;
-        *request.uri_mut() = target.clone();
-        request.headers_mut().extend(self.headers.clone());
-        request
-    }
-
-    /// Posts one message. Streamable HTTP adds its headers; a request's own
-    /// (`head`) say what a 2026-07-28 request carries.
-    async fn post(
-        &self,
-        target: &Uri,
-        head: Option<&Head>,
-        body: Bytes,
-        streamable: bool,
-    ) -> Result<Response<Incoming>, PostFailure> {
-        let build = |target: &Uri| self.post_request(target, head, body.clone(), streamable);
-        self.send(target, build).await.map_err(|failure| {
-            if failure.is_connect() {
-                PostFailure::Unreachable(format!("{}: {failure}", self.url_text))
-            } else {
-                PostFailure::Failed(failure.to_string())
-            }
-        })
-    }
-
-    /// The POST of one message to `target`: streamable HTTP adds its headers.
-    fn post_request(
-        &self,
-        target: &Uri,
-        head: Option<&Head>,
-        body: Bytes,
-        streamable: bool,
-    ) -> Request<Full<Bytes>> {
-        let mut request = self.request(Method::POST, target, body);
-        let headers = request.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if streamable {
-            headers.insert(
-                ACCEPT,
-                HeaderValue::from_static("application/json, text/event-stream"),
-            );
-            if let Some(session) = self.session_id() {
-                headers.insert(SESSION_HEADER, session);
-            }
-            let modern = head.and_then(|head| head.modern_version.clone());
-            if let Some(version) = modern.clone().or_else(|| self.negotiated_version()) {
-                headers.insert(VERSION_HEADER, version);
-            }
-            if let (Some(head), Some(_)) = (head, modern) {
-                if let Some(method) = &head.method {
-                    headers.insert("mcp-method", method.clone());
-                }
-                if let Some(name) = &head.name {
-                    headers.insert("mcp-name", name.clone());
-                }
-                for (name, value) in &head.params {
-                    headers.insert(name.clone(), value.clone());
-                }
-            }
-        }
-        request
     }
 
     /// What a refused HTTP request means: a JSON-RPC error body is the reply; a
@@ -1415,43 +1186,6 @@ fn retry_delay(decoder: &SseDecoder) -> Duration {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    fn plain_params() -> Map<String, Value> {
-        Map::from_iter([("name".to_string(), Value::from("echo"))])
-    }
-
-    #[test]
-    fn modern_requests_mirror_their_body_in_headers() {
-        let params = serde_json::json!({
-            "name": "héllo",
-            "_meta": {PROTOCOL_VERSION_META: "2026-07-28"},
-        });
-        let Value::Object(params) = params else {
-            unreachable!()
-        };
-        let head = Head::of("tools/call", Some(&params), None);
-        assert_eq!(head.modern_version.unwrap(), "2026-07-28");
-        assert_eq!(head.method.unwrap(), "tools/call");
-        assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
-        let plain = Head::of("tools/call", Some(&plain_params()), None);
-        assert!(plain.modern_version.is_none() && plain.name.is_none());
-        assert!(Head::of("initialize", None, None).initialize);
-        // The connection's per-request fields name the version when the request does not.
-        let fields =
-            Map::from_iter([(PROTOCOL_VERSION_META.to_string(), Value::from("2026-07-28"))]);
-        let head = Head::of(
-            "tools/call",
-            Some(&plain_params()),
-            Some(&MetaFields::new(fields)),
-        );
-        assert_eq!(head.modern_version.unwrap(), "2026-07-28");
-        assert_eq!(head.name.unwrap(), "echo");
-        assert_eq!(
-            header_value_for(" padded").unwrap(),
-            "=?base64?IHBhZGRlZA==?="
-        );
-        assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
-    }
 
     #[test]
     fn only_json_rpc_errors_count_as_replies() {

@@ -1,0 +1,181 @@
+//! The hyper client: pooled connections (see `tls`), requests with the configured
+//! headers, and 307/308 redirects followed on the same origin only.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE, LOCATION};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::endpoint::{display_url, resolve_on_origin};
+use super::head::Head;
+use super::{error_chain, tls, Shared, SESSION_HEADER, VERSION_HEADER};
+
+type Connector = tls::Connector;
+
+pub(super) type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// Why a POST got no response.
+pub(super) enum PostFailure {
+    /// No connection could be made: the request never left.
+    Unreachable(String),
+    /// The exchange failed after the request may have left.
+    Failed(String),
+}
+
+/// Why [`Shared::send`] got no response to hand back.
+pub(super) enum SendFailure {
+    Http(hyper_util::client::legacy::Error),
+    /// A redirect it does not follow, said whole.
+    Redirect(String),
+}
+
+impl SendFailure {
+    pub(super) fn is_connect(&self) -> bool {
+        matches!(self, SendFailure::Http(error) if error.is_connect())
+    }
+}
+
+impl fmt::Display for SendFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendFailure::Http(error) => f.write_str(&error_chain(error)),
+            SendFailure::Redirect(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// How many redirects one request follows.
+const MAX_REDIRECTS: usize = 5;
+
+/// The pooled client every request of one connection goes through.
+pub(super) fn build(connect_timeout: Duration) -> Result<HttpClient, String> {
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(tls::connector(connect_timeout)?))
+}
+impl Shared {
+    /// Sends what `build` makes for `target`, following a 307 or 308 redirect (they keep the method and
+    /// the body) on the same origin, up to [`MAX_REDIRECTS`] times: a server mounted
+    /// at `/mcp/` answers `/mcp` so. A redirect to another origin is not followed,
+    /// since every request carries the configured headers.
+    pub(super) async fn send(
+        &self,
+        target: &Uri,
+        build: impl Fn(&Uri) -> Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, SendFailure> {
+        let mut target = target.clone();
+        let mut redirects = 0;
+        loop {
+            // Built anew for each target: nothing is copied unless redirected.
+            let response = self
+                .client
+                .request(build(&target))
+                .await
+                .map_err(SendFailure::Http)?;
+            if !matches!(
+                response.status(),
+                StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT
+            ) {
+                return Ok(response);
+            }
+            let Some(location) = response.headers().get(LOCATION) else {
+                return Ok(response);
+            };
+            let location = String::from_utf8_lossy(location.as_bytes()).into_owned();
+            let from = display_url(&target);
+            if redirects == MAX_REDIRECTS {
+                return Err(SendFailure::Redirect(format!(
+                    "{from} redirected more than {MAX_REDIRECTS} times"
+                )));
+            }
+            redirects += 1;
+            target = resolve_on_origin(&target, &location).map_err(|reason| {
+                SendFailure::Redirect(format!(
+                    "{from} redirected to {reason}, which plexus does not follow (set the upstream's `url` to it)"
+                ))
+            })?;
+            if !self.redirect_noted.swap(true, Ordering::Relaxed) {
+                tracing::warn!(upstream = %self.upstream, from = %from, to = %display_url(&target), "the upstream redirects; following (setting its `url` to where it points saves a round trip a request)");
+            }
+        }
+    }
+
+    /// A request to `target` with the configured headers.
+    pub(super) fn request(
+        &self,
+        method: Method,
+        target: &Uri,
+        body: Bytes,
+    ) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method;
+        *request.uri_mut() = target.clone();
+        request.headers_mut().extend(self.headers.clone());
+        request
+    }
+
+    /// Posts one message. Streamable HTTP adds its headers; a request's own
+    /// (`head`) say what a 2026-07-28 request carries.
+    pub(super) async fn post(
+        &self,
+        target: &Uri,
+        head: Option<&Head>,
+        body: Bytes,
+        streamable: bool,
+    ) -> Result<Response<Incoming>, PostFailure> {
+        let build = |target: &Uri| self.post_request(target, head, body.clone(), streamable);
+        self.send(target, build).await.map_err(|failure| {
+            if failure.is_connect() {
+                PostFailure::Unreachable(format!("{}: {failure}", self.url_text))
+            } else {
+                PostFailure::Failed(failure.to_string())
+            }
+        })
+    }
+
+    /// The POST of one message to `target`: streamable HTTP adds its headers.
+    pub(super) fn post_request(
+        &self,
+        target: &Uri,
+        head: Option<&Head>,
+        body: Bytes,
+        streamable: bool,
+    ) -> Request<Full<Bytes>> {
+        let mut request = self.request(Method::POST, target, body);
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if streamable {
+            headers.insert(
+                ACCEPT,
+                HeaderValue::from_static("application/json, text/event-stream"),
+            );
+            if let Some(session) = self.session_id() {
+                headers.insert(SESSION_HEADER, session);
+            }
+            let modern = head.and_then(|head| head.modern_version.clone());
+            if let Some(version) = modern.clone().or_else(|| self.negotiated_version()) {
+                headers.insert(VERSION_HEADER, version);
+            }
+            if let (Some(head), Some(_)) = (head, modern) {
+                if let Some(method) = &head.method {
+                    headers.insert("mcp-method", method.clone());
+                }
+                if let Some(name) = &head.name {
+                    headers.insert("mcp-name", name.clone());
+                }
+                for (name, value) in &head.params {
+                    headers.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        request
+    }
+}

@@ -1,0 +1,133 @@
+//! What a POST carrying a request says about it in headers: for 2026-07-28, its
+//! version, method and name mirrored from its body.
+
+use base64::Engine as _;
+use http::header::{HeaderName, HeaderValue};
+use serde_json::{Map, Value};
+
+use crate::rpc::{meta_field, MetaFields};
+
+const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// What a POST carrying a request says about it in headers.
+#[derive(Default)]
+pub(super) struct Head {
+    /// For a 2026-07-28 request: the version its `_meta` names, and the
+    /// `Mcp-Method`, `Mcp-Name` and `Mcp-Param-*` headers that mirror its body.
+    pub(super) modern_version: Option<HeaderValue>,
+    pub(super) method: Option<HeaderValue>,
+    pub(super) name: Option<HeaderValue>,
+    pub(super) params: Vec<(HeaderName, HeaderValue)>,
+    pub(super) initialize: bool,
+}
+
+impl Head {
+    /// `meta`: the connection's per-request fields, which the request carries
+    /// unless it has its own.
+    pub(super) fn of(
+        method: &str,
+        params: Option<&Map<String, Value>>,
+        meta: Option<&MetaFields>,
+    ) -> Head {
+        let initialize = method == "initialize";
+        let modern_version = meta_field(params, meta, PROTOCOL_VERSION_META)
+            .and_then(Value::as_str)
+            .and_then(|version| HeaderValue::from_str(version).ok());
+        if modern_version.is_none() {
+            return Head {
+                initialize,
+                ..Head::default()
+            };
+        }
+        let name_key = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+            _ => None,
+        };
+        let name = name_key
+            .and_then(|key| params?.get(key)?.as_str())
+            .and_then(header_value_for);
+        Head {
+            modern_version,
+            method: HeaderValue::from_str(method).ok(),
+            name,
+            params: Vec::new(),
+            initialize,
+        }
+    }
+
+    /// Adds the `Mcp-Param-*` headers (a 2026-07-28 request only; names and values
+    /// that are not valid HTTP are dropped, and the upstream says what is missing).
+    pub(super) fn with_params(mut self, headers: Vec<(String, String)>) -> Head {
+        if self.modern_version.is_some() {
+            self.params = headers
+                .into_iter()
+                .filter_map(|(name, value)| {
+                    Some((
+                        HeaderName::from_bytes(name.as_bytes()).ok()?,
+                        HeaderValue::from_str(&value).ok()?,
+                    ))
+                })
+                .collect();
+        }
+        self
+    }
+}
+
+/// A header value for `text`: as it is when plain ASCII, else base64 in the
+/// `=?base64?…?=` form 2026-07-28 defines.
+fn header_value_for(text: &str) -> Option<HeaderValue> {
+    let printable = text.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    let padded = text.starts_with([' ', '\t']) || text.ends_with([' ', '\t']);
+    let looks_encoded = text.starts_with("=?base64?") && text.ends_with("?=");
+    let plain = printable && !padded && !looks_encoded;
+    if plain {
+        return HeaderValue::from_str(text).ok();
+    }
+    let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+    HeaderValue::from_str(&format!("=?base64?{encoded}?=")).ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn plain_params() -> Map<String, Value> {
+        Map::from_iter([("name".to_string(), Value::from("echo"))])
+    }
+
+    #[test]
+    fn modern_requests_mirror_their_body_in_headers() {
+        let params = serde_json::json!({
+            "name": "héllo",
+            "_meta": {PROTOCOL_VERSION_META: "2026-07-28"},
+        });
+        let Value::Object(params) = params else {
+            unreachable!()
+        };
+        let head = Head::of("tools/call", Some(&params), None);
+        assert_eq!(head.modern_version.unwrap(), "2026-07-28");
+        assert_eq!(head.method.unwrap(), "tools/call");
+        assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
+        let plain = Head::of("tools/call", Some(&plain_params()), None);
+        assert!(plain.modern_version.is_none() && plain.name.is_none());
+        assert!(Head::of("initialize", None, None).initialize);
+        // The connection's per-request fields name the version when the request does not.
+        let fields =
+            Map::from_iter([(PROTOCOL_VERSION_META.to_string(), Value::from("2026-07-28"))]);
+        let head = Head::of(
+            "tools/call",
+            Some(&plain_params()),
+            Some(&MetaFields::new(fields)),
+        );
+        assert_eq!(head.modern_version.unwrap(), "2026-07-28");
+        assert_eq!(head.name.unwrap(), "echo");
+        assert_eq!(
+            header_value_for(" padded").unwrap(),
+            "=?base64?IHBhZGRlZA==?="
+        );
+        assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
+    }
+}
