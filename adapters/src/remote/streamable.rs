@@ -24,19 +24,16 @@ use crate::rpc::{skim_reply, with_paired_surrogates, ConnectionError};
 
 /// How many times a request's event stream is resumed (`Last-Event-ID`) before giving up.
 const MAX_RESUMES: usize = 3;
-
 /// How long the rest of a request's event stream is read after its reply, so the
 /// HTTP connection can be reused.
 const DRAIN_AFTER_REPLY: Duration = Duration::from_secs(1);
-
 /// Reconnection delay of event streams when the server names none.
 const DEFAULT_RETRY: Duration = Duration::from_secs(1);
-
 /// The longest reconnection delay plexus honours.
 const MAX_RETRY: Duration = Duration::from_secs(30);
-
 /// How long the session's DELETE may take at shutdown.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Shared {
     /// Completes request `id` from the response to its POST.
     pub(super) async fn answer(
