@@ -423,7 +423,7 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
 
 /// A server that redirects (307 or 308) on its own origin, as one mounted at
 /// `/mcp/` answers `/mcp`, is followed, for every request (its session's GET stream
-/// too) and is served; a redirect to another origin is not followed (every request
+/// too) and is served, a relative `Location` (`../mcp`) resolved as RFC 3986 says; a redirect to another origin is not followed (every request
 /// carries the configured headers), and the upstream's error says where it points.
 /// A URL that answers a web page has an error that names its content type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,9 +434,10 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
     let fixture = HttpFixture::start(dir.path(), any_port(), &["--request-log", &log]).await?;
     let base = fixture.url().trim_end_matches("/mcp").to_string();
     let sections = format!(
-        "{}{}{}",
+        "{}{}{}{}",
         remote_section("moved", &format!("{base}/moved"), ""),
         remote_section("forgood", &format!("{base}/moved-for-good"), ""),
+        remote_section("relative", &format!("{base}/deep/moved"), ""),
         remote_section(
             "away",
             &format!("{base}/away"),
@@ -446,7 +447,7 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
     let daemon = Daemon::start("", &sections).await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut session = RawHttpSession::connect(&daemon.url).await?;
-    for upstream in ["moved", "forgood"] {
+    for upstream in ["moved", "forgood", "relative"] {
         let echo = json!({"name": format!("{upstream}__echo"), "arguments": {"text": upstream}});
         loop {
             let answer = session.request("tools/call", echo.clone()).await?;
@@ -457,7 +458,7 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    // Both reached `/mcp` with their POSTs, and a GET for their sessions' streams.
+    // All reached `/mcp` with their POSTs, and a GET for their sessions' streams.
     let at_mcp = |method: &str| {
         request_log(&requests)
             .iter()
@@ -465,11 +466,11 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
             .count()
     };
     ensure!(
-        plexus_tests::eventually(Duration::from_secs(10), || at_mcp("GET") >= 2).await,
+        plexus_tests::eventually(Duration::from_secs(10), || at_mcp("GET") >= 3).await,
         "{:?}",
         request_log(&requests)
     );
-    ensure!(at_mcp("POST") >= 4);
+    ensure!(at_mcp("POST") >= 6);
     // Both have failed a first start by now (they began with the others); read
     // again until their errors are there, whatever the timing.
     let mut status = Value::Null;

@@ -3,6 +3,7 @@
 
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
+use url::Url;
 
 use super::{tls, HttpError};
 
@@ -82,34 +83,20 @@ pub(super) fn resolve_endpoint(base: &Uri, endpoint: &str) -> Result<Uri, String
     resolve_on_origin(base, endpoint).map_err(|reason| format!("the endpoint {reason}"))
 }
 
-/// Resolves `reference` (an endpoint, a redirect's `Location`) against `base`, on
-/// `base`'s origin only: every request carries the configured headers.
+/// Resolves `reference` (an endpoint, a redirect's `Location`) against `base` as
+/// RFC 3986 §5 says, on `base`'s origin only: every request carries the configured
+/// headers. A fragment is left out: no request target carries one.
 pub(super) fn resolve_on_origin(base: &Uri, reference: &str) -> Result<Uri, String> {
-    let endpoint = reference.trim();
-    if endpoint.contains("://") {
-        let uri: Uri = endpoint
-            .parse()
-            .map_err(|_| format!("`{endpoint}` is not a URL"))?;
-        if uri.scheme() != base.scheme() || uri.authority() != base.authority() {
-            return Err(format!("`{}` is on another origin", display_url(&uri)));
-        }
-        return Ok(uri);
+    let reference = reference.trim();
+    let not_a_url = || format!("`{reference}` is not a URL");
+    let base = Url::parse(&base.to_string()).map_err(|error| error.to_string())?;
+    let mut resolved = base.join(reference).map_err(|_| not_a_url())?;
+    resolved.set_fragment(None);
+    let uri: Uri = resolved.as_str().parse().map_err(|_| not_a_url())?;
+    if resolved.origin() != base.origin() {
+        return Err(format!("`{}` is on another origin", display_url(&uri)));
     }
-    let path_and_query = if endpoint.starts_with('/') {
-        endpoint.to_string()
-    } else {
-        let path = base.path();
-        let directory = &path[..path.rfind('/').map_or(0, |slash| slash + 1)];
-        let directory = if directory.is_empty() { "/" } else { directory };
-        format!("{directory}{endpoint}")
-    };
-    let mut parts = base.clone().into_parts();
-    parts.path_and_query = Some(
-        path_and_query
-            .parse()
-            .map_err(|_| format!("`{endpoint}` is not a path"))?,
-    );
-    Uri::from_parts(parts).map_err(|error| error.to_string())
+    Ok(uri)
 }
 
 #[cfg(test)]
@@ -158,5 +145,102 @@ mod tests {
             "http://h/a/b/post"
         );
         assert_eq!(display_url(&nested), "http://h/a/b/sse?…");
+    }
+
+    /// `reference` resolved against `base` as a URL, or None when it is refused.
+    fn resolved(base: &str, reference: &str) -> Option<String> {
+        let base: Uri = base.parse().unwrap();
+        resolve_on_origin(&base, reference)
+            .ok()
+            .map(|uri| uri.to_string())
+    }
+
+    /// RFC 3986 §5.4.1 and §5.4.2, base `http://a/b/c/d;p?q`. A fragment is left
+    /// out of what is resolved (a request target carries none), and a reference to
+    /// another origin (`g:h`, `//g`) is refused.
+    #[test]
+    fn references_resolve_as_rfc_3986_says() {
+        let base = "http://a/b/c/d;p?q";
+        let normal = [
+            ("g:h", None),
+            ("g", Some("http://a/b/c/g")),
+            ("./g", Some("http://a/b/c/g")),
+            ("g/", Some("http://a/b/c/g/")),
+            ("/g", Some("http://a/g")),
+            ("//g", None),
+            ("?y", Some("http://a/b/c/d;p?y")),
+            ("g?y", Some("http://a/b/c/g?y")),
+            ("#s", Some("http://a/b/c/d;p?q")),
+            ("g#s", Some("http://a/b/c/g")),
+            ("g?y#s", Some("http://a/b/c/g?y")),
+            (";x", Some("http://a/b/c/;x")),
+            ("g;x", Some("http://a/b/c/g;x")),
+            ("g;x?y#s", Some("http://a/b/c/g;x?y")),
+            ("", Some("http://a/b/c/d;p?q")),
+            (".", Some("http://a/b/c/")),
+            ("./", Some("http://a/b/c/")),
+            ("..", Some("http://a/b/")),
+            ("../", Some("http://a/b/")),
+            ("../g", Some("http://a/b/g")),
+            ("../..", Some("http://a/")),
+            ("../../", Some("http://a/")),
+            ("../../g", Some("http://a/g")),
+        ];
+        let abnormal = [
+            ("../../../g", Some("http://a/g")),
+            ("../../../../g", Some("http://a/g")),
+            ("/./g", Some("http://a/g")),
+            ("/../g", Some("http://a/g")),
+            ("g.", Some("http://a/b/c/g.")),
+            (".g", Some("http://a/b/c/.g")),
+            ("g..", Some("http://a/b/c/g..")),
+            ("..g", Some("http://a/b/c/..g")),
+            ("./../g", Some("http://a/b/g")),
+            ("./g/.", Some("http://a/b/c/g/")),
+            ("g/./h", Some("http://a/b/c/g/h")),
+            ("g/../h", Some("http://a/b/c/h")),
+            ("g;x=1/./y", Some("http://a/b/c/g;x=1/y")),
+            ("g;x=1/../y", Some("http://a/b/c/y")),
+            ("g?y/./x", Some("http://a/b/c/g?y/./x")),
+            ("g?y/../x", Some("http://a/b/c/g?y/../x")),
+            ("g#s/./x", Some("http://a/b/c/g")),
+            ("g#s/../x", Some("http://a/b/c/g")),
+            // §5.4.2 allows either; a scheme-relative `http:g` is taken as `g`.
+            ("http:g", Some("http://a/b/c/g")),
+        ];
+        for (reference, expected) in normal.into_iter().chain(abnormal) {
+            assert_eq!(
+                resolved(base, reference).as_deref(),
+                expected,
+                "`{reference}` against {base}"
+            );
+        }
+    }
+
+    #[test]
+    fn queries_network_paths_and_dot_segments_resolve_on_the_origin() {
+        assert_eq!(resolved("http://h/mcp", "?x").unwrap(), "http://h/mcp?x");
+        assert_eq!(
+            resolved("http://h/a/b/sse", "../messages?s=1").unwrap(),
+            "http://h/a/messages?s=1"
+        );
+        assert_eq!(
+            resolved("http://h:8080/mcp", "//h:8080/other").unwrap(),
+            "http://h:8080/other"
+        );
+        // Another host, port or scheme is another origin.
+        assert_eq!(resolved("http://h:8080/mcp", "//elsewhere/p"), None);
+        assert_eq!(resolved("http://h:8080/mcp", "//h:9090/p"), None);
+        assert_eq!(resolved("http://h/mcp", "https://h/mcp"), None);
+        // The default port names the same origin.
+        assert_eq!(
+            resolved("http://h/mcp", "http://h:80/mcp/").unwrap(),
+            "http://h/mcp/"
+        );
+        let refused = resolve_on_origin(&"http://h/mcp".parse().unwrap(), "//elsewhere/p?key=1");
+        assert_eq!(
+            refused.unwrap_err(),
+            "`http://elsewhere/p?…` is on another origin"
+        );
     }
 }
