@@ -181,34 +181,23 @@ pub fn parse_naked_uri(uri: &str) -> Result<(Launcher, Vec<String>), LaunchError
     Ok((parsed, args))
 }
 
-/// Decodes `%XX` escapes (and `+` as a space is not assumed: URIs, not forms).
+/// Decodes `%XX` escapes (and `+` as a space is not assumed: URIs, not forms;
+/// package names like `a+b` keep it). A `%` without two hex digits is an error,
+/// not text: it is a mistake in what was written.
 pub fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'%' => {
-                let hex = bytes
-                    .get(index + 1..index + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("bad percent escape at byte {index}"))?;
-                out.push(hex);
-                index += 3;
-            }
-            b'+' => {
-                // `+` is a space only in form encoding; package names like `a+b` keep it.
-                out.push(b'+');
-                index += 1;
-            }
-            byte => {
-                out.push(byte);
-                index += 1;
-            }
-        }
+    let bad_escape = memchr::memchr_iter(b'%', bytes).find(|&index| {
+        !bytes
+            .get(index + 1..index + 3)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if let Some(index) = bad_escape {
+        return Err(format!("bad percent escape at byte {index}"));
     }
-    String::from_utf8(out).map_err(|_| "percent escapes do not decode to UTF-8".to_string())
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| "percent escapes do not decode to UTF-8".to_string())
 }
 
 /// Variables every child inherits from the daemon; everything else must be declared.

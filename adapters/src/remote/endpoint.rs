@@ -1,11 +1,16 @@
-//! The upstream's URL and headers, checked; references (an HTTP+SSE endpoint, a
-//! redirect's `Location`) resolved on its origin only.
+//! The upstream's URL and headers, checked; the user and password in a URL taken
+//! out for Basic authentication; references (an HTTP+SSE endpoint, a redirect's
+//! `Location`) resolved on its origin only.
 
+use std::fmt;
+
+use base64::Engine as _;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 use url::Url;
 
 use super::{tls, HttpError};
+use crate::launch::percent_decode;
 
 /// Header names plexus sets itself; a configured one would contradict it.
 const MANAGED_HEADERS: &[&str] = &[
@@ -44,6 +49,62 @@ pub fn check_url(url: &str) -> Result<Uri, HttpError> {
         return Err(bad("it names no host"));
     }
     Ok(uri)
+}
+
+/// The user and password a URL carries (`https://user:pw@host/…`), decoded.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: String,
+    /// Empty when the URL names none.
+    pub password: String,
+}
+
+impl Credentials {
+    /// The `Authorization` value they make (RFC 7617: `user:password`, base64).
+    pub fn basic_authorization(&self) -> String {
+        let pair = format!("{}:{}", self.user, self.password);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+        format!("Basic {encoded}")
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"…")
+            .finish()
+    }
+}
+
+/// `url` without its user and password, so it can be logged, and them, decoded.
+/// A URL without them is returned as written. An error never shows them.
+pub fn split_credentials(url: &str) -> Result<(String, Option<Credentials>), HttpError> {
+    let mut parsed = match Url::parse(url) {
+        Ok(parsed) => parsed,
+        // check_url says what is wrong with it, when that cannot show a password.
+        Err(_) if !url.contains('@') => return Ok((url.to_string(), None)),
+        Err(error) => {
+            let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+            return Err(HttpError::BadUrl {
+                url: format!("{scheme}://…"),
+                reason: error.to_string(),
+            });
+        }
+    };
+    if parsed.username().is_empty() && parsed.password().is_none() {
+        return Ok((url.to_string(), None));
+    }
+    let user = percent_decode(parsed.username());
+    let password = percent_decode(parsed.password().unwrap_or_default());
+    // Cannot fail for a URL with a host, which one with a user has.
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    let url = parsed.to_string();
+    match (user, password) {
+        (Ok(user), Ok(password)) => Ok((url, Some(Credentials { user, password }))),
+        _ => Err(HttpError::BadCredentials { url }),
+    }
 }
 
 /// Checks one configured header; the value is never part of an error.
@@ -242,5 +303,68 @@ mod tests {
             refused.unwrap_err(),
             "`http://elsewhere/p?…` is on another origin"
         );
+    }
+
+    #[test]
+    fn credentials_leave_the_url_decoded() {
+        let split = |url| split_credentials(url).unwrap();
+        let credentials = |user: &str, password: &str| {
+            Some(Credentials {
+                user: user.to_string(),
+                password: password.to_string(),
+            })
+        };
+        assert_eq!(
+            split("https://me:p%40ss@notes.example:8443/mcp?x=1"),
+            (
+                "https://notes.example:8443/mcp?x=1".to_string(),
+                credentials("me", "p@ss")
+            )
+        );
+        // The last `@` ends them; `:` and `@` may be escaped.
+        assert_eq!(
+            split("http://me:p@ss@h/mcp"),
+            ("http://h/mcp".to_string(), credentials("me", "p@ss"))
+        );
+        assert_eq!(
+            split("http://ops:p%40ss%3Aword@h/mcp").1,
+            credentials("ops", "p@ss:word")
+        );
+        // `${NAME}` comes back as written, for the configuration to expand.
+        assert_eq!(
+            split("http://ops:${PW}@h/mcp").1,
+            credentials("ops", "${PW}")
+        );
+        assert_eq!(split("http://me@h/mcp").1, credentials("me", ""));
+        assert_eq!(
+            split("https://notes.example/a@b"),
+            ("https://notes.example/a@b".to_string(), None)
+        );
+        assert_eq!(split("http://h:8080"), ("http://h:8080".to_string(), None));
+        for bad in ["http://me:p%zz@h/mcp", "http://me:%ff@h/mcp"] {
+            let error = split_credentials(bad).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "the user and password in `http://h/mcp` are not valid percent-encoding"
+            );
+        }
+        let error = split_credentials("http://me:secret@h:99999/mcp").unwrap_err();
+        assert!(!error.to_string().contains("secret"), "{error}");
+    }
+
+    #[test]
+    fn credentials_make_basic_authorization() {
+        let credentials = |user: &str, password: &str| Credentials {
+            user: user.to_string(),
+            password: password.to_string(),
+        };
+        // RFC 7617's example.
+        assert_eq!(
+            credentials("Aladdin", "open sesame").basic_authorization(),
+            "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
+        // The colon is there without a password.
+        assert_eq!(credentials("me", "").basic_authorization(), "Basic bWU6");
+        assert!(!format!("{:?}", credentials("me", "secret")).contains("secret"));
     }
 }

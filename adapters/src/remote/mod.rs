@@ -43,7 +43,7 @@ use crate::rpc::{
 };
 use client::{HttpClient, PostFailure};
 use endpoint::display_url;
-pub use endpoint::{check_header, check_url};
+pub use endpoint::{check_header, check_url, split_credentials, Credentials};
 use head::Head;
 
 /// Which HTTP transport an upstream speaks.
@@ -112,6 +112,8 @@ impl Default for HttpOptions {
 pub enum HttpError {
     #[error("`{url}` is not a URL plexus can reach: {reason}")]
     BadUrl { url: String, reason: String },
+    #[error("the user and password in `{url}` are not valid percent-encoding")]
+    BadCredentials { url: String },
     #[error("header `{name}`: {reason}")]
     BadHeader { name: String, reason: String },
     #[error("{url} did not open an HTTP+SSE event stream: {reason}")]

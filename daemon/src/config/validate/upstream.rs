@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use adapters::remote::{check_header, check_url};
+use adapters::remote::{check_header, check_url, split_credentials, Credentials};
 use adapters::{parse_naked_uri, HttpEndpoint, HttpTransportKind, Launcher};
 
 use super::values::{duration_where, expand_variables, secret_value, Zero};
@@ -370,36 +370,32 @@ fn url_of(
     environment: &dyn Fn(&str) -> Option<String>,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<(String, Option<String>)> {
-    let (url, userinfo) = split_userinfo(value.trim());
-    let basic = match userinfo {
+    let mut issue = |message: String| {
+        issues.push(ConfigIssue {
+            key: key("url"),
+            message,
+        })
+    };
+    let (url, credentials) = match split_credentials(value.trim()) {
+        Ok(split) => split,
+        Err(error) => {
+            issue(error.to_string());
+            return None;
+        }
+    };
+    let basic = match credentials {
         None => None,
-        Some(userinfo) => {
-            // `${VAR}` in the user or password (only there) comes from the environment.
-            let userinfo = match expand_variables(userinfo, environment) {
-                Ok(userinfo) => userinfo,
+        // `${VAR}` in the user or password (only there) comes from the environment,
+        // its value taken as it is (a secret is not written percent-encoded).
+        Some(Credentials { user, password }) => {
+            let expanded = expand_variables(&user, environment).and_then(|user| {
+                let password = expand_variables(&password, environment)?;
+                Ok(Credentials { user, password })
+            });
+            match expanded {
+                Ok(credentials) => Some(credentials.basic_authorization()),
                 Err(message) => {
-                    issues.push(ConfigIssue {
-                        key: key("url"),
-                        message,
-                    });
-                    return None;
-                }
-            };
-            let decoded = adapters::percent_decode(&userinfo);
-            match decoded {
-                Ok(credentials) => {
-                    use base64::Engine as _;
-                    let encoded =
-                        base64::engine::general_purpose::STANDARD.encode(credentials.as_bytes());
-                    Some(format!("Basic {encoded}"))
-                }
-                Err(_) => {
-                    issues.push(ConfigIssue {
-                        key: key("url"),
-                        message: format!(
-                            "the user and password in `{url}` are not valid percent-encoding"
-                        ),
-                    });
+                    issue(message);
                     return None;
                 }
             }
@@ -408,27 +404,9 @@ fn url_of(
     match check_url(&url) {
         Ok(_) => Some((url, basic)),
         Err(error) => {
-            issues.push(ConfigIssue {
-                key: key("url"),
-                message: error.to_string(),
-            });
+            issue(error.to_string());
             None
         }
-    }
-}
-
-/// `scheme://user:pw@host/…` → (`scheme://host/…`, `user:pw`); other URLs unchanged.
-fn split_userinfo(url: &str) -> (String, Option<&str>) {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return (url.to_string(), None);
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, host)) => (
-            format!("{scheme}://{host}{}", &rest[authority_end..]),
-            Some(userinfo),
-        ),
-        None => (url.to_string(), None),
     }
 }
 
@@ -486,8 +464,6 @@ fn launcher_of(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod userinfo_tests {
-    use super::split_userinfo;
-
     #[test]
     fn a_password_from_the_environment_becomes_basic_auth() {
         let config = crate::config::parse(
@@ -510,18 +486,25 @@ mod userinfo_tests {
         );
     }
 
+    /// A variable's value is taken as it is: a `%` in it is no escape.
     #[test]
-    fn credentials_leave_the_url() {
+    fn a_password_from_the_environment_is_not_percent_decoded() {
+        let config = crate::config::parse(
+            "[upstreams.notes]\nurl = \"https://ops%40corp:${NOTES_PASSWORD}@notes.example/mcp\"\n",
+            std::path::Path::new("/srv"),
+            &|name| (name == "NOTES_PASSWORD").then(|| "50%off%40".to_string()),
+        )
+        .unwrap();
+        let crate::config::Launch::Http(endpoint) = &config.upstreams["notes"].launch else {
+            panic!("not a url upstream")
+        };
+        // ops@corp:50%off%40
         assert_eq!(
-            split_userinfo("https://me:p%40ss@notes.example:8443/mcp?x=1"),
-            (
-                "https://notes.example:8443/mcp?x=1".to_string(),
-                Some("me:p%40ss")
-            )
-        );
-        assert_eq!(
-            split_userinfo("https://notes.example/a@b"),
-            ("https://notes.example/a@b".to_string(), None)
+            endpoint.headers,
+            [(
+                "Authorization".to_string(),
+                "Basic b3BzQGNvcnA6NTAlb2ZmJTQw".to_string()
+            )]
         );
     }
 }
