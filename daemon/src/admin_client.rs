@@ -1,9 +1,12 @@
-//! The client side of the admin listener, for `plexus reload` and `plexus pins`: the
-//! running daemon is found through the admin listener the config file names, or the
+//! The client side of the admin listener: `plexus reload`, `plexus status` and
+//! `plexus restart` (one request each), and what `plexus pins` asks. The running
+//! daemon is found through the admin listener the config file names, or the
 //! `daemon.json` in its state directory.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,7 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 use crate::app::RUNTIME_FILE;
-use crate::config;
+use crate::cli::{self, EXIT_UNAVAILABLE};
+use crate::{config, status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminClientError {
@@ -26,17 +30,69 @@ pub enum AdminClientError {
 /// How long the daemon may take to answer: a changed upstream is warmed first.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// POSTs `/reload` and returns the daemon's HTTP status and JSON answer.
-pub async fn reload(
-    config_path: &Path,
-    admin: Option<&str>,
-    environment: &dyn Fn(&str) -> Option<String>,
-) -> Result<(u16, String), AdminClientError> {
-    let address = match admin {
-        Some(address) => address.to_string(),
-        None => admin_address(config_path, environment)?,
+/// What `plexus reload`, `plexus status` and `plexus restart` ask the running daemon.
+pub enum AdminCommand {
+    Reload,
+    Status { json: bool },
+    Restart(String),
+}
+
+/// One request to the running daemon; its answer on stdout (a table for `status`
+/// without `--json`, else the daemon's JSON). Exit 0 when the daemon agreed (for
+/// `reload`: the change was applied), 1 when it answered otherwise,
+/// `EXIT_UNAVAILABLE` when it could not be asked.
+pub fn run(config: &Path, admin: Option<&str>, command: AdminCommand) -> ExitCode {
+    let Some(runtime) = cli::runtime() else {
+        return ExitCode::FAILURE;
     };
-    request(&address, http::Method::POST, "/reload", None).await
+    let exchange = async {
+        let address = match admin {
+            Some(address) => address.to_string(),
+            None => admin_address(config, &cli::environment)?,
+        };
+        let (method, path) = match &command {
+            AdminCommand::Reload => (http::Method::POST, "/reload".to_string()),
+            AdminCommand::Status { .. } => (http::Method::GET, "/status".to_string()),
+            AdminCommand::Restart(upstream) => {
+                (http::Method::POST, format!("/upstreams/{upstream}/restart"))
+            }
+        };
+        request(&address, method, &path, None).await
+    };
+    exit_after(runtime.block_on(exchange).map(|(status, body)| {
+        if let AdminCommand::Reload = command {
+            println!("{}", body.trim_end());
+            let applied = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|answer| answer.get("outcome")?.as_str().map(|o| o == "applied"))
+                .unwrap_or(false);
+            return status == 200 && applied;
+        }
+        let text = match &command {
+            AdminCommand::Status { json: false } if status == 200 => {
+                match serde_json::from_str(&body) {
+                    Ok(status) => cli::for_terminal(&status::text(&status)).into_owned(),
+                    Err(_) => body,
+                }
+            }
+            _ => format!("{}\n", body.trim_end()),
+        };
+        let _ = std::io::stdout().write_all(text.as_bytes());
+        (200..300).contains(&status)
+    }))
+}
+
+/// The exit code of a command that asked the running daemon: 0 when the daemon
+/// agreed, 1 when it answered otherwise, `EXIT_UNAVAILABLE` when it could not be asked.
+fn exit_after(answered: Result<bool, impl std::fmt::Display>) -> ExitCode {
+    match answered {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_UNAVAILABLE)
+        }
+    }
 }
 
 /// One request to the admin listener at `address`: the HTTP status and the body.

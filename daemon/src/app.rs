@@ -1,8 +1,11 @@
-//! `plexus serve`: builds the hub, starts the configured upstreams through the
-//! control loop, runs the fronts, and on shutdown drains and stops everything.
+//! `plexus serve`: loads the config (exit 64 when it is invalid, before anything
+//! binds), builds the hub, starts the configured upstreams through the control
+//! loop, runs the fronts, and on shutdown drains and stops everything. And
+//! `plexus check-config`, the same load without serving.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
-use crate::config::{Config, DaemonSettings};
+use crate::cli::{self, EXIT_BAD_CONFIG};
+use crate::config::{self, Config, DaemonSettings};
 use crate::control::{self, ControlHandle, ControlLoop};
 use crate::descriptors;
 use crate::http_front::HttpFront;
@@ -122,8 +126,76 @@ impl Daemon {
     }
 }
 
+/// `plexus check-config`: exit 0 when the file is valid, 64 with every error when not.
+pub fn check_config(config: &Path) -> ExitCode {
+    match config::load(config, &cli::environment) {
+        Ok(loaded) => {
+            let enabled = loaded.upstreams.values().filter(|u| u.enabled).count();
+            println!(
+                "{}: valid ({} upstreams, {} enabled)",
+                config.display(),
+                loaded.upstreams.len(),
+                enabled
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+    }
+}
+
+/// `plexus serve`: the HTTP listeners, or with `stdio` one client on stdin/stdout.
+pub fn serve(config: PathBuf, stdio: bool, view: Option<String>) -> ExitCode {
+    let (loaded, sha256) = match config::read(&config, &cli::environment) {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            tracing::error!("{error}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    if let Some(name) = view
+        .as_deref()
+        .filter(|name| !loaded.views.contains_key(*name))
+    {
+        tracing::error!(
+            "{}: there is no view `{name}` ([views.{name}])",
+            config.display()
+        );
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    }
+    // Before the runtime's threads start allocating.
+    memory::fix_thresholds_for_reading();
+    let Some(runtime) = cli::runtime_with(loaded.daemon.worker_threads) else {
+        return ExitCode::FAILURE;
+    };
+    // Read before the runtime starts; None unless systemd started us (Type=notify).
+    let notifier = systemd::Notifier::from_environment(&cli::environment).map(Arc::new);
+    let loaded = Loaded {
+        config: loaded,
+        path: config,
+        sha256,
+        environment: cli::environment,
+    };
+    let outcome = runtime.block_on(async move {
+        if stdio {
+            serve_stdio(loaded, view).await
+        } else {
+            serve_http(loaded, notifier).await
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the daemon with the HTTP and admin listeners until a shutdown signal.
-pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(), ServeError> {
+async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(), ServeError> {
     let descriptor_limits = raise_descriptor_limit();
     let daemon_settings = loaded.config.daemon.clone();
     let upstream_descriptors = descriptors::upstream_descriptors(&loaded.config);
@@ -221,7 +293,7 @@ pub async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Resu
 
 /// Runs the daemon for one client on stdin/stdout, until its input ends or a
 /// shutdown signal.
-pub async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeError> {
+async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeError> {
     raise_descriptor_limit();
     let upstreams = loaded.config.upstreams.len();
     let daemon = Daemon::start(loaded, None).await?;

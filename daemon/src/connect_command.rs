@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -32,18 +33,19 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
 
+use crate::cli::{self, EXIT_NO_PERMISSION, EXIT_UNAVAILABLE};
 use crate::client_message::ClientMessage;
 use crate::jsonrpc::{self, Answer, Envelope};
 
 /// Where the bridge connects and with what.
-pub struct Target {
+struct Target {
     pub url: String,
     pub token: Option<String>,
 }
 
 /// The daemon's front: URL given, else the running daemon of `config` (its
 /// `daemon.json`), else the default listener; `/VIEW` appended for a view.
-pub fn target(
+fn target(
     url: Option<String>,
     config: Option<&Path>,
     view: Option<&str>,
@@ -129,15 +131,42 @@ struct Refused {
 
 /// How the bridge ended.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Ended {
+enum Ended {
     /// The client closed its input.
     ClientLeft,
     /// The client left after the daemon refused the bridge's credentials.
     Refused,
 }
 
+/// `plexus connect`: exit 0 when the client leaves, 77 when the daemon refused the
+/// credentials, 69 when no daemon can be found.
+pub fn run(
+    url: Option<String>,
+    config: Option<&Path>,
+    token_file: Option<&Path>,
+    view: Option<&str>,
+) -> ExitCode {
+    let target = match target(url, config, view, token_file, &cli::environment) {
+        Ok(target) => target,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    // A bridge reads no catalog: its large blocks are messages from the start.
+    crate::memory::fix_thresholds_for_messages();
+    let Some(runtime) = cli::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(bridge(target)) {
+        Ended::ClientLeft => ExitCode::SUCCESS,
+        // Said on stderr when it happened.
+        Ended::Refused => ExitCode::from(EXIT_NO_PERMISSION),
+    }
+}
+
 /// Runs the bridge until the client's input ends.
-pub async fn run(target: Target) -> Ended {
+async fn bridge(target: Target) -> Ended {
     let (output, mut outgoing) = mpsc::channel::<Answer>(256);
     let crate::own_stdio::OwnStdio {
         input,

@@ -3,7 +3,9 @@
 //! `mcp+node://…`, `http(s)://…`) is started, initialized and listed without a
 //! daemon, and stopped when the command ends. Output is JSON for scripts and models.
 
+use std::io::Write;
 use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use adapters::handshake;
@@ -14,6 +16,7 @@ use registry::Kind;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use crate::cli::{self, ExploreOptions};
 use crate::config::{self, UpstreamConfig};
 use crate::upstreams::{client_identity, fetch_listing, open_connection, DISCOVER_PROBE_TIMEOUT};
 
@@ -301,6 +304,104 @@ impl Explored {
                 upstream: self.name.clone(),
                 reason: error.to_string(),
             }),
+        }
+    }
+}
+
+/// What an explore command asks of its target.
+pub enum Exploration {
+    Explore,
+    Schema(String),
+    Hash,
+    Call(String, CallArguments),
+}
+
+pub enum CallArguments {
+    Json(String),
+    /// From the target's query, typed by the tool's schema.
+    Query(Vec<(String, String)>),
+}
+
+/// The explore commands: JSON on stdout, or a JSON error on stderr and exit 1.
+pub fn run(target: &str, options: &ExploreOptions, what: Exploration) -> ExitCode {
+    let Some(runtime) = cli::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let outcome = runtime.block_on(async {
+        let explored = open(target, &options.config, &cli::environment).await?;
+        let answer = match what {
+            Exploration::Explore => Ok(explored.explore()),
+            Exploration::Schema(tool) => explored.schema(&tool),
+            Exploration::Hash => Ok(explored.hash()),
+            Exploration::Call(tool, CallArguments::Query(pairs)) => {
+                match explored.typed_arguments(&tool, &pairs) {
+                    Ok(arguments) => explored.call(&tool, arguments).await,
+                    Err(error) => Err(error),
+                }
+            }
+            Exploration::Call(tool, CallArguments::Json(arguments)) => {
+                match serde_json::from_str(&arguments) {
+                    Ok(arguments @ serde_json::Value::Object(_)) => {
+                        explored.call(&tool, arguments).await
+                    }
+                    _ => Err(ExploreError::Target(format!(
+                        "the arguments must be a JSON object, not `{arguments}`"
+                    ))),
+                }
+            }
+        };
+        explored.close().await;
+        answer
+    });
+    match outcome {
+        Ok(answer) => {
+            let text = if options.pretty {
+                serde_json::to_string_pretty(&answer)
+            } else {
+                serde_json::to_string(&answer)
+            };
+            // A closed pipe (`| head`) is the reader's choice, not a failure to report.
+            let _ = writeln!(std::io::stdout(), "{}", text.unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let report = serde_json::json!({"error": error.to_string(), "target": target});
+            let _ = writeln!(std::io::stderr(), "{report}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `plexus call`: the tool named, with JSON arguments, or named by the target's
+/// query with the arguments that follow it.
+pub fn call(
+    target: &str,
+    tool: Option<String>,
+    arguments: String,
+    options: &ExploreOptions,
+) -> ExitCode {
+    if let Some(tool) = tool {
+        return run(
+            target,
+            options,
+            Exploration::Call(tool, CallArguments::Json(arguments)),
+        );
+    }
+    match split_tool_query(target) {
+        Ok(Some(query)) => run(
+            &query.target,
+            options,
+            Exploration::Call(query.tool, CallArguments::Query(query.arguments)),
+        ),
+        Ok(None) => {
+            let report = serde_json::json!({"error": "name the tool: `plexus call TARGET TOOL '{json}'`, or end a naked URI's query with `tool=NAME&arg=value…`", "target": target});
+            let _ = writeln!(std::io::stderr(), "{report}");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            let report = serde_json::json!({"error": error.to_string(), "target": target});
+            let _ = writeln!(std::io::stderr(), "{report}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -3,7 +3,9 @@
 //! approval is listed to connected sessions at once), or, when no daemon runs, against
 //! the pin file itself.
 
+use std::io::Write;
 use std::path::Path;
+use std::process::ExitCode;
 
 use http::Method;
 use registry::fingerprint;
@@ -11,11 +13,12 @@ use serde_json::{json, Value};
 
 use crate::admin_client::{self, AdminClientError};
 use crate::catalog_host::write_atomically;
+use crate::cli::{self, PinsAction, EXIT_BAD_CONFIG};
 use crate::config::{self, SchemaPolicy};
 use crate::pins::format::{PinError, PinFile, UpstreamRecord};
 use crate::pins::{view, Policy};
 
-pub enum PinsCommand {
+enum PinsCommand {
     Status,
     Diff(Option<String>),
     /// `UPSTREAM` or `UPSTREAM/NAME` (a tool or prompt name, a resource URI or template).
@@ -24,7 +27,7 @@ pub enum PinsCommand {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PinsCommandError {
+enum PinsCommandError {
     #[error("{0}")]
     Config(String),
     #[error(transparent)]
@@ -36,12 +39,47 @@ pub enum PinsCommandError {
 }
 
 /// Where the answer came from, and the answer (JSON).
-pub struct Answer {
+struct Answer {
     pub live: bool,
     pub body: Value,
 }
 
-pub async fn run(
+/// `plexus pins …`: text for people (JSON with `--json`) on stdout; exit 1 when
+/// refused (nothing pending, an unknown name, an unreadable pin file), 64 when the
+/// configuration cannot be read.
+pub fn run(action: PinsAction, config: &Path, admin: Option<&str>, json: bool) -> ExitCode {
+    let command = match action {
+        PinsAction::Status => PinsCommand::Status,
+        PinsAction::Diff { upstream } => PinsCommand::Diff(upstream),
+        PinsAction::Approve { target } => PinsCommand::Approve(target),
+        PinsAction::Reset { upstream } => PinsCommand::Reset(upstream),
+    };
+    let Some(runtime) = cli::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(answer(&command, config, admin, &cli::environment)) {
+        Ok(answer) => {
+            let text = if json {
+                format!("{}\n", answer.body)
+            } else {
+                cli::for_terminal(&render(&command, &answer)).into_owned()
+            };
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(PinsCommandError::Config(error)) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The daemon's answer, or the pin file's when no daemon listens.
+async fn answer(
     command: &PinsCommand,
     config_path: &Path,
     admin: Option<&str>,
@@ -160,7 +198,7 @@ fn held_by_policy(record: &UpstreamRecord, policy: Policy) -> usize {
 }
 
 /// The answer for people.
-pub fn render(command: &PinsCommand, answer: &Answer) -> String {
+fn render(command: &PinsCommand, answer: &Answer) -> String {
     let body = &answer.body;
     let source = if answer.live {
         "the running daemon".to_string()

@@ -1,0 +1,116 @@
+//! The `plexus` daemon: its modules, and `run`, which runs one parsed command
+//! through the runner of the module that owns its family (the binary, `main.rs`,
+//! only parses, starts logging and exits with the code).
+
+mod access;
+mod admin;
+mod admin_client;
+mod app;
+mod audit;
+mod catalog_host;
+pub mod cli;
+mod client_message;
+mod config;
+mod connect_command;
+mod control;
+mod descriptors;
+mod era;
+mod explore_command;
+mod fanout;
+mod http_front;
+mod hub;
+mod jsonrpc;
+mod listener;
+mod logging;
+mod memory;
+mod metrics;
+mod own_stdio;
+mod pins;
+mod pins_command;
+mod progress;
+mod repoll;
+mod session;
+mod status;
+mod stdio_front;
+mod systemd;
+mod tasks;
+mod upstreams;
+
+use std::process::ExitCode;
+
+use cli::Command;
+use explore_command::Exploration;
+
+/// Runs `command` to its end: the process's exit code.
+pub fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Serve {
+            config,
+            stdio,
+            view,
+        } => app::serve(config, stdio, view),
+        Command::CheckConfig { config } => app::check_config(&config),
+        Command::Explore { target, options } => {
+            explore_command::run(&target, &options, Exploration::Explore)
+        }
+        Command::Schema {
+            target,
+            tool,
+            options,
+        } => explore_command::run(&target, &options, Exploration::Schema(tool)),
+        Command::Hash { target, options } => {
+            explore_command::run(&target, &options, Exploration::Hash)
+        }
+        Command::Call {
+            target,
+            tool,
+            arguments,
+            options,
+        } => explore_command::call(&target, tool, arguments, &options),
+        Command::Reload { config, admin } => admin_client::run(
+            &config,
+            admin.as_deref(),
+            admin_client::AdminCommand::Reload,
+        ),
+        Command::Status {
+            config,
+            admin,
+            json,
+        } => admin_client::run(
+            &config,
+            admin.as_deref(),
+            admin_client::AdminCommand::Status { json },
+        ),
+        Command::Restart {
+            upstream,
+            config,
+            admin,
+        } => admin_client::run(
+            &config,
+            admin.as_deref(),
+            admin_client::AdminCommand::Restart(upstream),
+        ),
+        Command::Pins {
+            action,
+            config,
+            admin,
+            json,
+        } => pins_command::run(action, &config, admin.as_deref(), json),
+        Command::Connect {
+            url,
+            config,
+            token_file,
+            view,
+        } => connect_command::run(
+            url,
+            config.as_deref(),
+            token_file.as_deref(),
+            view.as_deref(),
+        ),
+        Command::Keeper => {
+            // No logging, no runtime: it only waits for its input to end.
+            adapters::keeper::run_keeper(std::io::stdin().lock());
+            ExitCode::SUCCESS
+        }
+    }
+}
