@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 use crate::app::RUNTIME_FILE;
-use crate::cli::{self, EXIT_UNAVAILABLE};
+use crate::cli::{self, AdminArgs, EXIT_UNAVAILABLE};
 use crate::{config, status};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,14 +41,14 @@ pub enum AdminCommand {
 /// without `--json`, else the daemon's JSON). Exit 0 when the daemon agreed (for
 /// `reload`: the change was applied), 1 when it answered otherwise,
 /// `EXIT_UNAVAILABLE` when it could not be asked.
-pub fn run(config: &Path, admin: Option<&str>, command: AdminCommand) -> ExitCode {
+pub fn run(daemon: &AdminArgs, command: AdminCommand) -> ExitCode {
     let Some(runtime) = cli::runtime() else {
         return ExitCode::FAILURE;
     };
     let exchange = async {
-        let address = match admin {
+        let address = match &daemon.admin {
             Some(address) => address.to_string(),
-            None => admin_address(config, &cli::environment)?,
+            None => admin_address(&daemon.config.path, &cli::environment)?,
         };
         let (method, path) = match &command {
             AdminCommand::Reload => (http::Method::POST, "/reload".to_string()),

@@ -27,9 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon.
     Serve {
-        /// The configuration file.
-        #[arg(long, short, default_value = "config.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArgs,
         /// Serve one client on stdin/stdout instead of the HTTP listeners.
         #[arg(long)]
         stdio: bool,
@@ -39,8 +38,8 @@ pub enum Command {
     },
     /// Validate a configuration file and exit (0 when valid).
     CheckConfig {
-        #[arg(long, short, default_value = "config.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArgs,
     },
     /// List what an upstream (a configured name, or a naked URI such as
     /// mcp+uvx://pkg or an http(s) URL) serves, without a daemon.
@@ -76,13 +75,12 @@ pub enum Command {
     },
     /// Ask the running daemon to reload its configuration; prints the outcome as
     /// JSON (exit 0 when applied, 1 when rejected or partial, 69 when no daemon answers).
+    #[command(mut_arg("config", |arg| arg.help(
+        "The configuration file the daemon runs (it names the admin listener)"
+    )))]
     Reload {
-        /// The configuration file the daemon runs (it names the admin listener).
-        #[arg(long, short, default_value = "config.toml")]
-        config: PathBuf,
-        /// The admin listener, when the file cannot tell.
-        #[arg(long)]
-        admin: Option<String>,
+        #[command(flatten)]
+        daemon: AdminArgs,
     },
     /// A stdio bridge to a running daemon, for clients that only launch commands:
     /// MCP on stdin/stdout, relayed to its HTTP front; it reconnects if the daemon
@@ -108,11 +106,8 @@ pub enum Command {
     /// The running daemon's upstreams, sessions and configuration: a table, or JSON
     /// with --json (exit 69 when no daemon answers).
     Status {
-        #[arg(long, short, default_value = "config.toml")]
-        config: PathBuf,
-        /// The admin listener, when the file cannot tell.
-        #[arg(long)]
-        admin: Option<String>,
+        #[command(flatten)]
+        daemon: AdminArgs,
         #[arg(long)]
         json: bool,
     },
@@ -122,22 +117,19 @@ pub enum Command {
     /// instance serves on, 69 when no daemon answers).
     Restart {
         upstream: String,
-        #[arg(long, short, default_value = "config.toml")]
-        config: PathBuf,
-        #[arg(long)]
-        admin: Option<String>,
+        #[command(flatten)]
+        daemon: AdminArgs,
     },
     /// Schema pins: where each upstream stands, what changed, approve or reset. Asks
     /// the running daemon, or works on the pin file when none runs.
+    #[command(mut_arg("config", |arg| arg.help(
+        "The configuration file (it names the pin file and the admin listener)"
+    )))]
     Pins {
         #[command(subcommand)]
         action: PinsAction,
-        /// The configuration file (it names the pin file and the admin listener).
-        #[arg(long, short, default_value = "config.toml", global = true)]
-        config: PathBuf,
-        /// The admin listener, when the file cannot tell.
-        #[arg(long, global = true)]
-        admin: Option<String>,
+        #[command(flatten)]
+        daemon: AdminArgs,
         /// JSON, for scripts.
         #[arg(long, global = true)]
         json: bool,
@@ -177,11 +169,38 @@ pub enum PinsAction {
     Reset { upstream: String },
 }
 
+/// `--config FILE`, `config.toml` unless given. Global, so that `plexus pins`
+/// takes it before or after its action.
 #[derive(clap::Args)]
+pub struct ConfigArgs {
+    /// The configuration file.
+    #[arg(
+        id = "config",
+        long = "config",
+        short = 'c',
+        value_name = "CONFIG",
+        default_value = "config.toml",
+        global = true
+    )]
+    pub path: PathBuf,
+}
+
+/// The running daemon's configuration file, and `--admin` for when the file cannot
+/// tell where its admin listener is.
+#[derive(clap::Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The admin listener, when the file cannot tell.
+    #[arg(long, global = true)]
+    pub admin: Option<String>,
+}
+
+#[derive(clap::Args)]
+#[command(mut_arg("config", |arg| arg.help("Where a configured upstream's name is looked up")))]
 pub struct ExploreOptions {
-    /// Where a configured upstream's name is looked up.
-    #[arg(long, short, default_value = "config.toml")]
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub config: ConfigArgs,
     /// Indented JSON, for people.
     #[arg(long)]
     pub pretty: bool,

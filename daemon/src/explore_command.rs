@@ -328,7 +328,7 @@ pub fn run(target: &str, options: &ExploreOptions, what: Exploration) -> ExitCod
         return ExitCode::FAILURE;
     };
     let outcome = runtime.block_on(async {
-        let explored = open(target, &options.config, &cli::environment).await?;
+        let explored = open(target, &options.config.path, &cli::environment).await?;
         let answer = match what {
             Exploration::Explore => Ok(explored.explore()),
             Exploration::Schema(tool) => explored.schema(&tool),

@@ -38,6 +38,7 @@ mod upstreams;
 
 use std::process::ExitCode;
 
+use admin_client::AdminCommand;
 use cli::Command;
 use explore_command::Exploration;
 
@@ -48,8 +49,8 @@ pub fn run(command: Command) -> ExitCode {
             config,
             stdio,
             view,
-        } => app::serve(config, stdio, view),
-        Command::CheckConfig { config } => app::check_config(&config),
+        } => app::serve(config.path, stdio, view),
+        Command::CheckConfig { config } => app::check_config(&config.path),
         Command::Explore { target, options } => {
             explore_command::run(&target, &options, Exploration::Explore)
         }
@@ -67,35 +68,18 @@ pub fn run(command: Command) -> ExitCode {
             arguments,
             options,
         } => explore_command::call(&target, tool, arguments, &options),
-        Command::Reload { config, admin } => admin_client::run(
-            &config,
-            admin.as_deref(),
-            admin_client::AdminCommand::Reload,
-        ),
-        Command::Status {
-            config,
-            admin,
-            json,
-        } => admin_client::run(
-            &config,
-            admin.as_deref(),
-            admin_client::AdminCommand::Status { json },
-        ),
-        Command::Restart {
-            upstream,
-            config,
-            admin,
-        } => admin_client::run(
-            &config,
-            admin.as_deref(),
-            admin_client::AdminCommand::Restart(upstream),
-        ),
+        Command::Reload { daemon } => admin_client::run(&daemon, AdminCommand::Reload),
+        Command::Status { daemon, json } => {
+            admin_client::run(&daemon, AdminCommand::Status { json })
+        }
+        Command::Restart { upstream, daemon } => {
+            admin_client::run(&daemon, AdminCommand::Restart(upstream))
+        }
         Command::Pins {
             action,
-            config,
-            admin,
+            daemon,
             json,
-        } => pins_command::run(action, &config, admin.as_deref(), json),
+        } => pins_command::run(action, &daemon, json),
         Command::Connect {
             url,
             config,

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::admin_client::{self, AdminClientError};
 use crate::catalog_host::write_atomically;
-use crate::cli::{self, PinsAction, EXIT_BAD_CONFIG};
+use crate::cli::{self, AdminArgs, PinsAction, EXIT_BAD_CONFIG};
 use crate::config::{self, SchemaPolicy};
 use crate::pins::format::{PinError, PinFile, UpstreamRecord};
 use crate::pins::{view, Policy};
@@ -47,7 +47,7 @@ struct Answer {
 /// `plexus pins …`: text for people (JSON with `--json`) on stdout; exit 1 when
 /// refused (nothing pending, an unknown name, an unreadable pin file), 64 when the
 /// configuration cannot be read.
-pub fn run(action: PinsAction, config: &Path, admin: Option<&str>, json: bool) -> ExitCode {
+pub fn run(action: PinsAction, daemon: &AdminArgs, json: bool) -> ExitCode {
     let command = match action {
         PinsAction::Status => PinsCommand::Status,
         PinsAction::Diff { upstream } => PinsCommand::Diff(upstream),
@@ -57,7 +57,13 @@ pub fn run(action: PinsAction, config: &Path, admin: Option<&str>, json: bool) -
     let Some(runtime) = cli::runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(answer(&command, config, admin, &cli::environment)) {
+    let asked = answer(
+        &command,
+        &daemon.config.path,
+        daemon.admin.as_deref(),
+        &cli::environment,
+    );
+    match runtime.block_on(asked) {
         Ok(answer) => {
             let text = if json {
                 format!("{}\n", answer.body)
