@@ -46,7 +46,7 @@ pub fn run(daemon: &AdminArgs, command: AdminCommand) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let exchange = async {
-        let address = match &daemon.admin {
+        let address = match daemon.admin {
             Some(address) => address.to_string(),
             None => admin_address(&daemon.config.path, &cli::environment)?,
         };

@@ -1,6 +1,7 @@
 //! The command line: its clap types, and what the commands' runners share (exit
 //! codes, the process environment, the async runtime, text for a terminal).
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -192,8 +193,27 @@ pub struct AdminArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// The admin listener, when the file cannot tell.
-    #[arg(long, global = true)]
-    pub admin: Option<String>,
+    #[arg(long, global = true, value_parser = admin_address)]
+    pub admin: Option<SocketAddr>,
+}
+
+/// `--admin`: an address (`127.0.0.1:7465`, `[::1]:7465`) or a name and port
+/// (`localhost:7465`), resolved here; of a name's addresses the first IPv4 one, as
+/// the admin listener's default (`127.0.0.1`) is. Anything else is a usage error.
+fn admin_address(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    let addresses: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|error| format!("not an address or HOST:PORT ({error})"))?
+        .collect();
+    addresses
+        .iter()
+        .find(|address| address.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .ok_or_else(|| "the name resolves to no address".to_string())
 }
 
 #[derive(clap::Args)]
@@ -252,8 +272,27 @@ pub(crate) fn for_terminal(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admin_is_an_address_or_a_name_and_port() {
+        assert_eq!(
+            admin_address("[::1]:7465").unwrap(),
+            "[::1]:7465".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(admin_address("localhost:7465").unwrap().port(), 7465);
+        for bad in [
+            "",
+            "nonsense",
+            "127.0.0.1",
+            "localhost:port",
+            "127.0.0.1:70000",
+        ] {
+            assert!(admin_address(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn text_for_a_terminal_shows_control_characters_escaped() {

@@ -4,6 +4,7 @@
 //! the pin file itself.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -60,7 +61,7 @@ pub fn run(action: PinsAction, daemon: &AdminArgs, json: bool) -> ExitCode {
     let asked = answer(
         &command,
         &daemon.config.path,
-        daemon.admin.as_deref(),
+        daemon.admin,
         &cli::environment,
     );
     match runtime.block_on(asked) {
@@ -88,7 +89,7 @@ pub fn run(action: PinsAction, daemon: &AdminArgs, json: bool) -> ExitCode {
 async fn answer(
     command: &PinsCommand,
     config_path: &Path,
-    admin: Option<&str>,
+    admin: Option<SocketAddr>,
     environment: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Answer, PinsCommandError> {
     let address = match admin {

@@ -1,9 +1,10 @@
-//! The `plexus` command line: `check-config` on the shipped and on broken files.
+//! The `plexus` command line: `check-config` on the shipped and on broken files;
+//! `--admin` as an address or a name and port, anything else a usage error.
 
 use std::process::Command;
 
 use anyhow::ensure;
-use plexus_tests::plexus_binary;
+use plexus_tests::{plexus_binary, Daemon};
 
 fn check_config(path: &std::path::Path) -> anyhow::Result<(i32, String, String)> {
     let output = Command::new(plexus_binary())
@@ -67,5 +68,74 @@ fn serve_refuses_a_bad_config_without_starting() -> anyhow::Result<()> {
     let stderr = String::from_utf8_lossy(&output.stderr);
     ensure!(output.status.code() == Some(64), "{stderr}");
     ensure!(stderr.contains("upstreams.x.url"), "{stderr}");
+    Ok(())
+}
+
+/// `--admin` names the admin listener by address or by name and port (`localhost`,
+/// resolved by the command line, as before when it went to the connect); a value
+/// that is neither is a usage error (exit 2, as clap's are) before anything is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_is_an_address_or_a_name_and_port() -> anyhow::Result<()> {
+    let daemon = Daemon::start("", "").await?;
+    let port = daemon
+        .admin
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    // A config file that does not exist: the listener comes from --admin alone.
+    let missing = daemon.dir.path().join("missing.toml");
+    let plexus = |args: Vec<String>| {
+        let missing = missing.clone();
+        async move {
+            let output = tokio::process::Command::new(plexus_binary())
+                .args(&args)
+                .arg("--config")
+                .arg(&missing)
+                .output()
+                .await?;
+            Ok::<_, anyhow::Error>((
+                output.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            ))
+        }
+    };
+    for admin in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let (code, stdout, stderr) = plexus(vec![
+            "status".into(),
+            "--json".into(),
+            "--admin".into(),
+            admin.clone(),
+        ])
+        .await?;
+        ensure!(code == 0, "status --admin {admin}: exit {code}: {stderr}");
+        let status: serde_json::Value = serde_json::from_str(&stdout)?;
+        ensure!(status["upstreams"].is_array(), "{status}");
+        // A change: the Host it sends names the listener's own port.
+        let (code, stdout, stderr) =
+            plexus(vec!["reload".into(), "--admin".into(), admin.clone()]).await?;
+        let answer: serde_json::Value = serde_json::from_str(&stdout).map_err(|error| {
+            anyhow::anyhow!("reload --admin {admin}: exit {code}: {error}: {stdout}{stderr}")
+        })?;
+        ensure!(answer["outcome"].is_string(), "{answer}");
+    }
+    for bad in ["nonsense", "127.0.0.1", "localhost:port", "127.0.0.1:70000"] {
+        for command in [
+            &["status"][..],
+            &["restart", "x"],
+            &["reload"],
+            &["pins", "status"],
+        ] {
+            let mut args: Vec<String> = command.iter().map(|word| word.to_string()).collect();
+            args.extend(["--admin".to_string(), bad.to_string()]);
+            let (code, _, stderr) = plexus(args.clone()).await?;
+            ensure!(
+                code == 2 && stderr.contains("--admin"),
+                "{args:?}: exit {code}: {stderr}"
+            );
+        }
+    }
+    ensure!(daemon.stop().await?.success());
     Ok(())
 }
