@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{CloseOnDrop, InputNeeded, ScopeChannels, Session};
+use super::{CloseOnDrop, InputNeeded, ScopeChannels, Session, CONTINUATION_TTL};
 use crate::era::{self, RequestMeta};
 use crate::jsonrpc::{self, RelayError};
 
@@ -32,9 +32,6 @@ const STATE_PREFIX: &str = "plexus.";
 /// round, and how long a round may be gathered in all.
 const GATHER_QUIET: Duration = Duration::from_millis(20);
 const GATHER_AT_MOST: Duration = Duration::from_millis(200);
-
-/// How long a paused call waits for the client's retry before it is cancelled.
-pub const CONTINUATION_TTL: Duration = Duration::from_secs(600);
 
 /// Requests paused on input from a 2026-07-28 client, by `requestState`; each
 /// is dropped (and its upstream call cancelled) when not retried within

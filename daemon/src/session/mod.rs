@@ -41,6 +41,10 @@ const MAX_CLIENT_BOUND: usize = 128;
 /// namespace routes, so without a bound one client could grow the session's set
 /// (and the upstreams' subscription counts) for as long as it stays.
 pub(crate) const MAX_SUBSCRIPTIONS: usize = 1000;
+/// How long a paused call waits for the client's retry before it is cancelled
+/// (`bridge`), and how long a held task's result is asked for without news from
+/// its client (`task_extension`): here, so neither child imports the other for it.
+pub const CONTINUATION_TTL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What a client told plexus in `initialize`.
 #[derive(Clone, Debug, Default)]

@@ -37,7 +37,7 @@ use crate::upstreams::Caller;
 const REQUESTS_ARRIVE_WITHIN: Duration = Duration::from_secs(2);
 /// How long plexus keeps asking for a task's result while its client answers
 /// nothing (each `tasks/result` is bounded by the upstream's call timeout).
-const HOLD_AT_MOST: Duration = super::bridge::CONTINUATION_TTL;
+const HOLD_AT_MOST: Duration = super::CONTINUATION_TTL;
 
 /// The key of a handshake-era task's own result `_meta`; the extension inlines
 /// results without it.
