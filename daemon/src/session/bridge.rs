@@ -40,7 +40,7 @@ const GATHER_AT_MOST: Duration = Duration::from_millis(200);
 pub struct Continuations {
     paused: DashMap<String, Continuation>,
     /// Handshake-era tasks whose input plexus asks for on their behalf.
-    pub tasks: super::task_extension::HeldTasks,
+    pub tasks: super::held_tasks::HeldTasks,
     /// Cancelled by `clear`: the expiry timers end with the front.
     closed: CancellationToken,
 }

@@ -4,6 +4,7 @@
 
 mod bridge;
 mod client_bound;
+mod held_tasks;
 mod task_extension;
 
 pub use bridge::Continuations;
@@ -723,7 +724,11 @@ impl Session {
                     })
                     .collect();
                 let params = if self.is_scope() {
-                    self.as_task_if_wanted(params, catalog.task_support(&name))?
+                    task_extension::as_task_if_wanted(
+                        params,
+                        catalog.task_support(&name),
+                        &self.declared_capabilities(),
+                    )?
                 } else {
                     params
                 };
@@ -762,10 +767,10 @@ impl Session {
             }
             "completion/complete" => self.complete(params, related).await,
             "tasks/get" | "tasks/update" | "tasks/cancel" if self.is_scope() => {
-                self.serve_task(method, params, related).await
+                task_extension::serve(self, method, params, related).await
             }
             "tasks/get" | "tasks/result" | "tasks/cancel" => {
-                self.serve_task(method, params, related).await
+                task_extension::serve(self, method, params, related).await
             }
             "tasks/list" => self.hub.list_tasks(self.call_context(None, related)).await,
             "logging/setLevel" => {
@@ -902,161 +907,6 @@ impl Session {
         } else {
             reply
         })
-    }
-
-    /// A 2026-07-28 client's `tools/call`: the handshake era's `task` parameter is
-    /// not its to send; a tool that may run as a task does when the request declares
-    /// the tasks extension, and one that must is refused (-32021) when it does not.
-    fn as_task_if_wanted(
-        &self,
-        mut params: Map<String, Value>,
-        support: Option<registry::TaskSupport>,
-    ) -> Result<Map<String, Value>, RelayError> {
-        params.remove("task");
-        let Some(support) = support else {
-            return Ok(params);
-        };
-        if task_extension::declared(&self.declared_capabilities()) {
-            params.insert("task".into(), json!({}));
-        } else if support == registry::TaskSupport::Required {
-            return Err(task_extension::missing("this tool runs only as a task; it"));
-        }
-        Ok(params)
-    }
-
-    /// `tasks/get`, `tasks/result`, `tasks/update`, `tasks/cancel`: routed by task id,
-    /// and the answer put in the calling client's era's shape.
-    async fn serve_task(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        related: &mpsc::Sender<Value>,
-    ) -> Result<Reply, RelayError> {
-        if self.is_scope() && method == "tasks/update" {
-            if let Some(reply) = self.update_handshake_task(&params, related).await? {
-                return Ok(reply);
-            }
-        }
-        let reply = self
-            .hub
-            .forward_task_request(method, params.clone(), self.call_context(None, related))
-            .await?;
-        if self.is_scope() {
-            self.as_extension_answer(method, params, reply, related)
-                .await
-        } else {
-            self.as_handshake_answer(method, params, reply, related)
-                .await
-        }
-    }
-
-    /// The tasks extension's answer (2026-07-28 clients), over a handshake-era
-    /// upstream's task or passed on from a 2026-07-28 upstream's.
-    async fn as_extension_answer(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        reply: Reply,
-        related: &mpsc::Sender<Value>,
-    ) -> Result<Reply, RelayError> {
-        match method {
-            "tasks/get" => {
-                if !task_extension::is_handshake_task(&reply) {
-                    return Ok(reply);
-                }
-                let Reply::Result(Value::Object(task)) = reply else {
-                    return Ok(reply);
-                };
-                if task_extension::waits_for_input(&task) {
-                    let exposed = task
-                        .get("taskId")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    let waiting = self.task_waiting_for_input(exposed, &task).await;
-                    return Ok(Reply::Result(waiting));
-                }
-                // A task with an outcome: its `tasks/result` answers at once.
-                let outcome = if task_extension::has_outcome(&task) {
-                    let reply = self
-                        .hub
-                        .forward_task_request(
-                            "tasks/result",
-                            params,
-                            self.call_context(None, related),
-                        )
-                        .await?;
-                    Some(reply)
-                } else {
-                    None
-                };
-                Ok(Reply::Result(task_extension::detailed(&task, outcome)))
-            }
-            // A handshake-era upstream has no `tasks/update`: nothing of its task
-            // waits for input plexus could give, so the answers are ignored, as the
-            // extension allows for keys it does not expect.
-            "tasks/update" if is_method_not_found(&reply) => Ok(Reply::Result(json!({}))),
-            "tasks/update" => Ok(reply),
-            _ => Ok(task_extension::acknowledged(reply)),
-        }
-    }
-
-    /// A handshake-era client's answer: a handshake-era upstream's as it is; a
-    /// 2026-07-28 upstream's task (the tasks extension) in this era's shape, and its
-    /// `tasks/result`, which the extension lacks, waited for by polling `tasks/get`
-    /// at the task's interval.
-    async fn as_handshake_answer(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        reply: Reply,
-        related: &mpsc::Sender<Value>,
-    ) -> Result<Reply, RelayError> {
-        let get = || {
-            self.hub.forward_task_request(
-                "tasks/get",
-                params.clone(),
-                self.call_context(None, related),
-            )
-        };
-        let extension = task_extension::is_extension_answer(&reply);
-        match method {
-            "tasks/get" if extension => Ok(task_extension::handshake_task(reply)),
-            // The extension acknowledges a cancel; this era answers with the task.
-            "tasks/cancel" if extension || reply == Reply::Result(json!({})) => {
-                Ok(task_extension::handshake_task(get().await?))
-            }
-            "tasks/result" if is_method_not_found(&reply) => {
-                let task_id = params
-                    .as_ref()
-                    .and_then(|p| p.get("taskId"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let started = std::time::Instant::now();
-                loop {
-                    let got = get().await?;
-                    let Reply::Result(detailed) = &got else {
-                        return Ok(got);
-                    };
-                    if let Some(outcome) = task_extension::final_outcome(detailed, &task_id) {
-                        return Ok(outcome);
-                    }
-                    if started.elapsed() > TASK_RESULT_WAIT {
-                        return Err(RelayError::Timeout {
-                            upstream: task_id.split(':').next().unwrap_or_default().to_string(),
-                            after: started.elapsed(),
-                        });
-                    }
-                    let interval = detailed
-                        .get("pollIntervalMs")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(500)
-                        .clamp(50, 5_000);
-                    tokio::time::sleep(std::time::Duration::from_millis(interval)).await;
-                }
-            }
-            _ => Ok(reply),
-        }
     }
 
     fn call_context<'a>(
@@ -1263,15 +1113,6 @@ fn in_namespace(uri: &str) -> impl Fn(&str) -> bool + '_ {
                 registry::uris::uri_namespace(prefix).as_deref() == Some(namespace)
             })
     }
-}
-
-/// How long a handshake-era client's `tasks/result` waits for a 2026-07-28
-/// upstream's task to finish (the client's cancel ends it sooner).
-const TASK_RESULT_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
-
-fn is_method_not_found(reply: &Reply) -> bool {
-    matches!(reply, Reply::Error(error)
-        if error.get("code").and_then(Value::as_i64) == Some(jsonrpc::METHOD_NOT_FOUND))
 }
 
 /// The error for a name or URI that routes nowhere: held back by the pins (-33006,

@@ -11,37 +11,25 @@
 //! A handshake-era task that waits for input asks its client with requests
 //! naming the task, sent while a `tasks/result` for it is held. For a
 //! 2026-07-28 client, which cannot be sent requests, plexus holds that
-//! `tasks/result` itself ([`HeldTasks`]) once `tasks/get` shows the task
+//! `tasks/result` itself ([`super::held_tasks`]) once `tasks/get` shows the task
 //! `input_required`, keeps the requests the upstream sends as the task's
 //! `inputRequests`, and answers them from `tasks/update`'s `inputResponses`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use adapters::Reply;
-use dashmap::DashMap;
 use serde_json::{json, Map, Value};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
 
-use super::{InputNeeded, Session};
+use super::held_tasks::{self, RELATED_TASK};
+use super::Session;
 use crate::era::TASKS_EXTENSION as EXTENSION;
-use crate::era::{self, RequestMeta};
 use crate::jsonrpc::{self, RelayError};
-use crate::upstreams::Caller;
 
 /// How long a `tasks/get` on a task the upstream says waits for input waits for
 /// the upstream's requests to arrive on the held `tasks/result` (it sends them
 /// once that is held); without any, the task is shown `working`.
 const REQUESTS_ARRIVE_WITHIN: Duration = Duration::from_secs(2);
-/// How long plexus keeps asking for a task's result while its client answers
-/// nothing (each `tasks/result` is bounded by the upstream's call timeout).
-const HOLD_AT_MOST: Duration = super::CONTINUATION_TTL;
-
-/// The key of a handshake-era task's own result `_meta`; the extension inlines
-/// results without it.
-const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 /// Whether a request's client capabilities declare the extension.
 pub fn declared(capabilities: &Value) -> bool {
@@ -257,294 +245,186 @@ pub fn final_outcome(detailed: &Value, task_id: &str) -> Option<Reply> {
     }
 }
 
-/// Handshake-era tasks of 2026-07-28 clients whose `tasks/result` plexus holds,
-/// by the task id the client knows.
-#[derive(Default)]
-pub struct HeldTasks {
-    held: DashMap<String, Arc<Held>>,
-}
-
-/// One held task: the upstream's requests not answered yet, each under a key.
-pub struct Held {
-    pending: Mutex<Vec<(String, InputNeeded)>>,
-    next_key: AtomicU64,
-    arrived: Notify,
-    /// Ends the held `tasks/result` (the front closes, or the task is forgotten).
-    stop: CancellationToken,
-    hub: Arc<crate::hub::Hub>,
-}
-
-impl HeldTasks {
-    pub fn get(&self, task: &str) -> Option<Arc<Held>> {
-        self.held.get(task).map(|held| held.clone())
-    }
-
-    /// Ends every held `tasks/result` (the front is closing).
-    pub fn clear(&self) {
-        for held in self.held.iter() {
-            held.stop.cancel();
-        }
-        self.held.clear();
-    }
-}
-
-impl Held {
-    fn add(&self, input: InputNeeded) {
-        let key = format!(
-            "{}-{}",
-            input.method.replace('/', "-"),
-            self.next_key.fetch_add(1, Ordering::Relaxed) + 1
-        );
-        self.lock().push((key, input));
-        self.arrived.notify_waiters();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, InputNeeded)>> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The extension's `inputRequests`: each pending request under its key.
-    fn input_requests(&self) -> Map<String, Value> {
-        let mut requests = Map::new();
-        for (key, input) in self.lock().iter() {
-            let mut params = input.params.clone();
-            era::to_input_request(&input.method, &mut params);
-            // It names the upstream's task id; the task is the one asked about.
-            if let Some(meta) = params
-                .as_mut()
-                .and_then(|params| params.get_mut("_meta"))
-                .and_then(Value::as_object_mut)
-            {
-                meta.remove(RELATED_TASK);
-            }
-            let mut request = json!({ "method": input.method });
-            if let Some(params) = params {
-                request["params"] = params;
-            }
-            requests.insert(key.clone(), request);
-        }
-        requests
-    }
-
-    /// Waits up to `within` for at least one request; whether there is one.
-    async fn wait_for_requests(&self, within: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let arrived = self.arrived.notified();
-            if !self.lock().is_empty() {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
-                return !self.lock().is_empty();
-            }
-        }
-    }
-
-    /// Passes the answers whose keys are pending to the upstream, under its own
-    /// request ids; other keys are ignored, as the extension asks.
-    pub async fn answer(&self, responses: &Map<String, Value>) {
-        let answered: Vec<(InputNeeded, Value)> = {
-            let mut pending = self.lock();
-            let mut answered = Vec::new();
-            let mut kept = Vec::new();
-            for (key, input) in pending.drain(..) {
-                match responses.get(&key) {
-                    Some(response) => answered.push((input, response.clone())),
-                    None => kept.push((key, input)),
-                }
-            }
-            *pending = kept;
-            answered
-        };
-        for (input, response) in answered {
-            if input
-                .connection
-                .respond(input.upstream_id, Reply::Result(response))
-                .await
-                .is_err()
-            {
-                tracing::debug!("the upstream went away before the client answered it");
-            }
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        // The task ended or was given up: release what its upstream still asks.
-        self.stop.cancel();
-        let pending = std::mem::take(
-            self.pending
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for (_, input) in pending {
-            let error =
-                json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
-            self.hub.spawn(async move {
-                let _ = input
-                    .connection
-                    .respond(input.upstream_id, Reply::Error(error))
-                    .await;
-            });
-        }
-    }
-}
-
-impl Session {
-    /// The held task `task`, holding its `tasks/result` upstream from now on if
-    /// nothing does yet; its requests reach a scope with this request's
-    /// capabilities.
-    fn hold_task(&self, task: &str) -> Arc<Held> {
-        let tasks = &self.paused().tasks;
-        let held = match tasks.held.entry(task.to_string()) {
-            dashmap::mapref::entry::Entry::Occupied(held) => return held.get().clone(),
-            dashmap::mapref::entry::Entry::Vacant(vacant) => vacant
-                .insert(Arc::new(Held {
-                    pending: Mutex::new(Vec::new()),
-                    next_key: AtomicU64::new(0),
-                    arrived: Notify::new(),
-                    stop: CancellationToken::new(),
-                    hub: self.hub().clone(),
-                }))
-                .clone(),
-        };
-        let (scope, channels) = self.scope(RequestMeta {
-            capabilities: crate::fanout::Client::declared_capabilities(self),
-            log_level: self.log_level(),
-        });
-        let paused = self.paused().clone();
-        let task = task.to_string();
-        let holding = held.clone();
-        self.hub().spawn(async move {
-            hold_result(&scope, channels, &holding, &task).await;
-            paused
-                .tasks
-                .held
-                .remove_if(&task, |_, held| Arc::ptr_eq(held, &holding));
-            scope.close();
-        });
-        held
-    }
-}
-
-/// Holds `tasks/result` of a handshake-era task upstream until it answers with the
-/// task's outcome, keeping the requests the upstream sends meanwhile; asked again
-/// when one times out, for up to [`HOLD_AT_MOST`] without news from the client.
-async fn hold_result(
-    scope: &Arc<Session>,
-    mut channels: super::ScopeChannels,
-    held: &Held,
-    task: &str,
-) {
-    let sink = scope.outbound().clone();
-    // The upstream's requests name the task: they are this scope's, whatever
-    // else is in flight on the upstream.
-    let hub = scope.hub();
-    let _holding = hub
-        .task_routes
-        .route(task, |name| hub.upstreams().contains_key(name))
-        .map(|(upstream, original)| {
-            hub.fanout
-                .hold_task(&upstream, &original, Caller::of_session(scope.id))
-        });
-    let started = Instant::now();
-    while started.elapsed() < HOLD_AT_MOST {
-        let result = scope.hub().forward_task_request(
-            "tasks/result",
-            Some(json!({ "taskId": task })),
-            scope.call_context(None, &sink),
-        );
-        tokio::pin!(result);
-        let outcome = loop {
-            tokio::select! {
-                outcome = &mut result => break outcome,
-                Some(input) = channels.inputs.recv() => held.add(*input),
-                // Progress and logs have no stream to go to: the client polls.
-                Some(_) = channels.events.recv() => {}
-                () = held.stop.cancelled() => return,
-            }
-        };
-        if !matches!(outcome, Err(RelayError::Timeout { .. })) {
-            return;
-        }
-    }
-}
-
-impl Session {
-    /// A 2026-07-28 client's `tasks/get` of a handshake-era task that waits for
-    /// input: `input_required` with the requests the upstream sent on the held
-    /// `tasks/result`, or `working` while it has sent none plexus could pass on.
-    pub(super) async fn task_waiting_for_input(
-        &self,
-        exposed: &str,
-        task: &Map<String, Value>,
-    ) -> Value {
-        let held = self.hold_task(exposed);
-        let mut detailed = task_fields(task);
-        if held.wait_for_requests(REQUESTS_ARRIVE_WITHIN).await {
-            detailed.insert("inputRequests".into(), Value::Object(held.input_requests()));
-        } else {
-            detailed.insert("status".into(), Value::from("working"));
-            detailed.remove("statusMessage");
-        }
-        Value::Object(detailed)
-    }
-}
-
-impl Session {
-    /// A 2026-07-28 client's `tasks/update`, when the task is a handshake-era
-    /// upstream's (that era has no such method, so it is plexus's to serve): the
-    /// answers go to the requests the held task's upstream sent; `None` for a
-    /// 2026-07-28 upstream's task, which takes it itself.
-    pub(super) async fn update_handshake_task(
-        &self,
-        params: &Option<Value>,
-        related: &tokio::sync::mpsc::Sender<Value>,
-    ) -> Result<Option<Reply>, RelayError> {
-        let exposed = params
-            .as_ref()
-            .and_then(|params| params.get("taskId"))
-            .and_then(Value::as_str)
-            .ok_or_else(|| RelayError::InvalidParams("`taskId` must be a string".into()))?;
-        let responses = params
-            .as_ref()
-            .and_then(|params| params.get("inputResponses"))
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        if let Some(held) = self.paused().tasks.get(exposed) {
-            held.answer(&responses).await;
-            return Ok(Some(Reply::Result(json!({}))));
-        }
-        let hub = self.hub();
-        let handshake = hub
-            .task_routes
-            .route(exposed, |name| hub.upstreams().contains_key(name))
-            .and_then(|(upstream, _)| hub.upstreams().get(&upstream).cloned())
-            .is_some_and(|upstream| upstream.speaks_handshake());
-        if !handshake {
-            return Ok(None);
-        }
-        // Nothing of it waits on plexus: an update of a task that exists is
-        // acknowledged, one of an unknown task gets the upstream's refusal.
-        let reply = hub
-            .forward_task_request(
-                "tasks/get",
-                params.clone(),
-                self.call_context(None, related),
-            )
-            .await?;
-        Ok(Some(match reply {
-            Reply::Result(_) => Reply::Result(json!({})),
-            error => error,
-        }))
-    }
-}
-
 /// Whether a handshake-era task waits for its client's input.
 pub fn waits_for_input(task: &Map<String, Value>) -> bool {
     task.get("status").and_then(Value::as_str) == Some("input_required")
+}
+
+/// How long a handshake-era client's `tasks/result` waits for a 2026-07-28
+/// upstream's task to finish (the client's cancel ends it sooner).
+const TASK_RESULT_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+fn is_method_not_found(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(error)
+        if error.get("code").and_then(Value::as_i64) == Some(jsonrpc::METHOD_NOT_FOUND))
+}
+
+/// A 2026-07-28 client's `tools/call`: the handshake era's `task` parameter is
+/// not its to send; a tool that may run as a task does when the request declares
+/// the tasks extension, and one that must is refused (-32021) when it does not.
+pub(super) fn as_task_if_wanted(
+    mut params: Map<String, Value>,
+    support: Option<registry::TaskSupport>,
+    capabilities: &Value,
+) -> Result<Map<String, Value>, RelayError> {
+    params.remove("task");
+    let Some(support) = support else {
+        return Ok(params);
+    };
+    if declared(capabilities) {
+        params.insert("task".into(), json!({}));
+    } else if support == registry::TaskSupport::Required {
+        return Err(missing("this tool runs only as a task; it"));
+    }
+    Ok(params)
+}
+
+/// `tasks/get`, `tasks/result`, `tasks/update`, `tasks/cancel`: routed by task id,
+/// and the answer put in the calling client's era's shape.
+pub(super) async fn serve(
+    session: &Session,
+    method: &str,
+    params: Option<Value>,
+    related: &mpsc::Sender<Value>,
+) -> Result<Reply, RelayError> {
+    if session.is_scope() && method == "tasks/update" {
+        if let Some(reply) = held_tasks::update(session, &params, related).await? {
+            return Ok(reply);
+        }
+    }
+    let reply = session
+        .hub
+        .forward_task_request(method, params.clone(), session.call_context(None, related))
+        .await?;
+    if session.is_scope() {
+        as_extension_answer(session, method, params, reply, related).await
+    } else {
+        as_handshake_answer(session, method, params, reply, related).await
+    }
+}
+
+/// The tasks extension's answer (2026-07-28 clients), over a handshake-era
+/// upstream's task or passed on from a 2026-07-28 upstream's.
+async fn as_extension_answer(
+    session: &Session,
+    method: &str,
+    params: Option<Value>,
+    reply: Reply,
+    related: &mpsc::Sender<Value>,
+) -> Result<Reply, RelayError> {
+    match method {
+        "tasks/get" => {
+            if !is_handshake_task(&reply) {
+                return Ok(reply);
+            }
+            let Reply::Result(Value::Object(task)) = reply else {
+                return Ok(reply);
+            };
+            if waits_for_input(&task) {
+                let exposed = task
+                    .get("taskId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let waiting = waiting_for_input(session, exposed, &task).await;
+                return Ok(Reply::Result(waiting));
+            }
+            // A task with an outcome: its `tasks/result` answers at once.
+            let outcome = if has_outcome(&task) {
+                let reply = session
+                    .hub
+                    .forward_task_request(
+                        "tasks/result",
+                        params,
+                        session.call_context(None, related),
+                    )
+                    .await?;
+                Some(reply)
+            } else {
+                None
+            };
+            Ok(Reply::Result(detailed(&task, outcome)))
+        }
+        // A handshake-era upstream has no `tasks/update`: nothing of its task
+        // waits for input plexus could give, so the answers are ignored, as the
+        // extension allows for keys it does not expect.
+        "tasks/update" if is_method_not_found(&reply) => Ok(Reply::Result(json!({}))),
+        "tasks/update" => Ok(reply),
+        _ => Ok(acknowledged(reply)),
+    }
+}
+
+/// A handshake-era client's answer: a handshake-era upstream's as it is; a
+/// 2026-07-28 upstream's task (the tasks extension) in this era's shape, and its
+/// `tasks/result`, which the extension lacks, waited for by polling `tasks/get`
+/// at the task's interval.
+async fn as_handshake_answer(
+    session: &Session,
+    method: &str,
+    params: Option<Value>,
+    reply: Reply,
+    related: &mpsc::Sender<Value>,
+) -> Result<Reply, RelayError> {
+    let get = || {
+        session.hub.forward_task_request(
+            "tasks/get",
+            params.clone(),
+            session.call_context(None, related),
+        )
+    };
+    let extension = is_extension_answer(&reply);
+    match method {
+        "tasks/get" if extension => Ok(handshake_task(reply)),
+        // The extension acknowledges a cancel; this era answers with the task.
+        "tasks/cancel" if extension || reply == Reply::Result(json!({})) => {
+            Ok(handshake_task(get().await?))
+        }
+        "tasks/result" if is_method_not_found(&reply) => {
+            let task_id = params
+                .as_ref()
+                .and_then(|p| p.get("taskId"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let started = std::time::Instant::now();
+            loop {
+                let got = get().await?;
+                let Reply::Result(detailed) = &got else {
+                    return Ok(got);
+                };
+                if let Some(outcome) = final_outcome(detailed, &task_id) {
+                    return Ok(outcome);
+                }
+                if started.elapsed() > TASK_RESULT_WAIT {
+                    return Err(RelayError::Timeout {
+                        upstream: task_id.split(':').next().unwrap_or_default().to_string(),
+                        after: started.elapsed(),
+                    });
+                }
+                let interval = detailed
+                    .get("pollIntervalMs")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(500)
+                    .clamp(50, 5_000);
+                tokio::time::sleep(std::time::Duration::from_millis(interval)).await;
+            }
+        }
+        _ => Ok(reply),
+    }
+}
+
+/// A 2026-07-28 client's `tasks/get` of a handshake-era task that waits for
+/// input: `input_required` with the requests the upstream sent on the held
+/// `tasks/result`, or `working` while it has sent none plexus could pass on.
+async fn waiting_for_input(session: &Session, exposed: &str, task: &Map<String, Value>) -> Value {
+    let held = held_tasks::hold(session, exposed);
+    let mut detailed = task_fields(task);
+    if held.wait_for_requests(REQUESTS_ARRIVE_WITHIN).await {
+        detailed.insert("inputRequests".into(), Value::Object(held.input_requests()));
+    } else {
+        detailed.insert("status".into(), Value::from("working"));
+        detailed.remove("statusMessage");
+    }
+    Value::Object(detailed)
 }
 
 #[cfg(test)]
