@@ -3,11 +3,16 @@
 //! own questions for a 2026-07-28 upstream's input-required rounds; and, for the
 //! scope of a 2026-07-28 request, the input requests that pause it instead.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::PoisonError;
+
 use adapters::{Reply, UpstreamConnection};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::*;
+use super::{InputNeeded, Session, MAX_CLIENT_BOUND};
+use crate::hub::CallContext;
+use crate::jsonrpc::{self, RelayError};
 
 /// Requests refused for `MAX_CLIENT_BOUND`, in this run.
 static REFUSED: AtomicU64 = AtomicU64::new(0);
@@ -72,7 +77,7 @@ impl Session {
                 } = &request
                 {
                     let answered = Ok(reply.clone());
-                    self.audit_client_request(
+                    self.audit().client_request(
                         Some(connection.upstream()),
                         method,
                         *sent,
@@ -139,7 +144,7 @@ impl Session {
                 .client_bound
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if waiting.len() >= super::MAX_CLIENT_BOUND {
+            if waiting.len() >= MAX_CLIENT_BOUND {
                 // A flood does not flood the log.
                 if let Some(refused) = adapters::rpc::count_rarely(&REFUSED) {
                     tracing::warn!(
@@ -261,7 +266,8 @@ impl Session {
                 }
                 let sent = std::time::Instant::now();
                 let answered = self.ask_client(call.related, asked, asked_params).await;
-                self.audit_client_request(Some(upstream), asked, sent, &answered);
+                self.audit()
+                    .client_request(Some(upstream), asked, sent, &answered);
                 match answered?.into_result() {
                     Ok(answer) => {
                         if answer.get("action").and_then(Value::as_str) == Some("accept") {

@@ -1,0 +1,627 @@
+//! The method match: which request goes where. A request is registered in
+//! flight (so a cancel reaches it), its `_meta` and arguments checked, then
+//! answered by plexus (lifecycle, lists, levels, subscriptions) or routed to
+//! the owning upstream; a 2026-07-28 request runs in a scope of its own.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+
+use adapters::{Reply, WrittenMember};
+use registry::{Catalog, Kind};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::audit_lines::RequestRecord;
+use super::forward::{expose_content_uris, with_string};
+use super::lists::list_kind;
+use super::routing::{in_namespace, under_prefix, unrouted};
+use super::{
+    bridge, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
+};
+use crate::client_message;
+use crate::era;
+use crate::fanout::Client;
+use crate::jsonrpc::{self, RelayError};
+use crate::logging::LogLevel;
+
+impl Session {
+    /// `capabilities`: the request's `_meta` client capabilities, when the front
+    /// took them out (see [`ClientMessage`]).
+    pub(super) async fn handle_request(
+        &self,
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        arguments: Option<WrittenMember>,
+        capabilities: Option<Arc<Value>>,
+        related: &mpsc::Sender<Value>,
+    ) -> Handled {
+        let key = id.to_string();
+        let token = CancellationToken::new();
+        {
+            let mut in_flight = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if in_flight.contains_key(&key) {
+                return invalid(id, "a request with this id is already in flight");
+            }
+            in_flight.insert(key.clone(), token.clone());
+        }
+        // Removes the entry however this ends, a dropped future (a client gone) included.
+        let _registered = InFlightEntry {
+            session: self,
+            key: &key,
+        };
+        // A client that never initialized and declares a version per request speaks 2026-07-28.
+        let modern = self.protocol_version().is_none()
+            && (method == "server/discover" || era::declared_version(params.as_ref()).is_some());
+        // A 2026-07-28 request's `_meta` is checked as it is taken.
+        let checked = if modern {
+            Ok(())
+        } else {
+            check_meta_member(params.as_ref())
+        };
+        if let Err(error) = checked.and_then(|()| check_arguments(&method, params.as_ref())) {
+            return failed(id, &error, modern);
+        }
+        // Pinned where it is: `select!` moves what it is given, and this future holds
+        // the whole of the request's handling (kilobytes).
+        let outcome = {
+            let serving = std::pin::pin!(async {
+                if modern {
+                    self.serve_modern(&id, &method, params, arguments, capabilities, related)
+                        .await
+                        .map(Served::Reply)
+                } else if let Some(kind) = list_kind(&method) {
+                    self.list_serialized(kind, params, &id)
+                        .await
+                        .map(Served::Page)
+                } else {
+                    self.dispatch(&method, params, arguments, related)
+                        .await
+                        .map(Served::Reply)
+                }
+            });
+            tokio::select! {
+                outcome = serving => Some(outcome),
+                _ = token.cancelled() => None,
+            }
+        };
+        match outcome {
+            Some(Ok(Served::Page(answer))) => Handled::Respond(answer),
+            Some(Ok(Served::Reply(Reply::Unread(raw)))) => {
+                let marked = if modern {
+                    era::mark_complete_unread(&method, &raw)
+                } else {
+                    Some([raw.bytes(), b""])
+                };
+                match marked {
+                    Some(parts) => Handled::Respond(jsonrpc::Answer::result_written(
+                        &id,
+                        parts[0].len() + parts[1].len(),
+                        |out| parts.iter().for_each(|part| out.extend_from_slice(part)),
+                    )),
+                    None => match Reply::Unread(raw).into_result() {
+                        Ok(mut result) => {
+                            era::mark_complete(&method, &mut result);
+                            Handled::Respond(jsonrpc::result_response(id, result).into())
+                        }
+                        Err(error) => {
+                            Handled::Respond(jsonrpc::error_object_response(id, error).into())
+                        }
+                    },
+                }
+            }
+            Some(Ok(Served::Reply(Reply::Result(mut result)))) => {
+                if modern {
+                    era::mark_complete(&method, &mut result);
+                }
+                Handled::Respond(jsonrpc::result_response(id, result).into())
+            }
+            Some(Ok(Served::Reply(Reply::Error(mut error)))) => {
+                if modern {
+                    era::modern_upstream_error(&mut error);
+                }
+                Handled::Respond(jsonrpc::error_object_response(id, error).into())
+            }
+            Some(Err(error)) => failed(id, &error, modern),
+            // Ended with its session (plexus shutting down, or the session deleted or
+            // expired): the client still gets an answer.
+            None if self.closed.is_cancelled() => {
+                let error = if self.shutting_down.load(Ordering::Relaxed) || self.hub.is_stopping()
+                {
+                    RelayError::ShuttingDown
+                } else {
+                    RelayError::InvalidRequest("the session ended while this request ran".into())
+                };
+                failed(id, &error, modern)
+            }
+            // A cancelled request gets no response (the client said it no longer wants one).
+            None => Handled::Nothing,
+        }
+    }
+
+    pub(super) fn handle_notification(&self, method: &str, params: Option<Value>) {
+        match method {
+            "notifications/initialized" => self.hub.fanout.client_initialized(self),
+            "notifications/cancelled" => {
+                let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
+                    return;
+                };
+                let key = request_id.to_string();
+                if let Some(token) = self
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                {
+                    token.cancel();
+                }
+            }
+            "notifications/roots/list_changed" => self.hub.fanout.roots_changed(self.id),
+            other => tracing::debug!(method = other, "client notification ignored"),
+        }
+    }
+
+    /// A 2026-07-28 request: its `_meta` is checked, and it runs in a scope of its own.
+    async fn serve_modern(
+        &self,
+        id: &Value,
+        method: &str,
+        mut params: Option<Value>,
+        arguments: Option<WrittenMember>,
+        capabilities: Option<Arc<Value>>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let meta = era::take_meta(&mut params, capabilities)?;
+        match method {
+            "server/discover" => {
+                let catalog = self.catalog();
+                let upstream_extension = self
+                    .hub
+                    .fanout
+                    .offers_tasks_extension(|upstream| catalog.shows_upstream(upstream));
+                Ok(Reply::Result(era::discover_result(
+                    task_extension::advertised(self.capabilities(), upstream_extension),
+                    self.instructions(),
+                )))
+            }
+            "tasks/get" | "tasks/update" | "tasks/cancel"
+                if !task_extension::declared(&meta.capabilities) =>
+            {
+                Err(task_extension::missing(&format!("`{method}`")))
+            }
+            "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
+            // Replaced in this revision by `_meta` log levels and `subscriptions/listen`;
+            // it has no handshake and no ping.
+            "logging/setLevel"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "initialize"
+            | "ping"
+            // The tasks extension has neither: `tasks/get` inlines the outcome.
+            | "tasks/list"
+            | "tasks/result" => Err(RelayError::MethodNotFound(method.to_string())),
+            _ => bridge::serve(self, method, params, arguments, meta, related).await,
+        }
+    }
+
+    /// Serves a request; a tool call's `arguments`, when given, are not in `params`.
+    pub(crate) async fn dispatch(
+        &self,
+        method: &str,
+        mut params: Option<Value>,
+        arguments: Option<WrittenMember>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        if !RequestRecord::wanted(method, self.hub.audit()) {
+            return self
+                .dispatch_unaudited(method, params, arguments, related)
+                .await;
+        }
+        let record = RequestRecord::take(method, &mut params, arguments, &self.catalog())?;
+        let reply = self.dispatch_unaudited(method, params, None, related).await;
+        record.write(&self.audit(), &reply);
+        reply
+    }
+
+    async fn dispatch_unaudited(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        arguments: Option<WrittenMember>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        if let Some(kind) = list_kind(method) {
+            return self.list(kind, params).await.map(Reply::Result);
+        }
+        match method {
+            "initialize" => Ok(Reply::Result(self.initialize(params))),
+            "ping" => Ok(Reply::Result(json!({}))),
+            "tools/call" => {
+                let (mut params, name) = take_string(params, "name")?;
+                let (catalog, route) = self
+                    .route_waiting(&name, under_prefix(&name), |catalog, name| {
+                        catalog.route_tool(name).or_else(|| {
+                            catalog
+                                .route_unlisted_tool(name)
+                                .filter(|_| catalog.held(Kind::Tools, name).is_none())
+                        })
+                    })
+                    .await;
+                let route =
+                    route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Tools, &name))?;
+                // What the tool's schema mirrors into headers, for an HTTP upstream.
+                let designated = catalog.param_headers(&name);
+                let arguments = match arguments {
+                    Some(arguments) if !designated.is_empty() => {
+                        client_message::put_back(&mut params, &arguments)?;
+                        None
+                    }
+                    arguments => arguments,
+                };
+                let headers: Vec<(String, String)> = designated
+                    .iter()
+                    .filter_map(|designated| {
+                        let value = designated.value_in(params.get("arguments"))?;
+                        Some((
+                            designated.header_name(),
+                            registry::headers::encode_header_value(&value),
+                        ))
+                    })
+                    .collect();
+                let params = if self.is_scope() {
+                    task_extension::as_task_if_wanted(
+                        params,
+                        catalog.task_support(&name),
+                        &self.declared_capabilities(),
+                    )?
+                } else {
+                    params
+                };
+                self.forward_named(
+                    method,
+                    params,
+                    arguments.as_ref(),
+                    &route,
+                    &headers,
+                    related,
+                )
+                .await
+            }
+            "prompts/get" => {
+                let (params, name) = take_string(params, "name")?;
+                let (catalog, route) = self
+                    .route_waiting(&name, under_prefix(&name), Catalog::route_prompt)
+                    .await;
+                let route =
+                    route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Prompts, &name))?;
+                self.forward_named(method, params, None, &route, &[], related)
+                    .await
+            }
+            "resources/read" => {
+                let (params, uri) = take_string(params, "uri")?;
+                let (catalog, route) = self
+                    .route_waiting(&uri, in_namespace(&uri), Catalog::route_resource)
+                    .await;
+                let route = route.ok_or_else(|| unrouted(&catalog, Kind::Resources, &uri))?;
+                let params = with_string(params, "uri", &route.original);
+                let call = self.call_context(None, related);
+                let reply = self
+                    .forward_with_input(&route.upstream, method, params, call)
+                    .await?;
+                Ok(expose_content_uris(&catalog, &route.upstream, reply))
+            }
+            "completion/complete" => self.complete(params, related).await,
+            "tasks/get" | "tasks/update" | "tasks/cancel" if self.is_scope() => {
+                task_extension::serve(self, method, params, related).await
+            }
+            "tasks/get" | "tasks/result" | "tasks/cancel" => {
+                task_extension::serve(self, method, params, related).await
+            }
+            "tasks/list" => self.hub.list_tasks(self.call_context(None, related)).await,
+            "logging/setLevel" => {
+                let level = params
+                    .as_ref()
+                    .and_then(|p| p.get("level"))
+                    .and_then(Value::as_str)
+                    .and_then(LogLevel::parse)
+                    .ok_or_else(|| {
+                        RelayError::InvalidParams("`level` must be a syslog level name".into())
+                    })?;
+                *self
+                    .log_level
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(level);
+                self.hub.fanout.log_levels_changed().await;
+                Ok(Reply::Result(json!({})))
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let catalog = self.catalog();
+                let (_, uri) = take_string(params, "uri")?;
+                let subscribe = method == "resources/subscribe";
+                // A held resource cannot be subscribed to; one subscribed before it
+                // was held can still be let go.
+                let route = match catalog.route_resource(&uri) {
+                    Some(route) => route,
+                    None => match catalog.held(Kind::Resources, &uri) {
+                        Some(held) if !subscribe => held.route,
+                        _ => return Err(unrouted(&catalog, Kind::Resources, &uri)),
+                    },
+                };
+                if subscribe {
+                    self.subscribe(&uri, &route).await?;
+                } else if self.lock_subscriptions().remove(&uri) {
+                    self.hub.fanout.subscription(self.id, &route, false).await?;
+                }
+                Ok(Reply::Result(json!({})))
+            }
+            other => Err(RelayError::MethodNotFound(other.to_string())),
+        }
+    }
+
+    /// `completion/complete`, routed by the prompt name or resource template in `ref`.
+    async fn complete(
+        &self,
+        params: Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Result<Reply, RelayError> {
+        let Some(Value::Object(mut params)) = params else {
+            return Err(RelayError::InvalidParams("params must be an object".into()));
+        };
+        let catalog = self.catalog();
+        let reference = params
+            .get_mut("ref")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| RelayError::InvalidParams("`ref` must be an object".into()))?;
+        let kind = reference
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let (key, route) = match kind.as_str() {
+            "ref/prompt" => {
+                let name = reference
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let route = catalog
+                    .route_prompt(name)
+                    .ok_or_else(|| unrouted(&catalog, Kind::Prompts, name))?;
+                ("name", route)
+            }
+            "ref/resource" => {
+                let uri = reference
+                    .get("uri")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let route = catalog
+                    .route_template(uri)
+                    .or_else(|| catalog.route_resource(uri))
+                    .ok_or_else(|| unrouted(&catalog, Kind::ResourceTemplates, uri))?;
+                ("uri", route)
+            }
+            other => {
+                return Err(RelayError::InvalidParams(format!(
+                    "unknown ref type `{other}`"
+                )))
+            }
+        };
+        reference.insert(key.into(), Value::String(route.original.clone()));
+        let call = self.call_context(None, related);
+        self.hub
+            .forward(
+                &route.upstream,
+                "completion/complete",
+                Some(Value::Object(params)),
+                call,
+            )
+            .await
+    }
+
+    fn initialize(&self, params: Option<Value>) -> Value {
+        let params = params.unwrap_or(Value::Null);
+        let requested = params.get("protocolVersion").and_then(Value::as_str);
+        // Answer the client's version when plexus speaks it, else the newest plexus speaks.
+        let version = requested
+            .filter(|v| SUPPORTED_VERSIONS.contains(v))
+            .unwrap_or(LATEST_VERSION)
+            .to_string();
+        *self.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
+            protocol_version: Some(version.clone()),
+            capabilities: Arc::new(params.get("capabilities").cloned().unwrap_or(Value::Null)),
+        };
+        json!({
+            "protocolVersion": version,
+            "capabilities": self.capabilities(),
+            "serverInfo": {"name": "plexus", "version": env!("CARGO_PKG_VERSION")},
+            "instructions": self.instructions(),
+        })
+    }
+
+    /// What plexus can relay from the upstreams this client's view shows.
+    fn capabilities(&self) -> Value {
+        let catalog = self.catalog();
+        self.hub
+            .fanout
+            .capabilities(|upstream| catalog.shows_upstream(upstream))
+    }
+
+    /// Tells the client which upstreams stand behind the names it sees.
+    fn instructions(&self) -> String {
+        let mut lines =
+            vec!["plexus aggregates these MCP servers; names carry their prefix:".to_string()];
+        // From the snapshot: instructions changed since they were pinned are held back.
+        let catalog = self.catalog();
+        for upstream in self.hub.upstreams().values() {
+            // A view's hidden upstreams are not named at all.
+            if !upstream.config().enabled || !catalog.shows_upstream(upstream.name()) {
+                continue;
+            }
+            let mut line = format!("- {}", upstream.name());
+            if let Some(text) = catalog.instructions(upstream.name()) {
+                line.push_str(": ");
+                line.push_str(text.trim());
+            }
+            lines.push(line);
+        }
+        lines.join("\n")
+    }
+}
+
+/// Removes a request from the session's in-flight table when it ends, however it ends.
+struct InFlightEntry<'a> {
+    session: &'a Session,
+    key: &'a str,
+}
+
+impl Drop for InFlightEntry<'_> {
+    fn drop(&mut self) {
+        self.session
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(self.key);
+    }
+}
+
+/// What a request was served with: an upstream's or plexus's reply, or a list
+/// page's answer serialised already.
+enum Served {
+    Reply(Reply),
+    Page(jsonrpc::Answer),
+}
+
+/// plexus's own error for a request, in the client's era.
+fn failed(id: Value, error: &RelayError, modern: bool) -> Handled {
+    let error = if modern {
+        error.to_modern_error_object()
+    } else {
+        error.to_error_object()
+    };
+    Handled::Respond(jsonrpc::error_object_response(id, error).into())
+}
+
+fn invalid(id: Value, reason: &'static str) -> Handled {
+    Handled::Respond(jsonrpc::NotJsonRpc { id, reason }.answer().into())
+}
+
+/// The schema makes a request's `_meta` an object; an upstream may drop a request
+/// unanswered when it is not (an SDK that cannot read a request may not know its id
+/// either).
+fn check_meta_member(params: Option<&Value>) -> Result<(), RelayError> {
+    object_or_null(params, "_meta")
+}
+
+/// The same of a tool call's or a prompt's `arguments`. Arguments left unread
+/// (`ClientMessage`) are an object: only an object is left so.
+fn check_arguments(method: &str, params: Option<&Value>) -> Result<(), RelayError> {
+    if !matches!(method, "tools/call" | "prompts/get") {
+        return Ok(());
+    }
+    object_or_null(params, "arguments")
+}
+
+/// The params' member `key`, if present, is an object; `null` passes, as absent.
+fn object_or_null(params: Option<&Value>, key: &str) -> Result<(), RelayError> {
+    match params.and_then(|params| params.get(key)) {
+        Some(value) if !value.is_object() && !value.is_null() => Err(RelayError::InvalidParams(
+            format!("`{key}` must be an object"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Takes the params object and one required string member of it.
+fn take_string(
+    params: Option<Value>,
+    key: &str,
+) -> Result<(Map<String, Value>, String), RelayError> {
+    let Some(Value::Object(params)) = params else {
+        return Err(RelayError::InvalidParams("params must be an object".into()));
+    };
+    let value = params
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RelayError::InvalidParams(format!("`{key}` must be a string")))?
+        .to_string();
+    Ok((params, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client_message::ClientMessage;
+
+    #[test]
+    fn meta_and_arguments_must_be_objects_or_null() {
+        let refused = |method: &str, params: Value| {
+            check_meta_member(Some(&params))
+                .and_then(|()| check_arguments(method, Some(&params)))
+                .err()
+                .map(|error| error.to_string())
+        };
+        for meta in [json!(1), json!([]), json!("x"), json!(true)] {
+            let params = json!({"name": "a__b", "arguments": {}, "_meta": meta});
+            let message = refused("tools/call", params.clone());
+            assert!(
+                message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("`_meta` must be an object")),
+                "{params}: {message:?}"
+            );
+            assert!(refused("tools/list", json!({"_meta": meta})).is_some());
+        }
+        for arguments in [json!(1), json!([]), json!("x")] {
+            for method in ["tools/call", "prompts/get"] {
+                let message = refused(method, json!({"name": "a__b", "arguments": arguments}));
+                assert!(
+                    message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("`arguments` must be an object")),
+                    "{method} {arguments}: {message:?}"
+                );
+            }
+            // Elsewhere `arguments` means something else (completion's is an object
+            // anyway) and is the upstream's to judge.
+            assert_eq!(
+                refused(
+                    "resources/read",
+                    json!({"uri": "x", "arguments": arguments})
+                ),
+                None
+            );
+        }
+        // A large call's arguments that are not an object are read with the message
+        // (only an object is left unread), so they are judged like any others.
+        for (text, ok) in [
+            (format!("\"{}\"", "l".repeat(2048)), false),
+            (format!("[{}1]", "1,".repeat(1024)), false),
+            (format!("{{\"text\":\"{}\"}}", "o".repeat(2048)), true),
+        ] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"a__b","arguments":{text}}}}}"#
+            );
+            let Ok(read) = ClientMessage::read(bytes::Bytes::from(line)) else {
+                panic!("unreadable: {text:.40}");
+            };
+            assert_eq!(read.arguments.is_some(), ok, "{text:.40}");
+            let outcome = refused("tools/call", read.message["params"].clone());
+            assert_eq!(outcome.is_none(), ok, "{text:.40}: {outcome:?}");
+        }
+        // What passes: objects, null, absence, and params that are not an object
+        // (refused where they are read, with their own message).
+        for params in [
+            json!({"name": "a__b", "arguments": {"x": 1}, "_meta": {"progressToken": 1}}),
+            json!({"name": "a__b", "arguments": null, "_meta": null}),
+            json!({"name": "a__b"}),
+            json!([1]),
+        ] {
+            assert_eq!(refused("tools/call", params.clone()), None, "{params}");
+        }
+        assert!(check_meta_member(None).is_ok());
+        assert!(check_arguments("tools/call", None).is_ok());
+    }
+}

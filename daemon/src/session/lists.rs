@@ -1,0 +1,91 @@
+//! Lists served from the catalog snapshot, with plexus's cursors: a
+//! handshake-era client's page spliced in as the catalog's own JSON, a
+//! 2026-07-28 client's with its cache hints; only a session's first list waits
+//! for upstreams still starting.
+
+use std::sync::atomic::Ordering;
+
+use registry::Kind;
+use serde_json::{Map, Value};
+
+use super::Session;
+use crate::jsonrpc::{self, RelayError};
+
+impl Session {
+    /// A handshake-era client's list page as the bytes of its `result`: the
+    /// catalog's own JSON spliced in, never parsed into values and written again.
+    pub(super) async fn list_serialized(
+        &self,
+        kind: Kind,
+        params: Option<Value>,
+        id: &Value,
+    ) -> Result<jsonrpc::Answer, RelayError> {
+        self.wait_for_first_list().await;
+        let catalog = self.catalog();
+        let page = catalog
+            .page(kind, cursor_of(&params))
+            .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
+        let size = page.items.json_size_hint() + 64;
+        Ok(jsonrpc::Answer::result_written(id, size, |out| {
+            out.push(b'{');
+            // A result key is a plain identifier: no escaping needed.
+            out.push(b'"');
+            out.extend_from_slice(kind.result_key().as_bytes());
+            out.extend_from_slice(b"\":");
+            page.items.write_json_array(out);
+            if let Some(next) = page.next_cursor {
+                out.extend_from_slice(br#","nextCursor":"#);
+                let _ = serde_json::to_writer(&mut *out, &next);
+            }
+            out.push(b'}');
+        }))
+    }
+
+    /// Only a session's first list waits for upstreams still starting.
+    async fn wait_for_first_list(&self) {
+        if !self.listed.swap(true, Ordering::Relaxed) {
+            self.hub.wait_for_first_listings().await;
+        }
+    }
+
+    pub(super) async fn list(
+        &self,
+        kind: Kind,
+        params: Option<Value>,
+    ) -> Result<Value, RelayError> {
+        self.wait_for_first_list().await;
+        let catalog = self.catalog();
+        let page = catalog
+            .page(kind, cursor_of(&params))
+            .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
+        let mut result = Map::with_capacity(4);
+        result.insert(kind.result_key().into(), Value::Array(page.items.to_vec()));
+        if let Some(next) = page.next_cursor {
+            result.insert("nextCursor".into(), Value::String(next));
+        }
+        if self.is_scope() {
+            // What is true of the merge: its shortest-lived part's lifetime, and
+            // shareable only if every part is, and the caller does not pick the view.
+            let mut cache = page.cache;
+            cache.public &= !self.hub.catalog_depends_on_caller();
+            result.insert("ttlMs".into(), Value::from(cache.ttl_ms));
+            result.insert("cacheScope".into(), Value::from(cache.scope()));
+        }
+        Ok(Value::Object(result))
+    }
+}
+
+/// The kind a list method lists.
+pub(super) fn list_kind(method: &str) -> Option<Kind> {
+    match method {
+        "tools/list" => Some(Kind::Tools),
+        "prompts/list" => Some(Kind::Prompts),
+        "resources/list" => Some(Kind::Resources),
+        "resources/templates/list" => Some(Kind::ResourceTemplates),
+        _ => None,
+    }
+}
+
+fn cursor_of(params: &Option<Value>) -> Option<&str> {
+    params.as_ref()?.get("cursor")?.as_str()
+}
