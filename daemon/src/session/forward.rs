@@ -1,13 +1,19 @@
 //! Relaying a routed request upstream: the exposed name or URI rewritten to the
-//! upstream's own, and the URIs in its result given back their exposed form.
+//! upstream's own, the URIs in its result given back their exposed form, an
+//! unread result kept unread unless plexus changes it, and a 2026-07-28
+//! upstream's input-required rounds asked of a handshake-era client.
 
 use adapters::{Reply, WrittenMember};
 use registry::Catalog;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::{task_extension, Session};
-use crate::jsonrpc::RelayError;
+use crate::hub::CallContext;
+use crate::jsonrpc::{self, RelayError};
+
+/// Input-required rounds a call may take before plexus gives up on it.
+const MAX_INPUT_ROUNDS: usize = 10;
 
 impl Session {
     /// Relays a request naming a tool or prompt, under the upstream's own name.
@@ -45,6 +51,152 @@ impl Session {
         } else {
             reply
         })
+    }
+
+    /// Relays a request that may need client input: a 2026-07-28 upstream answers
+    /// with an input-required result. A 2026-07-28 client gets it as it is (its
+    /// retry carries the upstream's state back); a handshake-era client is asked
+    /// each input request as a real request, and plexus retries for it.
+    pub(super) async fn forward_with_input(
+        &self,
+        upstream: &str,
+        method: &str,
+        params: Value,
+        call: CallContext<'_>,
+    ) -> Result<Reply, RelayError> {
+        // A 2026-07-28 client retries for itself, and a handshake-era client is
+        // answered input_required only by a 2026-07-28 upstream: the params are
+        // kept for a retry unless neither can happen.
+        let may_retry = !self.is_scope()
+            && !self
+                .hub
+                .upstream_named(upstream)
+                .is_ok_and(|upstream| upstream.speaks_handshake());
+        if !may_retry {
+            let reply = self
+                .hub
+                .forward(upstream, method, Some(params), call)
+                .await?;
+            let mut reply = self.unread_unless_changed(upstream, reply);
+            if !self.is_scope() {
+                without_complete_type(&mut reply);
+            }
+            return Ok(reply);
+        }
+        // Every round's result is read: it may ask for input.
+        let call = CallContext {
+            result_unread: false,
+            ..call
+        };
+        let mut reply = self
+            .hub
+            .forward(upstream, method, Some(params.clone()), call)
+            .await?;
+        for _ in 0..MAX_INPUT_ROUNDS {
+            let Reply::Result(result) = &mut reply else {
+                return Ok(reply);
+            };
+            if result.get("resultType").and_then(Value::as_str) != Some("input_required") {
+                without_complete_type(&mut reply);
+                return Ok(reply);
+            }
+            let requests = result
+                .get("inputRequests")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            let mut responses = Map::new();
+            let mut minted = Vec::new();
+            for (key, request) in requests {
+                let asked = request.get("method").and_then(Value::as_str).unwrap_or("");
+                let mut asked_params = request.get("params").cloned();
+                let elicitation = crate::era::mint_elicitation_id(asked, &mut asked_params);
+                if let Some(capability) =
+                    crate::fanout::required_capability(asked, asked_params.as_ref())
+                {
+                    if !self.has_capability(&capability) {
+                        return Err(RelayError::InvalidRequest(format!(
+                            "upstream `{upstream}` needs `{asked}`, and this client did not declare the `{}` capability",
+                            capability.join(".")
+                        )));
+                    }
+                }
+                let sent = std::time::Instant::now();
+                let answered = self
+                    .client_bound
+                    .ask(call.related, asked, asked_params)
+                    .await;
+                self.audit()
+                    .client_request(Some(upstream), asked, sent, &answered);
+                match answered?.into_result() {
+                    Ok(answer) => {
+                        if answer.get("action").and_then(Value::as_str) == Some("accept") {
+                            minted.extend(elicitation);
+                        }
+                        responses.insert(key, answer);
+                    }
+                    // The client refused: the call ends with its answer.
+                    Err(error) => return Ok(Reply::Error(error)),
+                }
+            }
+            let mut retry = params.clone();
+            if let Some(object) = retry.as_object_mut() {
+                object.insert("inputResponses".into(), Value::Object(responses));
+                match result.get("requestState") {
+                    Some(state) => object.insert("requestState".into(), state.clone()),
+                    None => object.remove("requestState"),
+                };
+            }
+            reply = self
+                .hub
+                .forward(upstream, method, Some(retry), call)
+                .await?;
+            // The upstream has taken the accepted URL elicitations' outcome (its
+            // retry answered): their completion, before the call's own answer.
+            for id in minted {
+                let complete = jsonrpc::notification(
+                    "notifications/elicitation/complete",
+                    Some(json!({ "elicitationId": id })),
+                );
+                let _ = call.related.send(complete).await;
+            }
+        }
+        Err(RelayError::InvalidRequest(format!(
+            "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"
+        )))
+    }
+
+    /// A result that came unread stays so unless plexus has something to change in
+    /// it: a linked resource's URI or a task (`forward_named`), or, for a
+    /// handshake-era client, a `resultType`.
+    fn unread_unless_changed(&self, upstream: &str, reply: Reply) -> Reply {
+        let Reply::Unread(raw) = &reply else {
+            return reply;
+        };
+        // memchr's search is vectorised: a megabyte of content is searched twice.
+        let mentions = |member: &str, what: &[&str]| {
+            raw.member(member).is_some_and(|text| {
+                what.iter()
+                    .any(|word| memchr::memmem::find(text, word.as_bytes()).is_some())
+            })
+        };
+        let unchanged = raw.member("task").is_none()
+            && raw.member("taskId").is_none()
+            && raw.member("tasks").is_none()
+            && !mentions("_meta", &["task", "\\u"])
+            // Escapes could spell a block's type: such content is read.
+            && !mentions("content", &["resource", "\\u"])
+            && (self.is_scope() || raw.member("resultType").is_none());
+        if unchanged {
+            return reply;
+        }
+        match reply.try_read() {
+            Ok(read) => read,
+            Err(error) => Reply::Error(json!({
+                "code": jsonrpc::UPSTREAM_FAILED,
+                "message": format!("upstream `{upstream}` sent a result plexus cannot read: {error}"),
+            })),
+        }
     }
 }
 
@@ -110,10 +262,18 @@ fn in_result(
     Reply::Result(result)
 }
 
+/// The handshake era has no result types: a complete result loses its `resultType`.
+fn without_complete_type(reply: &mut Reply) {
+    if let Reply::Result(Value::Object(result)) = reply {
+        if result.get("resultType").and_then(Value::as_str) == Some("complete") {
+            result.remove("resultType");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn params_rewrite_keeps_every_other_member() {

@@ -14,10 +14,10 @@ mod task_extension;
 
 pub use bridge::Continuations;
 
-use client_bound::ClientBound;
+use client_bound::ClientBoundRequests;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use adapters::{Reply, UpstreamConnection};
@@ -85,8 +85,7 @@ pub struct Session {
     /// Exposed URIs this client subscribed to.
     subscriptions: Mutex<HashSet<String>>,
     /// Server-to-client requests awaiting this client's answer, by the id plexus gave them.
-    client_bound: Mutex<HashMap<String, ClientBound>>,
-    next_client_bound: AtomicU64,
+    client_bound: ClientBoundRequests,
     /// Set on the scope of one 2026-07-28 request: where upstream requests go
     /// instead of to the client.
     inputs: Option<mpsc::Sender<Box<InputNeeded>>>,
@@ -224,8 +223,7 @@ impl Session {
             closed: CancellationToken::new(),
             log_level: Mutex::new(None),
             subscriptions: Mutex::new(HashSet::new()),
-            client_bound: Mutex::new(HashMap::new()),
-            next_client_bound: AtomicU64::new(0),
+            client_bound: ClientBoundRequests::new(id),
             inputs,
             stateless,
             paused,
@@ -276,13 +274,7 @@ impl Session {
             self.hub.fanout.end_session(self.id, subscriptions);
         }
         // Upstreams waiting on this client learn it is gone instead of waiting out their deadline.
-        let pending: Vec<_> = self
-            .client_bound
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .collect();
-        for (_, request) in pending {
+        for request in self.client_bound.drain() {
             let error =
                 json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client session ended"});
             self.hub.spawn(request.answer(Reply::Error(error)));
@@ -307,6 +299,40 @@ impl Session {
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Sends an upstream's request to this client under a fresh id (the scope of a
+    /// 2026-07-28 request pauses it instead, as an input request); whether it went.
+    pub fn forward_to_client(
+        &self,
+        sink: &mpsc::Sender<Value>,
+        connection: UpstreamConnection,
+        upstream_id: Value,
+        method: &str,
+        params: Option<Value>,
+    ) -> bool {
+        if let Some(inputs) = &self.inputs {
+            return inputs
+                .try_send(Box::new(InputNeeded {
+                    connection,
+                    upstream_id,
+                    method: method.to_string(),
+                    params,
+                }))
+                .is_ok();
+        }
+        self.client_bound
+            .forward(sink, connection, upstream_id, method, params)
+    }
+
+    /// An upstream cancelled a request it had sent this client: pass the cancel on.
+    pub fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value) {
+        if let Some(id) = self.client_bound.withdraw(upstream, upstream_id) {
+            self.notify(jsonrpc::notification(
+                "notifications/cancelled",
+                Some(json!({"requestId": id, "reason": "the upstream withdrew its request"})),
+            ));
+        }
     }
 
     /// Handles one parsed JSON-RPC message from the client. Messages related to a
@@ -334,7 +360,7 @@ impl Session {
                 Handled::Nothing
             }
             Ok(Envelope::Response { id, reply }) => {
-                self.answer_client_bound(&id, reply).await;
+                self.client_bound.answer(&id, reply, &self.audit()).await;
                 Handled::Nothing
             }
             Err(not) => Handled::Respond(not.answer().into()),
