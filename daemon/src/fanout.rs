@@ -49,6 +49,14 @@ pub trait Client: Send + Sync {
     fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value);
 }
 
+/// The request a change to a session's subscriptions sends upstream.
+pub struct SubscriptionRequest {
+    pub method: &'static str,
+    pub params: Value,
+    /// A subscribe the reference count took: undone if the upstream does not take it.
+    counted: bool,
+}
+
 /// A request an upstream sent, as plexus routes it.
 struct UpstreamRequest<'a> {
     /// The upstream's id, under which the answer goes back.
@@ -192,18 +200,6 @@ pub(crate) fn required_capability(
     }
 }
 
-/// An upstream refused a request plexus made on a session's behalf.
-fn refused(route: &Route, method: &str, error: &Value) -> RelayError {
-    let message = error
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("an error");
-    RelayError::InvalidParams(format!(
-        "upstream `{}` refused {method}: {message}",
-        route.upstream
-    ))
-}
-
 fn error(code: i64, message: String) -> Reply {
     Reply::Error(json!({"code": code, "message": message}))
 }
@@ -253,8 +249,9 @@ impl Fanout {
             .collect()
     }
 
-    /// Forgets a session: its subscriptions are released and its own instances stopped.
-    pub fn end_session(self: &Arc<Self>, session: u64, subscriptions: Vec<String>) {
+    /// Forgets a session: its own instances are stopped; the routes of the
+    /// subscriptions it held are returned, for the caller to release each.
+    pub fn end_session(&self, session: u64, subscriptions: Vec<String>) -> Vec<Route> {
         self.task_routes.forget_session(session);
         self.sessions.remove(&session);
         self.roots_askers
@@ -266,39 +263,53 @@ impl Fanout {
             upstream.end_session(session);
         }
         let catalog = self.catalog();
-        let fanout = self.clone();
-        let routes: Vec<Route> = subscriptions
+        subscriptions
             .iter()
             .filter_map(|uri| {
                 catalog
                     .route_resource(uri)
                     .or_else(|| catalog.held(Kind::Resources, uri).map(|held| held.route))
             })
-            .collect();
-        if !routes.is_empty() {
-            self.tasks.spawn(async move {
-                for route in routes {
-                    let _ = fanout.subscription(session, &route, false).await;
-                }
-            });
-        }
+            .collect()
     }
 
-    /// Counts a session's subscription to a resource; the first subscribes upstream
-    /// and the last unsubscribes.
-    pub async fn subscription(
+    /// Counts a session's subscription to a resource, and says what it asks of the
+    /// upstream: the first subscribes there and the last unsubscribes; a per-session
+    /// upstream's belong to that session's own instance; a 2026-07-28 upstream is
+    /// told by its listen stream here. The request itself is the caller's to send
+    /// (the one relay path), and a failed subscribe its to undo
+    /// ([`Fanout::subscription_failed`]).
+    pub fn subscription(
         &self,
         session: u64,
         route: &Route,
         subscribe: bool,
-    ) -> Result<(), RelayError> {
-        let key = (route.upstream.to_string(), route.original.clone());
-        // A per-session upstream's subscriptions belong to that session's own instance.
-        let per_session =
-            self.upstream_named(&route.upstream)?.config().share == crate::config::Share::Session;
-        if per_session {
-            return self.subscribe_instance(session, route, subscribe).await;
+    ) -> Result<Option<SubscriptionRequest>, RelayError> {
+        let upstream = self.upstream_named(&route.upstream)?;
+        let request = |counted: bool| {
+            Some(SubscriptionRequest {
+                method: if subscribe {
+                    "resources/subscribe"
+                } else {
+                    "resources/unsubscribe"
+                },
+                params: json!({"uri": route.original}),
+                counted: counted && subscribe,
+            })
+        };
+        if upstream.config().share == crate::config::Share::Session {
+            // Nothing to unsubscribe from an instance that no longer runs.
+            return match upstream.existing_instance(session) {
+                Some(_) => Ok(request(false)),
+                None if subscribe => Err(RelayError::Unavailable {
+                    upstream: route.upstream.to_string(),
+                    state: "idle".into(),
+                    retry_after_ms: Some(1000),
+                }),
+                None => Ok(None),
+            };
         }
+        let key = (route.upstream.to_string(), route.original.clone());
         let send = {
             let mut counts = self
                 .subscriptions
@@ -318,9 +329,8 @@ impl Fanout {
             }
         };
         if !send {
-            return Ok(());
+            return Ok(None);
         }
-        let upstream = self.upstream_named(&route.upstream)?;
         if upstream.speaks_per_request() {
             // 2026-07-28 has no resources/subscribe: the upstream's listen stream names the URIs.
             let uris = self
@@ -332,94 +342,20 @@ impl Fanout {
                 .map(|(_, uri)| uri.clone())
                 .collect();
             upstream.listen_uris.send_replace(uris);
-            return Ok(());
+            return Ok(None);
         }
-        let method = if subscribe {
-            "resources/subscribe"
-        } else {
-            "resources/unsubscribe"
-        };
-        let params = json!({"uri": route.original});
-        match self.request_shared(&route.upstream, method, params).await? {
-            Reply::Result(_) | Reply::Unread(_) => Ok(()),
-            Reply::Error(error) => {
-                if subscribe {
-                    // Not subscribed after all: the next subscriber tries again.
-                    let mut counts = self
-                        .subscriptions
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    counts.remove(&key);
-                }
-                Err(refused(route, method, &error))
-            }
-        }
+        Ok(request(true))
     }
 
-    async fn subscribe_instance(
-        &self,
-        session: u64,
-        route: &Route,
-        subscribe: bool,
-    ) -> Result<(), RelayError> {
-        let method = if subscribe {
-            "resources/subscribe"
-        } else {
-            "resources/unsubscribe"
-        };
-        let upstream = self.upstream_named(&route.upstream)?;
-        let Some(instance) = upstream.existing_instance(session) else {
-            // Nothing to unsubscribe from an instance that no longer runs.
-            return if subscribe {
-                Err(RelayError::Unavailable {
-                    upstream: route.upstream.to_string(),
-                    state: "idle".into(),
-                    retry_after_ms: Some(1000),
-                })
-            } else {
-                Ok(())
-            };
-        };
-        let connection = instance
-            .connection_for_call(true, upstream.config().init_timeout)
-            .await?;
-        let params = json!({"uri": route.original});
-        match connection.request(method, Some(params)).await {
-            Ok(Reply::Result(_) | Reply::Unread(_)) => Ok(()),
-            Ok(Reply::Error(error)) => Err(refused(route, method, &error)),
-            Err(_) => Err(RelayError::FailedMidCall {
-                upstream: route.upstream.to_string(),
-                reason: "the upstream's connection closed".into(),
-            }),
+    /// The upstream did not take a subscribe [`Fanout::subscription`] asked for:
+    /// not subscribed after all, so the next subscriber tries again.
+    pub fn subscription_failed(&self, route: &Route, request: &SubscriptionRequest) {
+        if request.counted {
+            self.subscriptions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&(route.upstream.to_string(), route.original.clone()));
         }
-    }
-
-    /// A request of plexus's own to an upstream's shared instance.
-    async fn request_shared(
-        &self,
-        upstream: &str,
-        method: &str,
-        params: Value,
-    ) -> Result<Reply, RelayError> {
-        let upstream = self.upstream_named(upstream)?;
-        let config = upstream.config();
-        let connection = upstream
-            .shared
-            .connection_for_call(upstream.on_demand(), config.init_timeout)
-            .await?;
-        tokio::time::timeout(
-            config.call_timeout,
-            connection.request(method, Some(params)),
-        )
-        .await
-        .map_err(|_| RelayError::Timeout {
-            upstream: upstream.name().to_string(),
-            after: config.call_timeout,
-        })?
-        .map_err(|_| RelayError::FailedMidCall {
-            upstream: upstream.name().to_string(),
-            reason: "the upstream's connection closed".into(),
-        })
     }
 
     /// After a session set its level: sets the most verbose level any session wants on

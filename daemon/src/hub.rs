@@ -10,7 +10,7 @@ use std::time::Duration;
 use adapters::handshake::ServerHello;
 use adapters::{ConnectionError, Reply, WrittenMember};
 use registry::fingerprint::ListingSnapshot;
-use registry::{Catalog, CatalogOptions, ToolFilter, UpstreamListing};
+use registry::{Catalog, CatalogOptions, Route, ToolFilter, UpstreamListing};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
@@ -738,6 +738,65 @@ impl Hub {
         }
     }
 
+    /// Counts a session's subscription to a resource (see `Fanout::subscription`)
+    /// and sends what that asks of the upstream through [`Hub::forward`], like any
+    /// request: under its limits and deadline, counted in the relay metrics.
+    /// `related` is where requests the upstream sends while serving it go.
+    pub async fn subscription(
+        self: &Arc<Self>,
+        session: u64,
+        related: &mpsc::Sender<Value>,
+        route: &Route,
+        subscribe: bool,
+    ) -> Result<(), RelayError> {
+        let Some(request) = self.fanout.subscription(session, route, subscribe)? else {
+            return Ok(());
+        };
+        let call = CallContext {
+            session,
+            owner: session,
+            tool: None,
+            related,
+            headers: &[],
+            result_unread: false,
+            arguments: None,
+        };
+        let outcome = match self
+            .forward(
+                &route.upstream,
+                request.method,
+                Some(request.params.clone()),
+                call,
+            )
+            .await
+        {
+            Ok(Reply::Result(_) | Reply::Unread(_)) => Ok(()),
+            Ok(Reply::Error(error)) => Err(refused(route, request.method, &error)),
+            Err(error) => Err(error),
+        };
+        if outcome.is_err() {
+            self.fanout.subscription_failed(route, &request);
+        }
+        outcome
+    }
+
+    /// Forgets a session: its own instances are stopped and its subscriptions
+    /// released upstream (in the background: the session is gone).
+    pub fn end_session(self: &Arc<Self>, session: u64, subscriptions: Vec<String>) {
+        let routes = self.fanout.end_session(session, subscriptions);
+        if routes.is_empty() {
+            return;
+        }
+        let hub = self.clone();
+        self.tasks.spawn(async move {
+            // Nothing the upstream sends while serving these has a client to reach.
+            let (nobody, _) = mpsc::channel(1);
+            for route in routes {
+                let _ = hub.subscription(session, &nobody, &route, false).await;
+            }
+        });
+    }
+
     /// `tasks/get`, `tasks/result`, `tasks/cancel`: routed by the task id.
     pub async fn forward_task_request(
         self: &Arc<Self>,
@@ -880,6 +939,18 @@ fn start_keeper() -> Option<Arc<adapters::keeper::Keeper>> {
             None
         }
     }
+}
+
+/// An upstream refused a request plexus made on a session's behalf.
+fn refused(route: &Route, method: &str, error: &Value) -> RelayError {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("an error");
+    RelayError::InvalidParams(format!(
+        "upstream `{}` refused {method}: {message}",
+        route.upstream
+    ))
 }
 
 /// Hears (upstreams configured, upstreams ready) at every state change.

@@ -1180,3 +1180,68 @@ async fn an_upstream_answering_in_batches_is_served() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A resource subscription takes the one relay path every request to an upstream
+/// takes: it waits its turn under the upstream's `max_in_flight`/`max_pending`
+/// (refused with -33004 when both are full) and counts among the relay metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_takes_the_relay_path_with_its_limits_and_metrics() -> anyhow::Result<()> {
+    let sections = fixture_upstream(
+        "fx",
+        "max_in_flight = 1\nmax_pending = 0",
+        &["--name", "fx", "--conformance"],
+    );
+    let daemon = Daemon::start("", &sections).await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let uri = "fx+test://template/1/data";
+
+    // One slow call takes the upstream's only slot, and nothing may wait for it.
+    let mut busy = RawHttpSession::connect(&daemon.url).await?;
+    let slow = tokio::spawn(async move {
+        busy.request(
+            "tools/call",
+            json!({"name": "fx__sleep", "arguments": {"ms": 3000}}),
+        )
+        .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = daemon.admin_get("/metrics").await?;
+        if metrics.contains(r#"plexus_upstream_in_flight{upstream="fx"} 1"#) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the slow call never started: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let refused = session
+        .request("resources/subscribe", json!({"uri": uri}))
+        .await?;
+    ensure!(
+        refused["error"]["code"] == -33004 && refused["error"]["data"]["upstream"] == "fx",
+        "{refused}"
+    );
+    let slept = slow.await??;
+    ensure!(
+        slept["result"]["content"][0]["text"] == "slept 3000 ms",
+        "{slept}"
+    );
+
+    // With the slot free, the same subscription is taken and counted.
+    let taken = session
+        .request("resources/subscribe", json!({"uri": uri}))
+        .await?;
+    ensure!(taken["result"] == json!({}), "{taken}");
+    let (_, metrics) = daemon.admin_get("/metrics").await?;
+    for line in [
+        r#"plexus_relay_requests_total{method="resources/subscribe",outcome="overloaded",upstream="fx"} 1"#,
+        r#"plexus_relay_requests_total{method="resources/subscribe",outcome="ok",upstream="fx"} 1"#,
+    ] {
+        ensure!(metrics.contains(line), "no `{line}` in {metrics}");
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}

@@ -354,7 +354,9 @@ impl Session {
                 if subscribe {
                     self.subscribe(&uri, &route).await?;
                 } else if self.lock_subscriptions().remove(&uri) {
-                    self.hub.fanout.subscription(self.id, &route, false).await?;
+                    self.hub
+                        .subscription(self.id, &self.outbound, &route, false)
+                        .await?;
                 }
                 Ok(Reply::Result(json!({})))
             }

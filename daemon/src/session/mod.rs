@@ -271,7 +271,7 @@ impl Session {
         // A stateless session is never registered: its requests run in scopes that are.
         if !self.stateless {
             let subscriptions: Vec<String> = self.lock_subscriptions().drain().collect();
-            self.hub.fanout.end_session(self.id, subscriptions);
+            self.hub.end_session(self.id, subscriptions);
         }
         // Upstreams waiting on this client learn it is gone instead of waiting out their deadline.
         for request in self.client_bound.drain() {
@@ -413,7 +413,11 @@ impl Session {
         if !self.add_subscription(uri)? {
             return Ok(false);
         }
-        if let Err(error) = self.hub.fanout.subscription(self.id, route, true).await {
+        if let Err(error) = self
+            .hub
+            .subscription(self.id, &self.outbound, route, true)
+            .await
+        {
             self.lock_subscriptions().remove(uri);
             return Err(error);
         }
