@@ -297,7 +297,7 @@ async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeEr
     raise_descriptor_limit();
     let upstreams = loaded.config.upstreams.len();
     let daemon = Daemon::start(loaded, None).await?;
-    daemon.hub.fanout.serve_one_client();
+    daemon.hub.serve_one_client();
     tracing::info!(upstreams, "plexus serving one client on stdio");
     let own_stdio::OwnStdio {
         input,

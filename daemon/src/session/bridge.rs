@@ -160,13 +160,12 @@ pub async fn serve(
     let first_token = progress_token(&params);
     let (scope, channels) = parent.scope(meta);
     if scope.log_level().is_some_and(|wanted| {
-        hub.fanout
-            .current_log_level()
+        hub.current_log_level()
             .is_none_or(|current| wanted < current)
     }) {
-        hub.fanout.log_levels_changed().await;
+        hub.log_levels_changed().await;
     }
-    hub.fanout.offer_roots(&*scope).await;
+    hub.offer_roots(&*scope).await;
     let work = {
         let scope = scope.clone();
         let method = method.to_string();

@@ -145,7 +145,7 @@ impl Session {
 
     pub(super) fn handle_notification(&self, method: &str, params: Option<Value>) {
         match method {
-            "notifications/initialized" => self.hub.fanout.client_initialized(self),
+            "notifications/initialized" => self.hub.client_initialized(self),
             "notifications/cancelled" => {
                 let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
                     return;
@@ -160,7 +160,7 @@ impl Session {
                     token.cancel();
                 }
             }
-            "notifications/roots/list_changed" => self.hub.fanout.roots_changed(self.id),
+            "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
             other => tracing::debug!(method = other, "client notification ignored"),
         }
     }
@@ -181,7 +181,6 @@ impl Session {
                 let catalog = self.catalog();
                 let upstream_extension = self
                     .hub
-                    .fanout
                     .offers_tasks_extension(|upstream| catalog.shows_upstream(upstream));
                 Ok(Reply::Result(era::discover_result(
                     task_extension::advertised(self.capabilities(), upstream_extension),
@@ -335,7 +334,7 @@ impl Session {
                     .log_level
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = Some(level);
-                self.hub.fanout.log_levels_changed().await;
+                self.hub.log_levels_changed().await;
                 Ok(Reply::Result(json!({})))
             }
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -447,7 +446,6 @@ impl Session {
     fn capabilities(&self) -> Value {
         let catalog = self.catalog();
         self.hub
-            .fanout
             .capabilities(|upstream| catalog.shows_upstream(upstream))
     }
 

@@ -39,10 +39,7 @@ impl Session {
         // A task-augmented call answers with a task whose id must name its upstream.
         Ok(if is_tool {
             let reply = expose_linked_uris(&self.catalog(), &route.upstream, reply);
-            let reply = self
-                .hub
-                .task_routes
-                .expose(&route.upstream, Some(self.id), reply);
+            let reply = self.hub.expose_tasks(&route.upstream, Some(self.id), reply);
             if self.is_scope() {
                 task_extension::created(reply)
             } else {

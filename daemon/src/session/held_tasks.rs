@@ -202,13 +202,9 @@ async fn hold_result(scope: &Arc<Session>, mut channels: ScopeChannels, held: &H
     // The upstream's requests name the task: they are this scope's, whatever
     // else is in flight on the upstream.
     let hub = scope.hub();
-    let _holding = hub
-        .task_routes
-        .route(task, |name| hub.upstreams().contains_key(name))
-        .map(|(upstream, original)| {
-            hub.fanout
-                .hold_task(&upstream, &original, Caller::of_session(scope.id))
-        });
+    let _holding = hub.task_route(task).map(|(upstream, original)| {
+        hub.hold_task(&upstream, &original, Caller::of_session(scope.id))
+    });
     let started = Instant::now();
     while started.elapsed() < HOLD_AT_MOST {
         let result = scope.hub().forward_task_request(
@@ -258,8 +254,7 @@ pub(super) async fn update(
     }
     let hub = session.hub();
     let handshake = hub
-        .task_routes
-        .route(exposed, |name| hub.upstreams().contains_key(name))
+        .task_route(exposed)
         .and_then(|(upstream, _)| hub.upstreams().get(&upstream).cloned())
         .is_some_and(|upstream| upstream.speaks_handshake());
     if !handshake {

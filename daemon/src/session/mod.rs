@@ -151,7 +151,7 @@ impl Session {
 
     fn register(self: &Arc<Self>) {
         let weak: std::sync::Weak<dyn Client> = Arc::downgrade(self) as _;
-        self.hub.fanout.register_session(weak, self.id);
+        self.hub.register_session(weak, self.id);
     }
 
     /// A session for one HTTP request that came without a session: a 2026-07-28

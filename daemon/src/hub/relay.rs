@@ -1,0 +1,360 @@
+//! The hot path: [`Hub::forward`], the one way a request reaches an upstream (a
+//! limiter slot, the instance, the deadline, the relay metrics, failures mapped to
+//! `RelayError`), and the requests built on it (tasks routed by id, subscriptions).
+
+use std::sync::Arc;
+
+use adapters::{ConnectionError, Reply, WrittenMember};
+use registry::Route;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use super::Hub;
+use crate::jsonrpc::RelayError;
+
+/// What a relayed request carries besides its method and params.
+#[derive(Clone, Copy)]
+pub struct CallContext<'a> {
+    /// The downstream session the call belongs to (requests the upstream sends
+    /// while serving it are attributed to it).
+    pub session: u64,
+    /// The session that owns per-session instances: the session itself, or for a
+    /// 2026-07-28 request served inside a stdio connection, that connection's.
+    pub owner: u64,
+    /// The upstream's own tool name, for per-tool deadlines.
+    pub tool: Option<&'a str>,
+    /// Where messages related to this call go (its progress, requests the upstream
+    /// sends while serving it): the request's own stream, or the session's.
+    pub related: &'a mpsc::Sender<Value>,
+    /// `Mcp-Param-*` headers the tool's schema asks for (sent to HTTP upstreams).
+    pub headers: &'a [(String, String)],
+    /// The caller relays the result as the upstream wrote it unless it must change
+    /// it, so it may come unread ([`Reply::Unread`]).
+    pub result_unread: bool,
+    /// A tool call's arguments as the client wrote them, not among the params:
+    /// passed on unread.
+    pub arguments: Option<&'a WrittenMember>,
+}
+
+impl Hub {
+    /// Sends a request to an upstream under plexus's own id and waits, within the
+    /// call's deadline (extended by progress, up to the hard maximum), for its answer.
+    pub async fn forward(
+        self: &Arc<Self>,
+        upstream_name: &str,
+        method: &str,
+        params: Option<Value>,
+        call: CallContext<'_>,
+    ) -> Result<Reply, RelayError> {
+        let started = Instant::now();
+        let outcome = self
+            .forward_inner(upstream_name, method, params, call)
+            .await;
+        let label = match &outcome {
+            Ok(Reply::Result(_) | Reply::Unread(_)) => "ok",
+            Ok(Reply::Error(_)) => "upstream_error",
+            Err(error) => error.kind(),
+        };
+        if self.upstreams.get(upstream_name).is_some() {
+            self.metrics
+                .relay_requests
+                .with_label_values(&[upstream_name, method, label])
+                .inc();
+            self.metrics
+                .relay_duration
+                .with_label_values(&[upstream_name, method])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        outcome
+    }
+
+    async fn forward_inner(
+        self: &Arc<Self>,
+        upstream_name: &str,
+        method: &str,
+        mut params: Option<Value>,
+        call: CallContext<'_>,
+    ) -> Result<Reply, RelayError> {
+        let mut upstream = self.upstream_named(upstream_name)?;
+        if self.shutdown.is_cancelled() {
+            return Err(RelayError::ShuttingDown);
+        }
+        let _permit = loop {
+            let config = upstream.config();
+            let permit =
+                upstream
+                    .limiter()
+                    .acquire()
+                    .await
+                    .ok_or_else(|| RelayError::Overloaded {
+                        upstream: upstream_name.to_string(),
+                        in_flight: config.max_in_flight,
+                        pending: config.max_pending,
+                    })?;
+            // A restart or reload put a successor in its place while this call
+            // waited: the call goes there, not to an instance about to stop.
+            match upstream
+                .retired()
+                .then(|| self.upstreams.get(upstream_name))
+            {
+                Some(Some(next)) if next.generation() != upstream.generation() => upstream = next,
+                _ => break permit,
+            }
+        };
+        let config = upstream.config();
+        let base = call
+            .tool
+            .and_then(|tool| config.tool_timeouts.get(tool))
+            .copied()
+            .unwrap_or(config.call_timeout);
+        let instance = upstream.instance_for(call.owner);
+        // A starting upstream is waited for within the call's own deadline (a client
+        // that just launched plexus must not see its first call fail); an on-demand
+        // start has its own budget.
+        let on_demand = upstream.on_demand() || instance.on_demand();
+        let wait = if on_demand { config.init_timeout } else { base };
+        let connection = instance.connection_for_call(on_demand, wait).await?;
+
+        // Upstreams negotiated their revision once; the per-request fields are the client's.
+        crate::era::strip_request_meta(&mut params);
+        // A 2026-07-28 upstream is told what the calling client can do, not what
+        // plexus can (it may refuse a tool the client could not serve: -32021).
+        if connection.is_per_request() {
+            let mut capabilities = self.fanout.relayable_capabilities(call.session);
+            // A handshake-era client's task (its `task` parameter, or a task method
+            // on a task it created) is the tasks extension to this upstream.
+            if crate::era::handshake_task_request(method, &mut params) {
+                crate::era::declare_tasks_extension(&mut capabilities);
+            }
+            crate::era::set_client_capabilities(&mut params, capabilities);
+        }
+        // The client's progress token never reaches a shared upstream: plexus's own does.
+        let progress = self.progress.register(
+            &mut params,
+            call.related,
+            upstream.name_arc(),
+            instance.owner(),
+        );
+        // The request gets its upstream-side id first, so whatever the upstream sends
+        // while serving it (over HTTP, on this request's own stream) is attributed
+        // to this call, and through it to this session.
+        let request = match call.arguments {
+            Some(arguments) => connection.prepare_with_member(method, params, arguments.clone()),
+            None => connection.prepare(method, params),
+        };
+        let mut request = request.with_headers(call.headers.to_vec());
+        if call.result_unread {
+            request = request.result_unread();
+        }
+        let _caller = instance.track_call(call.session, call.related.clone(), request.id());
+        let activity = progress.as_ref().map(|route| route.activity.clone());
+
+        let call_started = Instant::now();
+        let hard_deadline = call_started + base.max(config.max_call_timeout);
+        let mut deadline = call_started + base;
+        let request = request.send();
+        tokio::pin!(request);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut request => break Ok(outcome.and_then(Reply::checked)),
+                _ = tokio::time::sleep_until(deadline) => break Err(false),
+                _ = upstream.drained() => break Err(true),
+                _ = wait_for(activity.as_deref()) => {
+                    // Progress shows the call is alive: give it another full deadline, up to the cap.
+                    deadline = (Instant::now() + base).min(hard_deadline);
+                }
+            }
+        };
+        drop(progress);
+        match outcome {
+            Ok(Ok(reply)) => Ok(crate::era::answering_as_plexus(reply)),
+            Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
+                upstream: upstream_name.to_string(),
+                reason: "the upstream exited or its connection closed".into(),
+            }),
+            Ok(Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. })) => {
+                Err(instance.unavailable())
+            }
+            Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
+                upstream: upstream_name.to_string(),
+                limit,
+            }),
+            Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
+                tracing::warn!(upstream = upstream_name, method, %error, "its call failed");
+                Err(RelayError::FailedMidCall {
+                    upstream: upstream_name.to_string(),
+                    reason: error.to_string(),
+                })
+            }
+            Ok(Err(
+                error @ (ConnectionError::HttpStatus { .. }
+                | ConnectionError::Broken { .. }
+                | ConnectionError::Malformed { .. }),
+            )) => Err(RelayError::FailedMidCall {
+                upstream: upstream_name.to_string(),
+                reason: error.to_string(),
+            }),
+            // Dropping `request` (at the end of this scope) sends the cancel upstream.
+            Err(true) => Err(RelayError::Drained {
+                upstream: upstream_name.to_string(),
+            }),
+            Err(false) => Err(RelayError::Timeout {
+                upstream: upstream_name.to_string(),
+                after: call_started.elapsed(),
+            }),
+        }
+    }
+
+    /// Counts a session's subscription to a resource (see `Fanout::subscription`)
+    /// and sends what that asks of the upstream through [`Hub::forward`], like any
+    /// request: under its limits and deadline, counted in the relay metrics.
+    /// `related` is where requests the upstream sends while serving it go.
+    pub async fn subscription(
+        self: &Arc<Self>,
+        session: u64,
+        related: &mpsc::Sender<Value>,
+        route: &Route,
+        subscribe: bool,
+    ) -> Result<(), RelayError> {
+        let Some(request) = self.fanout.subscription(session, route, subscribe)? else {
+            return Ok(());
+        };
+        let call = CallContext {
+            session,
+            owner: session,
+            tool: None,
+            related,
+            headers: &[],
+            result_unread: false,
+            arguments: None,
+        };
+        let outcome = match self
+            .forward(
+                &route.upstream,
+                request.method,
+                Some(request.params.clone()),
+                call,
+            )
+            .await
+        {
+            Ok(Reply::Result(_) | Reply::Unread(_)) => Ok(()),
+            Ok(Reply::Error(error)) => Err(refused(route, request.method, &error)),
+            Err(error) => Err(error),
+        };
+        if outcome.is_err() {
+            self.fanout.subscription_failed(route, &request);
+        }
+        outcome
+    }
+
+    /// Forgets a session: its own instances are stopped and its subscriptions
+    /// released upstream (in the background: the session is gone).
+    pub fn end_session(self: &Arc<Self>, session: u64, subscriptions: Vec<String>) {
+        let routes = self.fanout.end_session(session, subscriptions);
+        if routes.is_empty() {
+            return;
+        }
+        let hub = self.clone();
+        self.tasks.spawn(async move {
+            // Nothing the upstream sends while serving these has a client to reach.
+            let (nobody, _) = mpsc::channel(1);
+            for route in routes {
+                let _ = hub.subscription(session, &nobody, &route, false).await;
+            }
+        });
+    }
+
+    /// `tasks/get`, `tasks/result`, `tasks/cancel`: routed by the task id.
+    pub async fn forward_task_request(
+        self: &Arc<Self>,
+        method: &str,
+        params: Option<Value>,
+        call: CallContext<'_>,
+    ) -> Result<Reply, RelayError> {
+        let Some(Value::Object(mut params)) = params else {
+            return Err(RelayError::InvalidParams("params must be an object".into()));
+        };
+        let exposed = params
+            .get("taskId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RelayError::InvalidParams("`taskId` must be a string".into()))?
+            .to_string();
+        let (upstream, original) = self
+            .task_route(&exposed)
+            .ok_or_else(|| RelayError::InvalidParams(format!("unknown task `{exposed}`")))?;
+        params.insert("taskId".into(), Value::String(original));
+        let session = call.session;
+        let reply = self
+            .forward(&upstream, method, Some(Value::Object(params)), call)
+            .await?;
+        Ok(self.task_routes.expose(&upstream, Some(session), reply))
+    }
+
+    /// `tasks/list`: every upstream that lists tasks, merged, ids exposed.
+    pub async fn list_tasks(self: &Arc<Self>, call: CallContext<'_>) -> Result<Reply, RelayError> {
+        let mut tasks = Vec::new();
+        let listing: Vec<String> = self
+            .upstreams()
+            .values()
+            .filter(|upstream| {
+                upstream
+                    .known_capabilities()
+                    .get("tasks")
+                    .and_then(|tasks| tasks.get("list"))
+                    .is_some()
+            })
+            .map(|upstream| upstream.name().to_string())
+            .collect();
+        for upstream in listing {
+            let context = CallContext {
+                session: call.session,
+                owner: call.owner,
+                tool: None,
+                related: call.related,
+                headers: &[],
+                result_unread: false,
+                arguments: None,
+            };
+            match self
+                .forward(&upstream, "tasks/list", Some(json!({})), context)
+                .await
+            {
+                Ok(reply) => {
+                    if let Reply::Result(mut result) =
+                        self.task_routes.expose(&upstream, None, reply)
+                    {
+                        if let Some(Value::Array(found)) = result.get_mut("tasks").map(Value::take)
+                        {
+                            tasks.extend(found);
+                        }
+                    }
+                }
+                // One upstream being down leaves the others' tasks listed.
+                Err(error) => {
+                    tracing::debug!(upstream, %error, "listing an upstream's tasks failed")
+                }
+            }
+        }
+        Ok(Reply::Result(json!({ "tasks": tasks })))
+    }
+}
+
+/// An upstream refused a request plexus made on a session's behalf.
+fn refused(route: &Route, method: &str, error: &Value) -> RelayError {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("an error");
+    RelayError::InvalidParams(format!(
+        "upstream `{}` refused {method}: {message}",
+        route.upstream
+    ))
+}
+
+async fn wait_for(activity: Option<&Notify>) {
+    match activity {
+        Some(activity) => activity.notified().await,
+        None => std::future::pending().await,
+    }
+}
