@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::access;
 use crate::config::DaemonSettings;
-use crate::control::{Action, ControlHandle, ReloadCause};
+use crate::control::{Action, ControlHandle, ReloadCause, ReloadOutcome};
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::listener::Body;
@@ -50,7 +50,7 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
         if path == "/reload" {
             return match admin.control.reload(ReloadCause::Admin).await {
                 Some(report) => {
-                    let status = if report.outcome == "rejected" {
+                    let status = if report.outcome == ReloadOutcome::Rejected {
                         StatusCode::UNPROCESSABLE_ENTITY
                     } else {
                         StatusCode::OK

@@ -106,12 +106,33 @@ impl ReloadCause {
     }
 }
 
+/// How a reload ended; its lowercase name is what the report, the metric label
+/// and the logs say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadOutcome {
+    Applied,
+    /// An upstream's new configuration could not start and its old instance
+    /// serves on.
+    Partial,
+    /// Nothing changed.
+    Rejected,
+}
+
+impl ReloadOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadOutcome::Applied => "applied",
+            ReloadOutcome::Partial => "partial",
+            ReloadOutcome::Rejected => "rejected",
+        }
+    }
+}
+
 /// What a reload did, as `POST /reload` and `plexus reload` show it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReloadReport {
-    /// `applied`, `partial` (an upstream's new configuration could not start and
-    /// its old instance serves on) or `rejected` (nothing changed).
-    pub outcome: &'static str,
+    pub outcome: ReloadOutcome,
     pub config: PathBuf,
     pub sha256: String,
     pub errors: Vec<String>,
@@ -372,12 +393,12 @@ impl ControlLoop {
                     }
                     config::ConfigError::Read { .. } => vec![format!("(file): {error}")],
                 };
-                self.report("rejected", sha256, errors)
+                self.report(ReloadOutcome::Rejected, sha256, errors)
             }
         };
         self.hub
             .metrics()
-            .reload_finished(report.outcome, unix_now());
+            .reload_finished(report.outcome.as_str(), unix_now());
         if let Some(notifier) = &self.notifier {
             notifier.ready();
             notifier.status(&reload_status(&report, &self.hub));
@@ -422,12 +443,12 @@ impl ControlLoop {
         self.hub.set_config_identity(&self.path, &sha256);
 
         let outcome = if applied.failed.is_empty() {
-            "applied"
+            ReloadOutcome::Applied
         } else {
-            "partial"
+            ReloadOutcome::Partial
         };
         tracing::info!(
-            outcome,
+            outcome = outcome.as_str(),
             added = ?applied.added,
             removed = ?applied.removed,
             restarted = ?applied.restarted,
@@ -449,7 +470,7 @@ impl ControlLoop {
         report
     }
 
-    fn report(&self, outcome: &'static str, sha256: String, errors: Vec<String>) -> ReloadReport {
+    fn report(&self, outcome: ReloadOutcome, sha256: String, errors: Vec<String>) -> ReloadReport {
         ReloadReport {
             outcome,
             config: self.path.clone(),
@@ -474,8 +495,10 @@ fn reload_status(report: &ReloadReport, hub: &Hub) -> String {
         .count();
     let upstreams = systemd::upstream_status(states.len(), ready);
     match report.outcome {
-        "rejected" => format!("configuration rejected, running the previous one; {upstreams}"),
-        outcome => format!("configuration reloaded ({outcome}); {upstreams}"),
+        ReloadOutcome::Rejected => {
+            format!("configuration rejected, running the previous one; {upstreams}")
+        }
+        outcome => format!("configuration reloaded ({}); {upstreams}", outcome.as_str()),
     }
 }
 
@@ -590,6 +613,21 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+
+    #[test]
+    fn outcomes_serialize_as_their_lowercase_names() {
+        for outcome in [
+            ReloadOutcome::Applied,
+            ReloadOutcome::Partial,
+            ReloadOutcome::Rejected,
+        ] {
+            assert_eq!(
+                serde_json::to_value(outcome).ok(),
+                Some(json!(outcome.as_str()))
+            );
+        }
+        assert_eq!(ReloadOutcome::Partial.as_str(), "partial");
+    }
 
     #[test]
     fn only_events_that_may_change_the_file_count() {
