@@ -4,11 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use plexus_adapters::{ConnectionError, LaunchSpec, Reply, StdioOptions, UpstreamConnection};
 use serde_json::json;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 fn shell(script: &str) -> LaunchSpec {
     LaunchSpec {

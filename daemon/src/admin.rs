@@ -34,6 +34,8 @@ pub struct Admin {
     pub address: SocketAddr,
     /// The MCP front, for its sessions.
     pub front: Arc<HttpFront>,
+    /// When the daemon started, for the status's uptime: real elapsed time.
+    #[allow(clippy::disallowed_types)]
     pub started: std::time::Instant,
 }
 

@@ -259,6 +259,8 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
         ))
     };
     let admin_front = {
+        // The uptime's start: real elapsed time.
+        #[allow(clippy::disallowed_types)]
         let admin = Arc::new(Admin {
             hub: hub.clone(),
             control: daemon.control.clone(),

@@ -289,6 +289,8 @@ impl CatalogHost {
             state.dirty = true;
             return;
         }
+        // The assembly's cost in real time (it is CPU work, no tokio clock runs it).
+        #[allow(clippy::disallowed_types)]
         let started = std::time::Instant::now();
         let parts = state.by_upstream.values().cloned().collect();
         let (catalog, warnings) = Catalog::assemble(parts, &state.options);

@@ -39,7 +39,7 @@ struct HttpSession {
     /// Taken by the open GET stream and put back when it ends.
     events: Mutex<Option<mpsc::Receiver<Value>>>,
     /// When the client last sent anything; idle sessions are ended.
-    last_seen: Mutex<std::time::Instant>,
+    last_seen: Mutex<tokio::time::Instant>,
 }
 
 impl HttpSession {
@@ -47,7 +47,7 @@ impl HttpSession {
         *self
             .last_seen
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
+            .unwrap_or_else(PoisonError::into_inner) = tokio::time::Instant::now();
     }
 
     /// Idle: nothing sent for `timeout`, and no event stream open.
@@ -485,7 +485,7 @@ impl HttpFront {
             session,
             principal,
             events: Mutex::new(Some(events)),
-            last_seen: Mutex::new(std::time::Instant::now()),
+            last_seen: Mutex::new(tokio::time::Instant::now()),
         });
         self.sessions.insert(new_session_id(), http_session.clone());
         self.hub

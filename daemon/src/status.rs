@@ -5,6 +5,8 @@
 //! daemon's version, config and uptime.
 
 use std::collections::BTreeMap;
+// The uptime is real elapsed time, whatever a test does with tokio's clock.
+#[allow(clippy::disallowed_types)]
 use std::time::Instant;
 
 use registry::Kind;
@@ -13,6 +15,7 @@ use serde_json::{json, Map, Value};
 use crate::hub::Hub;
 
 /// The status as JSON. `http_sessions` counts open HTTP sessions by principal.
+#[allow(clippy::disallowed_types)] // `started`: see the import
 pub fn status(hub: &Hub, http_sessions: BTreeMap<String, usize>, started: Instant) -> Value {
     let catalog = hub.catalog();
     let counts: Vec<_> = Kind::ALL

@@ -2,7 +2,7 @@
 //! each says who acted (principal, view, the session's keyed hash), for the
 //! requests it serves and those it is sent on an upstream's behalf.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use adapters::{Reply, WrittenMember};
 use registry::{Catalog, Route};

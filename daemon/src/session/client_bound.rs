@@ -26,7 +26,7 @@ pub(super) enum ClientBound {
         upstream_id: Value,
         /// For the audit trail.
         method: String,
-        sent: std::time::Instant,
+        sent: tokio::time::Instant,
     },
     /// plexus's own (a 2026-07-28 upstream's input request), answered here.
     Local(oneshot::Sender<Reply>),
@@ -116,7 +116,7 @@ impl ClientBoundRequests {
             connection,
             upstream_id,
             method: method.to_string(),
-            sent: std::time::Instant::now(),
+            sent: tokio::time::Instant::now(),
         };
         self.send(sink, target, method, params).is_some()
     }

@@ -118,7 +118,7 @@ impl Session {
                         )));
                     }
                 }
-                let sent = std::time::Instant::now();
+                let sent = tokio::time::Instant::now();
                 let answered = self
                     .client_bound
                     .ask(call.related, asked, asked_params)

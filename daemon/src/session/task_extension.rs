@@ -385,7 +385,7 @@ async fn as_handshake_answer(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             loop {
                 let got = get().await?;
                 let Reply::Result(detailed) = &got else {
