@@ -60,6 +60,10 @@ struct Daemon {
     hub: Arc<Hub>,
     control: ControlHandle,
     settings: watch::Receiver<DaemonSettings>,
+    /// Cancelled when plexus stops: the parent of every other token.
+    root: CancellationToken,
+    /// Cancelled when plexus stops serving (a signal, the stdio client gone):
+    /// the fronts drain while the upstreams still answer.
     shutdown: CancellationToken,
     tasks: TaskTracker,
     /// Dropping it ends the watch.
@@ -69,8 +73,9 @@ struct Daemon {
 impl Daemon {
     async fn start(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<Daemon, ServeError> {
         let metrics = Arc::new(Metrics::new()?);
-        let hub = Hub::new(&loaded.config, metrics);
-        let shutdown = CancellationToken::new();
+        let root = CancellationToken::new();
+        let hub = Hub::new(&loaded.config, metrics, root.child_token());
+        let shutdown = root.child_token();
         let tasks = TaskTracker::new();
         let (control, inbox) = control::channel();
         let (settings, settings_receiver) = watch::channel(loaded.config.daemon.clone());
@@ -102,6 +107,7 @@ impl Daemon {
             hub,
             control,
             settings: settings_receiver,
+            root,
             shutdown,
             tasks,
             _watcher: watcher,
@@ -116,7 +122,7 @@ impl Daemon {
     /// Stops every upstream and waits for every task.
     async fn stop(self) {
         tracing::info!("stopping upstreams");
-        self.shutdown.cancel();
+        self.root.cancel();
         self.hub.shutdown().await;
         // Every line of the audit trail, and the pins, are on disk before the process ends.
         self.hub.audit().flush().await;

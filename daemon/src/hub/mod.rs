@@ -77,8 +77,9 @@ pub fn catalog_options(daemon: &DaemonSettings) -> CatalogOptions {
 
 impl Hub {
     /// A hub with no upstreams yet: `apply` the diff from nothing to start them.
-    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Arc<Hub> {
-        let shutdown = CancellationToken::new();
+    /// `shutdown` is the daemon's (a child of its root): cancelled, every
+    /// upstream stops.
+    pub fn new(config: &Config, metrics: Arc<Metrics>, shutdown: CancellationToken) -> Arc<Hub> {
         let tasks = TaskTracker::new();
         let (events, receiver) = mpsc::channel(EVENT_QUEUE);
         let (log_level, log_level_receiver) = watch::channel(None);
