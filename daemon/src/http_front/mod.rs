@@ -1,0 +1,369 @@
+//! The streamable HTTP front at `/mcp`: POST carries client messages (answered
+//! with a JSON body), GET opens the session's event stream, DELETE ends a session.
+//! This file routes and answers; `sessions` holds the handshake-era session path,
+//! `modern` the 2026-07-28 per-request path, `event_stream` the streams' writer.
+
+mod event_stream;
+mod modern;
+mod sessions;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::access::{self, Refusal};
+use crate::client_message::{ClientMessage, KnownCapabilities};
+use crate::config::DaemonSettings;
+use crate::era;
+use crate::hub::Hub;
+use crate::jsonrpc::{self, Answer, RelayError};
+use crate::listener::{self, Body, BodyError};
+use crate::session::{Continuations, Identity, Session};
+use sessions::{expire_idle_sessions, HttpSession};
+
+pub const SESSION_HEADER: &str = "mcp-session-id";
+pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
+pub const METHOD_HEADER: &str = "mcp-method";
+pub const NAME_HEADER: &str = "mcp-name";
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// State shared by every request to the front.
+pub struct HttpFront {
+    hub: Arc<Hub>,
+    sessions: DashMap<String, Arc<HttpSession>>,
+    /// Tokens, allowed hosts and origins, session limits: read per request, so a
+    /// reload applies them at once.
+    settings: watch::Receiver<DaemonSettings>,
+    max_body_bytes: usize,
+    shutdown: CancellationToken,
+    /// 2026-07-28 requests paused on input from their clients.
+    paused: Arc<Continuations>,
+    /// The sessions of 2026-07-28 requests being served, so a shutdown can answer them.
+    stateless: DashMap<u64, std::sync::Weak<Session>>,
+    /// Entries added to `stateless`: every so many, the ended ones are swept.
+    stateless_added: AtomicUsize,
+    /// The queue of every stateless session, read by no one.
+    nowhere: mpsc::Sender<Value>,
+    /// The client capabilities 2026-07-28 requests declared lately.
+    known: KnownCapabilities,
+}
+
+impl HttpFront {
+    pub fn new(
+        hub: Arc<Hub>,
+        settings: watch::Receiver<DaemonSettings>,
+        shutdown: CancellationToken,
+    ) -> Arc<HttpFront> {
+        let front = Arc::new(HttpFront {
+            hub,
+            sessions: DashMap::new(),
+            settings: settings.clone(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            shutdown,
+            paused: Arc::new(Continuations::default()),
+            stateless: DashMap::new(),
+            stateless_added: AtomicUsize::new(0),
+            nowhere: mpsc::channel(1).0,
+            known: KnownCapabilities::default(),
+        });
+        front
+            .hub
+            .spawn(expire_idle_sessions(Arc::downgrade(&front), settings));
+        front
+    }
+
+    /// Open sessions by principal (for status).
+    pub fn sessions_by_principal(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        for entry in self.sessions.iter() {
+            *counts
+                .entry(entry.value().principal.to_string())
+                .or_default() += 1;
+        }
+        counts
+    }
+
+    /// Closes every session (at shutdown).
+    pub fn close_all(&self) {
+        for entry in self.sessions.iter() {
+            entry.value().session.close_for_shutdown();
+        }
+        for entry in self.stateless.iter() {
+            if let Some(session) = entry.value().upgrade() {
+                session.close_for_shutdown();
+            }
+        }
+        self.stateless.clear();
+        self.sessions.clear();
+        // Paused calls will not be retried now: release them and their upstream requests.
+        self.paused.clear();
+        self.hub
+            .metrics()
+            .sessions_active
+            .with_label_values(&["http"])
+            .set(0);
+    }
+
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+        // `/mcp` is the whole catalog, `/mcp/<view>` a view of it.
+        let requested_view = match request.uri().path() {
+            "/mcp" => None,
+            path => match path
+                .strip_prefix("/mcp/")
+                .filter(|name| !name.is_empty() && !name.contains('/'))
+            {
+                Some(name) => Some(name.to_string()),
+                None => {
+                    return plain(
+                        StatusCode::NOT_FOUND,
+                        "not found: the MCP endpoint is /mcp (or /mcp/<view>)",
+                    )
+                }
+            },
+        };
+        let principal = {
+            let settings = self.settings.borrow();
+            access::check_host_and_origin(request.headers(), &settings)
+                .and_then(|()| access::authenticate(request.headers(), &settings))
+        };
+        let principal: Arc<str> = match principal {
+            Ok(principal) => Arc::from(principal),
+            Err(refusal) => {
+                self.hub
+                    .metrics()
+                    .http_refused_requests
+                    .with_label_values(&[refusal.kind()])
+                    .inc();
+                return refused(&refusal);
+            }
+        };
+        // A principal bound to a view sees it whatever the path; an unknown view is 404.
+        let view = match self.hub.view_of(&principal, requested_view.as_deref()) {
+            Ok(view) => view,
+            Err(_) => return plain(StatusCode::NOT_FOUND, "not found: there is no such view"),
+        };
+        // A POST's answer echoes its request's id, so the body is read first.
+        if request.method() != Method::POST {
+            if let Err(error) = check_version_header(request.headers()) {
+                return json_error(StatusCode::BAD_REQUEST, &error);
+            }
+        }
+        match *request.method() {
+            Method::POST => self.post(request, principal, view).await,
+            Method::GET => self.get(request.headers(), &principal),
+            Method::DELETE => self.delete(request.headers(), &principal),
+            _ => {
+                let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                response
+            }
+        }
+    }
+
+    async fn post(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        principal: Arc<str>,
+        view: Option<Arc<str>>,
+    ) -> Response<Body> {
+        if self.shutdown.is_cancelled() {
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
+        }
+        let (parts, body) = request.into_parts();
+        let declared_length = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared_length.is_some_and(|length| length > self.max_body_bytes) {
+            // Refuse before reading: the client learns at once, without uploading it all.
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &RelayError::RequestTooLarge {
+                    limit: self.max_body_bytes,
+                },
+            );
+        }
+        let timeout = self.settings.borrow().body_read_timeout;
+        let body = match listener::read_body(body, self.max_body_bytes, timeout).await {
+            Ok(body) => body,
+            Err(error) => {
+                let relayed = match &error {
+                    BodyError::TooLarge { limit } => RelayError::RequestTooLarge { limit: *limit },
+                    BodyError::TimedOut(_) => {
+                        RelayError::InvalidRequest(format!("{error} ([daemon] body_read_timeout)"))
+                    }
+                    BodyError::Unreadable(_) => RelayError::InvalidRequest(error.to_string()),
+                };
+                return error.closing(json_error(error.status(), &relayed));
+            }
+        };
+        let received = match ClientMessage::read_served(body, &self.known) {
+            Ok(received) => received,
+            Err(error) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    &RelayError::Parse(error.to_string()),
+                )
+            }
+        };
+        let message = &received.message;
+        if let Err(error) = check_version_header(&parts.headers) {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &jsonrpc::error_response(id, &error),
+            );
+        }
+        let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
+        let modern_header = parts
+            .headers
+            .get(PROTOCOL_HEADER)
+            .is_some_and(|v| v.as_bytes() == era::MODERN_VERSION.as_bytes());
+        // A 2026-07-28 request is served that way whatever its method: `initialize`
+        // sent so is an unknown method of that revision, not a handshake.
+        if modern_header || era::declared_version(message.get("params")).is_some() {
+            return self
+                .post_modern(&parts.headers, received, Identity { principal, view })
+                .await;
+        }
+        self.post_in_session(&parts.headers, received, principal, view, is_initialize)
+            .await
+    }
+}
+
+/// Why a request is refused before it reaches a session.
+enum Rejection {
+    Json(StatusCode, RelayError),
+}
+
+impl Rejection {
+    fn into_response(self) -> Response<Body> {
+        match self {
+            Rejection::Json(status, error) => json_error(status, &error),
+        }
+    }
+}
+
+/// 2026-07-28 over HTTP: an unknown method is 404, a malformed request (or one
+/// needing a capability it did not declare, an upstream's refusal included) 400.
+fn modern_status(response: &Answer) -> StatusCode {
+    match response.error_code() {
+        Some(jsonrpc::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
+        Some(
+            jsonrpc::HEADER_MISMATCH
+            | jsonrpc::MISSING_CAPABILITY
+            | jsonrpc::UNSUPPORTED_PROTOCOL_VERSION
+            | jsonrpc::INVALID_REQUEST
+            | jsonrpc::PARSE_ERROR,
+        ) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    }
+}
+
+/// A `MCP-Protocol-Version` header names a revision plexus serves, if there is one.
+fn check_version_header(headers: &HeaderMap) -> Result<(), RelayError> {
+    let Some(version) = headers.get(PROTOCOL_HEADER) else {
+        return Ok(());
+    };
+    let version = version.to_str().unwrap_or_default();
+    if era::ALL_VERSIONS.contains(&version) {
+        return Ok(());
+    }
+    Err(RelayError::UnsupportedVersion {
+        requested: version.to_string(),
+        supported: era::ALL_VERSIONS.to_vec(),
+    })
+}
+
+/// A refusal at the door: its status, a JSON-RPC error body, and for 401 the
+/// `WWW-Authenticate` challenge.
+fn refused(refusal: &Refusal) -> Response<Body> {
+    let error = RelayError::AccessDenied {
+        kind: refusal.kind(),
+        reason: refusal.message(),
+    };
+    let mut response = json_error(refusal.status(), &error);
+    if let Some(challenge) = refusal.challenge() {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
+    }
+    response
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed_unsync());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
+    *response.status_mut() = status;
+    response
+}
+
+fn json_response(status: StatusCode, message: &Value) -> Response<Body> {
+    json_bytes_response(status, adapters::json_out::to_vec(message))
+}
+
+fn answer_response(status: StatusCode, answer: Answer) -> Response<Body> {
+    json_bytes_response(status, answer.into_bytes())
+}
+
+fn json_bytes_response(status: StatusCode, bytes: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_error(status: StatusCode, error: &RelayError) -> Response<Body> {
+    json_response(status, &jsonrpc::error_response(Value::Null, error))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::listener::is_loopback_host;
+
+    #[test]
+    fn loopback_hosts_are_recognised() {
+        for host in [
+            "localhost",
+            "localhost:7464",
+            "127.0.0.1:1",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:7464",
+            "127.0.0.2",
+            "localhost.evil.example",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+}
