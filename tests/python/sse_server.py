@@ -1,6 +1,6 @@
 """An MCP server on the 2024-11-05 HTTP+SSE transport (GET /sse, POST /messages/),
 written with the official Python SDK, for plexus's remote-upstream tests
-(tests/tests/remote.rs): rmcp has no server for this transport.
+(tests/tests/e2e/remote.rs): rmcp has no server for this transport.
 
 Usage: sse_server.py --port PORT [--tls-dir DIR]
 

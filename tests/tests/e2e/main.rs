@@ -1,0 +1,31 @@
+//! The end-to-end tests: one test binary (linked once) with a module per area, each
+//! against real daemon and fixture processes; `cargo test -p plexus-tests --test e2e relay::`
+//! runs one area.
+
+mod architecture;
+mod audit;
+mod bench_smoke;
+mod catalog;
+mod cli;
+mod conformance;
+mod connect;
+mod explore;
+mod faults;
+mod fixture_modern;
+mod front;
+mod instances;
+mod modern;
+mod one_state;
+mod pins;
+mod protocol;
+mod python_client;
+mod relay;
+mod reload;
+mod remote;
+mod restart;
+mod roundtrip;
+mod startup;
+mod status;
+mod systemd;
+mod task_bridge;
+mod views;
