@@ -19,85 +19,69 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
 }
 
-impl Daemon {
-    /// Starts a daemon whose config is `[daemon]` on port 0 plus `sections`.
-    pub async fn start(daemon_extra: &str, sections: &str) -> anyhow::Result<Daemon> {
-        Daemon::start_in(tempfile::tempdir()?, daemon_extra, sections).await
+/// What to start, built with [`Daemon::builder`]: by default the workspace's
+/// `plexus` on `127.0.0.1:0`, in a fresh directory, with an empty config.
+#[derive(Default)]
+pub struct DaemonBuilder {
+    binary: Option<PathBuf>,
+    dir: Option<tempfile::TempDir>,
+    listen: Option<String>,
+    daemon: String,
+    upstreams: String,
+    env: Vec<(String, String)>,
+}
+
+impl DaemonBuilder {
+    /// Lines added to the `[daemon]` section (after `listen`, `admin_listen` and
+    /// `state_dir`).
+    pub fn daemon(mut self, lines: impl Into<String>) -> Self {
+        self.daemon = lines.into();
+        self
     }
 
-    /// Like [`Daemon::start`], in a directory kept from an earlier daemon (its state survives).
-    pub async fn start_in(
-        dir: tempfile::TempDir,
-        daemon_extra: &str,
-        sections: &str,
-    ) -> anyhow::Result<Daemon> {
-        Daemon::launch(dir, "127.0.0.1:0", daemon_extra, sections, &[]).await
+    /// The config after `[daemon]`: upstream sections, views, anything else.
+    pub fn upstreams(mut self, sections: impl Into<String>) -> Self {
+        self.upstreams = sections.into();
+        self
     }
 
-    /// Like [`Daemon::start_in`], listening on `listen` (a fixed port, so a
-    /// restarted daemon is found where its clients left it).
-    pub async fn start_on(
-        dir: tempfile::TempDir,
-        listen: &str,
-        daemon_extra: &str,
-        sections: &str,
-    ) -> anyhow::Result<Daemon> {
-        Daemon::launch(dir, listen, daemon_extra, sections, &[]).await
+    /// A directory kept from an earlier daemon (its state survives).
+    pub fn dir(mut self, dir: tempfile::TempDir) -> Self {
+        self.dir = Some(dir);
+        self
     }
 
-    /// Like [`Daemon::start`], with these variables added to the daemon's environment
-    /// (what `${NAME}` in its config expands to).
-    pub async fn start_with_env(
-        daemon_extra: &str,
-        sections: &str,
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Daemon> {
-        Daemon::launch(
-            tempfile::tempdir()?,
-            "127.0.0.1:0",
-            daemon_extra,
-            sections,
-            env,
-        )
-        .await
+    /// A fixed listen address, so a restarted daemon is found where its clients
+    /// left it.
+    pub fn listen(mut self, listen: impl Into<String>) -> Self {
+        self.listen = Some(listen.into());
+        self
     }
 
-    /// Like [`Daemon::start`], running `binary` rather than the workspace's build
-    /// (another build of plexus, to compare with).
-    pub async fn start_binary(
-        binary: &Path,
-        daemon_extra: &str,
-        sections: &str,
-    ) -> anyhow::Result<Daemon> {
-        Daemon::launch_binary(
-            binary,
-            tempfile::tempdir()?,
-            "127.0.0.1:0",
-            daemon_extra,
-            sections,
-            &[],
-        )
-        .await
+    /// Variables added to the daemon's environment (what `${NAME}` in its config
+    /// expands to).
+    pub fn env(mut self, env: &[(&str, &str)]) -> Self {
+        self.env
+            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self
     }
 
-    async fn launch(
-        dir: tempfile::TempDir,
-        listen: &str,
-        daemon_extra: &str,
-        sections: &str,
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Daemon> {
-        Daemon::launch_binary(&plexus_binary(), dir, listen, daemon_extra, sections, env).await
+    /// Runs `binary` rather than the workspace's build (another build of plexus,
+    /// to compare with).
+    pub fn binary(mut self, binary: &Path) -> Self {
+        self.binary = Some(binary.to_path_buf());
+        self
     }
 
-    async fn launch_binary(
-        binary: &Path,
-        dir: tempfile::TempDir,
-        listen: &str,
-        daemon_extra: &str,
-        sections: &str,
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Daemon> {
+    /// Writes the config, starts the daemon and waits for its runtime file.
+    pub async fn start(self) -> anyhow::Result<Daemon> {
+        let binary = self.binary.unwrap_or_else(plexus_binary);
+        let dir = match self.dir {
+            Some(dir) => dir,
+            None => tempfile::tempdir()?,
+        };
+        let listen = self.listen.as_deref().unwrap_or("127.0.0.1:0");
+        let (daemon_extra, sections) = (&self.daemon, &self.upstreams);
         let _ = std::fs::remove_file(dir.path().join("state").join("daemon.json"));
         let state = dir.path().join("state");
         let config = format!(
@@ -107,12 +91,12 @@ impl Daemon {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config)?;
         let log = std::fs::File::create(dir.path().join("plexus.log"))?;
-        let child = Command::new(binary)
+        let child = Command::new(&binary)
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
             .env("PLEXUS_LOG", "info")
-            .envs(env.iter().copied())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -145,6 +129,13 @@ impl Daemon {
             admin: format!("http://{}", field("admin_listen")?),
             dir,
         })
+    }
+}
+
+impl Daemon {
+    /// What to start: `Daemon::builder().daemon("…").upstreams("…").start().await`.
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder::default()
     }
 
     /// Writes a config for `plexus serve --stdio` with these upstream sections and a

@@ -4,7 +4,7 @@
 pub mod answering;
 mod daemon;
 
-pub use daemon::Daemon;
+pub use daemon::{Daemon, DaemonBuilder};
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

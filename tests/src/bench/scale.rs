@@ -24,7 +24,9 @@ pub async fn upstreams(upstreams: usize) -> anyhow::Result<()> {
         .map(|n| fixture_upstream(&format!("fx{n}"), "", &["--name", &format!("fx{n}")]))
         .collect();
     let started = Instant::now();
-    let daemon = Daemon::start("", &sections)
+    let daemon = Daemon::builder()
+        .upstreams(&sections)
+        .start()
         .await
         .context("starting plexus")?;
     let listening = started.elapsed();
@@ -50,7 +52,10 @@ pub async fn sessions(sessions: usize) -> anyhow::Result<()> {
         "max_sessions = {0}\nmax_sessions_per_principal = {0}",
         sessions + 10
     );
-    let daemon = Daemon::start(&limits, &fixture_upstream("bench", "", &[]))
+    let daemon = Daemon::builder()
+        .daemon(&limits)
+        .upstreams(fixture_upstream("bench", "", &[]))
+        .start()
         .await
         .context("starting plexus")?;
     daemon
@@ -242,7 +247,9 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let (mut idle_anon, mut fresh_anon, mut restarted_anon) = (Vec::new(), Vec::new(), Vec::new());
     let mut loaded = None;
     for _ in 0..scale.samples.max(1) {
-        let daemon = Daemon::start("", &extra_upstreams(scale.upstreams, 0, None, ""))
+        let daemon = Daemon::builder()
+            .upstreams(extra_upstreams(scale.upstreams, 0, None, ""))
+            .start()
             .await
             .context("starting the idle daemon")?;
         wait_ready_closely(&daemon).await?;
@@ -356,7 +363,10 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let big_pid = daemon.pid().context("plexus has no pid")?;
 
     let small = fixture_upstream("small", "", &["--extra-tools", "4"]);
-    let small_daemon = Daemon::start("page_size = 10", &small)
+    let small_daemon = Daemon::builder()
+        .daemon("page_size = 10")
+        .upstreams(&small)
+        .start()
         .await
         .context("starting plexus with 10 tools")?;
     wait_ready_closely(&small_daemon).await?;
@@ -474,7 +484,10 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
 async fn restart_on_state(daemon: Daemon, sections: &str) -> anyhow::Result<Daemon> {
     let (status, dir) = daemon.stop_keeping_state().await?;
     ensure!(status.success(), "plexus exited with {status}");
-    let daemon = Daemon::start_in(dir, "", sections)
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .upstreams(sections)
+        .start()
         .await
         .context("restarting plexus on its state")?;
     wait_ready_closely(&daemon).await?;
@@ -493,7 +506,10 @@ async fn restart_timed(
         stop(daemon).await?;
     }
     let started = Instant::now();
-    let daemon = Daemon::start(daemon_extra, sections)
+    let daemon = Daemon::builder()
+        .daemon(daemon_extra)
+        .upstreams(sections)
+        .start()
         .await
         .context("starting plexus")?;
     wait_ready_closely(&daemon).await?;

@@ -150,7 +150,10 @@ impl Rig {
             upstream_sections(),
             http_fixture.url()
         );
-        let daemon = Daemon::start(daemon_extra, &sections)
+        let daemon = Daemon::builder()
+            .daemon(daemon_extra)
+            .upstreams(&sections)
+            .start()
             .await
             .context("starting plexus")?;
         daemon
@@ -159,7 +162,11 @@ impl Rig {
             .context("waiting for plexus's upstreams")?;
         let against = match against {
             Some(binary) => {
-                let other = Daemon::start_binary(binary, daemon_extra, &sections)
+                let other = Daemon::builder()
+                    .binary(binary)
+                    .daemon(daemon_extra)
+                    .upstreams(&sections)
+                    .start()
                     .await
                     .with_context(|| format!("starting {}", binary.display()))?;
                 other

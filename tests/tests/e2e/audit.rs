@@ -52,7 +52,11 @@ async fn every_call_leaves_one_line_and_no_secret() -> anyhow::Result<()> {
         "call_timeout = \"400ms\"\nmax_call_timeout = \"400ms\"",
         &["--drift-file", &drift.display().to_string()],
     );
-    let daemon = Daemon::start("audit_log = \"audit.jsonl\"", &section).await?;
+    let daemon = Daemon::builder()
+        .daemon("audit_log = \"audit.jsonl\"")
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let trail = daemon.dir.path().join("audit.jsonl");
 
@@ -210,15 +214,15 @@ async fn every_call_leaves_one_line_and_no_secret() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trail_names_the_principal_and_view_never_the_token() -> anyhow::Result<()> {
-    let daemon = Daemon::start_with_env(
-        "audit_log = \"audit.jsonl\"\nauth_tokens = { ci = \"${CI_TOKEN}\" }",
-        &format!(
+    let daemon = Daemon::builder()
+        .daemon("audit_log = \"audit.jsonl\"\nauth_tokens = { ci = \"${CI_TOKEN}\" }")
+        .upstreams(format!(
             "{}\n[views.narrow]\ntools = [\"fx__echo\"]\n",
             fixture_upstream("fx", "", &[])
-        ),
-        &[("CI_TOKEN", TOKEN)],
-    )
-    .await?;
+        ))
+        .env(&[("CI_TOKEN", TOKEN)])
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let bearer = format!("Bearer {TOKEN}");
     let mut session = RawHttpSession::connect_with(

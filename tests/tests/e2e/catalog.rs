@@ -228,7 +228,7 @@ async fn exercise(client: &Client) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_upstreams_over_http_and_stdio() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &sections()).await?;
+    let daemon = Daemon::builder().upstreams(sections()).start().await?;
 
     // plexus answers initialize at once, whatever the upstreams are doing.
     let started = Instant::now();

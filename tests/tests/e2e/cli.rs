@@ -76,7 +76,7 @@ fn serve_refuses_a_bad_config_without_starting() -> anyhow::Result<()> {
 /// that is neither is a usage error (exit 2, as clap's are) before anything is asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_is_an_address_or_a_name_and_port() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", "").await?;
+    let daemon = Daemon::builder().start().await?;
     let port = daemon
         .admin
         .rsplit(':')

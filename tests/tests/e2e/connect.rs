@@ -67,7 +67,11 @@ async fn a_handshake_client_survives_a_daemon_restart_through_connect() -> anyho
     let listen = format!("127.0.0.1:{port}");
     let url = format!("http://{listen}/mcp");
     let section = fixture_upstream("fx", "", &[]);
-    let daemon = Daemon::start_on(tempfile::tempdir()?, &listen, "", &section).await?;
+    let daemon = Daemon::builder()
+        .listen(&listen)
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let handler = AnsweringClient::named("bridged");
     let client = handler
@@ -110,7 +114,12 @@ async fn a_handshake_client_survives_a_daemon_restart_through_connect() -> anyho
         .err()
         .context("the call in flight succeeded after a SIGKILL")?;
     ensure!(error.to_string().contains("-33003"), "{error}");
-    let daemon = Daemon::start_on(dir, &listen, "", &section).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .listen(&listen)
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     echo_once_back(&client, "after").await?;
     client.cancel().await?;
@@ -124,7 +133,11 @@ async fn a_2026_client_survives_a_daemon_restart_through_connect() -> anyhow::Re
     let listen = format!("127.0.0.1:{port}");
     let url = format!("http://{listen}/mcp");
     let section = fixture_upstream("fx", "", &[]);
-    let daemon = Daemon::start_on(tempfile::tempdir()?, &listen, "", &section).await?;
+    let daemon = Daemon::builder()
+        .listen(&listen)
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let handler = AnsweringClient::named("modern-bridged").modern();
     let client = handler
@@ -154,7 +167,12 @@ async fn a_2026_client_survives_a_daemon_restart_through_connect() -> anyhow::Re
     );
 
     let dir = daemon.kill().await?;
-    let daemon = Daemon::start_on(dir, &listen, "", &section).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .listen(&listen)
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     echo_once_back(&client, "after").await?;
     client.cancel().await?;
@@ -177,7 +195,11 @@ async fn the_python_sdk_survives_a_daemon_restart_through_connect() -> anyhow::R
     let listen = format!("127.0.0.1:{port}");
     let url = format!("http://{listen}/mcp");
     let section = fixture_upstream("fx", "", &[]);
-    let mut daemon = Daemon::start_on(tempfile::tempdir()?, &listen, "", &section).await?;
+    let mut daemon = Daemon::builder()
+        .listen(&listen)
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     for mode in ["auto", "legacy"] {
         let mut script = tokio::process::Command::new(&python)
@@ -198,7 +220,12 @@ async fn the_python_sdk_survives_a_daemon_restart_through_connect() -> anyhow::R
             .context("the script never got ready")??;
         ensure!(ready.as_deref() == Some("ready"), "{mode}: {ready:?}");
         let dir = daemon.kill().await?;
-        daemon = Daemon::start_on(dir, &listen, "", &section).await?;
+        daemon = Daemon::builder()
+            .dir(dir)
+            .listen(&listen)
+            .upstreams(&section)
+            .start()
+            .await?;
         daemon.wait_ready(Duration::from_secs(20)).await?;
         stdin.write_all(b"go\n").await?;
         let verdict = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
@@ -229,7 +256,7 @@ async fn the_bridge_relays_requests_progress_and_cancellation_in_each_era() -> a
         "[upstreams.everything]\nnpx = \"@modelcontextprotocol/server-everything@2026.8.31\"\ninit_timeout = \"180s\"\n\n{}",
         fixture_with_cancel_log(&cancel_log)
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
     let handshake = AnsweringClient::named("bridged-old");
     let client = handshake
@@ -259,7 +286,10 @@ async fn the_bridge_relays_requests_progress_and_cancellation_in_each_era() -> a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let (_bridge, mut stdin, mut lines) = piped_bridge(&daemon.url)?;
     let burst = [
@@ -303,7 +333,10 @@ async fn messages_after_initialize_wait_for_its_session() -> anyhow::Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_passes_calls_on_as_written() -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &["--modern"])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &["--modern"]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let (_bridge, mut stdin, mut lines) = piped_bridge(&daemon.url)?;
     let meta = json!({
@@ -399,12 +432,12 @@ async fn unauthorized_requests(daemon: &Daemon) -> anyhow::Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_the_daemon_refuses_says_so_and_exits_77() -> anyhow::Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-    let daemon = Daemon::start_with_env(
-        "auth_tokens = { laptop = \"${PLEXUS_TEST_TOKEN}\" }",
-        &fixture_upstream("fx", "", &[]),
-        &[("PLEXUS_TEST_TOKEN", "the-right-token-0123456789")],
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("auth_tokens = { laptop = \"${PLEXUS_TEST_TOKEN}\" }")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .env(&[("PLEXUS_TEST_TOKEN", "the-right-token-0123456789")])
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let mut refused_before = unauthorized_requests(&daemon).await?;
     for (case, token) in [

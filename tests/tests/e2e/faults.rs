@@ -127,7 +127,7 @@ async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> 
         control_section(),
         fixture_upstream("victim", "", &["--name", "victim"])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
 
@@ -179,7 +179,10 @@ restart_backoff_max = "5s"
 max_restarts = 3
 restart_window = "60s"
 "#;
-    let daemon = Daemon::start("", &format!("{}{crashy}", control_section())).await?;
+    let daemon = Daemon::builder()
+        .upstreams(format!("{}{crashy}", control_section()))
+        .start()
+        .await?;
     wait_for_state(&daemon, "control", "ready", Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     wait_for_state(&daemon, "crashy", "failed", Duration::from_secs(20)).await?;
@@ -260,7 +263,7 @@ async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()
             &["--name", "brittle", "--exit-after-calls", "1"]
         )
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let call = json!({"name": "brittle__echo", "arguments": {"text": "x"}});
@@ -327,7 +330,7 @@ async fn a_child_that_never_answers_initialize_is_stopped_after_init_timeout() -
             &["--name", "mute", "--hang-initialize"]
         )
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     wait_for_state(&daemon, "control", "ready", Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     wait_for_state(&daemon, "mute", "backing_off", Duration::from_secs(10)).await?;
@@ -358,7 +361,10 @@ async fn a_child_ignoring_sigterm_is_killed_and_the_daemon_still_exits_cleanly(
         "[upstreams.stubborn]\ncommand = \"sh\"\nargs = [\"-c\", \"trap '' TERM; {} --name stubborn-child; sleep 300\"]\nstop_grace = \"500ms\"\n",
         fixture_binary().display()
     );
-    let daemon = Daemon::start("", &format!("{}{stubborn}", control_section())).await?;
+    let daemon = Daemon::builder()
+        .upstreams(format!("{}{stubborn}", control_section()))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let shells = processes_matching("--name stubborn-child; sleep 300");
     ensure!(shells.len() == 1, "{shells:?}");
@@ -384,7 +390,7 @@ async fn a_child_ignoring_sigterm_is_killed_and_the_daemon_still_exits_cleanly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_npx_tree_leaves_nothing_behind_on_restart_and_on_exit() -> anyhow::Result<()> {
     let everything = "[upstreams.everything]\nnpx = \"@modelcontextprotocol/server-everything@2026.8.31\"\ninit_timeout = \"180s\"\n";
-    let daemon = Daemon::start("", everything).await?;
+    let daemon = Daemon::builder().upstreams(everything).start().await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
     let group_of = |log: &str, nth: usize| -> Option<i32> {
         log.lines()
@@ -463,7 +469,7 @@ async fn lists_without_end_are_read_up_to_their_limits() -> anyhow::Result<()> {
         drifting("endless", "endless-pages", "max_list_bytes = 20000")?,
         drifting("looping", "repeated-cursor", "")?,
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
@@ -510,7 +516,7 @@ async fn a_flood_of_upstream_requests_on_one_client_is_bounded() -> anyhow::Resu
         control_section(),
         fixture_upstream("asker", "", &["--name", "asker"])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let mut session =
@@ -558,7 +564,7 @@ async fn a_flood_of_upstream_requests_on_one_client_is_bounded() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_subscriptions_are_bounded() -> anyhow::Result<()> {
     let sections = fixture_upstream("fx", "", &["--name", "fx", "--conformance"]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let uri = |n: usize| format!("fx+test://template/{n}/data");
@@ -622,7 +628,7 @@ async fn stderr_floods_and_oversized_lines_are_survived() -> anyhow::Result<()> 
         ),
         fixture_upstream("small", "max_message_bytes = 4096", &["--name", "small"]),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
@@ -674,7 +680,7 @@ async fn two_hundred_concurrent_calls_meet_the_in_flight_and_pending_limits() ->
             &["--name", "narrow"]
         ),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let (_session, id) = session_id(&daemon.url).await?;
@@ -727,7 +733,7 @@ async fn an_expired_deadline_cancels_upstream_and_progress_extends_it() -> anyho
         control_section(),
         fixture_upstream("slow", &slow, &["--name", "slow"])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
@@ -800,7 +806,10 @@ async fn an_expired_deadline_cancels_upstream_and_progress_extends_it() -> anyho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_in_flight_id_is_refused_and_the_first_call_is_unaffected() -> anyhow::Result<()>
 {
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let (_session, id) = session_id(&daemon.url).await?;
     let first = spawn_call(
@@ -836,7 +845,7 @@ async fn an_upstream_that_stops_answering_pings_is_restarted() -> anyhow::Result
             &["--name", "frozen"]
         )
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let frozen = processes_matching("--name frozen");
@@ -875,11 +884,11 @@ async fn an_upstream_that_stops_answering_pings_is_restarted() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_calls_in_flight_finish_then_exits_cleanly() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "drain_timeout = \"10s\"",
-        &fixture_upstream("fx", "", &["--name", "draining"]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"10s\"")
+        .upstreams(fixture_upstream("fx", "", &["--name", "draining"]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let (_session, id) = session_id(&daemon.url).await?;
     let calls: Vec<_> = (0..3)
@@ -930,7 +939,7 @@ async fn an_upstream_request_between_calls_is_refused_not_guessed() -> anyhow::R
         control_section(),
         fixture_upstream("fx", "", &["--name", "fx"])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let handler = AnsweringClient::named("bystander");
@@ -982,7 +991,7 @@ async fn an_oversized_junk_line_fails_the_call_as_too_large() -> anyhow::Result<
             &["--name", "junky", "--oversized-junk", "3000000"]
         )
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
@@ -1037,7 +1046,7 @@ async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Resul
             &["--name", "chatty", "--stderr-lines", "50000"]
         )
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
     ensure!(
@@ -1083,11 +1092,11 @@ async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Resul
 /// in both eras.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_outliving_the_drain_are_answered_shutting_down() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "drain_timeout = \"1s\"",
-        &fixture_upstream("fx", "", &["--name", "outliving"]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"1s\"")
+        .upstreams(fixture_upstream("fx", "", &["--name", "outliving"]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let (_session, id) = session_id(&daemon.url).await?;
     let handshake = spawn_call(
@@ -1148,7 +1157,7 @@ async fn a_sigkilled_daemon_leaves_no_upstream_behind() -> anyhow::Result<()> {
         "[upstreams.orphan]\ncommand = \"sh\"\nargs = [\"-c\", \"trap '' TERM HUP; sleep 301 & {} --name orphan-child --ignore-sigterm; sleep 302\"]\n",
         fixture_binary().display()
     );
-    let daemon = Daemon::start("", &stubborn).await?;
+    let daemon = Daemon::builder().upstreams(&stubborn).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     ensure!(
         !processes_matching("sleep 301").is_empty(),
@@ -1206,7 +1215,7 @@ async fn an_upstream_flooding_stderr_costs_the_daemon_little_cpu() -> anyhow::Re
             &["--name", "flood", "--flood-stderr", &count_arg]
         ),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let pid = daemon.pid().context("no daemon pid")?;
     let flooded = || -> u64 {

@@ -70,12 +70,12 @@ async fn the_front_refuses_what_it_must_and_serves_the_rest() -> anyhow::Result<
          max_sessions_per_principal = 4\n",
         ci_file.display()
     );
-    let daemon = Daemon::start_with_env(
-        &daemon_extra,
-        &fixture_upstream("fx", "", &[]),
-        &[("PLEXUS_TEST_TOKEN", LAPTOP)],
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon(&daemon_extra)
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .env(&[("PLEXUS_TEST_TOKEN", LAPTOP)])
+        .start()
+        .await?;
     let address = authority(&daemon.url);
     let laptop = format!("Authorization: Bearer {LAPTOP}\r\n");
     let body = initialize_body();
@@ -201,7 +201,10 @@ async fn the_front_refuses_what_it_must_and_serves_the_rest() -> anyhow::Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_guards_its_changes() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let admin = authority(&daemon.admin);
     let body = r#"{"upstream": "fx"}"#;
@@ -255,11 +258,11 @@ async fn the_admin_listener_guards_its_changes() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "header_read_timeout = \"1s\"",
-        &fixture_upstream("fx", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("header_read_timeout = \"1s\"")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     // Five clients that send one byte of a request every 300 ms, forever.
@@ -336,11 +339,11 @@ async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_stops_arriving_is_answered_and_its_connection_closed() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "body_read_timeout = \"1s\"",
-        &fixture_upstream("fx", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("body_read_timeout = \"1s\"")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     let admin = authority(&daemon.admin);
@@ -439,11 +442,11 @@ async fn listening_beyond_loopback_needs_tokens() -> anyhow::Result<()> {
 /// so it neither wakes the daemon nor takes one of its connection slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_take_no_slot() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "max_connections = 1\nheader_read_timeout = \"30s\"",
-        &fixture_upstream("fx", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("max_connections = 1\nheader_read_timeout = \"30s\"")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     let silent = TcpStream::connect(&address).await?;
@@ -466,11 +469,11 @@ async fn silent_connections_take_no_slot() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
 ) -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "max_connections = 3\nheader_read_timeout = \"30s\"",
-        &fixture_upstream("fx", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("max_connections = 3\nheader_read_timeout = \"30s\"")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     // Three busy connections take every slot: each has sent a request's head and
@@ -514,11 +517,11 @@ async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
 /// keep it out for a `header_read_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_cap_a_new_client_takes_the_place_of_the_oldest_idle_one() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "max_connections = 3\nheader_read_timeout = \"30s\"",
-        &fixture_upstream("fx", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("max_connections = 3\nheader_read_timeout = \"30s\"")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     // Three idle connections take every slot: each has begun a request and gone
@@ -600,12 +603,12 @@ async fn metric(daemon: &Daemon, series: &str) -> anyhow::Result<Option<f64>> {
 async fn slow_clients_at_the_descriptor_limit_keep_no_one_out() -> anyhow::Result<()> {
     let scripts = tempfile::tempdir()?;
     let limited = limited_plexus(scripts.path(), "-n 256")?;
-    let daemon = Daemon::start_binary(
-        &limited,
-        "header_read_timeout = \"10s\"",
-        &fixture_upstream("fx", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .binary(&limited)
+        .daemon("header_read_timeout = \"10s\"")
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let pid = daemon.pid().context("no daemon pid")?;
     ensure!(
@@ -673,7 +676,11 @@ async fn slow_clients_at_the_descriptor_limit_keep_no_one_out() -> anyhow::Resul
 async fn the_soft_descriptor_limit_is_raised_to_the_hard_one() -> anyhow::Result<()> {
     let scripts = tempfile::tempdir()?;
     let limited = limited_plexus(scripts.path(), "-S -n 512")?;
-    let daemon = Daemon::start_binary(&limited, "", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .binary(&limited)
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     let pid = daemon.pid().context("no daemon pid")?;
     let (soft, hard) = open_files_limit(pid)?;
     println!("the daemon's open files limit: soft {soft}, hard {hard}");

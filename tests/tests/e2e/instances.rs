@@ -42,7 +42,7 @@ async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow
         "start = \"lazy\"\nidle_timeout = \"1s\"",
         &["--name", "lazy-one"],
     );
-    let daemon = Daemon::start("", &lazy).await?;
+    let daemon = Daemon::builder().upstreams(&lazy).start().await?;
     let running = || processes_matching("--name lazy-one").len();
 
     // With nothing known about it, it starts once to be listed, then idles out.
@@ -85,7 +85,7 @@ async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow
     let (status, dir) = daemon.stop_keeping_state().await?;
     ensure!(status.success());
     ensure!(dir.path().join("state/catalog/lazy.json").exists());
-    let daemon = Daemon::start_in(dir, "", &lazy).await?;
+    let daemon = Daemon::builder().dir(dir).upstreams(&lazy).start().await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = session.request("tools/list", json!({})).await?;
     ensure!(tools.to_string().contains("lazy__whoami"), "{tools}");
@@ -113,7 +113,11 @@ async fn a_large_last_known_catalog_is_listed_as_before_after_a_restart() -> any
         "start = \"lazy\"\nidle_timeout = \"1s\"",
         &["--name", "big-one", "--extra-tools", "400"],
     );
-    let daemon = Daemon::start("page_size = 1000", &section).await?;
+    let daemon = Daemon::builder()
+        .daemon("page_size = 1000")
+        .upstreams(&section)
+        .start()
+        .await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let mut before = Value::Null;
     for _ in 0..200 {
@@ -130,7 +134,12 @@ async fn a_large_last_known_catalog_is_listed_as_before_after_a_restart() -> any
     ensure!(status.success());
     let kept = std::fs::metadata(dir.path().join("state/catalog/big.json"))?.len();
     ensure!(kept >= 64 * 1024, "the kept listing is only {kept} bytes");
-    let daemon = Daemon::start_in(dir, "page_size = 1000", &section).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .daemon("page_size = 1000")
+        .upstreams(&section)
+        .start()
+        .await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = session.request("tools/list", json!({})).await?;
     ensure!(
@@ -150,7 +159,7 @@ async fn a_large_last_known_catalog_is_listed_as_before_after_a_restart() -> any
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_per_session_upstream_runs_one_instance_per_session() -> anyhow::Result<()> {
     let section = fixture_upstream("mine", "share = \"session\"", &["--name", "per-session"]);
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let running = || processes_matching("--name per-session").len();
     let mut first = RawHttpSession::connect(&daemon.url).await?;
     let mut second = RawHttpSession::connect(&daemon.url).await?;
@@ -227,7 +236,11 @@ async fn an_abandoned_http_session_is_ended_with_its_instance() -> anyhow::Resul
         "share = \"session\"",
         &["--name", "abandoned-session"],
     );
-    let daemon = Daemon::start("session_idle_timeout = \"600ms\"", &section).await?;
+    let daemon = Daemon::builder()
+        .daemon("session_idle_timeout = \"600ms\"")
+        .upstreams(&section)
+        .start()
+        .await?;
     let running = || processes_matching("--name abandoned-session").len();
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     ensure!(
@@ -261,7 +274,7 @@ async fn a_per_session_upstream_takes_subscriptions_on_the_session_instance() ->
         "share = \"session\"",
         &["--name", "subscribed-session", "--conformance"],
     );
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     ensure!(
         whoami_answers(&mut session, "subscribed-session").await?,
@@ -303,7 +316,7 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
         "share = \"session\"",
         &["--name", "private", "--conformance"],
     );
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let (alice, bob) = (
         AnsweringClient::named("alice"),
         AnsweringClient::named("bob"),
@@ -379,7 +392,7 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
 async fn a_per_session_instance_cannot_speak_into_another_sessions_call_by_its_progress_token(
 ) -> anyhow::Result<()> {
     let section = fixture_upstream("mine", "share = \"session\"", &["--name", "per-session"]);
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let mut victim = RawHttpSession::connect(&daemon.url).await?;
     let mut spoofer = RawHttpSession::connect(&daemon.url).await?;
     let mut listed = false;

@@ -185,7 +185,10 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
             fixture_with_cancel_log(cancel_log)
         )
     };
-    let daemon = Daemon::start("", &sections(&logs.path().join("http"))).await?;
+    let daemon = Daemon::builder()
+        .upstreams(sections(&logs.path().join("http")))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
 
     let over_http = AnsweringClient::named("http-modern").modern();
@@ -219,7 +222,10 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
 /// What the HTTP front checks on a 2026-07-28 request, before any upstream sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_front_enforces_the_2026_rules() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = reqwest::Client::new();
     let meta = json!({
@@ -515,7 +521,7 @@ async fn an_upstream_is_spoken_to_in_one_era_chosen_as_it_starts() -> anyhow::Re
     ]
     .concat();
     let upstreams = ["sdk", "dual", "strict", "old", "mine", "mynew"];
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let ((_, legacy), (_, modern_client)) = old_and_new_clients(&daemon.url).await?;
     for round in 0..2 {
@@ -597,7 +603,7 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
         fixture_upstream("fxm", "", &["--modern"]),
         fixture_upstream("fx", "", &[])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let log = daemon.log();
     ensure!(
@@ -710,7 +716,11 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
         plexus_tests::fixture_binary().display()
     );
     // No first-list wait: the upstream is to join through the listen stream.
-    let daemon = Daemon::start("first_list_wait = \"0s\"", &late).await?;
+    let daemon = Daemon::builder()
+        .daemon("first_list_wait = \"0s\"")
+        .upstreams(&late)
+        .start()
+        .await?;
     let client = connect_modern(&AnsweringClient::named("listener").modern(), &daemon.url).await?;
     ensure!(
         client.list_all_tools().await?.is_empty(),
@@ -751,7 +761,10 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
 /// unknown methods (404, -32601), and `initialize` opens no session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_2026_wire_details_hold() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = reqwest::Client::new();
     let post = |version: &'static str, method: &'static str, id: u64| {
@@ -796,7 +809,7 @@ async fn the_2026_wire_details_hold() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow::Result<()> {
     let section = fixture_upstream("fx", "", &["--modern"]);
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let bare = rmcp::model::ClientConfig::default()
         .serve_with_lifecycle(
@@ -849,7 +862,7 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
         fixture_upstream("dual", "", &args),
         fixture_upstream("hs", "protocol = \"handshake\"\n", &args)
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
 
     let direct_handler = AnsweringClient::named("old");
@@ -1047,7 +1060,7 @@ async fn lists_carry_the_cache_hints_true_of_the_merge() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
     let sections = fixture_upstream("fx", "", &["--name", "fx", "--conformance"]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = connect_modern(&AnsweringClient::named("listener").modern(), &daemon.url).await?;
     let uris: Vec<String> = (0..1005)
@@ -1126,7 +1139,10 @@ async fn a_2026_upstream_echoes(
     args: &[&str],
     text: &str,
 ) -> anyhow::Result<String> {
-    let daemon = Daemon::start("", &fixture_upstream(name, extra, args)).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream(name, extra, args))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let log = daemon.log();
     ensure!(
@@ -1150,7 +1166,7 @@ async fn a_2026_upstream_echoes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relayed_results_name_plexus_as_their_server() -> anyhow::Result<()> {
     let sections = fixture_upstream("fx", "", &["--modern", "--server-info-in-results"]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let meta = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -1200,7 +1216,7 @@ async fn requests_a_handshake_era_tool_sends_together_are_one_round() -> anyhow:
         "protocol = \"handshake\"\n",
         &["--conformance", "--modern"],
     );
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = connect_modern(&AnsweringClient::named("new").modern(), &daemon.url).await?;
     let first = client

@@ -41,7 +41,7 @@ async fn clients_of_both_eras_share_one_upstream_state() -> anyhow::Result<()> {
                 .display()
                 .to_string(),
         );
-        let daemon = Daemon::start("", &section).await?;
+        let daemon = Daemon::builder().upstreams(&section).start().await?;
         daemon.wait_ready(Duration::from_secs(60)).await?;
         let output = tokio::process::Command::new(&python)
             .arg(root.join("tests/python/one_state_client.py"))

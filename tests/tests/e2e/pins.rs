@@ -178,7 +178,7 @@ fn has(names: &[String], name: &str) -> bool {
 /// it as it stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pins_are_on_disk_when_plexus_stops_right_after_pinning() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &alpha("v1")).await?;
+    let daemon = Daemon::builder().upstreams(alpha("v1")).start().await?;
     daemon.wait_ready(WAIT).await?;
     let log = daemon.log();
     let (status, dir) = daemon.stop_keeping_state().await?;
@@ -197,7 +197,7 @@ async fn the_pins_are_on_disk_when_plexus_stops_right_after_pinning() -> anyhow:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &alpha("v1")).await?;
+    let daemon = Daemon::builder().upstreams(alpha("v1")).start().await?;
     daemon.wait_ready(WAIT).await?;
     let pin_path = daemon.dir.path().join("plexus.lock");
     ensure!(
@@ -241,7 +241,11 @@ async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::R
     // The upstream comes back with `add` requiring a third parameter.
     let (status, dir) = daemon.stop_keeping_state().await?;
     ensure!(status.success());
-    let daemon = Daemon::start_in(dir, "", &alpha("v2")).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .upstreams(alpha("v2"))
+        .start()
+        .await?;
     daemon.wait_ready(WAIT).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = listed_until(
@@ -348,7 +352,11 @@ async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::R
         "{err}"
     );
 
-    let daemon = Daemon::start_in(dir, "", &alpha("v2")).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .upstreams(alpha("v2"))
+        .start()
+        .await?;
     let mut session = session_listing(&daemon, "tools", "alpha__add").await?;
     let answer = call(&mut session, "alpha__add", json!({"a": 1, "b": 2, "c": 3})).await?;
     ensure!(answer["result"]["content"][0]["text"] == "6", "{answer}");
@@ -365,7 +373,10 @@ async fn a_name_listed_twice_keeps_its_first_definition_and_holds_nothing() -> a
     let dir = tempfile::tempdir()?;
     let drift_file = dir.path().join("drift");
     std::fs::write(&drift_file, "duplicate-tool")?;
-    let daemon = Daemon::start("", &drifting("twice", &drift_file, "")).await?;
+    let daemon = Daemon::builder()
+        .upstreams(drifting("twice", &drift_file, ""))
+        .start()
+        .await?;
     let mut session = session_listing(&daemon, "tools", "twice__echo").await?;
     let answer = session.request("tools/list", json!({})).await?;
     let echoes: Vec<&Value> = answer["result"]["tools"]
@@ -417,7 +428,7 @@ async fn a_storm_of_list_changed_does_not_hide_a_drift() -> anyhow::Result<()> {
             "50",
         ],
     );
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let mut session = session_listing(&daemon, "tools", "storm__echo").await?;
     std::fs::write(&drift_file, "description")?;
     let started = Instant::now();
@@ -438,7 +449,11 @@ async fn every_runtime_drift_is_classified_held_and_approved_live() -> anyhow::R
     let drift_file = dir.path().join("drift");
     std::fs::write(&drift_file, "")?;
     // Small pages: held entries leave no hole in any page.
-    let daemon = Daemon::start("page_size = 2", &drifting("alpha", &drift_file, "")).await?;
+    let daemon = Daemon::builder()
+        .daemon("page_size = 2")
+        .upstreams(drifting("alpha", &drift_file, ""))
+        .start()
+        .await?;
     let mut session = session_listing(&daemon, "tools", "alpha__echo").await?;
 
     // Each step adds one drift to those already approved: (drift, the exposed tool it
@@ -575,7 +590,7 @@ async fn held_prompts_resources_and_templates_are_refused_on_every_path() -> any
             &drift_file.display().to_string(),
         ],
     );
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let mut session = session_listing(&daemon, "prompts", "alpha__greet").await?;
 
     std::fs::write(&drift_file, "prompt,resource,template")?;
@@ -709,7 +724,7 @@ async fn warn_ignore_and_strict_behave_as_named() -> anyhow::Result<()> {
         "[upstreams.floating]\nnpx = \"@modelcontextprotocol/server-everything\"\nenabled = false\n".to_string(),
     ]
     .join("\n");
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(WAIT).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = listed_until(
@@ -827,7 +842,11 @@ async fn a_corrupt_pin_file_fails_closed_until_mended() -> anyhow::Result<()> {
     let pin_path = dir.path().join("plexus.lock");
     let corrupt = "{\n  \"format\": 2,\n  \"upstreams\": { oops\n";
     std::fs::write(&pin_path, corrupt)?;
-    let daemon = Daemon::start_in(dir, "", &alpha("v1")).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .upstreams(alpha("v1"))
+        .start()
+        .await?;
     daemon.wait_ready(WAIT).await?;
     ensure!(
         eventually(Duration::from_secs(10), || daemon
@@ -890,7 +909,10 @@ async fn an_upstream_added_by_the_reload_that_mends_the_pin_file_is_judged_again
 ) -> anyhow::Result<()> {
     let lazy = |name: &str| fixture_upstream(name, "start = \"lazy\"", &["--name", name]);
     // A first run lists both lazy upstreams once (nothing of them is cached yet).
-    let daemon = Daemon::start("", &format!("{}{}", lazy("beta"), lazy("gamma"))).await?;
+    let daemon = Daemon::builder()
+        .upstreams(format!("{}{}", lazy("beta"), lazy("gamma")))
+        .start()
+        .await?;
     daemon.wait_ready(WAIT).await?;
     let cached = |dir: &Path, name: &str| {
         dir.join("state")
@@ -910,7 +932,11 @@ async fn an_upstream_added_by_the_reload_that_mends_the_pin_file_is_judged_again
     // Restarted with a corrupt pin file and gamma alone: its cached listing is held.
     let pin_path = dir.path().join("plexus.lock");
     std::fs::write(&pin_path, "{ oops")?;
-    let daemon = Daemon::start_in(dir, "", &lazy("gamma")).await?;
+    let daemon = Daemon::builder()
+        .dir(dir)
+        .upstreams(lazy("gamma"))
+        .start()
+        .await?;
     daemon.wait_ready(WAIT).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = listed(&mut session, "tools").await?;
@@ -943,7 +969,7 @@ async fn an_upstream_added_by_the_reload_that_mends_the_pin_file_is_judged_again
 async fn plexus_hash_equals_what_the_daemon_pinned() -> anyhow::Result<()> {
     let section =
         "[upstreams.time]\nuvx = \"mcp-server-time@2026.10.19\"\ninit_timeout = \"120s\"\n";
-    let daemon = Daemon::start("", section).await?;
+    let daemon = Daemon::builder().upstreams(section).start().await?;
     daemon.wait_ready(Duration::from_secs(120)).await?;
     let pin_path = daemon.dir.path().join("plexus.lock");
     ensure!(
@@ -995,7 +1021,10 @@ async fn a_tool_that_changes_under_a_sessions_own_instance_is_held() -> anyhow::
     let dir = tempfile::tempdir()?;
     let drift_file = dir.path().join("drift");
     std::fs::write(&drift_file, "")?;
-    let daemon = Daemon::start("", &drifting("mine", &drift_file, "share = \"session\"")).await?;
+    let daemon = Daemon::builder()
+        .upstreams(drifting("mine", &drift_file, "share = \"session\""))
+        .start()
+        .await?;
     let mut session = session_listing(&daemon, "tools", "mine__add").await?;
     // The session's own instance starts with its first call.
     let added = call(&mut session, "mine__add", json!({"a": 2, "b": 3})).await?;

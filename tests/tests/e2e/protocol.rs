@@ -119,7 +119,10 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
             fixture_with_cancel_log(cancel_log)
         )
     };
-    let daemon = Daemon::start("", &sections(&logs.path().join("http"))).await?;
+    let daemon = Daemon::builder()
+        .upstreams(sections(&logs.path().join("http")))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
 
     let over_http = AnsweringClient::named("http-client");
@@ -153,8 +156,10 @@ async fn server_to_client_requests_and_notifications_over_http_and_stdio() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sessions_on_one_shared_upstream_never_cross() -> anyhow::Result<()> {
     for (share, expect_sampled) in [("shared", false), ("session", true)] {
-        let daemon =
-            Daemon::start("", &everything_section(&format!("share = \"{share}\""))).await?;
+        let daemon = Daemon::builder()
+            .upstreams(everything_section(&format!("share = \"{share}\"")))
+            .start()
+            .await?;
         let alice_handler = AnsweringClient::named("alice");
         let bob_handler = AnsweringClient::named("bob");
         let alice = alice_handler
@@ -230,7 +235,10 @@ async fn two_sessions_on_one_shared_upstream_never_cross() -> anyhow::Result<()>
 /// `tasks/get`, `tasks/list`, `tasks/result` and `tasks/cancel` route by them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_are_namespaced_and_routed_by_id() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &everything_section("")).await?;
+    let daemon = Daemon::builder()
+        .upstreams(everything_section(""))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
     let mut session = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
     let hello = session

@@ -78,7 +78,7 @@ async fn the_python_sdk_client_passes_every_check_in_both_eras_over_http_and_std
         return Ok(());
     }
 
-    let daemon = Daemon::start("", &sections()).await?;
+    let daemon = Daemon::builder().upstreams(sections()).start().await?;
     daemon.wait_ready(Duration::from_secs(240)).await?;
     // The SDK's default (auto) settles on 2026-07-28, so plexus bridges that era to the
     // handshake-era upstreams; legacy mode covers the handshake era end to end.

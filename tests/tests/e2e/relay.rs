@@ -178,7 +178,7 @@ async fn relay_is_faithful_field_by_field() -> anyhow::Result<()> {
         fixture_upstream("plain", "prefix = \"\"", &["--conformance"]),
         fixture_upstream("fx", "", &["--conformance"])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let mut direct = RawStdioSession::spawn(&fixture_binary(), &["--conformance"]).await?;
     let mut relayed = RawHttpSession::connect(&daemon.url).await?;
@@ -239,7 +239,7 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
         fixture_upstream("healthy", "", &["--banner"]),
         fixture_upstream("fragile", "", &["--exit-after-calls", "1"]),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
 
@@ -429,7 +429,10 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_sessions_and_hosts_are_checked() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &fixture_upstream("fx", "", &[])).await?;
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
     let client = reqwest::Client::new();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
     let post = |session: Option<&str>, host: Option<&str>, origin: Option<&str>| {
@@ -515,7 +518,11 @@ async fn catalog_changes_are_announced_and_lists_paginate() -> anyhow::Result<()
     );
     // No first-list wait: this is about a late upstream joining through list_changed
     // (as a cold `npx` install beyond the wait does).
-    let daemon = Daemon::start("page_size = 2\nfirst_list_wait = \"0s\"", &late).await?;
+    let daemon = Daemon::builder()
+        .daemon("page_size = 2\nfirst_list_wait = \"0s\"")
+        .upstreams(&late)
+        .start()
+        .await?;
     let handler = TestClient::default();
     let started = Instant::now();
     let client = http_client(&daemon.url, handler.clone()).await?;
@@ -576,7 +583,7 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
         fixture_upstream("fx", "", &[]),
         fixture_upstream("homeless", "cwd = \"/nonexistent/plexus-dir\"", &[])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, body) = daemon.admin_get("/readyz").await?;
@@ -668,7 +675,7 @@ async fn an_upstream_cannot_speak_into_another_upstreams_call_by_its_progress_to
         fixture_upstream("alpha", "", &[]),
         fixture_upstream("beta", "", &[])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let mut victim = RawHttpSession::connect(&daemon.url).await?;
     let mut spoofer = RawHttpSession::connect(&daemon.url).await?;
@@ -689,7 +696,7 @@ async fn an_upstream_cannot_speak_into_another_upstreams_call_by_its_progress_to
 async fn a_calls_last_progress_arrives_before_its_result() -> anyhow::Result<()> {
     const CALLS: u64 = 40;
     let sections = fixture_upstream("fx", "", &[]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let stdio = daemon.stdio_config(&sections)?;
     let sleep = |token: u64| json!({"name": "fx__sleep", "arguments": {"ms": 1}, "_meta": {"progressToken": token}});
@@ -956,7 +963,7 @@ async fn fixture_three_ways(dir: &std::path::Path, flag: &str) -> anyhow::Result
         streamed.url(),
         plain.url(),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     Ok(ThreeWays {
         daemon,
@@ -1015,7 +1022,7 @@ fn echo(upstream: &str, text: &str) -> CallToolRequestParams {
 async fn a_clients_half_surrogate_pair_is_answered_as_a_replacement_character() -> anyhow::Result<()>
 {
     let sections = fixture_upstream("fx", "", &[]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let stdio = daemon.stdio_config(&sections)?.display().to_string();
     let call = |id: &str, text: &str| {
@@ -1132,7 +1139,7 @@ async fn an_upstreams_malformed_replies_fail_the_call_at_once() -> anyhow::Resul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_writing_a_byte_order_mark_first_is_served() -> anyhow::Result<()> {
     let sections = fixture_upstream("marked", "", &["--name", "marked", "--byte-order-mark"]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = http_client(&daemon.url, TestClient::default()).await?;
     let result = client.call_tool(echo("marked", "after a mark")).await?;
@@ -1148,7 +1155,7 @@ async fn an_upstream_writing_a_byte_order_mark_first_is_served() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_answering_in_batches_is_served() -> anyhow::Result<()> {
     let sections = fixture_upstream("batched", "", &["--name", "batched", "--batch-replies"]);
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = http_client(&daemon.url, TestClient::default()).await?;
     let tools = client.list_all_tools().await?;
@@ -1191,7 +1198,7 @@ async fn a_subscription_takes_the_relay_path_with_its_limits_and_metrics() -> an
         "max_in_flight = 1\nmax_pending = 0",
         &["--name", "fx", "--conformance"],
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let uri = "fx+test://template/1/data";
 

@@ -158,7 +158,11 @@ async fn plexus_reload(daemon: &Daemon) -> anyhow::Result<(i32, Value)> {
 async fn started(sections: &str) -> anyhow::Result<(tokio::sync::MutexGuard<'static, ()>, Daemon)> {
     let turn = SERIAL.lock().await;
     check_built()?;
-    let daemon = Daemon::start(DAEMON, sections).await?;
+    let daemon = Daemon::builder()
+        .daemon(DAEMON)
+        .upstreams(sections)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     Ok((turn, daemon))
 }

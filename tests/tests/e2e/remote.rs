@@ -94,7 +94,11 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         ),
         remote_section("modern", &modern.url(), "protocol = \"2026-07-28\""),
     );
-    let daemon = Daemon::start_with_env("", &sections, &[("REMOTE_TEST_KEY", secret)]).await?;
+    let daemon = Daemon::builder()
+        .upstreams(&sections)
+        .env(&[("REMOTE_TEST_KEY", secret)])
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
 
     let client = http_client(&daemon.url, TestClient::default()).await?;
@@ -234,7 +238,7 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         &keyed.url(),
         "headers = { X-Api-Key = \"not-the-key\" }\nrestart_backoff = \"5s\"",
     );
-    let daemon = Daemon::start("", &wrong).await?;
+    let daemon = Daemon::builder().upstreams(&wrong).start().await?;
     // It says what the server asked for, and where credentials go.
     let needle = format!(
         "{} answered HTTP 401: missing or wrong `x-api-key`; it asks for Bearer authorization",
@@ -270,7 +274,7 @@ async fn a_request_on_a_calls_stream_goes_to_that_call_among_several_sessions() 
         remote_section("remote", &fixture.url(), ""),
         fixture_upstream("local", "", &[])
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let alice_handler = AnsweringClient::named("alice");
     let bob_handler = AnsweringClient::named("bob");
@@ -349,7 +353,7 @@ async fn an_expired_deadline_cancels_the_remote_call() -> anyhow::Result<()> {
         ));
         fixtures.push((name, fixture, cancels));
     }
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     for (name, _, cancels) in &fixtures {
@@ -380,7 +384,10 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
     let port = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     let fixture = HttpFixture::start(dir.path(), port, &[]).await?;
     let extra = "restart_backoff = \"200ms\"\nrestart_backoff_max = \"500ms\"\nmax_restarts = 1000";
-    let daemon = Daemon::start("", &remote_section("remote", &fixture.url(), extra)).await?;
+    let daemon = Daemon::builder()
+        .upstreams(remote_section("remote", &fixture.url(), extra))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let pid = daemon.pid();
 
@@ -444,7 +451,7 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
             "restart_backoff = \"100ms\""
         ),
     ) + &remote_section("page", &format!("{base}/page"), "");
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     for upstream in ["moved", "forgood", "relative"] {
@@ -529,7 +536,10 @@ async fn a_lost_session_is_replaced_by_a_new_one() -> anyhow::Result<()> {
     let log_arg = requests.display().to_string();
     let fixture = HttpFixture::start(dir.path(), any_port(), &["--request-log", &log_arg]).await?;
     let extra = "restart_backoff = \"200ms\"\nrestart_backoff_max = \"500ms\"";
-    let daemon = Daemon::start("", &remote_section("remote", &fixture.url(), extra)).await?;
+    let daemon = Daemon::builder()
+        .upstreams(remote_section("remote", &fixture.url(), extra))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let first = request_log(&requests)
         .iter()
@@ -604,7 +614,7 @@ async fn an_http_sse_upstream_is_relayed() -> anyhow::Result<()> {
         ),
         remote_section("found", &url, ""),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = AnsweringClient::named("carol")
         .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
@@ -641,8 +651,11 @@ async fn an_https_upstream_is_verified_against_trusted_certificates() -> anyhow:
         "transport = \"sse\"\nrestart_backoff = \"5s\"",
     );
     let ca_text = ca.display().to_string();
-    let daemon =
-        Daemon::start_with_env("", &section, &[("SSL_CERT_FILE", ca_text.as_str())]).await?;
+    let daemon = Daemon::builder()
+        .upstreams(&section)
+        .env(&[("SSL_CERT_FILE", ca_text.as_str())])
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = http_client(&daemon.url, TestClient::default()).await?;
     let params = rmcp::model::CallToolRequestParams::new("secure__echo")
@@ -652,7 +665,7 @@ async fn an_https_upstream_is_verified_against_trusted_certificates() -> anyhow:
     client.cancel().await?;
     ensure!(daemon.stop().await?.success());
 
-    let untrusted = Daemon::start("", &section).await?;
+    let untrusted = Daemon::builder().upstreams(&section).start().await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !untrusted.log().contains("certificate") {
         ensure!(
@@ -749,11 +762,14 @@ async fn mirrored_parameters_are_checked_and_reach_a_2026_http_upstream() -> any
         &["--name", "geo", "--modern", "--request-log", &log_arg],
     )
     .await?;
-    let daemon = Daemon::start(
-        "",
-        &remote_section("geo", &upstream.url(), "protocol = \"2026-07-28\""),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .upstreams(remote_section(
+            "geo",
+            &upstream.url(),
+            "protocol = \"2026-07-28\"",
+        ))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
 
     let client = reqwest::Client::new();
@@ -869,12 +885,12 @@ async fn url_credentials_become_basic_auth_and_client_credentials_stay_home() ->
     .await?;
     let url = format!("http://ops:p%40ss%3Aword@{}/mcp", fixture.addr);
     let token = "client-bearer-token-0123456789";
-    let daemon = Daemon::start_with_env(
-        "auth_tokens = { laptop = \"${CLIENT_TOKEN}\" }",
-        &remote_section("remote", &url, ""),
-        &[("CLIENT_TOKEN", token)],
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("auth_tokens = { laptop = \"${CLIENT_TOKEN}\" }")
+        .upstreams(remote_section("remote", &url, ""))
+        .env(&[("CLIENT_TOKEN", token)])
+        .start()
+        .await?;
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     let ready = loop {
@@ -951,7 +967,10 @@ async fn several_messages_in_one_json_body_are_each_taken() -> anyhow::Result<()
         &["--stateless-json", "--lines-body"],
     )
     .await?;
-    let daemon = Daemon::start("", &remote_section("lines", &fixture.url(), "")).await?;
+    let daemon = Daemon::builder()
+        .upstreams(remote_section("lines", &fixture.url(), ""))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let answer = session
@@ -984,7 +1003,7 @@ async fn pretty_printed_json_is_relayed_on_one_line() -> anyhow::Result<()> {
         remote_section("pretty", &pretty.url(), "transport = \"streamable-http\""),
         plexus_tests::fixture_upstream("fx", "", &[]),
     );
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let long = "long ".repeat(400);
 

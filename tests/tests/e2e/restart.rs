@@ -126,11 +126,11 @@ async fn restart(daemon: &Daemon, name: &str) -> anyhow::Result<(u16, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_under_load_fail_no_call_and_leave_no_old_process() -> anyhow::Result<()> {
-    let daemon = Daemon::start(
-        "drain_timeout = \"20s\"",
-        &fixture_upstream("slow", "", &[]),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"20s\"")
+        .upstreams(fixture_upstream("slow", "", &[]))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let handler = TestClient::default();
     let watcher = http_client(&daemon.url, handler.clone()).await?;
@@ -270,7 +270,11 @@ async fn a_successor_that_cannot_start_leaves_the_running_instance_serving() -> 
     let section = format!(
         "[upstreams.picky]\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nrestart_backoff = \"30s\"\n"
     );
-    let daemon = Daemon::start("drain_timeout = \"5s\"", &section).await?;
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"5s\"")
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let config = daemon.dir.path().join("config.toml");
     let pid = pid_of(&daemon, "picky").await?;
@@ -349,7 +353,11 @@ async fn calls_waiting_for_a_slot_at_a_restart_are_served_by_the_successor() -> 
     let section = format!(
         "[upstreams.narrow]\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nmax_in_flight = 1\nmax_pending = 16\n"
     );
-    let daemon = Daemon::start("drain_timeout = \"20s\"", &section).await?;
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"20s\"")
+        .upstreams(&section)
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let old = pid_of(&daemon, "narrow").await?;
 
@@ -414,7 +422,7 @@ async fn calls_waiting_for_a_slot_at_a_restart_are_served_by_the_successor() -> 
 async fn a_lazy_upstream_restarts_in_place_when_idle_and_ahead_when_running() -> anyhow::Result<()>
 {
     let section = fixture_upstream("lazy", "start = \"lazy\"\nidle_timeout = \"3s\"", &[]);
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     // Listed once at start (nothing was known of it), then idle until a call.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -629,7 +629,7 @@ async fn one_elicitation_id_from_two_upstreams_completes_for_each_its_own_client
         (two_upstreams, "a__ask", "b__ask"),
         (per_session, "a__ask", "a__ask"),
     ] {
-        let daemon = Daemon::start("", &sections).await?;
+        let daemon = Daemon::builder().upstreams(&sections).start().await?;
         daemon.wait_ready(Duration::from_secs(20)).await?;
         let mut slow = AnsweringClient::named("slow");
         slow.elicitation_delay = Duration::from_millis(1500);

@@ -20,7 +20,10 @@ fn late(name: &str, delay: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_list_waits_for_a_starting_upstream_and_later_lists_do_not() -> anyhow::Result<()> {
-    let daemon = Daemon::start("", &late("late", "1")).await?;
+    let daemon = Daemon::builder()
+        .upstreams(late("late", "1"))
+        .start()
+        .await?;
     let started = Instant::now();
     let client = http_client(&daemon.url, TestClient::default()).await?;
     let tools = client.list_all_tools().await?;
@@ -39,7 +42,11 @@ async fn a_first_list_waits_for_a_starting_upstream_and_later_lists_do_not() -> 
     // An upstream slower than first_list_wait joins later; the list answers in time.
     // The wait is long enough that a later list which waited again cannot be taken
     // for one that was merely slow on a busy machine.
-    let daemon = Daemon::start("first_list_wait = \"2s\"", &late("later", "6")).await?;
+    let daemon = Daemon::builder()
+        .daemon("first_list_wait = \"2s\"")
+        .upstreams(late("later", "6"))
+        .start()
+        .await?;
     let client = http_client(&daemon.url, TestClient::default()).await?;
     let started = Instant::now();
     let tools = client.list_all_tools().await?;
@@ -131,7 +138,7 @@ async fn a_first_call_before_any_listing_waits_for_its_upstream() -> anyhow::Res
     let bare = format!("{}prefix = \"\"\n", late("bare", "1.5"));
     let sections = format!("{}\n{broken}\n{bare}", late("late", "1.5"));
     let call = json!({"name": "late__echo", "arguments": {"text": "first"}});
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     let stdio = daemon.stdio_config(&sections)?.display().to_string();
     let mut http = plexus_tests::RawHttpSession::connect(&daemon.url).await?;
     let mut served =
@@ -233,7 +240,11 @@ async fn upstreams_start_as_many_at_a_time_as_start_concurrency_allows() -> anyh
             )
         })
         .collect();
-    let daemon = Daemon::start("start_concurrency = 2", &sections).await?;
+    let daemon = Daemon::builder()
+        .daemon("start_concurrency = 2")
+        .upstreams(&sections)
+        .start()
+        .await?;
     let starting = || plexus_tests::processes_matching(&format!("{tag}-")).len();
     ensure!(
         plexus_tests::eventually(Duration::from_secs(20), || starting() == 2).await,

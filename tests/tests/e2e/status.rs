@@ -40,7 +40,7 @@ async fn status_shows_ready_backing_off_and_failed_upstreams() -> anyhow::Result
         crashing("broken", "restart_backoff = \"50ms\"\nmax_restarts = 1"),
     ]
     .join("\n");
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     let config = daemon.dir.path().join("config.toml");
     let _session = RawHttpSession::connect(&daemon.url).await?;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -220,7 +220,7 @@ async fn status_shows_one_process_per_shared_upstream() -> anyhow::Result<()> {
         ),
     ]
     .join("\n");
-    let daemon = Daemon::start("", &sections).await?;
+    let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let config = daemon.dir.path().join("config.toml");
     let status_of = || async {
@@ -319,7 +319,11 @@ async fn the_runtime_runs_the_worker_threads_the_config_asks_for() -> anyhow::Re
         ("worker_threads = 3".to_string(), 3),
         (String::new(), per_core),
     ] {
-        let daemon = Daemon::start(&daemon_extra, &fixture_upstream("fx", "", &[])).await?;
+        let daemon = Daemon::builder()
+            .daemon(&daemon_extra)
+            .upstreams(fixture_upstream("fx", "", &[]))
+            .start()
+            .await?;
         daemon.wait_ready(Duration::from_secs(30)).await?;
         let (_, metrics) = daemon.admin_get("/metrics").await?;
         let line = format!("plexus_runtime_worker_threads {threads}");

@@ -83,7 +83,7 @@ async fn daemon() -> anyhow::Result<Daemon> {
         "prefix = \"\"\nprotocol = \"handshake\"\non_schema_change = \"warn\"",
         &["--conformance", "--modern"],
     );
-    let daemon = Daemon::start("", &section).await?;
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     Ok(daemon)
 }

@@ -106,11 +106,10 @@ async fn a_view_holds_on_every_path_over_http() -> anyhow::Result<()> {
     let (alpha_drift, beta_drift) = (dir.path().join("alpha"), dir.path().join("beta"));
     std::fs::write(&alpha_drift, "")?;
     std::fs::write(&beta_drift, "")?;
-    let daemon = Daemon::start(
-        "",
-        &format!("{}\n{VIEWS}", upstreams(&alpha_drift, &beta_drift)),
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .upstreams(format!("{}\n{VIEWS}", upstreams(&alpha_drift, &beta_drift)))
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
 
     let full_handler = TestClient::default();
@@ -249,12 +248,12 @@ async fn tokens_bind_views_stdio_selects_one_and_a_reload_changes_them() -> anyh
     std::fs::write(&beta_drift, "")?;
     let views = VIEWS.replace("[views.ci]\n", "[views.ci]\ntokens = [\"ci\"]\n");
     let sections = format!("{}\n{views}", upstreams(&alpha_drift, &beta_drift));
-    let daemon = Daemon::start_with_env(
-        "auth_tokens = { laptop = \"${LAPTOP}\", ci = \"${CI}\" }",
-        &sections,
-        &[("LAPTOP", LAPTOP), ("CI", CI)],
-    )
-    .await?;
+    let daemon = Daemon::builder()
+        .daemon("auth_tokens = { laptop = \"${LAPTOP}\", ci = \"${CI}\" }")
+        .upstreams(&sections)
+        .env(&[("LAPTOP", LAPTOP), ("CI", CI)])
+        .start()
+        .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let client = reqwest::Client::new();
     let ci_view = ["alpha__echo", "alpha__sleep", "alpha__whoami"];
