@@ -179,6 +179,30 @@ impl Daemon {
         Ok((response.status().as_u16(), response.text().await?))
     }
 
+    /// The value of one metric series (name with labels, exactly as exported).
+    pub async fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
+        let (_, text) = self.admin_get("/metrics").await?;
+        Ok(text.lines().find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|value| value.parse().ok())
+        }))
+    }
+
+    /// Waits until an upstream has `calls` calls in flight (by its gauge).
+    pub async fn wait_for_in_flight(&self, upstream: &str, calls: usize) -> anyhow::Result<()> {
+        let gauge = format!(r#"plexus_upstream_in_flight{{upstream="{upstream}"}}"#);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.metric(&gauge).await? != Some(calls as f64) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{calls} calls never got in flight on {upstream}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// Everything the daemon logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("plexus.log")).unwrap_or_default()

@@ -31,6 +31,19 @@ pub fn binary_dir() -> PathBuf {
     dir
 }
 
+/// The workspace's root directory (where `target/` and `tests/python/` are).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The Python SDK's interpreter, where `scripts/ensure-python-sdk` puts it.
+pub fn venv_python() -> PathBuf {
+    workspace_root().join("target/python-venv/bin/python")
+}
+
 /// The `plexus` binary; the test command builds it before the tests run.
 pub fn plexus_binary() -> PathBuf {
     std::env::var_os("PLEXUS_BIN")
@@ -70,6 +83,16 @@ impl ClientHandler for TestClient {
 }
 
 pub type Client = RunningService<RoleClient, TestClient>;
+
+/// The names of every tool a client is offered, every page read.
+pub async fn tool_names(client: &Client) -> anyhow::Result<Vec<String>> {
+    Ok(client
+        .list_all_tools()
+        .await?
+        .into_iter()
+        .map(|tool| tool.name.to_string())
+        .collect())
+}
 
 /// An rmcp client over streamable HTTP.
 pub async fn http_client(url: &str, handler: TestClient) -> anyhow::Result<Client> {

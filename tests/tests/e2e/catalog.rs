@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::{
-    arguments, fixture_upstream, http_client, json_of, stdio_client, Client, Daemon, TestClient,
+    arguments, fixture_upstream, http_client, json_of, stdio_client, tool_names, Client, Daemon,
+    TestClient,
 };
 use rmcp::model::{CallToolRequestParams, GetPromptRequestParams, ReadResourceRequestParams};
 use serde_json::{json, Value};
@@ -43,15 +44,6 @@ const EXPECTED_TOOLS: &[&str] = &[
     "time__get_current_time",
     "time__convert_time",
 ];
-
-async fn tool_names(client: &Client) -> anyhow::Result<Vec<String>> {
-    Ok(client
-        .list_all_tools()
-        .await?
-        .into_iter()
-        .map(|tool| tool.name.to_string())
-        .collect())
-}
 
 /// Waits until the catalog holds every upstream's tools (upstreams join it as they start).
 async fn wait_for_catalog(client: &Client) -> anyhow::Result<Vec<String>> {

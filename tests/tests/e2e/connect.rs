@@ -6,14 +6,12 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use plexus_tests::answering::{call, AnsweringClient};
-use plexus_tests::{fixture_upstream, plexus_binary, Daemon};
+use plexus_tests::{
+    fixture_upstream, plexus_binary, restartable_port, venv_python, workspace_root, Daemon,
+};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
 use serde_json::json;
-
-fn free_port() -> anyhow::Result<u16> {
-    plexus_tests::restartable_port()
-}
 
 fn connect_command(url: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(plexus_binary());
@@ -63,7 +61,7 @@ async fn echo_once_back(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_client_survives_a_daemon_restart_through_connect() -> anyhow::Result<()> {
-    let port = free_port()?;
+    let port = restartable_port()?;
     let listen = format!("127.0.0.1:{port}");
     let url = format!("http://{listen}/mcp");
     let section = fixture_upstream("fx", "", &[]);
@@ -129,7 +127,7 @@ async fn a_handshake_client_survives_a_daemon_restart_through_connect() -> anyho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2026_client_survives_a_daemon_restart_through_connect() -> anyhow::Result<()> {
-    let port = free_port()?;
+    let port = restartable_port()?;
     let listen = format!("127.0.0.1:{port}");
     let url = format!("http://{listen}/mcp");
     let section = fixture_upstream("fx", "", &[]);
@@ -185,13 +183,13 @@ async fn a_2026_client_survives_a_daemon_restart_through_connect() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_survives_a_daemon_restart_through_connect() -> anyhow::Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let python = root.join("target/python-venv/bin/python");
+    let root = workspace_root();
+    let python = venv_python();
     if !python.exists() {
         println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
         return Ok(());
     }
-    let port = free_port()?;
+    let port = restartable_port()?;
     let listen = format!("127.0.0.1:{port}");
     let url = format!("http://{listen}/mcp");
     let section = fixture_upstream("fx", "", &[]);

@@ -97,29 +97,6 @@ async fn session_id(url: &str) -> anyhow::Result<(RawHttpSession, String)> {
     Ok((session, id))
 }
 
-async fn metric(daemon: &Daemon, line_prefix: &str) -> anyhow::Result<Option<f64>> {
-    let (_, metrics) = daemon.admin_get("/metrics").await?;
-    Ok(metrics
-        .lines()
-        .find(|line| line.starts_with(line_prefix))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok()))
-}
-
-/// Waits until an upstream has `calls` calls in flight (by its gauge).
-async fn wait_for_in_flight(daemon: &Daemon, upstream: &str, calls: usize) -> anyhow::Result<()> {
-    let gauge = format!(r#"plexus_upstream_in_flight{{upstream="{upstream}"}}"#);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(daemon, &gauge).await? != Some(calls as f64) {
-        ensure!(
-            Instant::now() < deadline,
-            "{calls} calls never got in flight on {upstream}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> {
     let sections = format!(
@@ -136,7 +113,7 @@ async fn sigkill_with_calls_in_flight_from_two_sessions() -> anyhow::Result<()> 
     let sleep = json!({"name": "victim__sleep", "arguments": {"ms": 20000}});
     let one = spawn_call(&daemon.url, &first, 100, "tools/call", sleep.clone());
     let two = spawn_call(&daemon.url, &second, 100, "tools/call", sleep);
-    wait_for_in_flight(&daemon, "victim", 2).await?;
+    daemon.wait_for_in_flight("victim", 2).await?;
     let victims = processes_matching("--name victim");
     ensure!(victims.len() == 1, "victim processes: {victims:?}");
     let killed_at = Instant::now();
@@ -209,20 +186,16 @@ restart_window = "60s"
         "{delays:?}"
     );
     ensure!(
-        metric(
-            &daemon,
-            r#"plexus_upstream_restarts_total{upstream="crashy"}"#
-        )
-        .await?
+        daemon
+            .metric(r#"plexus_upstream_restarts_total{upstream="crashy"}"#)
+            .await?
             == Some(3.0),
         "restart count"
     );
     ensure!(
-        metric(
-            &daemon,
-            r#"plexus_upstream_state{state="failed",upstream="crashy"}"#
-        )
-        .await?
+        daemon
+            .metric(r#"plexus_upstream_state{state="failed",upstream="crashy"}"#)
+            .await?
             == Some(1.0),
         "state gauge"
     );
@@ -902,7 +875,7 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_cleanly() -> anyhow::Res
             )
         })
         .collect();
-    wait_for_in_flight(&daemon, "fx", 3).await?;
+    daemon.wait_for_in_flight("fx", 3).await?;
     let url = daemon.url.clone();
     let status = daemon.stop().await?;
     for call in calls {
@@ -1130,7 +1103,7 @@ async fn calls_outliving_the_drain_are_answered_shutting_down() -> anyhow::Resul
         let (_, answer, _) = plexus_tests::answer_of(response).await?;
         Ok::<_, anyhow::Error>(answer)
     });
-    wait_for_in_flight(&daemon, "fx", 2).await?;
+    daemon.wait_for_in_flight("fx", 2).await?;
     let started = Instant::now();
     let status = daemon.stop().await?;
     ensure!(status.success(), "{status}");

@@ -588,13 +588,6 @@ fn open_files_limit(pid: u32) -> anyhow::Result<(String, String)> {
     Ok((fields[3].to_string(), fields[4].to_string()))
 }
 
-async fn metric(daemon: &Daemon, series: &str) -> anyhow::Result<Option<f64>> {
-    let (_, text) = daemon.admin_get("/metrics").await?;
-    Ok(text
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok()))
-}
-
 /// At a descriptor limit of 256 that raising cannot lift, hundreds of slow
 /// clients (silent, or stopped halfway through a request) neither make `accept`
 /// fail nor keep a new client out: it is answered well within
@@ -616,7 +609,8 @@ async fn slow_clients_at_the_descriptor_limit_keep_no_one_out() -> anyhow::Resul
         "{:?}",
         open_files_limit(pid)?
     );
-    let cap = metric(&daemon, "plexus_listener_max_connections{listener=\"mcp\"}")
+    let cap = daemon
+        .metric("plexus_listener_max_connections{listener=\"mcp\"}")
         .await?
         .context("no connection cap in the metrics")?;
     println!("descriptor limit 256: connection cap {cap}");

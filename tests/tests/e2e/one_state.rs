@@ -8,24 +8,16 @@
 //! the era plexus chooses (`protocol = "auto"`: 2026-07-28, which its
 //! `server/discover` offers) and forced into the handshake era.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use plexus_tests::{plexus_binary, Daemon};
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
+use plexus_tests::{plexus_binary, venv_python, workspace_root, Daemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_of_both_eras_share_one_upstream_state() -> anyhow::Result<()> {
     let root = workspace_root();
-    let python = root.join("target/python-venv/bin/python");
+    let python = venv_python();
     ensure!(
         python.exists(),
         "target/python-venv is missing: run scripts/ensure-python-sdk (scripts/test does)"

@@ -4,29 +4,16 @@
 //! `everything` reference server and the fixture. The rmcp-based tests share code with
 //! rmcp's server side; this one catches what only a client written apart would notice.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use plexus_tests::{fixture_upstream, plexus_binary, Daemon};
+use plexus_tests::{fixture_upstream, plexus_binary, venv_python, workspace_root, Daemon};
 
 const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 
 /// The script gives itself 540 s; this bound only catches a wedged interpreter.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(600);
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-/// The venv's interpreter, where `scripts/ensure-python-sdk` puts it.
-fn venv_python() -> PathBuf {
-    workspace_root().join("target/python-venv/bin/python")
-}
 
 fn sections() -> String {
     format!(

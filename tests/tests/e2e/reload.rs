@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use plexus_tests::{
     eventually, fixture_binary, fixture_upstream, http_client, plexus_binary, processes_matching,
-    Client, Daemon, RawHttpSession, TestClient,
+    tool_names, Client, Daemon, RawHttpSession, TestClient,
 };
 use serde_json::{json, Value};
 
@@ -67,15 +67,6 @@ async fn wait_for_pid_change(name: &str, old: i32) -> anyhow::Result<i32> {
     pid_of(name)
 }
 
-async fn tool_names(client: &Client) -> anyhow::Result<Vec<String>> {
-    Ok(client
-        .list_all_tools()
-        .await?
-        .into_iter()
-        .map(|tool| tool.name.to_string())
-        .collect())
-}
-
 /// Waits until the catalog's tool names satisfy `wanted`.
 async fn until_tools(
     client: &Client,
@@ -110,19 +101,9 @@ async fn echo(session: &mut RawHttpSession, tool: &str, text: &str) -> anyhow::R
     Ok(())
 }
 
-/// The value of one metric line (name with labels, exactly as exported).
-async fn metric(daemon: &Daemon, series: &str) -> anyhow::Result<Option<f64>> {
-    let (_, text) = daemon.admin_get("/metrics").await?;
-    Ok(text.lines().find_map(|line| {
-        line.strip_prefix(series)
-            .and_then(|rest| rest.strip_prefix(' '))
-            .and_then(|value| value.parse().ok())
-    }))
-}
-
 async fn reloads(daemon: &Daemon, outcome: &str) -> anyhow::Result<f64> {
     let series = format!("plexus_config_reloads_total{{outcome=\"{outcome}\"}}");
-    Ok(metric(daemon, &series).await?.unwrap_or(0.0))
+    Ok(daemon.metric(&series).await?.unwrap_or(0.0))
 }
 
 async fn until_reloads(daemon: &Daemon, outcome: &str, at_least: f64) -> anyhow::Result<()> {
@@ -252,7 +233,12 @@ async fn upstreams_are_added_and_removed_with_a_call_in_flight() -> anyhow::Resu
     echo(&mut session, "alpha__echo", "still here").await?;
     ensure!(pid_of("alpha")? == alpha, "alpha was restarted");
     ensure!(reloads(&daemon, "applied").await? >= 2.0);
-    ensure!(metric(&daemon, "plexus_config_last_reload_successful").await? == Some(1.0));
+    ensure!(
+        daemon
+            .metric("plexus_config_last_reload_successful")
+            .await?
+            == Some(1.0)
+    );
 
     client.cancel().await?;
     ensure!(daemon.stop().await?.success());
@@ -322,7 +308,12 @@ async fn a_new_command_that_fails_leaves_the_old_instance_serving() -> anyhow::R
     ensure!(pid_of("alpha")? == alpha, "the old instance was stopped");
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     echo(&mut session, "alpha__echo", "old instance").await?;
-    ensure!(metric(&daemon, "plexus_config_last_reload_successful").await? == Some(0.0));
+    ensure!(
+        daemon
+            .metric("plexus_config_last_reload_successful")
+            .await?
+            == Some(0.0)
+    );
 
     // Fixed: the next reload replaces it.
     rewrite(
@@ -376,7 +367,12 @@ async fn invalid_files_are_rejected_and_change_nothing() -> anyhow::Result<()> {
             "{what}: no error names `{key}`: {report}"
         );
         until_reloads(&daemon, "rejected", (number + 1) as f64).await?;
-        ensure!(metric(&daemon, "plexus_config_last_reload_successful").await? == Some(0.0));
+        ensure!(
+            daemon
+                .metric("plexus_config_last_reload_successful")
+                .await?
+                == Some(0.0)
+        );
         ensure!(pid_of("alpha")? == alpha, "{what}: alpha was restarted");
         echo(&mut session, "alpha__echo", what).await?;
     }

@@ -7,14 +7,15 @@
 //! back on its own.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use plexus_tests::answering::{call, wait_for_tool, AnsweringClient};
 use plexus_tests::{
-    fixture_upstream, http_client, json_of, Daemon, HttpFixture, RawHttpSession, TestClient,
+    fixture_upstream, http_client, json_of, restartable_port, venv_python, workspace_root, Daemon,
+    HttpFixture, RawHttpSession, TestClient,
 };
 use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -300,7 +301,7 @@ async fn a_request_on_a_calls_stream_goes_to_that_call_among_several_sessions() 
                 peer.call_tool(params).await
             })
         };
-        wait_for_in_flight(&daemon, upstream, 1).await?;
+        daemon.wait_for_in_flight(upstream, 1).await?;
         let asked = call(&bob, &format!("{upstream}__ask"), json!({"kind": "roots"})).await?;
         let slept = json_of(&long.await??);
         ensure!(text_of(&slept) == "slept 1500 ms", "{upstream}: {slept}");
@@ -381,7 +382,7 @@ async fn an_expired_deadline_cancels_the_remote_call() -> anyhow::Result<()> {
 async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     // Restarted on the same port below: one a reconnecting client cannot self-connect on.
-    let port = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let port = SocketAddr::from(([127, 0, 0, 1], restartable_port()?));
     let fixture = HttpFixture::start(dir.path(), port, &[]).await?;
     let extra = "restart_backoff = \"200ms\"\nrestart_backoff_max = \"500ms\"\nmax_restarts = 1000";
     let daemon = Daemon::builder()
@@ -400,7 +401,7 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
             )
             .await
     });
-    wait_for_in_flight(&daemon, "remote", 1).await?;
+    daemon.wait_for_in_flight("remote", 1).await?;
     let started = Instant::now();
     let addr = fixture.kill().await?;
     let failed = tokio::time::timeout(Duration::from_secs(10), in_flight).await???;
@@ -684,7 +685,7 @@ async fn an_https_upstream_is_verified_against_trusted_certificates() -> anyhow:
 /// Starts `tests/python/sse_server.py` on a free port and waits until it listens;
 /// None (after saying so) when the Python SDK's venv is missing.
 async fn start_python_sse_server(args: &[&str]) -> anyhow::Result<Option<(Child, u16)>> {
-    let python = workspace_root().join("target/python-venv/bin/python");
+    let python = venv_python();
     if !python.exists() {
         eprintln!(
             "skipping: {} is missing (run scripts/ensure-python-sdk)",
@@ -692,7 +693,7 @@ async fn start_python_sse_server(args: &[&str]) -> anyhow::Result<Option<(Child,
         );
         return Ok(None);
     }
-    let port = free_port()?;
+    let port = restartable_port()?;
     let server = Command::new(&python)
         .arg(workspace_root().join("tests/python/sse_server.py"))
         .arg("--port")
@@ -717,35 +718,6 @@ async fn start_python_sse_server(args: &[&str]) -> anyhow::Result<Option<(Child,
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(Some((server, port)))
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-/// A port nothing listens on now (the Python server takes a port, not 0).
-fn free_port() -> anyhow::Result<u16> {
-    plexus_tests::restartable_port()
-}
-
-/// Waits until an upstream has `calls` calls in flight (by its gauge).
-async fn wait_for_in_flight(daemon: &Daemon, upstream: &str, calls: usize) -> anyhow::Result<()> {
-    let gauge = format!(r#"plexus_upstream_in_flight{{upstream="{upstream}"}} {calls}"#);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, metrics) = daemon.admin_get("/metrics").await?;
-        if metrics.lines().any(|line| line == gauge) {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "{calls} calls never got in flight on {upstream}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A tool whose schema mirrors a parameter into a header (`x-mcp-header`):

@@ -41,16 +41,6 @@ fn alive(pid: u64) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// The value of one metric series (name with labels, exactly as exported).
-async fn metric(daemon: &Daemon, series: &str) -> anyhow::Result<Option<f64>> {
-    let (_, text) = daemon.admin_get("/metrics").await?;
-    Ok(text.lines().find_map(|line| {
-        line.strip_prefix(series)
-            .and_then(|rest| rest.strip_prefix(' '))
-            .and_then(|value| value.parse().ok())
-    }))
-}
-
 /// Clients calling `tool` in a loop until stopped; every answer is counted, and
 /// every one that is not a successful result is kept.
 struct Load {
@@ -237,11 +227,9 @@ async fn restarts_under_load_fail_no_call_and_leave_no_old_process() -> anyhow::
     // Each operator's restart is counted, across the generations.
     ensure!(status["restarts"] == 3, "{status}");
     ensure!(
-        metric(
-            &daemon,
-            r#"plexus_upstream_restarts_total{upstream="slow"}"#
-        )
-        .await?
+        daemon
+            .metric(r#"plexus_upstream_restarts_total{upstream="slow"}"#)
+            .await?
             == Some(3.0),
         "restart metric"
     );
