@@ -303,12 +303,14 @@ pub async fn exercise_common(
     )
     .await?;
     ensure!(long["isError"] != true, "{long}");
-    ensure!(
-        crate::eventually(Duration::from_secs(2), || len_of(&handler.progress)
-            > before)
-        .await,
-        "no progress reached the client"
-    );
+    crate::eventually(Duration::from_secs(2), async || {
+        ensure!(
+            len_of(&handler.progress) > before,
+            "no progress reached the client"
+        );
+        Ok(())
+    })
+    .await?;
 
     // Cancellation: abandoning a call cancels it upstream; the client goes on.
     let abandoned = tokio::time::timeout(
@@ -317,14 +319,14 @@ pub async fn exercise_common(
     )
     .await;
     ensure!(abandoned.is_err(), "a 5 s sleep finished in 300 ms");
-    ensure!(
-        crate::eventually(Duration::from_secs(5), || std::fs::read_to_string(
-            cancel_log
-        )
-        .is_ok_and(|text| text.contains("cancelled sleep")))
-        .await,
-        "the upstream never saw the cancel"
-    );
+    crate::eventually(Duration::from_secs(5), async || {
+        ensure!(
+            std::fs::read_to_string(cancel_log).is_ok_and(|text| text.contains("cancelled sleep")),
+            "the upstream never saw the cancel"
+        );
+        Ok(())
+    })
+    .await?;
     let after = call(client, "fx__echo", json!({"text": "after"})).await?;
     ensure!(after["content"][0]["text"] == "after", "{after}");
     Ok(())

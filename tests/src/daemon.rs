@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use crate::plexus_binary;
+use crate::{eventually, plexus_binary};
 
 /// A running `plexus serve` with its own temporary directory.
 pub struct Daemon {
@@ -155,23 +155,15 @@ impl Daemon {
 
     /// Polls `/readyz` until every upstream is ready.
     pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<Value> {
-        let deadline = Instant::now() + within;
         let client = reqwest::Client::new();
-        loop {
+        eventually(within, async || {
             let response = client.get(format!("{}/readyz", self.admin)).send().await?;
             let ready = response.status().is_success();
             let body: Value = response.json().await?;
-            if ready {
-                return Ok(body);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "upstreams not ready after {within:?}: {body}\n{}",
-                    self.log()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            anyhow::ensure!(ready, "upstreams not ready: {body}\n{}", self.log());
+            Ok(body)
+        })
+        .await
     }
 
     pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
@@ -192,15 +184,14 @@ impl Daemon {
     /// Waits until an upstream has `calls` calls in flight (by its gauge).
     pub async fn wait_for_in_flight(&self, upstream: &str, calls: usize) -> anyhow::Result<()> {
         let gauge = format!(r#"plexus_upstream_in_flight{{upstream="{upstream}"}}"#);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.metric(&gauge).await? != Some(calls as f64) {
+        eventually(Duration::from_secs(10), async || {
             anyhow::ensure!(
-                Instant::now() < deadline,
+                self.metric(&gauge).await? == Some(calls as f64),
                 "{calls} calls never got in flight on {upstream}"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
+            Ok(())
+        })
+        .await
     }
 
     /// Everything the daemon logged so far.

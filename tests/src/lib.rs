@@ -653,17 +653,22 @@ fn stat_fields(pid: i32) -> Option<(char, i32)> {
     Some((state, group))
 }
 
-/// Polls `condition` every 50 ms until it holds or `within` passes.
-pub async fn eventually<F: FnMut() -> bool>(within: Duration, mut condition: F) -> bool {
+/// Awaits `attempt` every 25 ms until it returns `Ok` or `within` passes; then its
+/// last error, which says what was awaited and what was seen instead, is returned.
+/// Write the attempt as `async || { ensure!(condition, "what: {seen}"); Ok(()) }`.
+pub async fn eventually<T>(
+    within: Duration,
+    mut attempt: impl AsyncFnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     let deadline = Instant::now() + within;
     loop {
-        if condition() {
-            return true;
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) if Instant::now() > deadline => {
+                return Err(error.context(format!("still not so after {within:?}")))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
         }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

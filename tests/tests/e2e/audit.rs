@@ -34,11 +34,15 @@ async fn line_for(path: &Path, method: &str, name: &str) -> anyhow::Result<Value
             .find(|line| line["method"] == method && line["name"] == name)
             .cloned()
     };
-    ensure!(
-        eventually(Duration::from_secs(10), || found(&lines(path)).is_some()).await,
-        "no audit line for {method} {name}: {:?}",
-        lines(path)
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            found(&lines(path)).is_some(),
+            "no audit line for {method} {name}: {:?}",
+            lines(path)
+        );
+        Ok(())
+    })
+    .await?;
     found(&lines(path)).context("vanished")
 }
 
@@ -141,29 +145,35 @@ async fn every_call_leaves_one_line_and_no_secret() -> anyhow::Result<()> {
         .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
         .await?;
     call(&client, "fx__ask", json!({"kind": "sampling"})).await?;
-    ensure!(
-        eventually(Duration::from_secs(10), || lines(&trail).iter().any(
-            |line| line["event"] == "client_request"
-                && line["method"] == "sampling/createMessage"
-                && line["upstream"] == "fx"
-                && line["outcome"] == "ok"
-        ))
-        .await,
-        "no client_request line: {:?}",
-        lines(&trail)
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            lines(&trail)
+                .iter()
+                .any(|line| line["event"] == "client_request"
+                    && line["method"] == "sampling/createMessage"
+                    && line["upstream"] == "fx"
+                    && line["outcome"] == "ok"),
+            "no client_request line: {:?}",
+            lines(&trail)
+        );
+        Ok(())
+    })
+    .await?;
     client.cancel().await?;
 
     // A schema change and its approval.
     std::fs::write(&drift, "description")?;
-    ensure!(
-        eventually(Duration::from_secs(10), || lines(&trail).iter().any(
-            |line| line["event"] == "schema_change" && line["entry"] == "tools/echo"
-        ))
-        .await,
-        "no schema_change line: {:?}",
-        lines(&trail)
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            lines(&trail)
+                .iter()
+                .any(|line| line["event"] == "schema_change" && line["entry"] == "tools/echo"),
+            "no schema_change line: {:?}",
+            lines(&trail)
+        );
+        Ok(())
+    })
+    .await?;
     let output = tokio::process::Command::new(plexus_binary())
         .args(["pins", "approve", "fx/echo", "--config"])
         .arg(daemon.dir.path().join("config.toml"))
@@ -174,13 +184,16 @@ async fn every_call_leaves_one_line_and_no_secret() -> anyhow::Result<()> {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    ensure!(
-        eventually(Duration::from_secs(10), || lines(&trail).iter().any(
-            |line| line["event"] == "pin_approved" && line["approved"] == "echo"
-        ))
-        .await,
-        "no pin_approved line"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            lines(&trail)
+                .iter()
+                .any(|line| line["event"] == "pin_approved" && line["approved"] == "echo"),
+            "no pin_approved line"
+        );
+        Ok(())
+    })
+    .await?;
 
     let mode = std::fs::metadata(&trail)?.permissions().mode() & 0o777;
     ensure!(mode == 0o600, "audit log mode {mode:o}");

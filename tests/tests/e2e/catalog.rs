@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::{
-    arguments, fixture_upstream, http_client, json_of, stdio_client, tool_names, Client, Daemon,
-    TestClient,
+    arguments, eventually, fixture_upstream, http_client, json_of, stdio_client, tool_names,
+    Client, Daemon, TestClient,
 };
 use rmcp::model::{CallToolRequestParams, GetPromptRequestParams, ReadResourceRequestParams};
 use serde_json::{json, Value};
@@ -47,18 +47,17 @@ const EXPECTED_TOOLS: &[&str] = &[
 
 /// Waits until the catalog holds every upstream's tools (upstreams join it as they start).
 async fn wait_for_catalog(client: &Client) -> anyhow::Result<Vec<String>> {
-    let deadline = Instant::now() + STARTUP_BUDGET;
-    loop {
+    eventually(STARTUP_BUDGET, async || {
         let names = tool_names(client).await?;
-        if EXPECTED_TOOLS
-            .iter()
-            .all(|name| names.iter().any(|n| n == name))
-        {
-            return Ok(names);
-        }
-        ensure!(Instant::now() < deadline, "catalog incomplete: {names:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        ensure!(
+            EXPECTED_TOOLS
+                .iter()
+                .all(|name| names.iter().any(|n| n == name)),
+            "catalog incomplete: {names:?}"
+        );
+        Ok(names)
+    })
+    .await
 }
 
 async fn call(client: &Client, name: &str, args: Value) -> anyhow::Result<Value> {

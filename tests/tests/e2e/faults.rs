@@ -29,19 +29,16 @@ async fn wait_for_state(
     state: &str,
     within: Duration,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
+    eventually(within, async || {
         let readiness = readiness(daemon).await?;
-        if readiness["upstreams"][upstream] == state {
-            return Ok(());
-        }
         ensure!(
-            Instant::now() < deadline,
+            readiness["upstreams"][upstream] == state,
             "{upstream} never reached {state}: {readiness}\n{}",
             daemon.log()
         );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        Ok(())
+    })
+    .await
 }
 
 /// Calls `tool` once a restarting upstream takes the call. Readiness read just after
@@ -312,12 +309,14 @@ async fn a_child_that_never_answers_initialize_is_stopped_after_init_timeout() -
         "{}",
         daemon.log()
     );
-    ensure!(
-        eventually(Duration::from_secs(5), || processes_matching("--name mute")
-            .is_empty())
-        .await,
-        "the hung child is still running"
-    );
+    eventually(Duration::from_secs(5), async || {
+        ensure!(
+            processes_matching("--name mute").is_empty(),
+            "the hung child is still running"
+        );
+        Ok(())
+    })
+    .await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = session.request("tools/list", json!({})).await?;
     ensure!(!tools.to_string().contains("mute__"), "{tools}");
@@ -348,15 +347,15 @@ async fn a_child_ignoring_sigterm_is_killed_and_the_daemon_still_exits_cleanly(
         "{:?}",
         started.elapsed()
     );
-    ensure!(
-        eventually(Duration::from_secs(3), || processes_matching(
-            "stubborn-child"
-        )
-        .is_empty())
-        .await,
-        "left behind: {:?}",
-        processes_matching("stubborn-child")
-    );
+    eventually(Duration::from_secs(3), async || {
+        ensure!(
+            processes_matching("stubborn-child").is_empty(),
+            "left behind: {:?}",
+            processes_matching("stubborn-child")
+        );
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
@@ -390,13 +389,15 @@ async fn an_npx_tree_leaves_nothing_behind_on_restart_and_on_exit() -> anyhow::R
         .post(format!("{}/upstreams/everything/restart", daemon.admin))
         .send()
         .await?;
-    ensure!(
-        eventually(Duration::from_secs(15), || process_group_members(first)
-            .is_empty())
-        .await,
-        "old tree left: {:?}",
-        process_group_members(first)
-    );
+    eventually(Duration::from_secs(15), async || {
+        ensure!(
+            process_group_members(first).is_empty(),
+            "old tree left: {:?}",
+            process_group_members(first)
+        );
+        Ok(())
+    })
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let second = loop {
         if let Some(pid) = group_of(&daemon.log(), 1) {
@@ -410,13 +411,15 @@ async fn an_npx_tree_leaves_nothing_behind_on_restart_and_on_exit() -> anyhow::R
 
     // Daemon exit stops the new tree too.
     ensure!(daemon.stop().await?.success());
-    ensure!(
-        eventually(Duration::from_secs(5), || process_group_members(second)
-            .is_empty())
-        .await,
-        "tree left after exit: {:?}",
-        process_group_members(second)
-    );
+    eventually(Duration::from_secs(5), async || {
+        ensure!(
+            process_group_members(second).is_empty(),
+            "tree left after exit: {:?}",
+            process_group_members(second)
+        );
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
@@ -725,14 +728,14 @@ async fn an_expired_deadline_cancels_upstream_and_progress_extends_it() -> anyho
         "{:?}",
         started.elapsed()
     );
-    ensure!(
-        eventually(Duration::from_secs(5), || std::fs::read_to_string(
-            &cancel_log
-        )
-        .is_ok_and(|text| text.contains("cancelled sleep")))
-        .await,
-        "the fixture never saw the cancel"
-    );
+    eventually(Duration::from_secs(5), async || {
+        ensure!(
+            std::fs::read_to_string(&cancel_log).is_ok_and(|text| text.contains("cancelled sleep")),
+            "the fixture never saw the cancel"
+        );
+        Ok(())
+    })
+    .await?;
     // Other tools keep the upstream's default deadline.
     let echo = session
         .request(
@@ -827,13 +830,14 @@ async fn an_upstream_that_stops_answering_pings_is_restarted() -> anyhow::Result
         nix::unistd::Pid::from_raw(frozen[0]),
         nix::sys::signal::Signal::SIGSTOP,
     )?;
-    ensure!(
-        eventually(Duration::from_secs(10), || daemon
-            .log()
-            .contains("did not answer a health ping"))
-        .await,
-        "no health failure logged"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            daemon.log().contains("did not answer a health ping"),
+            "no health failure logged"
+        );
+        Ok(())
+    })
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now = processes_matching("--name frozen");
@@ -929,14 +933,15 @@ async fn an_upstream_request_between_calls_is_refused_not_guessed() -> anyhow::R
     )
     .await?;
     ensure!(answer.to_string().contains("asked later"), "{answer}");
-    ensure!(
-        eventually(Duration::from_secs(10), || daemon
-            .log()
-            .contains("a later request was refused"))
-        .await,
-        "the upstream's request between calls was not refused:\n{}",
-        daemon.log()
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            daemon.log().contains("a later request was refused"),
+            "the upstream's request between calls was not refused:\n{}",
+            daemon.log()
+        );
+        Ok(())
+    })
+    .await?;
     ensure!(
         handler
             .sampled
@@ -1022,13 +1027,14 @@ async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Resul
     let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "control__echo").await?;
-    ensure!(
-        eventually(Duration::from_secs(15), || daemon
-            .log()
-            .contains("stderr lines suppressed"))
-        .await,
-        "no summary of suppressed lines"
-    );
+    eventually(Duration::from_secs(15), async || {
+        ensure!(
+            daemon.log().contains("stderr lines suppressed"),
+            "no summary of suppressed lines"
+        );
+        Ok(())
+    })
+    .await?;
     let logged = daemon.log().matches("chatty line").count();
     ensure!(
         (50..1000).contains(&logged),
@@ -1141,17 +1147,17 @@ async fn a_sigkilled_daemon_leaves_no_upstream_behind() -> anyhow::Result<()> {
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,
     )?;
-    ensure!(
-        eventually(Duration::from_secs(5), || processes_matching(
-            "orphan-child"
-        )
-        .is_empty()
-            && processes_matching("sleep 301").is_empty())
-        .await,
-        "left behind after SIGKILL: {:?} {:?}",
-        processes_matching("orphan-child"),
-        processes_matching("sleep 301")
-    );
+    eventually(Duration::from_secs(5), async || {
+        ensure!(
+            processes_matching("orphan-child").is_empty()
+                && processes_matching("sleep 301").is_empty(),
+            "left behind after SIGKILL: {:?} {:?}",
+            processes_matching("orphan-child"),
+            processes_matching("sleep 301")
+        );
+        Ok(())
+    })
+    .await?;
     drop(daemon);
     Ok(())
 }

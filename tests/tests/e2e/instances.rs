@@ -61,10 +61,11 @@ async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow
         "the lazy upstream was never listed\n{}",
         daemon.log()
     );
-    ensure!(
-        eventually(Duration::from_secs(10), || running() == 0).await,
-        "it did not idle out"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(running() == 0, "it did not idle out");
+        Ok(())
+    })
+    .await?;
     ensure!(state_of(&daemon, "lazy").await? == "idle");
 
     // The first call starts it and is answered.
@@ -76,10 +77,11 @@ async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow
         .await?;
     ensure!(who["result"]["content"][0]["text"] == "lazy-one", "{who}");
     ensure!(running() == 1);
-    ensure!(
-        eventually(Duration::from_secs(10), || running() == 0).await,
-        "it did not idle out again"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(running() == 0, "it did not idle out again");
+        Ok(())
+    })
+    .await?;
 
     // Restarted on the same state, the daemon lists it from disk without starting it.
     let (status, dir) = daemon.stop_keeping_state().await?;
@@ -178,10 +180,11 @@ async fn a_per_session_upstream_runs_one_instance_per_session() -> anyhow::Resul
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     ensure!(listed, "never listed\n{}", daemon.log());
-    ensure!(
-        eventually(Duration::from_secs(10), || running() == 0).await,
-        "discovery instance left running"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(running() == 0, "discovery instance left running");
+        Ok(())
+    })
+    .await?;
 
     for session in [&mut first, &mut second] {
         let who = session
@@ -213,10 +216,11 @@ async fn a_per_session_upstream_runs_one_instance_per_session() -> anyhow::Resul
         .send()
         .await?;
     ensure!(ended.status() == 204);
-    ensure!(
-        eventually(Duration::from_secs(10), || running() == 1).await,
-        "instance of the ended session left running"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(running() == 1, "instance of the ended session left running");
+        Ok(())
+    })
+    .await?;
     let still = second
         .request(
             "tools/call",
@@ -250,10 +254,11 @@ async fn an_abandoned_http_session_is_ended_with_its_instance() -> anyhow::Resul
     );
     ensure!(running() == 1);
     // The client goes quiet without a DELETE.
-    ensure!(
-        eventually(Duration::from_secs(10), || running() == 0).await,
-        "instance left running"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(running() == 0, "instance left running");
+        Ok(())
+    })
+    .await?;
     let gone = reqwest::Client::new()
         .post(&daemon.url)
         .header("content-type", "application/json")
@@ -333,10 +338,14 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
         call(client, "mine__whoami", json!({})).await?;
     }
     call(&alice_client, "mine__test_tool_with_logging", json!({})).await?;
-    ensure!(
-        eventually(Duration::from_secs(10), || len_of(&alice.logs) > 0).await,
-        "alice heard nothing of her own instance"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            len_of(&alice.logs) > 0,
+            "alice heard nothing of her own instance"
+        );
+        Ok(())
+    })
+    .await?;
     // Time for a stray copy to reach bob, had it been sent.
     tokio::time::sleep(Duration::from_millis(500)).await;
     ensure!(
@@ -346,10 +355,14 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
     );
     call(&bob_client, "mine__test_tool_with_logging", json!({})).await?;
     let alice_heard = len_of(&alice.logs);
-    ensure!(
-        eventually(Duration::from_secs(10), || len_of(&bob.logs) > 0).await,
-        "bob heard nothing of his own instance"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            len_of(&bob.logs) > 0,
+            "bob heard nothing of his own instance"
+        );
+        Ok(())
+    })
+    .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     ensure!(
         len_of(&alice.logs) == alice_heard,
@@ -369,10 +382,14 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
         json!({"text": "x", "updated": "test://watched-resource"}),
     )
     .await?;
-    ensure!(
-        eventually(Duration::from_secs(10), || len_of(&alice.updates) > 0).await,
-        "alice heard no update of her own instance"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            len_of(&alice.updates) > 0,
+            "alice heard no update of her own instance"
+        );
+        Ok(())
+    })
+    .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     ensure!(
         len_of(&bob.updates) == 0,

@@ -200,11 +200,11 @@ async fn a_change_across_a_restart_is_held_until_approved_offline() -> anyhow::R
     let daemon = Daemon::builder().upstreams(alpha("v1")).start().await?;
     daemon.wait_ready(WAIT).await?;
     let pin_path = daemon.dir.path().join("plexus.lock");
-    ensure!(
-        eventually(Duration::from_secs(10), || pin_path.exists()).await,
-        "no pin file: {}",
-        daemon.log()
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(pin_path.exists(), "no pin file: {}", daemon.log());
+        Ok(())
+    })
+    .await?;
     let mode = std::fs::metadata(&pin_path)?.permissions().mode() & 0o777;
     ensure!(mode == 0o600, "pin file mode {mode:o}");
     let pinned: Value = serde_json::from_str(&std::fs::read_to_string(&pin_path)?)?;
@@ -848,14 +848,15 @@ async fn a_corrupt_pin_file_fails_closed_until_mended() -> anyhow::Result<()> {
         .start()
         .await?;
     daemon.wait_ready(WAIT).await?;
-    ensure!(
-        eventually(Duration::from_secs(10), || daemon
-            .log()
-            .contains("is not a valid pin file (line 3"))
-        .await,
-        "the error does not name the line: {}",
-        daemon.log()
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            daemon.log().contains("is not a valid pin file (line 3"),
+            "the error does not name the line: {}",
+            daemon.log()
+        );
+        Ok(())
+    })
+    .await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let tools = listed(&mut session, "tools").await?;
     ensure!(tools.is_empty(), "a corrupt pin file exposed {tools:?}");
@@ -891,11 +892,15 @@ async fn a_corrupt_pin_file_fails_closed_until_mended() -> anyhow::Result<()> {
         &daemon,
     )
     .await?;
-    ensure!(
-        eventually(Duration::from_secs(10), || pin_path.exists()).await,
-        "not pinned after the mend: {}",
-        daemon.log()
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            pin_path.exists(),
+            "not pinned after the mend: {}",
+            daemon.log()
+        );
+        Ok(())
+    })
+    .await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
@@ -921,11 +926,15 @@ async fn an_upstream_added_by_the_reload_that_mends_the_pin_file_is_judged_again
             .exists()
     };
     let dir = daemon.dir.path().to_path_buf();
-    ensure!(
-        eventually(WAIT, || cached(&dir, "beta") && cached(&dir, "gamma")).await,
-        "nothing cached: {}",
-        daemon.log()
-    );
+    eventually(WAIT, async || {
+        ensure!(
+            cached(&dir, "beta") && cached(&dir, "gamma"),
+            "nothing cached: {}",
+            daemon.log()
+        );
+        Ok(())
+    })
+    .await?;
     let (status, dir) = daemon.stop_keeping_state().await?;
     ensure!(status.success(), "plexus exited with {status}");
 
@@ -972,11 +981,11 @@ async fn plexus_hash_equals_what_the_daemon_pinned() -> anyhow::Result<()> {
     let daemon = Daemon::builder().upstreams(section).start().await?;
     daemon.wait_ready(Duration::from_secs(120)).await?;
     let pin_path = daemon.dir.path().join("plexus.lock");
-    ensure!(
-        eventually(Duration::from_secs(10), || pin_path.exists()).await,
-        "no pin file: {}",
-        daemon.log()
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(pin_path.exists(), "no pin file: {}", daemon.log());
+        Ok(())
+    })
+    .await?;
     let output = tokio::process::Command::new(plexus_binary())
         .args(["hash", "time", "--config"])
         .arg(daemon.dir.path().join("config.toml"))

@@ -49,11 +49,14 @@ async fn exercise(
     let asked = handler.roots_asked();
     client.peer().notify_roots_list_changed().await?;
     if only_client {
-        ensure!(
-            plexus_tests::eventually(Duration::from_secs(10), || handler.roots_asked() > asked)
-                .await,
-            "the only client was not asked for roots"
-        );
+        plexus_tests::eventually(Duration::from_secs(10), async || {
+            ensure!(
+                handler.roots_asked() > asked,
+                "the only client was not asked for roots"
+            );
+            Ok(())
+        })
+        .await?;
     } else {
         tokio::time::sleep(Duration::from_millis(500)).await;
         ensure!(

@@ -56,14 +56,15 @@ fn pid_of(name: &str) -> anyhow::Result<i32> {
 
 async fn wait_for_pid_change(name: &str, old: i32) -> anyhow::Result<i32> {
     let needle = format!("--name {name}");
-    ensure!(
-        eventually(Duration::from_secs(20), || {
-            matches!(processes_matching(&needle)[..], [pid] if pid != old)
-        })
-        .await,
-        "`{name}` was not replaced by one new process: {:?}",
-        processes_matching(&needle)
-    );
+    eventually(Duration::from_secs(20), async || {
+        ensure!(
+            matches!(processes_matching(&needle)[..], [pid] if pid != old),
+            "`{name}` was not replaced by one new process: {:?}",
+            processes_matching(&needle)
+        );
+        Ok(())
+    })
+    .await?;
     pid_of(name)
 }
 
@@ -73,18 +74,16 @@ async fn until_tools(
     daemon: &Daemon,
     wanted: impl Fn(&[String]) -> bool,
 ) -> anyhow::Result<Vec<String>> {
-    for _ in 0..200 {
+    eventually(Duration::from_secs(10), async || {
         let names = tool_names(client).await?;
-        if wanted(&names) {
-            return Ok(names);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!(
-        "the catalog never got there: {:?}\n{}",
-        tool_names(client).await?,
-        daemon.log()
-    )
+        ensure!(
+            wanted(&names),
+            "the catalog never got there: {names:?}\n{}",
+            daemon.log()
+        );
+        Ok(names)
+    })
+    .await
 }
 
 async fn echo(session: &mut RawHttpSession, tool: &str, text: &str) -> anyhow::Result<()> {
@@ -107,13 +106,15 @@ async fn reloads(daemon: &Daemon, outcome: &str) -> anyhow::Result<f64> {
 }
 
 async fn until_reloads(daemon: &Daemon, outcome: &str, at_least: f64) -> anyhow::Result<()> {
-    for _ in 0..200 {
-        if reloads(daemon, outcome).await? >= at_least {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("no {outcome} reload: {}", daemon.log())
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            reloads(daemon, outcome).await? >= at_least,
+            "no {outcome} reload: {}",
+            daemon.log()
+        );
+        Ok(())
+    })
+    .await
 }
 
 /// `plexus reload --config <the daemon's file>`: (exit code, the JSON it printed).
@@ -209,14 +210,14 @@ async fn upstreams_are_added_and_removed_with_a_call_in_flight() -> anyhow::Resu
         .context("the call on the removed upstream was not ended by the drain")???;
     ensure!(answer["error"]["code"] == -33007, "{answer}");
     ensure!(answer["error"]["data"]["upstream"] == "beta", "{answer}");
-    ensure!(
-        eventually(Duration::from_secs(10), || processes_matching(
-            "--name beta"
-        )
-        .is_empty())
-        .await,
-        "beta's process {beta} outlived its removal"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            processes_matching("--name beta").is_empty(),
+            "beta's process {beta} outlived its removal"
+        );
+        Ok(())
+    })
+    .await?;
     let (_, metrics) = daemon.admin_get("/metrics").await?;
     ensure!(
         !metrics.contains("upstream=\"beta\""),
@@ -409,17 +410,16 @@ async fn a_burst_of_sighups_while_the_file_changes_coalesces() -> anyhow::Result
     rewrite(&daemon, &(fixture("alpha", "") + &fixture("gamma", "")))?;
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)?;
     // Settled: the final file's upstreams, one process each.
-    ensure!(
-        eventually(Duration::from_secs(20), || processes_matching(
-            "--name gamma"
-        )
-        .len()
-            == 1)
-        .await,
-        "gamma: {:?}\n{}",
-        processes_matching("--name gamma"),
-        daemon.log()
-    );
+    eventually(Duration::from_secs(20), async || {
+        ensure!(
+            processes_matching("--name gamma").len() == 1,
+            "gamma: {:?}\n{}",
+            processes_matching("--name gamma"),
+            daemon.log()
+        );
+        Ok(())
+    })
+    .await?;
     daemon.wait_ready(Duration::from_secs(20)).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = reloads(&daemon, "applied").await? + reloads(&daemon, "rejected").await?;

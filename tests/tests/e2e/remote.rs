@@ -198,10 +198,11 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
     );
     // The GET stream is opened beside the calls, not before them (a pooled
     // connection the server closed meanwhile makes it try again): wait for it.
-    plexus_tests::eventually(Duration::from_secs(15), || {
-        request_log(&requests)
+    let _ = plexus_tests::eventually(Duration::from_secs(15), async || {
+        ensure!(request_log(&requests)
             .iter()
-            .any(|line| line["method"] == "GET")
+            .any(|line| line["method"] == "GET"));
+        Ok(())
     })
     .await;
     ensure!(daemon.stop().await?.success());
@@ -473,11 +474,11 @@ async fn redirects_are_followed_on_the_same_origin_only() -> anyhow::Result<()> 
             .filter(|line| line["path"] == "/mcp" && line["method"] == method)
             .count()
     };
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(10), || at_mcp("GET") >= 3).await,
-        "{:?}",
-        request_log(&requests)
-    );
+    plexus_tests::eventually(Duration::from_secs(10), async || {
+        ensure!(at_mcp("GET") >= 3, "{:?}", request_log(&requests));
+        Ok(())
+    })
+    .await?;
     ensure!(at_mcp("POST") >= 6);
     // Both have failed a first start by now (they began with the others); read
     // again until their errors are there, whatever the timing.

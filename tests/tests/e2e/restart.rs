@@ -209,14 +209,15 @@ async fn restarts_under_load_fail_no_call_and_leave_no_old_process() -> anyhow::
 
     // Every predecessor drained and stopped; only the last one runs.
     let old = &pids[..pids.len() - 1];
-    ensure!(
-        eventually(Duration::from_secs(20), || old
-            .iter()
-            .all(|pid| !alive(*pid)))
-        .await,
-        "old processes left: {:?}",
-        old.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
-    );
+    eventually(Duration::from_secs(20), async || {
+        ensure!(
+            old.iter().all(|pid| !alive(*pid)),
+            "old processes left: {:?}",
+            old.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
+        );
+        Ok(())
+    })
+    .await?;
     let last = *pids.last().context("no pid")?;
     ensure!(alive(last), "the serving process is gone");
     let status = upstream_status(&daemon, "slow").await?;
@@ -326,10 +327,14 @@ async fn a_successor_that_cannot_start_leaves_the_running_instance_serving() -> 
         "{} of {calls} failed: {failures:?}",
         failures.len()
     );
-    ensure!(
-        eventually(Duration::from_secs(10), || !alive(pid)).await,
-        "the old process was not stopped after the good restart"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            !alive(pid),
+            "the old process was not stopped after the good restart"
+        );
+        Ok(())
+    })
+    .await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
@@ -398,10 +403,11 @@ async fn calls_waiting_for_a_slot_at_a_restart_are_served_by_the_successor() -> 
             "answered by {by} (old p{old}, new p{new}): {answer}"
         );
     }
-    ensure!(
-        eventually(Duration::from_secs(10), || !alive(old)).await,
-        "the old process was not stopped"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(!alive(old), "the old process was not stopped");
+        Ok(())
+    })
+    .await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
@@ -464,10 +470,11 @@ async fn a_lazy_upstream_restarts_in_place_when_idle_and_ahead_when_running() ->
         )
         .await?;
     ensure!(answer["result"]["isError"] == false, "{answer}");
-    ensure!(
-        eventually(Duration::from_secs(10), || !alive(old)).await,
-        "the old process was not stopped"
-    );
+    eventually(Duration::from_secs(10), async || {
+        ensure!(!alive(old), "the old process was not stopped");
+        Ok(())
+    })
+    .await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
 }

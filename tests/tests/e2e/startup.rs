@@ -90,13 +90,14 @@ async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Res
     let listed = first.request("tools/list", json!({})).await?;
     ensure!(listed.to_string().contains("late__echo"), "{listed}");
     first.close().await;
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(10), || state
-            .join("catalog/late.json")
-            .exists())
-        .await,
-        "the catalog was not cached"
-    );
+    plexus_tests::eventually(Duration::from_secs(10), async || {
+        ensure!(
+            state.join("catalog/late.json").exists(),
+            "the catalog was not cached"
+        );
+        Ok(())
+    })
+    .await?;
 
     // Now the upstream takes two seconds to start; the client lists (from the cache)
     // and calls at once.
@@ -246,11 +247,15 @@ async fn upstreams_start_as_many_at_a_time_as_start_concurrency_allows() -> anyh
         .start()
         .await?;
     let starting = || plexus_tests::processes_matching(&format!("{tag}-")).len();
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(20), || starting() == 2).await,
-        "expected two upstreams starting, saw {}",
-        starting()
-    );
+    plexus_tests::eventually(Duration::from_secs(20), async || {
+        ensure!(
+            starting() == 2,
+            "expected two upstreams starting, saw {}",
+            starting()
+        );
+        Ok(())
+    })
+    .await?;
     // And no more while both slots stay taken.
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -263,16 +268,21 @@ async fn upstreams_start_as_many_at_a_time_as_start_concurrency_allows() -> anyh
         text.replace("start_concurrency = 2", "start_concurrency = 4"),
     )?;
     daemon.reload().await?;
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(20), || starting() == 4).await,
-        "raising the limit should start the rest, saw {}",
-        starting()
-    );
+    plexus_tests::eventually(Duration::from_secs(20), async || {
+        ensure!(
+            starting() == 4,
+            "raising the limit should start the rest, saw {}",
+            starting()
+        );
+        Ok(())
+    })
+    .await?;
     let status = daemon.stop().await?;
     ensure!(status.success(), "plexus exited with {status}");
-    ensure!(
-        plexus_tests::eventually(Duration::from_secs(10), || starting() == 0).await,
-        "upstreams outlived the daemon"
-    );
+    plexus_tests::eventually(Duration::from_secs(10), async || {
+        ensure!(starting() == 0, "upstreams outlived the daemon");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
