@@ -46,14 +46,78 @@ pub fn venv_python() -> PathBuf {
 
 /// The `plexus` binary; the test command builds it before the tests run.
 pub fn plexus_binary() -> PathBuf {
-    std::env::var_os("PLEXUS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| binary_dir().join("plexus"))
+    match std::env::var_os("PLEXUS_BIN") {
+        Some(chosen) => PathBuf::from(chosen),
+        None => fresh(binary_dir().join("plexus")),
+    }
 }
 
 /// The fixture MCP server binary.
 pub fn fixture_binary() -> PathBuf {
-    binary_dir().join("plexus-fixture")
+    fresh(binary_dir().join("plexus-fixture"))
+}
+
+/// `binary`, unless it is older than a workspace source it was built from: then
+/// the test fails at once, saying how to build, instead of testing yesterday's
+/// daemon against today's test. Checked once per binary and test process.
+///
+/// A build from here instead was ruled out: it would run inside timed tests, on
+/// every test thread at once unless locked, and with this package's cargo
+/// features rather than the workspace's (`cargo test -p plexus-tests` and
+/// `--workspace` resolve rmcp differently), rebuilding what the outer command built.
+fn fresh(binary: PathBuf) -> PathBuf {
+    static CHECKED: std::sync::Mutex<Vec<(PathBuf, Result<(), String>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut checked = CHECKED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let verdict = match checked.iter().find(|(path, _)| *path == binary) {
+        Some((_, verdict)) => verdict.clone(),
+        None => {
+            let verdict = check_fresh(&binary);
+            checked.push((binary.clone(), verdict.clone()));
+            verdict
+        }
+    };
+    if let Err(stale) = verdict {
+        panic!("{stale}: run `cargo build --workspace --bins`");
+    }
+    binary
+}
+
+/// Compares the binary's mtime with its sources', as cargo listed them in its
+/// dep-info (`target/debug/<name>.d`), keeping this workspace's files: those of
+/// `daemon/src`, `adapters/src`, `registry/src` and `tests/src` that it is built from.
+fn check_fresh(binary: &Path) -> Result<(), String> {
+    let built = std::fs::metadata(binary)
+        .and_then(|meta| meta.modified())
+        .map_err(|error| format!("{}: {error}", binary.display()))?;
+    // No dep-info: a binary cargo did not build here; nothing to compare with.
+    let Ok(dep_info) = std::fs::read_to_string(binary.with_extension("d")) else {
+        return Ok(());
+    };
+    let root = workspace_root();
+    let sources = dep_info
+        .lines()
+        .next()
+        .and_then(|line| line.split_once(": "));
+    // Make-style: a space inside a path is escaped as `\ `.
+    let sources = sources.map_or(String::new(), |(_, list)| list.replace("\\ ", "\0"));
+    for source in sources.split_whitespace() {
+        let source = PathBuf::from(source.replace('\0', " "));
+        if !source.starts_with(&root) {
+            continue;
+        }
+        let changed = std::fs::metadata(&source).and_then(|meta| meta.modified());
+        if changed.is_ok_and(|changed| changed > built) {
+            return Err(format!(
+                "{} is older than {}",
+                binary.display(),
+                source.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A TOML upstream section running the fixture under `name`.
