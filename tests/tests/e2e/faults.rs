@@ -206,11 +206,12 @@ restart_window = "60s"
         .send()
         .await?;
     ensure!(response.status() == 202);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while readiness(&daemon).await?["upstreams"]["crashy"] == "failed" {
-        ensure!(Instant::now() < deadline, "retry did not restart crashy");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(Duration::from_secs(10), async || {
+        let state = readiness(&daemon).await?["upstreams"]["crashy"].clone();
+        ensure!(state != "failed", "retry did not restart crashy");
+        Ok(())
+    })
+    .await?;
     let unknown = reqwest::Client::new()
         .post(format!("{}/upstreams/nope/restart", daemon.admin))
         .send()
@@ -241,8 +242,7 @@ async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()
     ensure!(first["error"]["code"] == -33003, "{first}");
     // Ready again after one restart: a readiness read alone can still be the
     // crashed run's.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), async || {
         let (_, body) = daemon.admin_get("/status").await?;
         let status: Value = serde_json::from_str(&body)?;
         let brittle = status["upstreams"]
@@ -250,16 +250,14 @@ async fn a_failed_upstream_answers_at_once_with_its_state() -> anyhow::Result<()
             .and_then(|all| all.iter().find(|u| u["name"] == "brittle"))
             .cloned()
             .unwrap_or_default();
-        if brittle["state"] == "ready" && brittle["restarts"].as_u64() >= Some(1) {
-            break;
-        }
         ensure!(
-            Instant::now() < deadline,
+            brittle["state"] == "ready" && brittle["restarts"].as_u64() >= Some(1),
             "never back: {brittle}\n{}",
             daemon.log()
         );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        Ok(())
+    })
+    .await?;
     // Once it is back, the call kills it again.
     let second = call_once_back(
         &mut session,
@@ -398,14 +396,10 @@ async fn an_npx_tree_leaves_nothing_behind_on_restart_and_on_exit() -> anyhow::R
         Ok(())
     })
     .await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let second = loop {
-        if let Some(pid) = group_of(&daemon.log(), 1) {
-            break pid;
-        }
-        ensure!(Instant::now() < deadline, "no second spawn");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let second = eventually(Duration::from_secs(60), async || {
+        group_of(&daemon.log(), 1).context("no second spawn")
+    })
+    .await?;
     daemon.wait_ready(Duration::from_secs(120)).await?;
     ensure!(process_group_members(second).len() >= 2);
 
@@ -838,22 +832,18 @@ async fn an_upstream_that_stops_answering_pings_is_restarted() -> anyhow::Result
         Ok(())
     })
     .await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(Duration::from_secs(20), async || {
         let now = processes_matching("--name frozen");
-        if now.len() == 1
-            && now[0] != frozen[0]
-            && readiness(&daemon).await?["upstreams"]["frozen"] == "ready"
-        {
-            break;
-        }
         ensure!(
-            Instant::now() < deadline,
+            now.len() == 1
+                && now[0] != frozen[0]
+                && readiness(&daemon).await?["upstreams"]["frozen"] == "ready",
             "not restarted: {now:?}\n{}",
             daemon.log()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Ok(())
+    })
+    .await?;
     control.finish().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())

@@ -38,17 +38,16 @@ async fn refused_until_quarantined(
     tool: &str,
     daemon: &Daemon,
 ) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, async || {
         let answer = call(session, tool, json!({})).await?;
-        if answer["error"]["code"] == -33006 {
-            return Ok(answer);
-        }
-        if Instant::now() > deadline {
-            bail!("{tool} was never quarantined: {answer}\n{}", daemon.log());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ensure!(
+            answer["error"]["code"] == -33006,
+            "{tool} was never quarantined: {answer}\n{}",
+            daemon.log()
+        );
+        Ok(answer)
+    })
+    .await
 }
 
 async fn metrics(daemon: &Daemon) -> anyhow::Result<String> {
@@ -139,18 +138,15 @@ async fn listed_until(
     wanted: impl Fn(&[String]) -> bool,
     daemon: &Daemon,
 ) -> anyhow::Result<Vec<String>> {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, async || {
         // The list changes while this waits, so a walk may meet a shrunk list: list again.
         let names = walk(session, kind).await?;
-        if let Some(names) = names.as_deref().filter(|names| wanted(names)) {
-            return Ok(names.to_vec());
+        match names.as_deref().filter(|names| wanted(names)) {
+            Some(names) => Ok(names.to_vec()),
+            None => bail!("{kind} never became as wanted: {names:?}\n{}", daemon.log()),
         }
-        if Instant::now() > deadline {
-            bail!("{kind} never became as wanted: {names:?}\n{}", daemon.log());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn call(session: &mut RawHttpSession, tool: &str, arguments: Value) -> anyhow::Result<Value> {
