@@ -679,6 +679,11 @@ fn all_pids() -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// Held by a test that counts processes by their command line and by a test that
+/// starts processes another counts (the same `--name`, the same package): the
+/// end-to-end tests share one process, and one must not count the other's.
+pub static PROCESS_CENSUS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Pids of live processes whose command line contains `needle` (arguments joined by spaces).
 pub fn processes_matching(needle: &str) -> Vec<i32> {
     all_pids()

@@ -219,6 +219,8 @@ async fn exercise(client: &Client) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_upstreams_over_http_and_stdio() -> anyhow::Result<()> {
+    // Its fixtures' names and its uvx package are counted by other tests.
+    let _census = plexus_tests::PROCESS_CENSUS.lock().await;
     let daemon = Daemon::builder().upstreams(sections()).start().await?;
 
     // plexus answers initialize at once, whatever the upstreams are doing.

@@ -40,6 +40,8 @@ async fn plexus(args: &[&str]) -> anyhow::Result<(i32, Value, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_uvx_server_is_explored_hashed_and_called_by_its_naked_uri() -> anyhow::Result<()> {
+    // It counts the package's processes, which other tests start too.
+    let _census = plexus_tests::PROCESS_CENSUS.lock().await;
     let (code, explored, _) = plexus(&["explore", TIME]).await?;
     ensure!(code == 0, "explore exit {code}");
     ensure!(

@@ -972,6 +972,8 @@ async fn an_upstream_added_by_the_reload_that_mends_the_pin_file_is_judged_again
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plexus_hash_equals_what_the_daemon_pinned() -> anyhow::Result<()> {
+    // `explore` counts this uvx package's processes.
+    let _census = plexus_tests::PROCESS_CENSUS.lock().await;
     let section =
         "[upstreams.time]\nuvx = \"mcp-server-time@2026.10.19\"\ninit_timeout = \"120s\"\n";
     let daemon = Daemon::builder().upstreams(section).start().await?;

@@ -20,9 +20,6 @@ fn fixture(name: &str, extra: &str) -> String {
 
 const DAEMON: &str = "drain_timeout = \"1s\"";
 
-/// The tests find upstream processes by name, so they run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Rewrites the daemon's config file with the same `[daemon]` section and these
 /// upstream sections, replacing it in one step as editors do.
 fn rewrite(daemon: &Daemon, sections: &str) -> anyhow::Result<()> {
@@ -138,7 +135,8 @@ async fn plexus_reload(daemon: &Daemon) -> anyhow::Result<(i32, Value)> {
 
 /// A ready daemon on `sections`; the tests' turn is held while the guard lives.
 async fn started(sections: &str) -> anyhow::Result<(tokio::sync::MutexGuard<'static, ()>, Daemon)> {
-    let turn = SERIAL.lock().await;
+    // The tests find upstream processes by name, so they run one at a time.
+    let turn = plexus_tests::PROCESS_CENSUS.lock().await;
     check_built()?;
     let daemon = Daemon::builder()
         .daemon(DAEMON)
@@ -272,7 +270,7 @@ async fn a_changed_upstream_is_replaced_while_another_call_runs() -> anyhow::Res
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     // New calls reach the new process once it serves.
     for _ in 0..100 {
-        if pid_of("beta").is_ok() && processes_matching("--add-schema v2").len() == 1 {
+        if pid_of("beta").is_ok() && processes_matching("--name beta --add-schema v2").len() == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
