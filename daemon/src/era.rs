@@ -30,6 +30,32 @@ pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// The extension that brings tasks to 2026-07-28 (declared under `extensions`).
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
+/// Which revision a client speaks, decided once where its request arrives (a
+/// front, or a scope's creation) and carried down to the code that answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Era {
+    /// `initialize` once, then a session (2024-11-05 to 2025-11-25).
+    Handshake,
+    /// 2026-07-28: no handshake; every request declares its version in `_meta`.
+    Modern,
+}
+
+impl Era {
+    /// The era of a message arriving in a session: a client that never
+    /// initialized and declares a version per request (or asks `server/discover`)
+    /// speaks 2026-07-28.
+    pub fn of_message(initialized: bool, message: &Value) -> Era {
+        let modern = !initialized
+            && (message.get("method").and_then(Value::as_str) == Some("server/discover")
+                || declared_version(message.get("params")).is_some());
+        if modern {
+            Era::Modern
+        } else {
+            Era::Handshake
+        }
+    }
+}
+
 /// The per-request context a 2026-07-28 client sends in `_meta`.
 #[derive(Clone, Debug)]
 pub struct RequestMeta {

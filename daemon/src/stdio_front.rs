@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client_message::{ClientMessage, KnownCapabilities};
+use crate::era::Era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, Answer, RelayError};
 use crate::session::{Continuations, Handled, Identity, Session};
@@ -106,16 +107,19 @@ pub async fn serve<R, W>(
         };
         let is_request =
             message.message.get("id").is_some() && message.message.get("method").is_some();
+        // One client, either era: a 2026-07-28 request is one that comes before any
+        // `initialize` and declares its version (decided here, carried down).
+        let era = Era::of_message(session.initialized(), &message.message);
         if is_request {
             // Requests run concurrently: a slow tool must not hold up a quick one.
             let session = session.clone();
             let replies = replies.clone();
             requests.spawn(async move {
-                if let Handled::Respond(response) = session.handle(message, None).await {
+                if let Handled::Respond(response) = session.handle(message, era, None).await {
                     let _ = replies.send(response).await;
                 }
             });
-        } else if let Handled::Respond(response) = session.handle(message, None).await {
+        } else if let Handled::Respond(response) = session.handle(message, era, None).await {
             // Notifications (a cancel above all) are handled in order, at once.
             let _ = replies.send(response).await;
         }

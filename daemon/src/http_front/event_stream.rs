@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::{answer_response, empty, modern_status};
 use crate::client_message::ClientMessage;
+use crate::era::Era;
 use crate::jsonrpc::Answer;
 use crate::listener::Body;
 use crate::session::{CloseOnDrop, Handled, Session};
@@ -23,17 +24,19 @@ pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Answers one request. A quick answer is a plain JSON body; if a related message
 /// (progress, a request from the upstream) comes first, the answer becomes an
-/// event stream carrying those messages and then the response.
+/// event stream carrying those messages and then the response. A 2026-07-28
+/// request's session was made for it alone, and ends with it.
 pub(super) async fn answer_on_stream(
     session: Arc<Session>,
     message: ClientMessage,
-    modern: bool,
+    era: Era,
 ) -> Response<Body> {
+    let modern = era == Era::Modern;
     let (related, mut related_messages) = mpsc::channel::<Value>(64);
     let mut handling = Box::pin(async move {
         // A session made for this one request ends with it.
         let _closing = modern.then(|| CloseOnDrop(session.clone()));
-        session.handle(message, Some(&related)).await
+        session.handle(message, era, Some(&related)).await
     });
     let (first, done) = tokio::select! {
         biased;

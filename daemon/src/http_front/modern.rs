@@ -14,7 +14,7 @@ use super::{
     NAME_HEADER, PROTOCOL_HEADER,
 };
 use crate::client_message::ClientMessage;
-use crate::era;
+use crate::era::{self, Era};
 use crate::jsonrpc::{self, RelayError};
 use crate::listener::Body;
 use crate::session::{CloseOnDrop, Handled, Identity, Session};
@@ -74,10 +74,10 @@ impl HttpFront {
         self.stateless
             .insert(session.id(), Arc::downgrade(&session));
         if accepts_event_stream(headers) {
-            return answer_on_stream(session, received, true).await;
+            return answer_on_stream(session, received, Era::Modern).await;
         }
         let _closing = CloseOnDrop(session.clone());
-        match session.handle(received, None).await {
+        match session.handle(received, Era::Modern, None).await {
             Handled::Respond(response) => answer_response(modern_status(&response), response),
             Handled::Nothing => empty(StatusCode::ACCEPTED),
         }

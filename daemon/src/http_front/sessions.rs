@@ -19,6 +19,7 @@ use super::event_stream::{
 use super::{answer_response, empty, json_error, plain, HttpFront, Rejection, SESSION_HEADER};
 use crate::client_message::ClientMessage;
 use crate::config::DaemonSettings;
+use crate::era::Era;
 use crate::jsonrpc::{self, Answer, RelayError};
 use crate::listener::Body;
 use crate::session::{Handled, Identity, Session};
@@ -120,9 +121,10 @@ impl HttpFront {
                         &RelayError::InvalidRequest("batches are not accepted".into()),
                     )))
                 } else {
-                    let answers = futures::future::join_all(
-                        batch.into_iter().map(|m| session.handle(m, None)),
-                    )
+                    let answers = futures::future::join_all(batch.into_iter().map(|m| {
+                        let era = Era::of_message(session.initialized(), &m);
+                        session.handle(m, era, None)
+                    }))
                     .await;
                     let responses: Vec<Value> = answers
                         .into_iter()
@@ -145,10 +147,13 @@ impl HttpFront {
                     .get(header::ACCEPT)
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|accept| accept.contains("text/event-stream"));
+                // Decided here, once: the session's requests are handshake-era
+                // but for a 2026-07-28 one before any `initialize`.
+                let era = Era::of_message(session.initialized(), &received.message);
                 if is_request && accepts_events && !is_initialize {
-                    return answer_on_stream(session.clone(), received, false).await;
+                    return answer_on_stream(session.clone(), received, era).await;
                 }
-                match session.handle(received, None).await {
+                match session.handle(received, era, None).await {
                     Handled::Respond(response) => Some(response),
                     Handled::Nothing => None,
                 }

@@ -20,14 +20,16 @@ use super::{
     bridge, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
 };
 use crate::client_message;
-use crate::era;
+use crate::era::{self, Era};
 use crate::fanout::Client;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
 
 impl Session {
     /// `capabilities`: the request's `_meta` client capabilities, when the front
-    /// took them out (see [`ClientMessage`]).
+    /// took them out (see [`ClientMessage`]); `era`: the request's, as its front
+    /// decided.
+    #[allow(clippy::too_many_arguments)] // the envelope's parts, as `handle` took them apart
     pub(super) async fn handle_request(
         &self,
         id: Value,
@@ -35,6 +37,7 @@ impl Session {
         params: Option<Value>,
         arguments: Option<WrittenMember>,
         capabilities: Option<Arc<Value>>,
+        era: Era,
         related: &mpsc::Sender<Value>,
     ) -> Handled {
         let key = id.to_string();
@@ -54,9 +57,7 @@ impl Session {
             session: self,
             key: &key,
         };
-        // A client that never initialized and declares a version per request speaks 2026-07-28.
-        let modern = self.protocol_version().is_none()
-            && (method == "server/discover" || era::declared_version(params.as_ref()).is_some());
+        let modern = era == Era::Modern;
         // A 2026-07-28 request's `_meta` is checked as it is taken.
         let checked = if modern {
             Ok(())
@@ -271,7 +272,7 @@ impl Session {
                         ))
                     })
                     .collect();
-                let params = if self.is_scope() {
+                let params = if self.era == Era::Modern {
                     task_extension::as_task_if_wanted(
                         params,
                         catalog.task_support(&name),
@@ -314,7 +315,7 @@ impl Session {
                 Ok(expose_content_uris(&catalog, &route.upstream, reply))
             }
             "completion/complete" => self.complete(params, related).await,
-            "tasks/get" | "tasks/update" | "tasks/cancel" if self.is_scope() => {
+            "tasks/get" | "tasks/update" | "tasks/cancel" if self.era == Era::Modern => {
                 task_extension::serve(self, method, params, related).await
             }
             "tasks/get" | "tasks/result" | "tasks/cancel" => {

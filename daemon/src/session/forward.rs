@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::{task_extension, Session};
+use crate::era::Era;
 use crate::hub::CallContext;
 use crate::jsonrpc::{self, RelayError};
 
@@ -40,7 +41,7 @@ impl Session {
         Ok(if is_tool {
             let reply = expose_linked_uris(&self.catalog(), &route.upstream, reply);
             let reply = self.hub.expose_tasks(&route.upstream, Some(self.id), reply);
-            if self.is_scope() {
+            if self.era == Era::Modern {
                 task_extension::created(reply)
             } else {
                 task_extension::nested(reply)
@@ -64,7 +65,7 @@ impl Session {
         // A 2026-07-28 client retries for itself, and a handshake-era client is
         // answered input_required only by a 2026-07-28 upstream: the params are
         // kept for a retry unless neither can happen.
-        let may_retry = !self.is_scope()
+        let may_retry = self.era == Era::Handshake
             && !self
                 .hub
                 .upstream_named(upstream)
@@ -75,7 +76,7 @@ impl Session {
                 .forward(upstream, method, Some(params), call)
                 .await?;
             let mut reply = self.unread_unless_changed(upstream, reply);
-            if !self.is_scope() {
+            if self.era == Era::Handshake {
                 without_complete_type(&mut reply);
             }
             return Ok(reply);
@@ -183,7 +184,7 @@ impl Session {
             && !mentions("_meta", &["task", "\\u"])
             // Escapes could spell a block's type: such content is read.
             && !mentions("content", &["resource", "\\u"])
-            && (self.is_scope() || raw.member("resultType").is_none());
+            && (self.era == Era::Modern || raw.member("resultType").is_none());
         if unchanged {
             return reply;
         }

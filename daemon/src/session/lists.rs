@@ -9,6 +9,7 @@ use registry::Kind;
 use serde_json::{Map, Value};
 
 use super::Session;
+use crate::era::Era;
 use crate::jsonrpc::{self, RelayError};
 
 impl Session {
@@ -63,7 +64,7 @@ impl Session {
         if let Some(next) = page.next_cursor {
             result.insert("nextCursor".into(), Value::String(next));
         }
-        if self.is_scope() {
+        if self.era == Era::Modern {
             // What is true of the merge: its shortest-lived part's lifetime, and
             // shareable only if every part is, and the caller does not pick the view.
             let mut cache = page.cache;

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::client_message::ClientMessage;
-use crate::era::{self, RequestMeta};
+use crate::era::{self, Era, RequestMeta};
 use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, Envelope, RelayError};
@@ -91,6 +91,10 @@ pub struct Session {
     inputs: Option<mpsc::Sender<Box<InputNeeded>>>,
     /// A session the HTTP front makes for one request that came without one.
     stateless: bool,
+    /// The era its client speaks: a 2026-07-28 request's scope (and the stateless
+    /// session it runs under) is modern; a session opened by a front is handshake-era
+    /// (its own 2026-07-28 requests each run in a scope).
+    era: Era,
     /// The front's 2026-07-28 requests paused on input from their client.
     paused: Arc<Continuations>,
     /// Its principal, and the view of the catalog it sees (kept across reloads by
@@ -213,6 +217,11 @@ impl Session {
         outbound: mpsc::Sender<Value>,
     ) -> Arc<Session> {
         let id = hub.open_session();
+        let era = if stateless || inputs.is_some() {
+            Era::Modern
+        } else {
+            Era::Handshake
+        };
         Arc::new(Session {
             id,
             owner: owner.unwrap_or(id),
@@ -226,6 +235,7 @@ impl Session {
             client_bound: ClientBoundRequests::new(id),
             inputs,
             stateless,
+            era,
             paused,
             identity,
             listed: AtomicBool::new(false),
@@ -250,9 +260,18 @@ impl Session {
         &self.paused
     }
 
-    /// A request scope of a 2026-07-28 client: it cannot be sent requests.
-    pub fn is_scope(&self) -> bool {
-        self.inputs.is_some()
+    /// The era its client speaks, fixed when it was made.
+    pub fn era(&self) -> Era {
+        self.era
+    }
+
+    /// Whether it has had its handshake (`initialize`).
+    pub fn initialized(&self) -> bool {
+        self.hello
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .protocol_version
+            .is_some()
     }
 
     /// Ends the session because plexus is shutting down: requests still running are
@@ -335,13 +354,14 @@ impl Session {
         }
     }
 
-    /// Handles one parsed JSON-RPC message from the client. Messages related to a
-    /// request (its progress, requests an upstream sends while serving it) go to
-    /// `related` when given (the request's own HTTP stream), else to the session's
-    /// outbound queue.
+    /// Handles one parsed JSON-RPC message from the client, a request of `era`
+    /// (as its front decided). Messages related to a request (its progress,
+    /// requests an upstream sends while serving it) go to `related` when given (the
+    /// request's own HTTP stream), else to the session's outbound queue.
     pub async fn handle(
         &self,
         message: impl Into<ClientMessage>,
+        era: Era,
         related: Option<&mpsc::Sender<Value>>,
     ) -> Handled {
         let ClientMessage {
@@ -352,7 +372,7 @@ impl Session {
         match jsonrpc::Envelope::of(message) {
             Ok(Envelope::Request { id, method, params }) => {
                 let related = related.unwrap_or(&self.outbound);
-                self.handle_request(id, method, params, arguments, capabilities, related)
+                self.handle_request(id, method, params, arguments, capabilities, era, related)
                     .await
             }
             Ok(Envelope::Notification { method, params }) => {
@@ -481,7 +501,7 @@ async fn announce_catalog_changes(session: Arc<Session>) {
         }
         // Only what changed in this client's view is announced.
         let current = catalogs.borrow_and_update().view(session.view());
-        if session.protocol_version().is_none() {
+        if !session.initialized() {
             // Not initialized yet: it will list what is current when it asks.
             last = current;
             continue;
@@ -512,8 +532,9 @@ impl Client for Session {
     fn id(&self) -> u64 {
         Session::id(self)
     }
+    /// A request scope of a 2026-07-28 client: it cannot be sent requests.
     fn is_scope(&self) -> bool {
-        Session::is_scope(self)
+        self.inputs.is_some()
     }
     fn log_level(&self) -> Option<LogLevel> {
         Session::log_level(self)

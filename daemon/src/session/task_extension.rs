@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::held_tasks::{self, RELATED_TASK};
 use super::Session;
-use crate::era::TASKS_EXTENSION as EXTENSION;
+use crate::era::{Era, TASKS_EXTENSION as EXTENSION};
 use crate::jsonrpc::{self, RelayError};
 
 /// How long a `tasks/get` on a task the upstream says waits for input waits for
@@ -287,7 +287,7 @@ pub(super) async fn serve(
     params: Option<Value>,
     related: &mpsc::Sender<Value>,
 ) -> Result<Reply, RelayError> {
-    if session.is_scope() && method == "tasks/update" {
+    if session.era() == Era::Modern && method == "tasks/update" {
         if let Some(reply) = held_tasks::update(session, &params, related).await? {
             return Ok(reply);
         }
@@ -296,7 +296,7 @@ pub(super) async fn serve(
         .hub
         .forward_task_request(method, params.clone(), session.call_context(None, related))
         .await?;
-    if session.is_scope() {
+    if session.era() == Era::Modern {
         as_extension_answer(session, method, params, reply, related).await
     } else {
         as_handshake_answer(session, method, params, reply, related).await
