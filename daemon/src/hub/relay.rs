@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::Hub;
 use crate::jsonrpc::RelayError;
+use crate::upstreams::Upstream;
 
 /// What a relayed request carries besides its method and params.
 #[derive(Clone, Copy)]
@@ -47,15 +48,29 @@ impl Hub {
         params: Option<Value>,
         call: CallContext<'_>,
     ) -> Result<Reply, RelayError> {
+        let upstream = self.upstream_named(upstream_name)?;
+        self.forward_to(upstream, method, params, call).await
+    }
+
+    /// [`Hub::forward`] to an upstream the caller looked up already (once per call).
+    pub async fn forward_to(
+        self: &Arc<Self>,
+        upstream: Arc<Upstream>,
+        method: &str,
+        params: Option<Value>,
+        call: CallContext<'_>,
+    ) -> Result<Reply, RelayError> {
         let started = Instant::now();
-        let outcome = self
-            .forward_inner(upstream_name, method, params, call)
-            .await;
+        let name = upstream.name_arc().clone();
+        let upstream_name: &str = &name;
+        let outcome = self.forward_inner(upstream, method, params, call).await;
         let label = match &outcome {
             Ok(Reply::Result(_) | Reply::Unread(_)) => "ok",
             Ok(Reply::Error(_)) => "upstream_error",
             Err(error) => error.kind(),
         };
+        // Only an upstream still in the set once the call ends gets its series (a
+        // removed one's are purged): looked up again for that, not for the call.
         if self.upstreams.get(upstream_name).is_some() {
             self.metrics
                 .relay_requests
@@ -71,12 +86,13 @@ impl Hub {
 
     async fn forward_inner(
         self: &Arc<Self>,
-        upstream_name: &str,
+        mut upstream: Arc<Upstream>,
         method: &str,
         mut params: Option<Value>,
         call: CallContext<'_>,
     ) -> Result<Reply, RelayError> {
-        let mut upstream = self.upstream_named(upstream_name)?;
+        let name = upstream.name_arc().clone();
+        let upstream_name: &str = &name;
         if self.shutdown.is_cancelled() {
             return Err(RelayError::ShuttingDown);
         }

@@ -216,13 +216,18 @@ impl Session {
         arguments: Option<WrittenMember>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
+        // The one snapshot a routed request is routed in, audited in, and has the
+        // URIs in its result exposed from.
+        let catalog = self.catalog();
         if !RequestRecord::wanted(method, self.hub.audit()) {
             return self
-                .dispatch_unaudited(method, params, arguments, related)
+                .dispatch_unaudited(method, params, arguments, catalog, related)
                 .await;
         }
-        let record = RequestRecord::take(method, &mut params, arguments, &self.catalog())?;
-        let reply = self.dispatch_unaudited(method, params, None, related).await;
+        let record = RequestRecord::take(method, &mut params, arguments, &catalog)?;
+        let reply = self
+            .dispatch_unaudited(method, params, None, catalog, related)
+            .await;
         record.write(&self.audit(), &reply);
         reply
     }
@@ -232,6 +237,7 @@ impl Session {
         method: &str,
         params: Option<Value>,
         arguments: Option<WrittenMember>,
+        catalog: Arc<Catalog>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         if let Some(kind) = list_kind(method) {
@@ -243,7 +249,7 @@ impl Session {
             "tools/call" => {
                 let (mut params, name) = take_string(params, "name")?;
                 let (catalog, route) = self
-                    .route_waiting(&name, under_prefix(&name), |catalog, name| {
+                    .route_waiting(catalog, &name, under_prefix(&name), |catalog, name| {
                         catalog.route_tool(name).or_else(|| {
                             catalog
                                 .route_unlisted_tool(name)
@@ -281,20 +287,22 @@ impl Session {
                 } else {
                     params
                 };
-                self.forward_named(
-                    method,
-                    params,
-                    arguments.as_ref(),
-                    &route,
-                    &headers,
-                    related,
-                )
-                .await
+                let reply = self
+                    .forward_named(
+                        method,
+                        params,
+                        arguments.as_ref(),
+                        &route,
+                        &headers,
+                        related,
+                    )
+                    .await?;
+                Ok(self.tool_result(&catalog, &route.upstream, reply))
             }
             "prompts/get" => {
                 let (params, name) = take_string(params, "name")?;
                 let (catalog, route) = self
-                    .route_waiting(&name, under_prefix(&name), Catalog::route_prompt)
+                    .route_waiting(catalog, &name, under_prefix(&name), Catalog::route_prompt)
                     .await;
                 let route =
                     route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Prompts, &name))?;
@@ -304,7 +312,7 @@ impl Session {
             "resources/read" => {
                 let (params, uri) = take_string(params, "uri")?;
                 let (catalog, route) = self
-                    .route_waiting(&uri, in_namespace(&uri), Catalog::route_resource)
+                    .route_waiting(catalog, &uri, in_namespace(&uri), Catalog::route_resource)
                     .await;
                 let route = route.ok_or_else(|| unrouted(&catalog, Kind::Resources, &uri))?;
                 let params = with_string(params, "uri", &route.original);
@@ -314,7 +322,7 @@ impl Session {
                     .await?;
                 Ok(expose_content_uris(&catalog, &route.upstream, reply))
             }
-            "completion/complete" => self.complete(params, related).await,
+            "completion/complete" => self.complete(params, &catalog, related).await,
             "tasks/get" | "tasks/update" | "tasks/cancel" if self.era == Era::Modern => {
                 task_extension::serve(self, method, params, related).await
             }
@@ -339,7 +347,6 @@ impl Session {
                 Ok(Reply::Result(json!({})))
             }
             "resources/subscribe" | "resources/unsubscribe" => {
-                let catalog = self.catalog();
                 let (_, uri) = take_string(params, "uri")?;
                 let subscribe = method == "resources/subscribe";
                 // A held resource cannot be subscribed to; one subscribed before it
@@ -368,12 +375,12 @@ impl Session {
     async fn complete(
         &self,
         params: Option<Value>,
+        catalog: &Catalog,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         let Some(Value::Object(mut params)) = params else {
             return Err(RelayError::InvalidParams("params must be an object".into()));
         };
-        let catalog = self.catalog();
         let reference = params
             .get_mut("ref")
             .and_then(Value::as_object_mut)
@@ -391,7 +398,7 @@ impl Session {
                     .unwrap_or_default();
                 let route = catalog
                     .route_prompt(name)
-                    .ok_or_else(|| unrouted(&catalog, Kind::Prompts, name))?;
+                    .ok_or_else(|| unrouted(catalog, Kind::Prompts, name))?;
                 ("name", route)
             }
             "ref/resource" => {
@@ -402,7 +409,7 @@ impl Session {
                 let route = catalog
                     .route_template(uri)
                     .or_else(|| catalog.route_resource(uri))
-                    .ok_or_else(|| unrouted(&catalog, Kind::ResourceTemplates, uri))?;
+                    .ok_or_else(|| unrouted(catalog, Kind::ResourceTemplates, uri))?;
                 ("uri", route)
             }
             other => {

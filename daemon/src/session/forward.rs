@@ -34,21 +34,21 @@ impl Session {
         call.arguments = arguments;
         // A tool's result usually passes as the upstream wrote it.
         call.result_unread = is_tool;
-        let reply = self
-            .forward_with_input(&route.upstream, method, params, call)
-            .await?;
-        // A task-augmented call answers with a task whose id must name its upstream.
-        Ok(if is_tool {
-            let reply = expose_linked_uris(&self.catalog(), &route.upstream, reply);
-            let reply = self.hub.expose_tasks(&route.upstream, Some(self.id), reply);
-            if self.era == Era::Modern {
-                task_extension::created(reply)
-            } else {
-                task_extension::nested(reply)
-            }
+        self.forward_with_input(&route.upstream, method, params, call)
+            .await
+    }
+
+    /// A tool's result as the client sees it: its linked resources' URIs exposed
+    /// from `catalog` (the snapshot the call was routed in), and a task-augmented
+    /// call's task named by its upstream.
+    pub(super) fn tool_result(&self, catalog: &Catalog, upstream: &str, reply: Reply) -> Reply {
+        let reply = expose_linked_uris(catalog, upstream, reply);
+        let reply = self.hub.expose_tasks(upstream, Some(self.id), reply);
+        if self.era == Era::Modern {
+            task_extension::created(reply)
         } else {
-            reply
-        })
+            task_extension::nested(reply)
+        }
     }
 
     /// Relays a request that may need client input: a 2026-07-28 upstream answers
@@ -62,18 +62,16 @@ impl Session {
         params: Value,
         call: CallContext<'_>,
     ) -> Result<Reply, RelayError> {
+        // The one lookup of the upstream for this call.
+        let target = self.hub.upstream_named(upstream)?;
         // A 2026-07-28 client retries for itself, and a handshake-era client is
         // answered input_required only by a 2026-07-28 upstream: the params are
         // kept for a retry unless neither can happen.
-        let may_retry = self.era == Era::Handshake
-            && !self
-                .hub
-                .upstream_named(upstream)
-                .is_ok_and(|upstream| upstream.speaks_handshake());
+        let may_retry = self.era == Era::Handshake && !target.speaks_handshake();
         if !may_retry {
             let reply = self
                 .hub
-                .forward(upstream, method, Some(params), call)
+                .forward_to(target, method, Some(params), call)
                 .await?;
             let mut reply = self.unread_unless_changed(upstream, reply);
             if self.era == Era::Handshake {
@@ -88,7 +86,7 @@ impl Session {
         };
         let mut reply = self
             .hub
-            .forward(upstream, method, Some(params.clone()), call)
+            .forward_to(target, method, Some(params.clone()), call)
             .await?;
         for _ in 0..MAX_INPUT_ROUNDS {
             let Reply::Result(result) = &mut reply else {
@@ -145,6 +143,7 @@ impl Session {
                     None => object.remove("requestState"),
                 };
             }
+            // By name: a reload may have replaced the upstream between rounds.
             reply = self
                 .hub
                 .forward(upstream, method, Some(retry), call)

@@ -11,8 +11,9 @@ use crate::jsonrpc::RelayError;
 use crate::upstreams::UpstreamState;
 
 impl Session {
-    /// Routes `key` (a tool or prompt name, a resource URI) with `route` in the
-    /// session's catalog, and returns the catalog with the route, if any. A key that
+    /// Routes `key` (a tool or prompt name, a resource URI) with `route` in
+    /// `catalog` (the request's snapshot of the session's view), and returns the
+    /// catalog routed in with the route, if any. A key that
     /// routes nowhere yet and may `belong` (by its prefix) to an upstream this session
     /// may see that is still on its first start (nothing listed, not even from its
     /// cache) waits for that upstream's first listing as a first list does (up to
@@ -20,11 +21,11 @@ impl Session {
     /// launched plexus does not see its first call fail.
     pub(super) async fn route_waiting(
         &self,
+        catalog: Arc<Catalog>,
         key: &str,
         belongs: impl Fn(&str) -> bool,
         route: impl Fn(&Catalog, &str) -> Option<registry::Route>,
     ) -> (Arc<Catalog>, Option<registry::Route>) {
-        let catalog = self.catalog();
         if let Some(found) = route(&catalog, key) {
             return (catalog, Some(found));
         }
