@@ -67,7 +67,7 @@ impl ServerHello {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
     #[error(transparent)]
     Connection(#[from] ConnectionError),

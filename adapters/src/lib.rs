@@ -2,6 +2,7 @@
 //! over HTTP), framed and spoken to. Messages stay `serde_json::Value`s: this crate routes on ids and
 //! methods and never interprets the rest.
 
+mod causes;
 mod connection;
 pub mod escapes;
 pub mod framing;
@@ -16,9 +17,10 @@ pub mod skim;
 mod stdin_writer;
 pub mod stdio;
 
+pub use causes::error_chain;
 pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, percent_decode, LaunchError, LaunchSpec, Launcher};
 pub use raw_object::{RawObject, WrittenMember};
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
-pub use rpc::{ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
+pub use rpc::{Cause, ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};

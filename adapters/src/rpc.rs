@@ -154,8 +154,13 @@ impl From<mpsc::Sender<UpstreamEvent>> for Events {
     }
 }
 
-/// Why a request got no reply from the upstream.
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+/// What caused a failure, kept whole for [`crate::error_chain`]; shared, since
+/// one failure fails every request waiting on the connection.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// Why a request got no reply from the upstream. Shown to people through
+/// [`crate::error_chain`], which adds the causes kept as sources.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ConnectionError {
     #[error("the connection to the upstream closed before it answered")]
     Closed,
@@ -166,8 +171,11 @@ pub enum ConnectionError {
     TooLarge { limit: usize },
     /// The upstream answered the request with a message that is not JSON (its id
     /// could still be found at its start).
-    #[error("the upstream's reply is not JSON: {reason}")]
-    Malformed { reason: String },
+    #[error("the upstream's reply is not JSON")]
+    Malformed {
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
     /// The upstream answered the request with JSON that is not a JSON-RPC response.
     #[error("the upstream's reply is not a JSON-RPC response: {reason}")]
     InvalidReply { reason: String },
@@ -179,11 +187,19 @@ pub enum ConnectionError {
         detail: String,
     },
     /// An HTTP upstream could not be reached: the request never left plexus.
-    #[error("the upstream could not be reached: {reason}")]
-    Unreachable { reason: String },
+    #[error("the upstream could not be reached: {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: Cause,
+    },
     /// The HTTP exchange carrying the request failed before its reply arrived.
-    #[error("the HTTP exchange with {url} failed: {reason}")]
-    Broken { url: String, reason: String },
+    #[error("the HTTP exchange with {url} failed")]
+    Broken {
+        url: String,
+        #[source]
+        source: Cause,
+    },
 }
 
 fn detail_suffix(detail: &str) -> String {
@@ -258,14 +274,17 @@ impl PendingRequests {
         &self,
         upstream: &str,
         message: &[u8],
-        error: &serde_json::Error,
+        error: serde_json::Error,
     ) -> Option<u64> {
         let id = id_in_head(&message[..message.len().min(64)])?;
-        let reason = error.to_string();
-        if !self.complete(id, Err(ConnectionError::Malformed { reason })) {
+        let source = Arc::new(error);
+        let failed = ConnectionError::Malformed {
+            source: source.clone(),
+        };
+        if !self.complete(id, Err(failed)) {
             return None;
         }
-        tracing::warn!(upstream, %error, "the upstream's reply is not JSON; its call failed");
+        tracing::warn!(upstream, error = %source, "the upstream's reply is not JSON; its call failed");
         Some(id)
     }
 
@@ -783,14 +802,20 @@ mod tests {
             panic!("read an invalid escape");
         };
         let unknown = b"{\"jsonrpc\":\"2.0\",\"id\":999}";
-        assert_eq!(pending.fail_unreadable("u", unknown, &error), None);
+        assert_eq!(pending.fail_unreadable("u", unknown, error), None);
+        let Err(error) = read_message(broken.clone().into(), &pending) else {
+            panic!("read an invalid escape");
+        };
         assert_eq!(
-            pending.fail_unreadable("u", broken.as_bytes(), &error),
+            pending.fail_unreadable("u", broken.as_bytes(), error),
             Some(id)
         );
+        let failed = reply.try_recv();
         assert!(matches!(
-            reply.try_recv(),
-            Ok(Err(ConnectionError::Malformed { reason })) if reason.contains("escape")
+            &failed,
+            Ok(Err(error @ ConnectionError::Malformed { source }))
+                if source.to_string().contains("escape")
+                    && crate::error_chain(error).starts_with("the upstream's reply is not JSON: ")
         ));
         assert_eq!(pending.in_flight(), 0);
     }
@@ -862,8 +887,11 @@ mod tests {
         assert!(pending.complete(first, Ok(Reply::Result(json!(1)))));
         assert!(!pending.complete(first, Ok(Reply::Result(json!(2)))));
         pending.fail_all(ConnectionError::Closed);
-        assert_eq!(first_rx.await.unwrap(), Ok(Reply::Result(json!(1))));
-        assert_eq!(second_rx.await.unwrap(), Err(ConnectionError::Closed));
+        assert!(matches!(first_rx.await.unwrap(), Ok(Reply::Result(value)) if value == json!(1)));
+        assert!(matches!(
+            second_rx.await.unwrap(),
+            Err(ConnectionError::Closed)
+        ));
         assert_eq!(pending.in_flight(), 0);
     }
 

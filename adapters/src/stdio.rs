@@ -350,7 +350,7 @@ async fn read_loop(state: ReadLoop) {
             Ok(message) => message,
             Err(error) => {
                 // A reply plexus cannot read fails its call now, not at its deadline.
-                if pending.fail_unreadable(&upstream, &line, &error).is_none() {
+                if pending.fail_unreadable(&upstream, &line, error).is_none() {
                     note_dropped_line(&upstream, &stats, &line);
                 }
                 continue;

@@ -69,10 +69,10 @@ async fn stopping_reaches_grandchildren() -> Result<(), Box<dyn std::error::Erro
         !alive(grandchild),
         "grandchild {grandchild} survived the stop"
     );
-    assert_eq!(
+    assert!(matches!(
         connection.request("ping", None).await,
         Err(ConnectionError::NotSent)
-    );
+    ));
     Ok(())
 }
 
@@ -139,7 +139,10 @@ async fn noise_oversized_lines_and_stderr_floods_are_survived(
         UpstreamConnection::spawn_stdio(Arc::from("huge"), &shell(&script), &options(300), events)?;
     let outcome =
         tokio::time::timeout(Duration::from_secs(10), connection.request("ping", None)).await?;
-    assert_eq!(outcome, Err(ConnectionError::TooLarge { limit: 1024 }));
+    assert!(
+        matches!(outcome, Err(ConnectionError::TooLarge { limit: 1024 })),
+        "{outcome:?}"
+    );
     tokio::time::timeout(Duration::from_secs(10), connection.wait_exit()).await?;
     Ok(())
 }

@@ -472,7 +472,7 @@ impl Bridge {
                 id,
                 json!({
                     "code": jsonrpc::UPSTREAM_FAILED,
-                    "message": format!("the connection to plexus at {} was lost during the call: {error}", self.target.url),
+                    "message": format!("the connection to plexus at {} was lost during the call: {}", self.target.url, adapters::error_chain(&error)),
                     "data": {"kind": "upstream_failed", "upstream": null, "retryable": true, "retry_after_ms": 1000},
                 }),
             ),
@@ -635,7 +635,7 @@ async fn keep_connected(bridge: Arc<Bridge>) {
         {
             Ok(connection) => connection,
             Err(error) => {
-                tracing::warn!(%error, url = %bridge.target.url, "cannot connect to plexus; retrying");
+                tracing::warn!(error = %adapters::error_chain(&error), url = %bridge.target.url, "cannot connect to plexus; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
                 continue;
@@ -729,7 +729,7 @@ async fn restore(bridge: &Bridge, connection: &UpstreamConnection) -> Result<(),
         Err(error) => {
             return Err(match refusal(&error) {
                 Some(refused) => Restore::Refused(refused),
-                None => Restore::Failed(error.to_string()),
+                None => Restore::Failed(adapters::error_chain(&error)),
             })
         }
     }

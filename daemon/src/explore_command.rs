@@ -160,7 +160,10 @@ pub async fn open(
         Ok(Ok(hello)) => hello,
         Ok(Err(error)) => {
             connection.shutdown().await;
-            return Err(failed(format!("initialize failed: {error}")));
+            return Err(failed(format!(
+                "initialize failed: {}",
+                adapters::error_chain(&error)
+            )));
         }
         Err(_) => {
             connection.shutdown().await;
@@ -171,7 +174,10 @@ pub async fn open(
         Ok(listing) => listing,
         Err(error) => {
             connection.shutdown().await;
-            return Err(failed(format!("listing failed: {error}")));
+            return Err(failed(format!(
+                "listing failed: {}",
+                adapters::error_chain(&error)
+            )));
         }
     };
     let snapshot = ListingSnapshot {
@@ -302,7 +308,7 @@ impl Explored {
             Ok(Err(error)) => Ok(json!({"error": error})),
             Err(error) => Err(ExploreError::Upstream {
                 upstream: self.name.clone(),
-                reason: error.to_string(),
+                reason: adapters::error_chain(&error),
             }),
         }
     }

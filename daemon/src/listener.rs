@@ -34,15 +34,15 @@ pub struct ConnectionLimits {
 }
 
 /// Why a request's body could not be had.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     #[error("the body is longer than {limit} bytes")]
     TooLarge { limit: usize },
     #[error("the body did not arrive within {}ms", .0.as_millis())]
     TimedOut(Duration),
     /// The connection broke, or the body's framing was wrong.
-    #[error("the body cannot be read: {0}")]
-    Unreadable(String),
+    #[error("the body cannot be read")]
+    Unreadable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl BodyError {
@@ -83,7 +83,7 @@ pub async fn read_body(
         Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
             Err(BodyError::TooLarge { limit })
         }
-        Ok(Err(error)) => Err(BodyError::Unreadable(error.to_string())),
+        Ok(Err(error)) => Err(BodyError::Unreadable(error)),
     }
 }
 

@@ -1,8 +1,8 @@
 //! The hyper client: pooled connections (see `tls`), requests with the configured
 //! headers, and 307/308 redirects followed on the same origin only.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +15,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::endpoint::{display_url, resolve_on_origin};
 use super::head::Head;
-use super::{error_chain, tls, Shared, SESSION_HEADER, VERSION_HEADER};
+use super::{tls, Shared, SESSION_HEADER, VERSION_HEADER};
+use crate::rpc::ConnectionError;
 
 type Connector = tls::Connector;
 
@@ -24,15 +25,18 @@ pub(super) type HttpClient = Client<Connector, Full<Bytes>>;
 /// Why a POST got no response.
 pub(super) enum PostFailure {
     /// No connection could be made: the request never left.
-    Unreachable(String),
+    Unreachable(SendFailure),
     /// The exchange failed after the request may have left.
-    Failed(String),
+    Failed(ExchangeError),
 }
 
 /// Why [`Shared::send`] got no response to hand back.
-pub(super) enum SendFailure {
+#[derive(Debug, thiserror::Error)]
+pub enum SendFailure {
+    #[error(transparent)]
     Http(hyper_util::client::legacy::Error),
     /// A redirect it does not follow, said whole.
+    #[error("{0}")]
     Redirect(String),
 }
 
@@ -42,13 +46,27 @@ impl SendFailure {
     }
 }
 
-impl fmt::Display for SendFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SendFailure::Http(error) => f.write_str(&error_chain(error)),
-            SendFailure::Redirect(reason) => f.write_str(reason),
-        }
-    }
+/// Why an HTTP exchange ended without the reply it carried: the source of a
+/// [`ConnectionError::Broken`].
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ExchangeError {
+    #[error(transparent)]
+    Send(#[from] SendFailure),
+    /// Reading the response body failed.
+    #[error(transparent)]
+    Body(#[from] hyper::Error),
+    #[error("no acknowledgement within {} s", .0.as_secs())]
+    Unacknowledged(Duration),
+    #[error("the response ({content_type}) is not JSON")]
+    NotJson {
+        content_type: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the JSON response holds no reply to the request")]
+    NoReply,
+    #[error("the event stream ended before the reply")]
+    StreamEnded,
 }
 
 /// How many redirects one request follows.
@@ -134,11 +152,29 @@ impl Shared {
         let build = |target: &Uri| self.post_request(target, head, body.clone(), streamable);
         self.send(target, build).await.map_err(|failure| {
             if failure.is_connect() {
-                PostFailure::Unreachable(format!("{}: {failure}", self.url_text))
+                PostFailure::Unreachable(failure)
             } else {
-                PostFailure::Failed(failure.to_string())
+                PostFailure::Failed(failure.into())
             }
         })
+    }
+
+    /// The exchange with the server failed before its reply arrived.
+    pub(super) fn broken(&self, cause: impl Into<ExchangeError>) -> ConnectionError {
+        ConnectionError::Broken {
+            url: self.url_text.clone(),
+            source: Arc::new(cause.into()),
+        }
+    }
+
+    /// The server could not be reached; also the reason its connection closes.
+    pub(super) fn unreachable(&self, failure: SendFailure) -> (ConnectionError, String) {
+        let reason = format!("{}: {}", self.url_text, crate::error_chain(&failure));
+        let error = ConnectionError::Unreachable {
+            url: self.url_text.clone(),
+            source: Arc::new(failure),
+        };
+        (error, reason)
     }
 
     /// The POST of one message to `target`: streamable HTTP adds its headers.

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use super::sse::{SseDecoder, SseItem};
-use super::{error_chain, Shared};
+use super::Shared;
 use crate::rpc::{
     classify, count_sampled, id_in_head, our_id, skim_reply, with_paired_surrogates,
     ConnectionError, Incoming as Classified, Reply, UpstreamEvent,
@@ -21,7 +21,7 @@ pub(super) enum Pumped {
     /// The reply awaited arrived.
     Answered,
     Ended,
-    Failed(String),
+    Failed(hyper::Error),
 }
 impl Shared {
     /// Reads events from `body` until it ends, fails, or (with `awaited`) that
@@ -38,7 +38,7 @@ impl Shared {
         loop {
             let frame = match body.frame().await {
                 None => return Pumped::Ended,
-                Some(Err(error)) => return Pumped::Failed(error_chain(&error)),
+                Some(Err(error)) => return Pumped::Failed(error),
                 Some(Ok(frame)) => frame,
             };
             let Ok(data) = frame.into_data() else {
@@ -81,7 +81,7 @@ impl Shared {
                         }
                         // A reply plexus cannot read fails its call now, not at its deadline.
                         Err(error) => {
-                            match self.pending.fail_unreadable(&self.upstream, &data, &error) {
+                            match self.pending.fail_unreadable(&self.upstream, &data, error) {
                                 Some(id) => answered.push(Some(id)),
                                 None => self.note_dropped(&data),
                             }

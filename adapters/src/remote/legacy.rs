@@ -2,21 +2,47 @@
 //! messages are POSTed; every answer arrives on that stream.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT};
 use http::{Method, Uri};
 use http_body_util::BodyExt as _;
 
+use super::client::SendFailure;
 use super::endpoint::{display_url, resolve_endpoint};
 use super::inbound::Pumped;
 use super::sse::{SseDecoder, SseItem};
-use super::{authorization_hint, content_type_is, error_chain, read_small, Shared, EVENT_STREAM};
+use super::{authorization_hint, content_type_is, read_small, Shared, EVENT_STREAM};
+use crate::error_chain;
+
+/// Why the HTTP+SSE event stream did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum LegacyOpenError {
+    #[error("no answer within {} ms", .0.as_millis())]
+    NoAnswer(Duration),
+    #[error(transparent)]
+    Send(SendFailure),
+    #[error("GET answered HTTP {0}")]
+    Status(u16),
+    #[error("GET did not answer with an event stream")]
+    NotEventStream,
+    #[error("the stream ended before its `endpoint` event")]
+    EndedEarly,
+    /// Reading the stream failed.
+    #[error(transparent)]
+    Body(hyper::Error),
+    #[error("no `endpoint` event within {} ms", .0.as_millis())]
+    NoEndpoint(Duration),
+    /// The `endpoint` event names somewhere plexus does not post to.
+    #[error("{0}")]
+    BadEndpoint(String),
+}
 
 impl Shared {
     /// Opens the HTTP+SSE event stream and waits for its `endpoint` event; a task
     /// then reads the stream for the connection's life.
-    pub(super) async fn open_legacy(self: &Arc<Self>) -> Result<Uri, String> {
+    pub(super) async fn open_legacy(self: &Arc<Self>) -> Result<Uri, LegacyOpenError> {
         let open = |target: &Uri| {
             let mut request = self.request(Method::GET, target, Bytes::new());
             request
@@ -27,14 +53,14 @@ impl Shared {
         let waited = self.connect_timeout;
         let response = tokio::time::timeout(waited, self.send(&self.url, open))
             .await
-            .map_err(|_| format!("no answer within {} ms", waited.as_millis()))?
-            .map_err(|failure| failure.to_string())?;
+            .map_err(|_| LegacyOpenError::NoAnswer(waited))?
+            .map_err(LegacyOpenError::Send)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!("GET answered HTTP {}", status.as_u16()));
+            return Err(LegacyOpenError::Status(status.as_u16()));
         }
         if !content_type_is(&response, EVENT_STREAM) {
-            return Err("GET did not answer with an event stream".into());
+            return Err(LegacyOpenError::NotEventStream);
         }
         let mut body = response.into_body();
         let mut decoder = SseDecoder::new(self.max_message_bytes);
@@ -42,8 +68,8 @@ impl Shared {
         let endpoint = tokio::time::timeout(waited, async {
             loop {
                 let frame = match body.frame().await {
-                    None => return Err("the stream ended before its `endpoint` event".to_string()),
-                    Some(Err(error)) => return Err(error_chain(&error)),
+                    None => return Err(LegacyOpenError::EndedEarly),
+                    Some(Err(error)) => return Err(LegacyOpenError::Body(error)),
                     Some(Ok(frame)) => frame,
                 };
                 let Ok(data) = frame.into_data() else {
@@ -66,8 +92,9 @@ impl Shared {
             }
         })
         .await
-        .map_err(|_| format!("no `endpoint` event within {} ms", waited.as_millis()))??;
-        let endpoint = resolve_endpoint(&self.url, &endpoint)?;
+        .map_err(|_| LegacyOpenError::NoEndpoint(waited))??;
+        let endpoint =
+            resolve_endpoint(&self.url, &endpoint).map_err(LegacyOpenError::BadEndpoint)?;
         tracing::info!(upstream = %self.upstream, endpoint = %display_url(&endpoint), "HTTP+SSE event stream open");
         let shared = self.clone();
         tokio::spawn(async move {
@@ -78,7 +105,7 @@ impl Shared {
             tokio::select! {
                 pumped = read => {
                     let reason = match pumped {
-                        Pumped::Failed(reason) => format!("the HTTP+SSE event stream broke: {reason}"),
+                        Pumped::Failed(error) => format!("the HTTP+SSE event stream broke: {}", error_chain(&error)),
                         Pumped::Ended | Pumped::Answered => "the HTTP+SSE event stream ended".to_string(),
                     };
                     shared.close(&reason);

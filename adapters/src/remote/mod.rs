@@ -41,7 +41,7 @@ use crate::rpc::{
     encode_request, ConnectionError, ConnectionStats, Events, MetaFields, Params, PendingRequests,
     Reply, SharedPending, Spawned,
 };
-use client::{HttpClient, PostFailure};
+use client::{ExchangeError, HttpClient, PostFailure};
 use endpoint::display_url;
 pub use endpoint::{check_header, check_url, split_credentials, Credentials};
 use head::Head;
@@ -108,7 +108,7 @@ impl Default for HttpOptions {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     #[error("`{url}` is not a URL plexus can reach: {reason}")]
     BadUrl { url: String, reason: String },
@@ -116,8 +116,12 @@ pub enum HttpError {
     BadCredentials { url: String },
     #[error("header `{name}`: {reason}")]
     BadHeader { name: String, reason: String },
-    #[error("{url} did not open an HTTP+SSE event stream: {reason}")]
-    NoEventStream { url: String, reason: String },
+    #[error("{url} did not open an HTTP+SSE event stream")]
+    NoEventStream {
+        url: String,
+        #[source]
+        source: legacy::LegacyOpenError,
+    },
     #[error("{0}")]
     Tls(String),
 }
@@ -170,18 +174,6 @@ struct Shared {
     listening: AtomicBool,
     /// Whether a followed redirect was logged (once: it may come with every request).
     redirect_noted: AtomicBool,
-}
-
-/// The whole cause of an error, outermost first (hyper's own text is terse).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn content_type_is(response: &Response<Incoming>, wanted: &str) -> bool {
@@ -277,9 +269,9 @@ pub(crate) async fn connect(
         let endpoint = shared
             .open_legacy()
             .await
-            .map_err(|reason| HttpError::NoEventStream {
+            .map_err(|source| HttpError::NoEventStream {
                 url: shared.url_text.clone(),
-                reason,
+                source,
             })?;
         shared.set_mode(Mode::Legacy { endpoint });
     }
@@ -378,23 +370,18 @@ impl HttpTransport {
         let response = tokio::time::timeout(MESSAGE_TIMEOUT, post)
             .await
             .unwrap_or_else(|_| {
-                Err(PostFailure::Failed(format!(
-                    "no acknowledgement within {} s",
-                    MESSAGE_TIMEOUT.as_secs()
+                Err(PostFailure::Failed(ExchangeError::Unacknowledged(
+                    MESSAGE_TIMEOUT,
                 )))
             });
         let response = match response {
             Ok(response) => response,
-            Err(PostFailure::Unreachable(reason)) => {
+            Err(PostFailure::Unreachable(failure)) => {
+                let (error, reason) = shared.unreachable(failure);
                 shared.close(&reason);
-                return Err(ConnectionError::Unreachable { reason });
+                return Err(error);
             }
-            Err(PostFailure::Failed(reason)) => {
-                return Err(ConnectionError::Broken {
-                    url: shared.url_text.clone(),
-                    reason,
-                })
-            }
+            Err(PostFailure::Failed(cause)) => return Err(shared.broken(cause)),
         };
         let status = response.status();
         let hint = authorization_hint(&response);
@@ -585,7 +572,8 @@ impl Shared {
                                 self.set_mode(Mode::Legacy { endpoint });
                                 continue;
                             }
-                            Err(reason) => {
+                            Err(error) => {
+                                let reason = crate::error_chain(&error);
                                 tracing::debug!(upstream = %self.upstream, reason, "no HTTP+SSE fallback; the upstream speaks streamable HTTP")
                             }
                         }
@@ -601,19 +589,12 @@ impl Shared {
     /// also closes the connection, so the supervisor restarts it.
     fn post_failed(&self, id: u64, failure: PostFailure) {
         match failure {
-            PostFailure::Unreachable(reason) => {
-                self.complete(
-                    id,
-                    Err(ConnectionError::Unreachable {
-                        reason: reason.clone(),
-                    }),
-                );
+            PostFailure::Unreachable(failure) => {
+                let (error, reason) = self.unreachable(failure);
+                self.complete(id, Err(error));
                 self.close(&reason);
             }
-            PostFailure::Failed(reason) => {
-                let url = self.url_text.clone();
-                self.complete(id, Err(ConnectionError::Broken { url, reason }));
-            }
+            PostFailure::Failed(cause) => self.complete(id, Err(self.broken(cause))),
         }
     }
 

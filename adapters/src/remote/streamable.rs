@@ -12,14 +12,15 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::client::{PostFailure, SendFailure};
+use super::client::{ExchangeError, PostFailure, SendFailure};
 use super::head::Head;
 use super::inbound::Pumped;
 use super::sse::SseDecoder;
 use super::{
-    authorization_hint, content_type_is, error_chain, read_small, snippet, Shared, EVENT_STREAM,
-    SESSION_ENDED, SESSION_HEADER, VERSION_HEADER,
+    authorization_hint, content_type_is, read_small, snippet, Shared, EVENT_STREAM, SESSION_ENDED,
+    SESSION_HEADER, VERSION_HEADER,
 };
+use crate::error_chain;
 use crate::rpc::{skim_reply, with_paired_surrogates, ConnectionError};
 
 /// How many times a request's event stream is resumed (`Last-Event-ID`) before giving up.
@@ -112,15 +113,15 @@ impl Shared {
                     }
                 }
                 if !answered {
-                    let reason = match unreadable {
-                        Some(error) => format!(
-                            "the response ({}) is not JSON: {error}",
-                            content_type.as_deref().unwrap_or("no content type")
-                        ),
-                        None => "the JSON response holds no reply to the request".into(),
+                    let cause = match unreadable {
+                        Some(source) => ExchangeError::NotJson {
+                            content_type: content_type
+                                .unwrap_or_else(|| "no content type".to_string()),
+                            source,
+                        },
+                        None => ExchangeError::NoReply,
                     };
-                    let url = self.url_text.clone();
-                    self.complete(id, Err(ConnectionError::Broken { url, reason }));
+                    self.complete(id, Err(self.broken(cause)));
                 }
             }
             Err(error) => self.complete(id, Err(error)),
@@ -135,10 +136,7 @@ impl Shared {
         let announced = usize::try_from(hyper::body::Body::size_hint(&body).lower()).unwrap_or(0);
         let mut bytes = Vec::with_capacity(announced.min(limit));
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|error| ConnectionError::Broken {
-                url: self.url_text.clone(),
-                reason: error_chain(&error),
-            })?;
+            let frame = frame.map_err(|error| self.broken(error))?;
             if let Ok(data) = frame.into_data() {
                 if bytes.len() + data.len() > limit {
                     tracing::error!(upstream = %self.upstream, limit, "upstream sent a response over the message limit");
@@ -170,10 +168,7 @@ impl Shared {
                     let _ = tokio::time::timeout(DRAIN_AFTER_REPLY, drain).await;
                     return;
                 }
-                Pumped::Failed(reason) => {
-                    let url = self.url_text.clone();
-                    return self.complete(id, Err(ConnectionError::Broken { url, reason }));
-                }
+                Pumped::Failed(error) => return self.complete(id, Err(self.broken(error))),
                 Pumped::Ended => {}
             }
             let Some(last_event_id) = decoder.last_event_id.clone() else {
@@ -189,9 +184,7 @@ impl Shared {
                 None => break,
             }
         }
-        let url = self.url_text.clone();
-        let reason = "the event stream ended before the reply".to_string();
-        self.complete(id, Err(ConnectionError::Broken { url, reason }));
+        self.complete(id, Err(self.broken(ExchangeError::StreamEnded)));
     }
 
     /// GET with `Last-Event-ID`: the rest of an interrupted stream.
@@ -245,16 +238,16 @@ impl Shared {
             let response = match self.send(&self.url, listen).await {
                 Ok(response) => response,
                 Err(failure) if failure.is_connect() => {
-                    let reason = format!("{}: {failure}", self.url_text);
+                    let (_, reason) = self.unreachable(failure);
                     return self.close(&reason);
                 }
                 Err(failure @ SendFailure::Redirect(_)) => {
-                    tracing::debug!(upstream = %self.upstream, error = %failure, "no GET event stream");
+                    tracing::debug!(upstream = %self.upstream, error = %error_chain(&failure), "no GET event stream");
                     return;
                 }
                 Err(failure) => {
                     failures += 1;
-                    tracing::debug!(upstream = %self.upstream, error = %failure, "the GET event stream failed");
+                    tracing::debug!(upstream = %self.upstream, error = %error_chain(&failure), "the GET event stream failed");
                     tokio::time::sleep(retry_delay(&decoder) * failures.min(10)).await;
                     continue;
                 }
@@ -276,9 +269,9 @@ impl Shared {
             match self.pump(&mut body, &mut decoder, None, None, None).await {
                 // A broken stream is reopened at once: if the server is gone, the
                 // connection attempt says so.
-                Pumped::Failed(reason) => {
+                Pumped::Failed(error) => {
                     failures += 1;
-                    tracing::debug!(upstream = %self.upstream, reason, "the GET event stream broke");
+                    tracing::debug!(upstream = %self.upstream, reason = %error_chain(&error), "the GET event stream broke");
                     if failures > 1 {
                         tokio::time::sleep(retry_delay(&decoder)).await;
                     }
@@ -311,7 +304,7 @@ impl Shared {
                 tracing::debug!(upstream = %self.upstream, status = response.status().as_u16(), "deleted the upstream's session")
             }
             Ok(Err(failure)) => {
-                tracing::debug!(upstream = %self.upstream, error = %failure, "deleting the upstream's session failed")
+                tracing::debug!(upstream = %self.upstream, error = %error_chain(&failure), "deleting the upstream's session failed")
             }
             Err(_) => {
                 tracing::debug!(upstream = %self.upstream, "deleting the upstream's session timed out")

@@ -204,7 +204,10 @@ impl HttpFront {
                     BodyError::TimedOut(_) => {
                         RelayError::InvalidRequest(format!("{error} ([daemon] body_read_timeout)"))
                     }
-                    BodyError::Unreadable(_) => RelayError::InvalidRequest(error.to_string()),
+                    // hyper's own text without its causes, as clients have always been told.
+                    BodyError::Unreadable(cause) => {
+                        RelayError::InvalidRequest(format!("{error}: {cause}"))
+                    }
                 };
                 return error.closing(json_error(error.status(), &relayed));
             }

@@ -197,10 +197,11 @@ impl Hub {
                 limit,
             }),
             Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
-                tracing::warn!(upstream = upstream_name, method, %error, "its call failed");
+                let reason = adapters::error_chain(&error);
+                tracing::warn!(upstream = upstream_name, method, error = %reason, "its call failed");
                 Err(RelayError::FailedMidCall {
                     upstream: upstream_name.to_string(),
-                    reason: error.to_string(),
+                    reason,
                 })
             }
             Ok(Err(
@@ -209,7 +210,7 @@ impl Hub {
                 | ConnectionError::Malformed { .. }),
             )) => Err(RelayError::FailedMidCall {
                 upstream: upstream_name.to_string(),
-                reason: error.to_string(),
+                reason: adapters::error_chain(&error),
             }),
             // Dropping `request` (at the end of this scope) sends the cancel upstream.
             Err(true) => Err(RelayError::Drained {

@@ -330,7 +330,7 @@ impl Instance {
         }
         let params = json!({"level": level.as_str()});
         if let Err(error) = connection.request("logging/setLevel", Some(params)).await {
-            tracing::debug!(%error, "setting an upstream's log level failed");
+            tracing::debug!(error = %adapters::error_chain(&error), "setting an upstream's log level failed");
         }
     }
 

@@ -200,6 +200,7 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     let hello = match hello {
         Ok(Ok(hello)) => hello,
         Ok(Err(error)) => {
+            let error = adapters::error_chain(&error);
             tracing::error!(upstream = %name, %error, stderr = ?connection.stderr_tail(), "upstream initialize failed");
             instance.fail(format!("initialize failed: {error}"));
             return end_run(instance, &connection, RunEnd::Failed).await;
@@ -319,7 +320,7 @@ pub async fn open_connection(
             };
             UpstreamConnection::connect_http(name.clone(), endpoint, &options, events)
                 .await
-                .map_err(|error| error.to_string())
+                .map_err(|error| adapters::error_chain(&error))
         }
     }
 }
@@ -453,7 +454,7 @@ async fn health_checks(
                 | ConnectionError::Unreachable { .. },
             )) => return,
             Ok(Err(error)) => {
-                tracing::error!(upstream = %connection.upstream(), %error, "a health ping failed; restarting the upstream");
+                tracing::error!(upstream = %connection.upstream(), error = %adapters::error_chain(&error), "a health ping failed; restarting the upstream");
                 unhealthy.cancel();
                 return;
             }
@@ -506,7 +507,7 @@ async fn publish_listing(
             let _ = listed.await;
         }
         Err(error) => {
-            tracing::warn!(upstream = %config.name, %error, "listing the upstream's catalog failed")
+            tracing::warn!(upstream = %config.name, error = %adapters::error_chain(&error), "listing the upstream's catalog failed")
         }
     }
 }
