@@ -18,8 +18,12 @@ use crate::rpc::{
     encode_notification, encode_response, ConnectionError, MetaFields, Params, Reply,
     SharedPending, Spawned,
 };
+use tokio_util::task::TaskTracker;
+
 use crate::stdio::{ExitReport, SpawnError, StdioOptions, StdioTransport};
 
+/// How long a stopped connection's tasks may take to end.
+const TASKS_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// A handle to a running upstream. Cheap to clone; the upstream is stopped by
 /// [`UpstreamConnection::shutdown`], or (a child) killed when the last handle is dropped.
 #[derive(Clone)]
@@ -35,6 +39,8 @@ pub(crate) struct Inner {
     /// Set to stop the upstream.
     pub(crate) stop: CancellationToken,
     pub(crate) stats: Arc<ConnectionStats>,
+    /// The connection's own tasks (pipes, child, HTTP exchanges and streams).
+    pub(crate) tasks: TaskTracker,
     /// For an upstream of 2026-07-28: the `_meta` fields every request carries.
     pub(crate) request_meta: RwLock<Option<Arc<MetaFields>>>,
     pub(crate) transport: Transport,
@@ -194,6 +200,7 @@ impl UpstreamConnection {
             closed,
             stop,
             stats,
+            tasks,
             transport: carrier,
         } = spawned;
         UpstreamConnection {
@@ -203,6 +210,7 @@ impl UpstreamConnection {
                 closed,
                 stop,
                 stats,
+                tasks,
                 request_meta: RwLock::new(None),
                 transport: transport(carrier),
             }),
@@ -377,7 +385,7 @@ impl UpstreamConnection {
     /// after the grace period SIGKILL; waits until every process of the group is
     /// reaped. HTTP: the session is deleted and the connection closed.
     pub async fn shutdown(&self) -> ExitReport {
-        match &self.inner.transport {
+        let report = match &self.inner.transport {
             Transport::Stdio(_) => {
                 self.inner.stop.cancel();
                 self.wait_exit().await
@@ -390,7 +398,17 @@ impl UpstreamConnection {
                     signal: None,
                 }
             }
+        };
+        // Every task ends on `stop`; the bound keeps one stuck in a write from
+        // holding the daemon's shutdown.
+        self.inner.tasks.close();
+        if tokio::time::timeout(TASKS_SETTLE, self.inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(upstream = %self.inner.upstream, tasks = self.inner.tasks.len(), "the connection's tasks did not end after it stopped");
         }
+        report
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -721,6 +722,8 @@ pub(crate) struct Spawned<T> {
     pub closed: CancellationToken,
     pub stop: CancellationToken,
     pub stats: Arc<ConnectionStats>,
+    /// Every task the connection started: its shutdown waits for them.
+    pub tasks: TaskTracker,
     pub transport: T,
 }
 

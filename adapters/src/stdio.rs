@@ -15,6 +15,7 @@ use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::framing::{Frame, LineDecoder};
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
@@ -246,8 +247,10 @@ pub(crate) fn spawn(
     let writer = StdinWriter::new(stdin);
     let (exit_tx, exit) = watch::channel(None);
 
-    tokio::spawn(writer.clone().flush_loop(stop.clone()));
-    tokio::spawn(read_loop(ReadLoop {
+    // Owned by the connection: its shutdown waits for them.
+    let tasks = TaskTracker::new();
+    tasks.spawn(writer.clone().flush_loop(stop.clone()));
+    tasks.spawn(read_loop(ReadLoop {
         upstream: upstream.clone(),
         stdout,
         pending: pending.clone(),
@@ -258,7 +261,7 @@ pub(crate) fn spawn(
         stop: stop.clone(),
     }));
     let stderr_done = CancellationToken::new();
-    tokio::spawn(stderr_loop(
+    tasks.spawn(stderr_loop(
         upstream.clone(),
         stderr,
         stderr_tail.clone(),
@@ -266,7 +269,7 @@ pub(crate) fn spawn(
         options.stats.clone(),
         stderr_done.clone(),
     ));
-    tokio::spawn(child_loop(
+    tasks.spawn(child_loop(
         upstream.clone(),
         child,
         stop.clone(),
@@ -287,6 +290,7 @@ pub(crate) fn spawn(
         closed,
         stop,
         stats,
+        tasks,
         transport,
     })
 }

@@ -97,7 +97,7 @@ impl Shared {
             resolve_endpoint(&self.url, &endpoint).map_err(LegacyOpenError::BadEndpoint)?;
         tracing::info!(upstream = %self.upstream, endpoint = %display_url(&endpoint), "HTTP+SSE event stream open");
         let shared = self.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let read = async {
                 shared.handle_items(&mut items, None, None).await;
                 shared.pump(&mut body, &mut decoder, None, None, None).await

@@ -36,6 +36,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::rpc::{
     encode_request, ConnectionError, ConnectionStats, Events, MetaFields, Params, PendingRequests,
@@ -174,6 +175,9 @@ struct Shared {
     listening: AtomicBool,
     /// Whether a followed redirect was logged (once: it may come with every request).
     redirect_noted: AtomicBool,
+    /// Every task of the connection (exchanges, event streams, cancels): each
+    /// ends when `closed` is set, and the connection's shutdown waits for them.
+    tasks: TaskTracker,
 }
 
 fn content_type_is(response: &Response<Incoming>, wanted: &str) -> bool {
@@ -259,6 +263,7 @@ pub(crate) async fn connect(
         streams: Mutex::new(HashMap::new()),
         listening: AtomicBool::new(false),
         redirect_noted: AtomicBool::new(false),
+        tasks: TaskTracker::new(),
     });
     options.stats.spawns.fetch_add(1, Ordering::Relaxed);
     tracing::info!(upstream = %upstream, url = %shared.url_text, transport = endpoint.transport.label(), "connecting to HTTP upstream");
@@ -276,6 +281,7 @@ pub(crate) async fn connect(
         shared.set_mode(Mode::Legacy { endpoint });
     }
     abandoned.disarm();
+    let tasks = shared.tasks.clone();
     let transport = HttpTransport { shared };
     // One token: closing the connection is stopping it.
     Ok(Spawned {
@@ -284,6 +290,7 @@ pub(crate) async fn connect(
         closed: closed.clone(),
         stop: closed,
         stats: options.stats.clone(),
+        tasks,
         transport,
     })
 }
@@ -311,7 +318,7 @@ impl HttpTransport {
             .unwrap_or_else(PoisonError::into_inner);
         let task = {
             let shared = shared.clone();
-            tokio::spawn(async move {
+            shared.tasks.clone().spawn(async move {
                 tokio::select! {
                     () = shared.exchange(id, head, body) => {}
                     () = shared.closed.cancelled() => {}
@@ -347,10 +354,18 @@ impl HttpTransport {
             (notification, tokio::runtime::Handle::try_current())
         {
             let transport = self.clone();
-            runtime.spawn(async move {
-                // Best effort: an unreachable upstream has dropped the request anyway.
-                let _ = transport.send_message(notification).await;
-            });
+            let closed = self.shared.closed.clone();
+            self.shared.tasks.spawn_on(
+                async move {
+                    // Best effort: an unreachable upstream has dropped the request anyway,
+                    // and a closed connection's session is gone.
+                    tokio::select! {
+                        _ = transport.send_message(notification) => {}
+                        () = closed.cancelled() => {}
+                    }
+                },
+                &runtime,
+            );
         }
     }
 
@@ -613,7 +628,7 @@ impl Shared {
         }
         if matches!(self.mode(), Mode::Streamable) && !self.listening.swap(true, Ordering::AcqRel) {
             let shared = self.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 tokio::select! {
                     () = shared.listen() => {}
                     () = shared.closed.cancelled() => {}
