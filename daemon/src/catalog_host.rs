@@ -14,6 +14,7 @@ use registry::{
 };
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use crate::memory;
 use crate::metrics::Metrics;
@@ -45,6 +46,9 @@ impl Snapshot {
     }
 }
 
+/// How long a shutdown waits for the kept listings being written.
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct CatalogHost {
     state: Mutex<Listings>,
     catalog: watch::Sender<Arc<Snapshot>>,
@@ -54,6 +58,9 @@ pub struct CatalogHost {
     /// Where each upstream's last listing is kept, so it stays listed across restarts.
     directory: PathBuf,
     metrics: Arc<Metrics>,
+    /// Listings being written to or removed from `directory`: a shutdown waits
+    /// for them, so none is left half done.
+    writes: TaskTracker,
 }
 
 struct Listings {
@@ -90,6 +97,22 @@ impl CatalogHost {
             installed: watch::channel(0).0,
             directory,
             metrics,
+            writes: TaskTracker::new(),
+        }
+    }
+
+    /// Waits until the listings being written or removed are done, for at most
+    /// [`FLUSH_TIMEOUT`]: a stuck disk must not hold the daemon's exit.
+    pub async fn flush(&self) {
+        self.writes.close();
+        if tokio::time::timeout(FLUSH_TIMEOUT, self.writes.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                writes = self.writes.len(),
+                "kept listings were still being written at exit"
+            );
         }
     }
 
@@ -217,7 +240,7 @@ impl CatalogHost {
             self.rebuild(&mut state);
         }
         let path = self.cache_path(name);
-        tokio::task::spawn_blocking(move || {
+        self.writes.spawn_blocking(move || {
             if let Err(error) = std::fs::remove_file(&path) {
                 if error.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(path = %path.display(), %error, "could not remove a removed upstream's listing");
@@ -361,7 +384,7 @@ impl CatalogHost {
         let bytes = serde_json::to_vec(&kept).unwrap_or_default();
         let path = self.cache_path(&listing.upstream);
         let upstream = listing.upstream.clone();
-        tokio::task::spawn_blocking(move || {
+        self.writes.spawn_blocking(move || {
             if let Err(error) = write_atomically(&path, &bytes, 0o644) {
                 tracing::warn!(upstream = %upstream, %error, "could not keep the upstream's listing on disk");
             }

@@ -297,6 +297,8 @@ impl Hub {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        // After the upstreams stopped: no listing comes after this.
+        self.catalog.flush().await;
     }
 
     /// Whether plexus is shutting down.
