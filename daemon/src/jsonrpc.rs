@@ -1,5 +1,5 @@
 //! JSON-RPC messages as plexus answers them, and the one place where plexus's own
-//! failures become JSON-RPC error objects (codes in DESIGN.md).
+//! failures become JSON-RPC error objects (the codes are listed in README.md, "Errors").
 
 use std::time::Duration;
 
