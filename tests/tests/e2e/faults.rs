@@ -1152,6 +1152,9 @@ async fn a_sigkilled_daemon_leaves_no_upstream_behind() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The flood an upstream was seen to write: 10.9 M lines in 15 s.
+const SEEN_FLOOD_LINES_PER_SECOND: f64 = 10_900_000.0 / 15.0;
+
 /// The CPU time (user + system) a process has used, from `/proc/PID/stat`.
 fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -1269,9 +1272,19 @@ async fn an_upstream_flooding_stderr_costs_the_daemon_little_cpu() -> anyhow::Re
         log.contains("stderr lines suppressed"),
         "no summary in the log"
     );
+    // The bound is for the flood that was seen: 10.9 M lines in 15 s. The fixture
+    // writes as fast as the machine lets it (several times that, and more on an idle
+    // machine), and the daemon's work grows with the lines, so its share is taken at
+    // that flood's rate.
+    let at_the_seen_rate = share * (SEEN_FLOOD_LINES_PER_SECOND / rate);
+    println!(
+        "at the seen flood's {SEEN_FLOOD_LINES_PER_SECOND:.0} lines/s: {:.1} % of a core",
+        at_the_seen_rate * 100.0
+    );
     ensure!(
-        share <= 0.15,
-        "the daemon used {:.1} % of a core draining a stderr flood",
+        at_the_seen_rate <= 0.15,
+        "draining a stderr flood of {SEEN_FLOOD_LINES_PER_SECOND:.0} lines/s would cost the daemon {:.1} % of a core ({:.1} % at the {rate:.0} lines/s written)",
+        at_the_seen_rate * 100.0,
         share * 100.0
     );
     ensure!(daemon.stop().await?.success());
