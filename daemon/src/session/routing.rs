@@ -40,7 +40,14 @@ impl Session {
             .map(|upstream| upstream.name())
             .collect();
         if starting.is_empty() {
-            return (catalog, None);
+            // A listing installed since the request took its snapshot is why no
+            // upstream awaits one any more: route on the snapshot that has it.
+            let current = self.catalog();
+            if Arc::ptr_eq(&current, &catalog) {
+                return (catalog, None);
+            }
+            let found = route(&current, key);
+            return (current, found);
         }
         self.hub
             .wait_for_first_listings_of(|upstream| starting.contains(&upstream))
