@@ -48,9 +48,6 @@ pub struct ServerHello {
     pub capabilities: Value,
     pub server_info: Value,
     pub instructions: Option<String>,
-    /// A 2026-07-28 upstream whose `server/discover` also listed a handshake-era
-    /// version: it can be reached in either era.
-    pub also_handshake: bool,
 }
 
 impl ServerHello {
@@ -197,10 +194,6 @@ pub async fn discover(
         .map(Vec::as_slice)
         .unwrap_or_default();
     let modern = versions.iter().any(|v| v == MODERN_VERSION);
-    let also_handshake = versions
-        .iter()
-        .filter_map(Value::as_str)
-        .any(|v| HANDSHAKE_VERSIONS.contains(&v));
     if !modern {
         return Ok(None);
     }
@@ -225,7 +218,6 @@ pub async fn discover(
             .get("instructions")
             .and_then(Value::as_str)
             .map(str::to_string),
-        also_handshake,
     }))
 }
 
@@ -275,7 +267,6 @@ pub async fn initialize(
             .get("instructions")
             .and_then(Value::as_str)
             .map(str::to_string),
-        also_handshake: false,
     };
     connection.notify("notifications/initialized", None).await?;
     Ok(hello)
