@@ -243,6 +243,10 @@ impl Continuation {
                     return outcome;
                 }
                 Some(input) = self.channels.inputs.recv() => {
+                    if !may_ask_for_input(&self.method) {
+                        refuse_input(*input, &self.method).await;
+                        continue;
+                    }
                     self.add_pending(*input);
                     self.gather_inputs().await;
                     return Ok(self.pause(paused));
@@ -335,6 +339,39 @@ impl Continuation {
                 None => self.pending.push((key, input)),
             }
         }
+    }
+}
+
+/// Whether a 2026-07-28 request may be answered `input_required`: the revision
+/// allows it on `tools/call`, `prompts/get` and `resources/read` alone, so a
+/// request another one is serving (a completion, a list) cannot be paused for it.
+fn may_ask_for_input(method: &str) -> bool {
+    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+}
+
+/// Answers an upstream's request to the client that the call it was given to cannot
+/// carry, rather than leaving it to the upstream's deadline.
+async fn refuse_input(input: InputNeeded, method: &str) {
+    tracing::info!(
+        upstream = %input.connection.upstream(),
+        asked = %input.method,
+        during = method,
+        "an upstream asked the client during a request that cannot carry the question; refused"
+    );
+    let error = json!({
+        "code": crate::jsonrpc::INVALID_REQUEST,
+        "message": format!(
+            "`{}` cannot reach the client: its request in flight (`{method}`) cannot carry a question to it in protocol 2026-07-28",
+            input.method
+        ),
+    });
+    if input
+        .connection
+        .respond(input.upstream_id, Reply::Error(error))
+        .await
+        .is_err()
+    {
+        tracing::debug!("the upstream went away before plexus answered it");
     }
 }
 

@@ -1244,3 +1244,40 @@ async fn requests_a_handshake_era_tool_sends_together_are_one_round() -> anyhow:
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// An upstream that asks its client during a request that cannot be answered
+/// `input_required` in 2026-07-28 (only tools, prompts and reads can): a 2026-07-28
+/// client's completion is not paused for it, plexus refuses the upstream's question
+/// and the completion comes back; a handshake-era client is asked, as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_during_a_completion_does_not_pause_a_2026_client() -> anyhow::Result<()> {
+    let section = fixture_upstream("fx", "", &["--conformance"]);
+    let daemon = Daemon::builder().upstreams(&section).start().await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let complete = json!({
+        "ref": {"type": "ref/prompt", "name": "fx__test_prompt_with_arguments"},
+        "argument": {"name": "arg1", "value": "ask the client first"},
+    });
+    let new = connect_modern(&AnsweringClient::named("new").modern(), &daemon.url).await?;
+    let answered = new
+        .peer()
+        .complete(serde_json::from_value(complete.clone())?)
+        .await
+        .with_context(|| daemon.log())?;
+    let value = &answered.completion.values[0];
+    ensure!(value.starts_with("not asked"), "{answered:?}");
+    let old = rmcp::ServiceExt::serve(
+        AnsweringClient::named("old"),
+        StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+    )
+    .await?;
+    let answered = old
+        .peer()
+        .complete(serde_json::from_value(complete)?)
+        .await?;
+    ensure!(answered.completion.values == ["asked"], "{answered:?}");
+    new.cancel().await?;
+    old.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
