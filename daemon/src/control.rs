@@ -89,7 +89,10 @@ impl Action {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which trigger a reload answered, as the report's `cause` says it: `signal`
+/// (SIGHUP), `file_changed` (the watcher) or `admin` (`POST /reload`, `plexus reload`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ReloadCause {
     Signal,
     FileChanged,
@@ -133,6 +136,9 @@ impl ReloadOutcome {
 #[derive(Clone, Debug, Serialize)]
 pub struct ReloadReport {
     pub outcome: ReloadOutcome,
+    /// The reload this report is of: an explicit reload of bytes the watcher had
+    /// already applied answers with the watcher's report (see [`ReloadReport::changed`]).
+    pub cause: ReloadCause,
     pub config: PathBuf,
     pub sha256: String,
     pub errors: Vec<String>,
@@ -142,6 +148,18 @@ pub struct ReloadReport {
     pub updated: Vec<String>,
     pub failed: Vec<FailedUpstream>,
     pub needs_restart: Vec<&'static str>,
+}
+
+impl ReloadReport {
+    /// Whether the reload changed what runs (or failed to).
+    fn changed(&self) -> bool {
+        !(self.added.is_empty()
+            && self.removed.is_empty()
+            && self.restarted.is_empty()
+            && self.updated.is_empty()
+            && self.failed.is_empty()
+            && self.needs_restart.is_empty())
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -242,6 +260,10 @@ impl ControlLoop {
     /// Serves control inputs until shutdown.
     pub async fn run(mut self, mut inbox: mpsc::Receiver<Control>) {
         let mut last_read = self.sha256.clone();
+        // The last reload that changed anything: someone who edits the file and runs
+        // `plexus reload` wants to see what the edit changed even when the watcher
+        // applied it first.
+        let mut last_change: Option<ReloadReport> = None;
         let mut queued: Option<(ReloadCause, Vec<oneshot::Sender<ReloadReport>>)> = None;
         loop {
             let (cause, replies) = match queued.take() {
@@ -305,7 +327,19 @@ impl ControlLoop {
                     }
                 }
             };
-            if let Some(report) = report {
+            if let Some(mut report) = report {
+                match &last_change {
+                    Some(earlier)
+                        if !report.changed()
+                            && report.outcome == ReloadOutcome::Applied
+                            && earlier.cause == ReloadCause::FileChanged
+                            && earlier.sha256 == report.sha256 =>
+                    {
+                        report = earlier.clone();
+                    }
+                    _ if report.changed() => last_change = Some(report.clone()),
+                    _ => {}
+                }
                 for reply in replies {
                     let _ = reply.send(report.clone());
                 }
@@ -384,7 +418,7 @@ impl ControlLoop {
         }
         tracing::info!(cause = cause.label(), config = %self.path.display(), "reloading the configuration");
         let report = match read {
-            Ok((config, sha256)) => self.apply(config, sha256).await,
+            Ok((config, sha256)) => self.apply(config, sha256, cause).await,
             Err(error) => {
                 tracing::error!("configuration rejected, the running one stays: {error}");
                 let errors = match &error {
@@ -393,7 +427,7 @@ impl ControlLoop {
                     }
                     config::ConfigError::Read { .. } => vec![format!("(file): {error}")],
                 };
-                self.report(ReloadOutcome::Rejected, sha256, errors)
+                self.report(ReloadOutcome::Rejected, cause, sha256, errors)
             }
         };
         self.hub
@@ -406,7 +440,12 @@ impl ControlLoop {
         Some(report)
     }
 
-    async fn apply(&mut self, mut config: Config, sha256: String) -> ReloadReport {
+    async fn apply(
+        &mut self,
+        mut config: Config,
+        sha256: String,
+        cause: ReloadCause,
+    ) -> ReloadReport {
         let needs_restart = daemon_keys_needing_restart(&self.current.daemon, &config.daemon);
         for key in &needs_restart {
             tracing::warn!(
@@ -456,7 +495,7 @@ impl ControlLoop {
             failed = applied.failed.len(),
             "configuration reloaded"
         );
-        let mut report = self.report(outcome, sha256, Vec::new());
+        let mut report = self.report(outcome, cause, sha256, Vec::new());
         report.added = applied.added;
         report.removed = applied.removed;
         report.restarted = applied.restarted;
@@ -470,9 +509,16 @@ impl ControlLoop {
         report
     }
 
-    fn report(&self, outcome: ReloadOutcome, sha256: String, errors: Vec<String>) -> ReloadReport {
+    fn report(
+        &self,
+        outcome: ReloadOutcome,
+        cause: ReloadCause,
+        sha256: String,
+        errors: Vec<String>,
+    ) -> ReloadReport {
         ReloadReport {
             outcome,
+            cause,
             config: self.path.clone(),
             sha256,
             errors,

@@ -479,6 +479,41 @@ async fn an_editors_rename_over_save_and_a_prefix_change_apply_in_place() -> any
     Ok(())
 }
 
+/// An editor's save is applied by the watcher; `plexus reload` run a moment later
+/// still reports what the edit changed, as the watcher's reload (`cause`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plexus_reload_after_the_watcher_reports_the_edits_changes() -> anyhow::Result<()> {
+    let (_turn, daemon) = started(&fixture("alpha", "")).await?;
+    let (code, report) = plexus_reload(&daemon).await?;
+    ensure!(
+        code == 0 && report["cause"] == "admin",
+        "exit {code}: {report}"
+    );
+    ensure!(report["added"] == json!([]), "{report}");
+
+    let before = reloads(&daemon, "applied").await?;
+    rewrite(
+        &daemon,
+        &format!("{}\n{}", fixture("alpha", ""), fixture("beta", "")),
+    )?;
+    // The watcher's reload has run (its metric counts it) before `plexus reload` asks.
+    until_reloads(&daemon, "applied", before + 1.0).await?;
+    let (code, report) = plexus_reload(&daemon).await?;
+    ensure!(code == 0, "exit {code}: {report}");
+    ensure!(
+        report["added"] == json!(["beta"]) && report["cause"] == "file_changed",
+        "{report}"
+    );
+
+    // An explicit reload that changes something reports itself.
+    rewrite(&daemon, &fixture("alpha", ""))?;
+    let (code, report) = plexus_reload(&daemon).await?;
+    ensure!(code == 0, "exit {code}: {report}");
+    ensure!(report["removed"] == json!(["beta"]), "{report}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plexus_reload_reports_good_and_bad_files() -> anyhow::Result<()> {
     let (_turn, daemon) = started(&fixture("alpha", "")).await?;
