@@ -19,6 +19,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::{ClientHandler, ErrorData, RoleClient};
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 use crate::{arguments, json_of};
 
@@ -33,8 +34,11 @@ pub struct AnsweringClient {
     pub progress: Arc<Mutex<Vec<Value>>>,
     /// How often an upstream asked this client for its roots.
     pub roots_asked: Arc<AtomicUsize>,
-    /// How long it takes to answer an elicitation.
-    pub elicitation_delay: Duration,
+    /// How many elicitations it was asked.
+    pub elicitations_asked: Arc<AtomicUsize>,
+    /// When set, each elicitation is answered only once a permit is added here: the
+    /// client "thinks" until the test lets it answer.
+    pub elicitation_gate: Option<Arc<Semaphore>>,
     /// The elicitation ids `notifications/elicitation/complete` named to it.
     pub elicitations_completed: Arc<Mutex<Vec<Value>>>,
 }
@@ -51,7 +55,8 @@ impl AnsweringClient {
             updates: Arc::default(),
             progress: Arc::default(),
             roots_asked: Arc::default(),
-            elicitation_delay: Duration::ZERO,
+            elicitations_asked: Arc::default(),
+            elicitation_gate: None,
             elicitations_completed: Arc::default(),
         }
     }
@@ -148,7 +153,13 @@ impl ClientHandler for AnsweringClient {
         request: ElicitRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        tokio::time::sleep(self.elicitation_delay).await;
+        self.elicitations_asked.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.elicitation_gate {
+            // Closed by no one: the error is unreachable, and answering then is harmless.
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget();
+            }
+        }
         // Fill every requested field with a value of its type (URL mode has none).
         let request = json_of(&request);
         let mut content = serde_json::Map::new();

@@ -194,6 +194,20 @@ impl Daemon {
         .await
     }
 
+    /// Waits until the daemon's log holds `needle`: the line that says a thing
+    /// happened, rather than a pause long enough for it to have.
+    pub async fn wait_for_log(&self, needle: &str, within: Duration) -> anyhow::Result<()> {
+        eventually(within, async || {
+            anyhow::ensure!(
+                self.log().contains(needle),
+                "no `{needle}` in the log:\n{}",
+                self.log()
+            );
+            Ok(())
+        })
+        .await
+    }
+
     /// Everything the daemon logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("plexus.log")).unwrap_or_default()

@@ -342,11 +342,14 @@ impl RawHttpSession {
 }
 
 /// A progress-token spoofing round: `victim` calls `victim_tool` (the fixture's
-/// `sleep`, 1.5 s, with progress) while `spoofer`, 300 ms later, calls
+/// `sleep`, 1.5 s, with progress) on `daemon`'s upstream `victim_upstream` while
+/// `spoofer`, once that call is in flight, calls
 /// `spoofer_tool` (a `sleep` of 600 ms that also sends its progress under
 /// `plexus-1`, the daemon's first progress token and so the victim's). Fails unless
 /// both are answered and the victim hears its own progress, all of it, alone.
 pub async fn progress_is_not_spoofed(
+    daemon: &Daemon,
+    victim_upstream: &str,
     victim: &mut RawHttpSession,
     victim_tool: &str,
     spoofer: &mut RawHttpSession,
@@ -357,7 +360,7 @@ pub async fn progress_is_not_spoofed(
         json!({"name": victim_tool, "arguments": {"ms": 1500}, "_meta": {"progressToken": "mine"}}),
     );
     let spoofing = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        daemon.wait_for_in_flight(victim_upstream, 1).await?;
         spoofer
             .request(
                 "tools/call",
@@ -745,6 +748,8 @@ pub async fn eventually<T>(
 /// faults elsewhere, and reports every error it saw.
 pub struct ControlSession {
     stop: Arc<Notify>,
+    /// Calls answered so far, whatever the answer.
+    answered: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<anyhow::Result<(usize, Vec<String>)>>,
 }
 
@@ -753,6 +758,8 @@ impl ControlSession {
         let mut session = RawHttpSession::connect(url).await?;
         let stop = Arc::new(Notify::new());
         let stopped = stop.clone();
+        let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = answered.clone();
         let tool = tool.to_string();
         let task = tokio::spawn(async move {
             let mut calls = 0;
@@ -768,6 +775,7 @@ impl ControlSession {
                     )
                     .await;
                 calls += 1;
+                counted.store(calls, std::sync::atomic::Ordering::SeqCst);
                 match response {
                     Ok(response) if response["result"]["content"][0]["text"] == text.as_str() => {}
                     Ok(response) => errors.push(response.to_string()),
@@ -780,7 +788,27 @@ impl ControlSession {
             }
             Ok((calls, errors))
         });
-        Ok(ControlSession { stop, task })
+        Ok(ControlSession {
+            stop,
+            answered,
+            task,
+        })
+    }
+
+    /// Waits until `more` calls beyond those answered now have been answered: proof
+    /// that the session was served meanwhile, where a pause would only hope so.
+    pub async fn wait_for_calls(&self, more: usize) -> anyhow::Result<()> {
+        let answered = || self.answered.load(std::sync::atomic::Ordering::SeqCst);
+        let target = answered() + more;
+        eventually(Duration::from_secs(20), async || {
+            anyhow::ensure!(
+                answered() >= target,
+                "the control session made {} of {target} calls",
+                answered()
+            );
+            Ok(())
+        })
+        .await
     }
 
     /// Stops calling; fails if any call went wrong or none was made.

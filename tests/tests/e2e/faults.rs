@@ -196,9 +196,19 @@ restart_window = "60s"
             == Some(1.0),
         "state gauge"
     );
-    // Failed stays failed: no more spawns.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Failed stays failed: no more spawns. A respawn would come on a timer, with no
+    // event to wait for, so the wait outlasts the delay the next one would have had
+    // (double the last), with room to spare.
+    let last_delay = delays.last().copied().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(last_delay * 2 + 300)).await;
     ensure!(readiness(&daemon).await?["upstreams"]["crashy"] == "failed");
+    ensure!(
+        daemon
+            .metric(r#"plexus_upstream_restarts_total{upstream="crashy"}"#)
+            .await?
+            == Some(3.0),
+        "restarted while failed"
+    );
 
     // An operator's retry starts it again.
     let response = reqwest::Client::new()
@@ -789,7 +799,7 @@ async fn a_duplicate_in_flight_id_is_refused_and_the_first_call_is_unaffected() 
         "tools/call",
         json!({"name": "fx__sleep", "arguments": {"ms": 500}}),
     );
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    daemon.wait_for_in_flight("fx", 1).await?;
     let duplicate = spawn_call(&daemon.url, &id, 7, "ping", json!({})).await??;
     ensure!(duplicate["error"]["code"] == -32600, "{duplicate}");
     let first = first.await??;
@@ -1049,8 +1059,8 @@ async fn a_chatty_upstreams_stderr_is_rate_limited_in_the_log() -> anyhow::Resul
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // The flood is over quickly: give the control session time to call meanwhile.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The flood is over quickly: the control session is served meanwhile.
+    control.wait_for_calls(5).await?;
     control.finish().await?;
     ensure!(daemon.stop().await?.success());
     Ok(())
@@ -1196,9 +1206,22 @@ async fn an_upstream_flooding_stderr_costs_the_daemon_little_cpu() -> anyhow::Re
             .and_then(|text| text.trim().parse().ok())
             .unwrap_or(0)
     };
-    // Measured once the flood runs at its pace.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Measured once the flood runs and the daemon is reading it.
+    eventually(Duration::from_secs(20), async || {
+        let read = daemon
+            .metric(r#"plexus_upstream_stderr_lines_total{upstream="flood"}"#)
+            .await?
+            .unwrap_or(0.0);
+        ensure!(
+            flooded() > 0 && read > 0.0,
+            "no flood yet: {} written, {read} read",
+            flooded()
+        );
+        Ok(())
+    })
+    .await?;
     let (lines_before, cpu_before, started) = (flooded(), cpu_time(pid)?, Instant::now());
+    // The measuring window: CPU time is compared over a span of wall time.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (lines_after, cpu_after, wall) = (flooded(), cpu_time(pid)?, started.elapsed());
     let share = (cpu_after - cpu_before).as_secs_f64() / wall.as_secs_f64();

@@ -2,6 +2,7 @@
 //! their last-known catalog meanwhile) and per-session upstreams (one instance per
 //! downstream session, stopped when the session ends).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::ensure;
@@ -337,37 +338,36 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
         wait_for_tool(client, "mine__whoami").await?;
         call(client, "mine__whoami", json!({})).await?;
     }
+    // Each call of the logging tool says three lines. A stray copy would come before
+    // the lines of a later call on the same session (a session's messages keep their
+    // order), so each session hearing a later call's lines is what the counts wait for.
+    let heard = |logs: &Arc<Mutex<Vec<Value>>>, count: usize, who: &'static str| {
+        let logs = logs.clone();
+        async move {
+            eventually(Duration::from_secs(10), async || {
+                ensure!(
+                    len_of(&logs) >= count,
+                    "{who} heard {} lines",
+                    len_of(&logs)
+                );
+                Ok(())
+            })
+            .await?;
+            ensure!(
+                len_of(&logs) == count,
+                "{who} heard another instance's lines: {:?}",
+                logs.lock().unwrap_or_else(|e| e.into_inner())
+            );
+            anyhow::Ok(())
+        }
+    };
     call(&alice_client, "mine__test_tool_with_logging", json!({})).await?;
-    eventually(Duration::from_secs(10), async || {
-        ensure!(
-            len_of(&alice.logs) > 0,
-            "alice heard nothing of her own instance"
-        );
-        Ok(())
-    })
-    .await?;
-    // Time for a stray copy to reach bob, had it been sent.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    ensure!(
-        len_of(&bob.logs) == 0,
-        "bob heard alice's instance: {:?}",
-        bob.logs.lock().unwrap_or_else(|e| e.into_inner())
-    );
+    heard(&alice.logs, 3, "alice").await?;
+    // bob's own call: his lines come after any stray copy of alice's.
     call(&bob_client, "mine__test_tool_with_logging", json!({})).await?;
-    let alice_heard = len_of(&alice.logs);
-    eventually(Duration::from_secs(10), async || {
-        ensure!(
-            len_of(&bob.logs) > 0,
-            "bob heard nothing of his own instance"
-        );
-        Ok(())
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    ensure!(
-        len_of(&alice.logs) == alice_heard,
-        "alice heard bob's instance"
-    );
+    heard(&bob.logs, 3, "bob").await?;
+    call(&alice_client, "mine__test_tool_with_logging", json!({})).await?;
+    heard(&alice.logs, 6, "alice").await?;
     // Both subscribe to the same resource, each on their own instance: alice's
     // instance saying it changed is news to alice alone.
     let uri = "mine+test://watched-resource";
@@ -376,24 +376,31 @@ async fn a_per_session_instances_log_messages_reach_its_own_session_alone() -> a
             .subscribe(rmcp::model::SubscribeRequestParams::new(uri))
             .await?;
     }
-    call(
-        &alice_client,
-        "mine__echo",
-        json!({"text": "x", "updated": "test://watched-resource"}),
-    )
-    .await?;
+    let update = json!({"text": "x", "updated": "test://watched-resource"});
+    call(&alice_client, "mine__echo", update.clone()).await?;
     eventually(Duration::from_secs(10), async || {
         ensure!(
-            len_of(&alice.updates) > 0,
-            "alice heard no update of her own instance"
+            len_of(&alice.updates) == 1,
+            "alice heard {} updates of her own instance",
+            len_of(&alice.updates)
         );
         Ok(())
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // bob's own instance's update comes after any stray copy of alice's.
+    call(&bob_client, "mine__echo", update).await?;
+    eventually(Duration::from_secs(10), async || {
+        ensure!(
+            len_of(&bob.updates) >= 1,
+            "bob heard no update of his own instance"
+        );
+        Ok(())
+    })
+    .await?;
     ensure!(
-        len_of(&bob.updates) == 0,
-        "bob heard alice's instance's update"
+        len_of(&bob.updates) == 1,
+        "bob heard alice's instance's update: {:?}",
+        bob.updates.lock().unwrap_or_else(|e| e.into_inner())
     );
     alice_client.cancel().await?;
     bob_client.cancel().await?;
@@ -433,7 +440,15 @@ async fn a_per_session_instance_cannot_speak_into_another_sessions_call_by_its_p
         ensure!(echo["result"]["content"][0]["text"] == "up", "{echo}");
     }
     // The daemon's first progress token is `plexus-1`: the victim's call gets it.
-    progress_is_not_spoofed(&mut victim, "mine__sleep", &mut spoofer, "mine__sleep").await?;
+    progress_is_not_spoofed(
+        &daemon,
+        "mine",
+        &mut victim,
+        "mine__sleep",
+        &mut spoofer,
+        "mine__sleep",
+    )
+    .await?;
     let log = daemon.log();
     ensure!(
         log.contains("or to another session's instance; dropped"),

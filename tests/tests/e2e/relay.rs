@@ -606,14 +606,12 @@ async fn a_missing_launcher_leaves_the_other_upstreams_running() -> anyhow::Resu
         "{}",
         daemon.log()
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !daemon
-        .log()
-        .contains("its directory (`cwd`) /nonexistent/plexus-dir does not exist")
-    {
-        ensure!(Instant::now() < deadline, "{}", daemon.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    daemon
+        .wait_for_log(
+            "its directory (`cwd`) /nonexistent/plexus-dir does not exist",
+            Duration::from_secs(10),
+        )
+        .await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let echo = session
         .request(
@@ -679,7 +677,15 @@ async fn an_upstream_cannot_speak_into_another_upstreams_call_by_its_progress_to
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let mut victim = RawHttpSession::connect(&daemon.url).await?;
     let mut spoofer = RawHttpSession::connect(&daemon.url).await?;
-    progress_is_not_spoofed(&mut victim, "alpha__sleep", &mut spoofer, "beta__sleep").await?;
+    progress_is_not_spoofed(
+        &daemon,
+        "alpha",
+        &mut victim,
+        "alpha__sleep",
+        &mut spoofer,
+        "beta__sleep",
+    )
+    .await?;
     let log = daemon.log();
     ensure!(
         log.contains("an upstream sent progress under the token of a call to another upstream"),

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use plexus_tests::answering::{call, wait_for_tool, AnsweringClient};
 use plexus_tests::{
-    fixture_upstream, http_client, json_of, restartable_port, venv_python, workspace_root, Daemon,
-    HttpFixture, RawHttpSession, TestClient,
+    eventually, fixture_upstream, http_client, json_of, restartable_port, venv_python,
+    workspace_root, Daemon, HttpFixture, RawHttpSession, TestClient,
 };
 use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -246,15 +246,9 @@ async fn remote_upstreams_serve_tools_resources_and_prompts_with_their_headers(
         "{} answered HTTP 401: missing or wrong `x-api-key`; it asks for Bearer authorization",
         keyed.url()
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !daemon.log().contains(&needle) {
-        ensure!(
-            Instant::now() < deadline,
-            "no `{needle}` in the log:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    daemon
+        .wait_for_log(&needle, Duration::from_secs(20))
+        .await?;
     ensure!(daemon.log().contains("in `headers`"), "{}", daemon.log());
     ensure!(!daemon.log().contains("not-the-key"));
     ensure!(daemon.stop().await?.success());
@@ -414,11 +408,20 @@ async fn a_remote_upstream_that_goes_away_fails_fast_and_comes_back() -> anyhow:
 
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     let echo = json!({"name": "remote__echo", "arguments": {"text": "anyone?"}});
+    // Refused at once on each try, across the daemon's attempts to reconnect:
+    // the next call waits for one more attempt to have been made.
+    let restarts = r#"plexus_upstream_restarts_total{upstream="remote"}"#;
     for _ in 0..3 {
         let down = session.request("tools/call", echo.clone()).await?;
         ensure!(down["error"]["code"] == -33001, "{down}");
         ensure!(down["error"]["data"]["upstream"] == "remote", "{down}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let tried = daemon.metric(restarts).await?.unwrap_or(0.0);
+        eventually(Duration::from_secs(10), async || {
+            let now = daemon.metric(restarts).await?.unwrap_or(0.0);
+            ensure!(now > tried, "no attempt to reconnect after {tried}");
+            Ok(())
+        })
+        .await?;
     }
 
     let _fixture = HttpFixture::start(dir.path(), addr, &[]).await?;
@@ -668,15 +671,9 @@ async fn an_https_upstream_is_verified_against_trusted_certificates() -> anyhow:
     ensure!(daemon.stop().await?.success());
 
     let untrusted = Daemon::builder().upstreams(&section).start().await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !untrusted.log().contains("certificate") {
-        ensure!(
-            Instant::now() < deadline,
-            "no certificate error in the log:\n{}",
-            untrusted.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    untrusted
+        .wait_for_log("certificate", Duration::from_secs(20))
+        .await?;
     let (status, _) = untrusted.admin_get("/readyz").await?;
     ensure!(status != 200, "an unverified upstream counts as ready");
     ensure!(untrusted.stop().await?.success());

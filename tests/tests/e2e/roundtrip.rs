@@ -618,6 +618,8 @@ async fn one_elicitation_id_from_two_upstreams_completes_for_each_its_own_client
     use plexus_tests::{fixture_upstream, Daemon};
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::ServiceExt;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
 
     let two_upstreams = format!(
         "{}{}",
@@ -631,8 +633,10 @@ async fn one_elicitation_id_from_two_upstreams_completes_for_each_its_own_client
     ] {
         let daemon = Daemon::builder().upstreams(&sections).start().await?;
         daemon.wait_ready(Duration::from_secs(20)).await?;
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let mut slow = AnsweringClient::named("slow");
-        slow.elicitation_delay = Duration::from_millis(1500);
+        slow.elicitation_gate = Some(gate.clone());
+        let slow_asked = slow.elicitations_asked.clone();
         let quick = AnsweringClient::named("quick");
         let (slow_heard, quick_heard) = (
             slow.elicitations_completed.clone(),
@@ -645,26 +649,58 @@ async fn one_elicitation_id_from_two_upstreams_completes_for_each_its_own_client
             .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
             .await?;
         plexus_tests::answering::wait_for_tool(&slow, slow_tool).await?;
-        // The slow client is asked first; the quick one, under the same id, while it thinks.
+        // The slow client is asked first; the quick one, under the same id, while it
+        // thinks, and is answered, completion and all, before the slow one answers.
         let slow_call = call(&slow, slow_tool, json!({"kind": "url"}));
         let quick_call = async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            call(&quick, quick_tool, json!({"kind": "url"})).await
+            let quick_round = async {
+                plexus_tests::eventually(Duration::from_secs(10), async || {
+                    ensure!(slow_asked.load(Ordering::SeqCst) == 1, "slow not asked");
+                    Ok(())
+                })
+                .await?;
+                let answer = call(&quick, quick_tool, json!({"kind": "url"})).await?;
+                let heard = eventually_len(&quick_heard, Duration::from_secs(10)).await;
+                ensure!(heard == 1, "{quick_tool}: quick heard {heard} completions");
+                anyhow::Ok(answer)
+            };
+            let answer = quick_round.await;
+            // The slow client answers now, whatever happened to the quick one.
+            gate.add_permits(1);
+            answer
         };
         let (slow_answer, quick_answer) = tokio::join!(slow_call, quick_call);
         for answer in [slow_answer?, quick_answer?] {
             ensure!(answer["content"][0]["text"] == "url:accept", "{answer}");
         }
         ensure!(
-            eventually_len(&slow_heard, Duration::from_secs(10)).await == 1
-                && eventually_len(&quick_heard, Duration::from_secs(10)).await == 1,
+            eventually_len(&slow_heard, Duration::from_secs(10)).await == 1,
             "{quick_tool}: completions heard: slow {:?}, quick {:?}",
             len_of(&slow_heard),
             len_of(&quick_heard)
         );
-        // None more arrives.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        ensure!(len_of(&slow_heard) == 1 && len_of(&quick_heard) == 1);
+        // None more arrives: a stray copy would come before a later completion to
+        // the same client (a session's messages keep their order), so each asks once
+        // more and hears exactly that one more.
+        gate.add_permits(1);
+        for (client, tool, heard) in [
+            (&quick, quick_tool, &quick_heard),
+            (&slow, slow_tool, &slow_heard),
+        ] {
+            let again = call(client, tool, json!({"kind": "url"})).await?;
+            ensure!(again["content"][0]["text"] == "url:accept", "{again}");
+            plexus_tests::eventually(Duration::from_secs(10), async || {
+                ensure!(len_of(heard) >= 2, "{tool}: no second completion");
+                Ok(())
+            })
+            .await?;
+            ensure!(
+                len_of(heard) == 2,
+                "{tool}: completions heard: slow {:?}, quick {:?}",
+                len_of(&slow_heard),
+                len_of(&quick_heard)
+            );
+        }
         slow.cancel().await?;
         quick.cancel().await?;
         ensure!(daemon.stop().await?.success());
