@@ -103,7 +103,7 @@ async fn a_handshake_client_survives_a_daemon_restart_through_connect() -> anyho
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    daemon.wait_for_in_flight("fx", 1).await?;
     let dir = daemon.kill().await?;
     let lost = tokio::time::timeout(Duration::from_secs(10), in_flight)
         .await
@@ -490,7 +490,9 @@ async fn a_bridge_the_daemon_refuses_says_so_and_exits_77() -> anyhow::Result<()
             answer["id"] == 2 && answer["error"]["code"] == -32600,
             "{case}: {answer}"
         );
-        // Given a couple of seconds, it asks the daemon no more.
+        // Given a couple of seconds, it asks the daemon no more. A bridge that did
+        // would retry on its backoff timer (100 ms, doubling), which sends no event
+        // to wait for: the wait spans four such retries.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let refused = unauthorized_requests(&daemon).await?;
         println!(

@@ -92,6 +92,21 @@ impl Load {
         self.calls.load(Ordering::Relaxed)
     }
 
+    /// Waits until `more` answers beyond those counted now have come: the clients
+    /// were served meanwhile.
+    async fn wait_for_more(&self, more: u64) -> anyhow::Result<()> {
+        let target = self.calls() + more;
+        eventually(Duration::from_secs(20), async || {
+            ensure!(
+                self.calls() >= target,
+                "{} of {target} answers",
+                self.calls()
+            );
+            Ok(())
+        })
+        .await
+    }
+
     /// Stops the clients: (answers counted, the failed ones).
     async fn finish(self) -> anyhow::Result<(u64, Vec<String>)> {
         self.stop.store(true, Ordering::Relaxed);
@@ -155,7 +170,8 @@ async fn restarts_under_load_fail_no_call_and_leave_no_old_process() -> anyhow::
         json!({"name": "slow__sleep", "arguments": {"ms": 20}}),
     )
     .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every client is being answered before the restarts begin.
+    load.wait_for_more(2 * CLIENTS as u64).await?;
     let before = load.calls();
     let started = Instant::now();
     let mut pids = vec![first_pid];
@@ -182,7 +198,8 @@ async fn restarts_under_load_fail_no_call_and_leave_no_old_process() -> anyhow::
             "status shows another pid"
         );
         pids.push(pid);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Calls are answered by each generation before the next restart.
+        load.wait_for_more(2 * CLIENTS as u64).await?;
     }
     let during = load.calls() - before;
     let restarting = started.elapsed();
@@ -303,7 +320,8 @@ async fn a_successor_that_cannot_start_leaves_the_running_instance_serving() -> 
         "{status}"
     );
     ensure!(alive(pid), "the running process was stopped");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // And it answers calls after the failed restart.
+    load.wait_for_more(4).await?;
 
     // Once it can start, the next restart replaces it.
     std::fs::remove_file(&marker)?;
