@@ -296,7 +296,8 @@ async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()
             None
         }));
     }
-    // Meanwhile an ordinary client is served.
+    // Meanwhile an ordinary client is served, once the trickles have begun (the
+    // daemon says nothing of connections it holds: a pause stands in).
     tokio::time::sleep(Duration::from_millis(300)).await;
     an_ordinary_client_is_served(&daemon).await?;
     for trickle in trickles {
@@ -450,6 +451,8 @@ async fn silent_connections_take_no_slot() -> anyhow::Result<()> {
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     let silent = TcpStream::connect(&address).await?;
+    // Time for the daemon to take the silent connection, were it given it: nothing
+    // tells when a connection is taken (no log line, no gauge).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let (status, text) = tokio::time::timeout(
@@ -489,12 +492,14 @@ async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
             .await?;
         busy.push(stream);
     }
+    // Time for the daemon to take the three (nothing tells when it has).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let waiting = {
         let address = address.clone();
         tokio::spawn(async move { raw_request(&address, &host, &initialize_body()).await })
     };
+    // Not served meanwhile: the absence of an answer is watched for half a second.
     tokio::time::sleep(Duration::from_millis(500)).await;
     ensure!(
         !waiting.is_finished(),
@@ -531,8 +536,11 @@ async fn at_the_cap_a_new_client_takes_the_place_of_the_oldest_idle_one() -> any
         let mut stream = TcpStream::connect(&address).await?;
         stream.write_all(b"POST /mcp HTTP/1.1\r\n").await?;
         idle.push(stream);
+        // Apart in time, so "the oldest" is one: the daemon orders them by when
+        // they began waiting.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Time for the daemon to take the three (nothing tells when it has).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let asked = Instant::now();
@@ -633,6 +641,7 @@ async fn slow_clients_at_the_descriptor_limit_keep_no_one_out() -> anyhow::Resul
         }
         slow.push(stream);
     }
+    // Time for the daemon to take what it will of the 615 (nothing tells when it has).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let asked = Instant::now();

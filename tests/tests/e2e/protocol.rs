@@ -58,6 +58,9 @@ async fn exercise(
         })
         .await?;
     } else {
+        // Nothing tells when plexus has answered the upstream's roots request
+        // itself (server-everything does not always refresh its list at once, so
+        // its list is no signal either): the client's silence is watched for a while.
         tokio::time::sleep(Duration::from_millis(500)).await;
         ensure!(
             handler.roots_asked() == asked,
@@ -184,7 +187,7 @@ async fn two_sessions_on_one_shared_upstream_never_cross() -> anyhow::Result<()>
                 peer.call_tool(params).await
             })
         };
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        daemon.wait_for_in_flight("everything", 1).await?;
         let sampled = call(
             &bob,
             "everything__trigger-sampling-request",

@@ -256,7 +256,9 @@ async fn upstreams_start_as_many_at_a_time_as_start_concurrency_allows() -> anyh
         Ok(())
     })
     .await?;
-    // And no more while both slots stay taken.
+    // And no more while both slots stay taken. A spawn that should not happen has
+    // no event to wait for (the daemon reports all four `starting`, waiting for a
+    // slot or not), so the count is watched for half a second.
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         ensure!(starting() == 2, "a third upstream started: {}", starting());
