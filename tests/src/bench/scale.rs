@@ -169,6 +169,9 @@ pub struct CatalogScale {
     pub walk_rounds: usize,
     /// Rounds of [`PAGES`] pages of the large catalog and of a small one.
     pub page_rounds: usize,
+    /// Whether memory is left to settle before it is read ([`settled_memory`]); a
+    /// smoke run reads it at once, its figures being no measure anyway.
+    pub settle: bool,
 }
 
 impl CatalogScale {
@@ -181,6 +184,7 @@ impl CatalogScale {
                 samples: 1,
                 walk_rounds: 2,
                 page_rounds: 1,
+                settle: false,
             }
         } else {
             CatalogScale {
@@ -189,6 +193,7 @@ impl CatalogScale {
                 samples: 3,
                 walk_rounds: 9,
                 page_rounds: 7,
+                settle: true,
             }
         }
     }
@@ -213,7 +218,10 @@ const SETTLED_READINGS: usize = 3;
 const SETTLE_AT_MOST: Duration = Duration::from_secs(12);
 
 /// `(RSS, anonymous RSS)` in KiB once they have settled (see [`SETTLE_STEP`]).
-async fn settled_memory(daemon: &Daemon) -> anyhow::Result<(u64, u64)> {
+async fn settled_memory(daemon: &Daemon, settle: bool) -> anyhow::Result<(u64, u64)> {
+    if !settle {
+        return Ok((rss_kib(daemon)?, anon_kib(daemon)?));
+    }
     tokio::time::sleep(SETTLE).await;
     let started = Instant::now();
     let mut last = (rss_kib(daemon)?, anon_kib(daemon)?);
@@ -253,13 +261,13 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
             .await
             .context("starting the idle daemon")?;
         wait_ready_closely(&daemon).await?;
-        let (rss, anon) = settled_memory(&daemon).await?;
+        let (rss, anon) = settled_memory(&daemon, scale.settle).await?;
         idle.push(rss);
         idle_anon.push(anon);
         stop(daemon).await?;
 
         let daemon = restart_timed(loaded.take(), "", &sections, &mut readies).await?;
-        let (rss, anon) = settled_memory(&daemon).await?;
+        let (rss, anon) = settled_memory(&daemon, scale.settle).await?;
         fresh.push(rss);
         fresh_anon.push(anon);
         loaded = Some(daemon);
@@ -272,7 +280,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     let (mut restarted, mut lazy, mut lazy_anon) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scale.samples.max(1) {
         daemon = restart_on_state(daemon, &sections).await?;
-        let (rss, anon) = settled_memory(&daemon).await?;
+        let (rss, anon) = settled_memory(&daemon, scale.settle).await?;
         restarted.push(rss);
         restarted_anon.push(anon);
     }
@@ -288,7 +296,7 @@ pub async fn catalog(scale: CatalogScale) -> anyhow::Result<()> {
     );
     for _ in 0..scale.samples.max(1) {
         daemon = restart_on_state(daemon, &lazy_sections).await?;
-        let (rss, anon) = settled_memory(&daemon).await?;
+        let (rss, anon) = settled_memory(&daemon, scale.settle).await?;
         lazy.push(rss);
         lazy_anon.push(anon);
     }
