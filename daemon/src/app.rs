@@ -44,6 +44,8 @@ pub enum ServeError {
     },
     #[error("metrics could not be set up: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
 }
 
 /// The configuration the daemon starts with, and where it came from.
@@ -84,6 +86,8 @@ impl Daemon {
                 tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or `plexus reload`")
             })
             .ok();
+        // Before anything starts, so a stop asked for from now on is a clean one.
+        let signals = control::Signals::install().map_err(ServeError::Signals)?;
         let control_loop = ControlLoop {
             path: loaded.path,
             environment: loaded.environment,
@@ -97,7 +101,11 @@ impl Daemon {
         // The configured upstreams start before any client is served.
         control_loop.start().await;
         tasks.spawn(control_loop.run(inbox));
-        tasks.spawn(control::forward_signals(control.clone(), shutdown.clone()));
+        tasks.spawn(control::forward_signals(
+            signals,
+            control.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(memory::release_after_changes(
             vec![hub.listings_installed(), hub.pin_files_written()],
             shutdown.clone(),

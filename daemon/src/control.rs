@@ -555,22 +555,37 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The signals plexus answers, registered at once: a signal that comes before
+/// they are registered takes its default action, and SIGTERM's kills the process
+/// with its upstreams left behind.
+pub struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
 /// SIGTERM and SIGINT shut down; SIGHUP reloads.
-pub async fn forward_signals(control: ControlHandle, shutdown: CancellationToken) {
-    let (Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
+pub async fn forward_signals(
+    mut signals: Signals,
+    control: ControlHandle,
+    shutdown: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = terminate.recv() => return control.shutdown("SIGTERM received").await,
-            _ = interrupt.recv() => return control.shutdown("SIGINT received").await,
-            _ = hangup.recv() => control.request_reload(ReloadCause::Signal),
+            _ = signals.terminate.recv() => return control.shutdown("SIGTERM received").await,
+            _ = signals.interrupt.recv() => return control.shutdown("SIGINT received").await,
+            _ = signals.hangup.recv() => control.request_reload(ReloadCause::Signal),
         }
     }
 }
