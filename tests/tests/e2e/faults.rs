@@ -504,7 +504,8 @@ async fn a_flood_of_upstream_requests_on_one_client_is_bounded() -> anyhow::Resu
     let flood = session
         .request(
             "tools/call",
-            json!({"name": "asker__ask", "arguments": {"kind": "sampling", "parallel": 300}}),
+            // The refusals come back within the wait however loaded the machine is.
+            json!({"name": "asker__ask", "arguments": {"kind": "sampling", "parallel": 300, "wait_ms": 5000}}),
         )
         .await?;
     let text = flood["result"]["content"][0]["text"]
