@@ -262,7 +262,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     let mcp_front = {
         let front = front.clone();
         let expired = front.clone();
-        tokio::spawn(listener::serve(
+        daemon.tasks.spawn(listener::serve(
             mcp_listener,
             move |request| front.clone().handle(request),
             limits,
@@ -283,7 +283,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
             front: front.clone(),
             started: std::time::Instant::now(),
         });
-        tokio::spawn(listener::serve(
+        daemon.tasks.spawn(listener::serve(
             admin_listener,
             move |request| admin::handle(admin.clone(), request),
             admin_limits,

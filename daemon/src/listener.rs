@@ -17,6 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::repoll::Repoll;
 
@@ -102,6 +103,10 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
+    // Every connection's task, waited for before `serve` returns; `abandoned` ends
+    // those still open when the drain and the answers' grace are over.
+    let connections = TaskTracker::new();
+    let abandoned = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let unserved = Arc::new(Unserved::default());
     let nodelay_inherited = nodelay_for_accepted(&listener);
@@ -153,7 +158,11 @@ pub async fn serve<H, F>(
             slot,
             Unserved::enter(&unserved),
             handler.clone(),
-            &graceful,
+            Ending {
+                graceful: &graceful,
+                abandoned: &abandoned,
+                connections: &connections,
+            },
             limits,
             nodelay_inherited,
         );
@@ -176,6 +185,16 @@ pub async fn serve<H, F>(
             tracing::warn!("HTTP connections still open after their last answers");
         }
     }
+    connections.close();
+    abandoned.cancel();
+    connections.wait().await;
+}
+
+/// What ends an accepted connection besides its client, and tracks its task.
+struct Ending<'a> {
+    graceful: &'a GracefulShutdown,
+    abandoned: &'a CancellationToken,
+    connections: &'a TaskTracker,
 }
 
 /// Serves one accepted connection on a task of its own, which ends when the
@@ -187,7 +206,7 @@ fn serve_connection<H, F>(
     slot: OwnedSemaphorePermit,
     waiting: Arc<Waiting>,
     handler: H,
-    graceful: &GracefulShutdown,
+    ending: Ending<'_>,
     limits: ConnectionLimits,
     nodelay_inherited: bool,
 ) where
@@ -198,12 +217,13 @@ fn serve_connection<H, F>(
     if !nodelay_inherited {
         let _ = stream.set_nodelay(true);
     }
-    let watcher = graceful.watcher();
+    let watcher = ending.graceful.watcher();
     let closed = waiting.closed.clone();
+    let abandoned = ending.abandoned.clone();
     // The connection (some 1.7 KB of state) is built in its task's own memory,
     // reached through one pointer: moved by value through the spawn, it was
     // copied a dozen times per accepted connection.
-    tokio::spawn(Box::pin(async move {
+    ending.connections.spawn(Box::pin(async move {
         let service = hyper::service::service_fn(move |request| {
             waiting.served();
             let handler = handler.clone();
@@ -224,6 +244,9 @@ fn serve_connection<H, F>(
             }
             () = closed.cancelled() => {
                 tracing::debug!(%peer, "closed a connection that had sent no request, to make room at the cap");
+            }
+            () = abandoned.cancelled() => {
+                tracing::debug!(%peer, "closed a connection still open after the drain");
             }
         }
         drop(slot);
