@@ -32,6 +32,7 @@ pub(super) async fn answer_on_stream(
     era: Era,
 ) -> Response<Body> {
     let modern = era == Era::Modern;
+    let hub = session.hub().clone();
     let (related, mut related_messages) = mpsc::channel::<Value>(64);
     let mut handling = Box::pin(async move {
         // A session made for this one request ends with it.
@@ -56,7 +57,10 @@ pub(super) async fn answer_on_stream(
         first = related_messages.recv() => (first, None),
     };
     let (frames, frame_stream) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(async move {
+    // Tracked by the hub, whose shutdown waits for it; it ends when plexus stops
+    // at the latest (by then the fronts have answered and closed every stream).
+    let stopping = hub.clone();
+    hub.spawn(async move {
         if let Some(first) = first {
             if frames.send(sse_event(&first)).await.is_err() {
                 return;
@@ -101,6 +105,7 @@ pub(super) async fn answer_on_stream(
                 }
                 // The client closed the stream: that cancels the request (dropping `handling`).
                 () = frames.closed() => return,
+                () = stopping.stopping() => return,
             }
         }
     });
