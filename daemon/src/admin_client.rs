@@ -115,7 +115,9 @@ pub async fn request(
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|error| unreachable(error.to_string()))?;
-    tokio::spawn(connection);
+    // The connection is driven while the exchange runs, and aborted with it.
+    let mut driving = tokio::task::JoinSet::new();
+    driving.spawn(connection);
     let bytes = body.map(|body| body.to_string()).unwrap_or_default();
     let request = hyper::Request::builder()
         .method(method)

@@ -32,6 +32,7 @@ use serde_json::{json, Map, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::FramedRead;
+use tokio_util::task::TaskTracker;
 
 use crate::cli::{self, EXIT_NO_PERMISSION, EXIT_UNAVAILABLE};
 use crate::client_message::ClientMessage;
@@ -120,6 +121,9 @@ struct Bridge {
     in_flight: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     /// Set once the daemon refused the credentials; the bridge then asks no more.
     refused: OnceLock<Refused>,
+    /// Every task of the bridge (the writer, the keeper, relayed requests,
+    /// connections closing), waited for before it ends.
+    tasks: TaskTracker,
 }
 
 /// How the daemon refused the bridge's credentials.
@@ -173,7 +177,8 @@ async fn bridge(target: Target) -> Ended {
         output: mut stdout,
         restore: _flags,
     } = crate::own_stdio::open();
-    let writer = tokio::spawn(async move {
+    let tasks = TaskTracker::new();
+    tasks.spawn(async move {
         while let Some(message) = outgoing.recv().await {
             let mut line = message.into_bytes();
             line.push(b'\n');
@@ -189,15 +194,16 @@ async fn bridge(target: Target) -> Ended {
         output,
         in_flight: Mutex::new(HashMap::new()),
         refused: OnceLock::new(),
+        tasks: tasks.clone(),
     });
-    let keeper = tokio::spawn(keep_connected(bridge.clone()));
+    let keeper = tasks.spawn(keep_connected(bridge.clone()));
     // Lines as the stdio front reads them: capped, and bytes (a line that is not
     // UTF-8 is a parse error to answer, not the end of the input).
     let mut lines = FramedRead::new(
         input,
         LineDecoder::new(crate::stdio_front::MAX_CLIENT_LINE_BYTES),
     );
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut handling = tokio::task::JoinSet::new();
     let order = Arc::new(tokio::sync::RwLock::new(()));
     while let Some(frame) = lines.next().await {
         let line = match frame {
@@ -239,18 +245,21 @@ async fn bridge(target: Target) -> Ended {
             }
         };
         let handled = bridge.clone();
-        tasks.spawn(async move {
+        handling.spawn(async move {
             let _gate = gate;
             handled.handle(message).await
         });
         // Finished tasks are collected as they go, so the set stays small.
-        while tasks.try_join_next().is_some() {}
+        while handling.try_join_next().is_some() {}
     }
     // The client is gone: let answers in flight out, briefly, then end.
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while tasks.join_next().await.is_some() {}
+        while handling.join_next().await.is_some() {}
     })
     .await;
+    drop(handling);
+    // What still runs is abandoned: the process ends.
+    bridge.abort_in_flight();
     keeper.abort();
     let connection = bridge.connection.borrow().clone();
     if let Some(connection) = connection {
@@ -258,7 +267,9 @@ async fn bridge(target: Target) -> Ended {
     }
     let refused = bridge.refused.get().is_some();
     drop(bridge);
-    let _ = writer.await;
+    // The writer ends once every sender of its output is gone.
+    tasks.close();
+    tasks.wait().await;
     if refused {
         Ended::Refused
     } else {
@@ -309,7 +320,7 @@ impl Bridge {
         );
         let connection = self.connection.send_replace(None);
         if let Some(connection) = connection {
-            tokio::spawn(async move { connection.shutdown().await });
+            self.tasks.spawn(async move { connection.shutdown().await });
         }
     }
 
@@ -361,7 +372,8 @@ impl Bridge {
         let key = id.to_string();
         let task = {
             let bridge = self.clone();
-            tokio::spawn(async move { bridge.request(id, &method, params).await })
+            self.tasks
+                .spawn(async move { bridge.request(id, &method, params).await })
         };
         self.in_flight
             .lock()
@@ -372,6 +384,19 @@ impl Bridge {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&key);
+    }
+
+    /// Ends every relayed request still running.
+    fn abort_in_flight(&self) {
+        let in_flight = std::mem::take(
+            &mut *self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for task in in_flight.into_values() {
+            task.abort();
+        }
     }
 
     async fn notification(&self, method: &str, params: Option<Value>) {

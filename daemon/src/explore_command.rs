@@ -15,6 +15,7 @@ use registry::fingerprint::{self, ListingSnapshot};
 use registry::Kind;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::cli::{self, ExploreOptions};
 use crate::config::{self, UpstreamConfig};
@@ -87,6 +88,9 @@ pub struct Explored {
     connection: UpstreamConnection,
     hello: handshake::ServerHello,
     snapshot: ListingSnapshot,
+    /// Reads what the upstream says on its own; ends with the connection, or is
+    /// aborted with this.
+    _ignoring: JoinSet<()>,
 }
 
 /// The upstream a target names: a configured upstream of `config_path`, or a
@@ -136,7 +140,8 @@ pub async fn open(
     let name: Arc<str> = Arc::from(config.name.as_str());
     let (events, mut ignored) = mpsc::channel(256);
     // What the upstream says on its own (logs, list changes) is not part of the answer.
-    tokio::spawn(async move { while ignored.recv().await.is_some() {} });
+    let mut ignoring = JoinSet::new();
+    ignoring.spawn(async move { while ignored.recv().await.is_some() {} });
     let connection = open_connection(
         &name,
         &config,
@@ -202,6 +207,7 @@ pub async fn open(
         connection,
         hello,
         snapshot,
+        _ignoring: ignoring,
     })
 }
 

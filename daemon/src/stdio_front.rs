@@ -40,7 +40,9 @@ pub async fn serve<R, W>(
     let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
     metrics_gauge.inc();
     let (replies, mut outgoing) = mpsc::channel::<Answer>(256);
-    let writer = tokio::spawn(async move {
+    // Ends when every reply sender is gone; aborted if serving is dropped.
+    let mut writer = tokio::task::JoinSet::new();
+    writer.spawn(async move {
         let mut output = output;
         let mut batch = Vec::new();
         loop {
@@ -136,6 +138,6 @@ pub async fn serve<R, W>(
     paused.clear();
     requests.wait().await;
     drop(replies);
-    let _ = writer.await;
+    while writer.join_next().await.is_some() {}
     metrics_gauge.dec();
 }
