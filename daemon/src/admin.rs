@@ -191,7 +191,9 @@ async fn pins_action(admin: &Admin, path: &str, body: Incoming) -> Response<Body
     let timeout = admin.settings.borrow().body_read_timeout;
     let bytes = match crate::listener::read_body(body, ADMIN_BODY_LIMIT, timeout).await {
         Ok(bytes) => bytes,
-        Err(error) => return error.closing(error_answer(error.status(), &error.to_string())),
+        Err(error) => {
+            return error.closing(error_answer(error.status(), &adapters::error_chain(&error)))
+        }
     };
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(request) => request,

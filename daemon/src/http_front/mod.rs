@@ -204,9 +204,9 @@ impl HttpFront {
                     BodyError::TimedOut(_) => {
                         RelayError::InvalidRequest(format!("{error} ([daemon] body_read_timeout)"))
                     }
-                    // hyper's own text without its causes, as clients have always been told.
-                    BodyError::Unreadable(cause) => {
-                        RelayError::InvalidRequest(format!("{error}: {cause}"))
+                    // With hyper's causes: its own text alone says only that reading failed.
+                    BodyError::Unreadable(_) => {
+                        RelayError::InvalidRequest(adapters::error_chain(&error))
                     }
                 };
                 return error.closing(json_error(error.status(), &relayed));

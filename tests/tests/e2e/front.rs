@@ -394,6 +394,35 @@ async fn a_body_that_stops_arriving_is_answered_and_its_connection_closed() -> a
         answer.starts_with("HTTP/1.1 400") && body_of(&answer)["error"]["code"] == -32600,
         "{answer}"
     );
+    // The client is told why, down to hyper's cause, not only that reading failed.
+    let message = body_of(&answer)["error"]["message"].clone();
+    println!("unreadable body: {message}");
+    ensure!(
+        message.as_str().is_some_and(|message| message.contains(
+            "the body cannot be read: error reading a body from connection: Invalid chunk size"
+        )),
+        "{answer}"
+    );
+    // The admin listener says the same.
+    let mut stream = TcpStream::connect(&admin).await?;
+    stream
+        .write_all(
+            format!(
+                "POST /pins/reset HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/json\r\n\
+                 Transfer-Encoding: chunked\r\n\r\nzz\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    println!("unreadable admin body: {}", body_of(&answer));
+    ensure!(
+        answer.starts_with("HTTP/1.1 400")
+            && answer.contains(
+                "the body cannot be read: error reading a body from connection: Invalid chunk size"
+            ),
+        "{answer}"
+    );
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
