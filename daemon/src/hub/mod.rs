@@ -254,18 +254,26 @@ impl Hub {
         let deadline = Instant::now() + within;
         let mut catalogs = self.subscribe();
         loop {
-            let waiting = self
+            // Watched before they are looked at, so no change falls in between.
+            let mut waiting: Vec<_> = self
                 .upstreams()
                 .values()
-                .any(|upstream| which(upstream.name()) && self.awaits_first_listing(upstream));
-            if !waiting {
+                .filter(|upstream| which(upstream.name()))
+                .map(|upstream| (upstream.shared.state_changes(), upstream.clone()))
+                .filter(|(_, upstream)| self.awaits_first_listing(upstream))
+                .map(|(states, _)| states)
+                .collect();
+            if waiting.is_empty() {
                 return;
             }
-            // A listing arriving ends the wait at once; a state change (a start that
-            // failed) is seen at the next look.
+            // A listing arriving, or a state change of one waited for (a start that
+            // failed), ends this look; the set is looked at again after each.
+            let state_changed = futures::future::select_all(
+                waiting.iter_mut().map(|states| Box::pin(states.changed())),
+            );
             tokio::select! {
                 _ = catalogs.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = state_changed => {}
                 _ = tokio::time::sleep_until(deadline) => return,
             }
         }

@@ -235,6 +235,11 @@ impl Instance {
         *self.state.borrow()
     }
 
+    /// The state's changes from now on.
+    pub fn state_changes(&self) -> watch::Receiver<UpstreamState> {
+        self.state.subscribe()
+    }
+
     /// The state as callers and operators are told it: a ready instance whose
     /// connection has closed is stopping already (its supervisor says so a moment
     /// later), so `/readyz` never calls an upstream ready once its calls fail.

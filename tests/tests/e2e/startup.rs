@@ -69,6 +69,27 @@ async fn a_first_list_waits_for_a_starting_upstream_and_later_lists_do_not() -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_list_stops_waiting_when_the_start_fails() -> anyhow::Result<()> {
+    // The upstream exits a second into its start: the list is answered then, woken
+    // by the state change, not at the end of a 30 s first_list_wait.
+    let daemon = Daemon::builder()
+        .daemon("first_list_wait = \"30s\"")
+        .upstreams("[upstreams.doomed]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1; exit 3\"]\n")
+        .start()
+        .await?;
+    let client = http_client(&daemon.url, TestClient::default()).await?;
+    let started = Instant::now();
+    let tools = client.list_all_tools().await?;
+    let waited = started.elapsed();
+    println!("the first list waited {waited:?} for a start that failed");
+    ensure!(tools.is_empty(), "{tools:?}");
+    ensure!(waited < Duration::from_secs(15), "{waited:?}");
+    client.cancel().await?;
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_call_to_a_starting_upstream_waits_and_succeeds() -> anyhow::Result<()> {
     // A first run caches the catalog, as Claude Desktop's earlier launch would have.
     let dir = tempfile::tempdir()?;
