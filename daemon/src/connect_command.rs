@@ -469,10 +469,10 @@ impl Bridge {
                 Ok(reply) => break Ok(reply),
                 // It never left: send it again on the next connection.
                 Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. }) => {
-                    self.lost(&connection).await;
+                    self.lost(&connection);
                 }
                 Err(error @ (ConnectionError::Closed | ConnectionError::Broken { .. })) => {
-                    self.lost(&connection).await;
+                    self.lost(&connection);
                     break Err(error);
                 }
                 Err(error) => match refusal(&error) {
@@ -607,8 +607,9 @@ impl Bridge {
         }
     }
 
-    /// `connection` failed: take it down so the keeper makes a new one.
-    async fn lost(&self, connection: &UpstreamConnection) {
+    /// `connection` failed: take it down so the keeper makes a new one (which the
+    /// caller's next `connection()` waits for).
+    fn lost(&self, connection: &UpstreamConnection) {
         self.connection.send_if_modified(|current| {
             let same = current
                 .as_ref()
@@ -618,8 +619,6 @@ impl Bridge {
             }
             same
         });
-        // Give the keeper a moment before the caller asks again.
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
