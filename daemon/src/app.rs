@@ -134,7 +134,7 @@ impl Daemon {
         self.hub.shutdown().await;
         // Every line of the audit trail, and the pins, are on disk before the process ends.
         self.hub.audit().flush().await;
-        self.hub.pins().flush();
+        self.hub.pins().flush().await;
         self.tasks.close();
         self.tasks.wait().await;
     }

@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use registry::fingerprint::{self, ListingSnapshot};
 use registry::{Kind, Quarantine};
@@ -76,6 +78,10 @@ struct Saves {
     /// Counts finished writes: a large catalog's write allocates for a second or
     /// more, often after the catalog settled, and memory is released after it too.
     finished: watch::Sender<u64>,
+    /// The background writes, waited for by [`Pins::flush`].
+    tasks: TaskTracker,
+    /// Cancelled by [`Pins::flush`]: a write waiting for more changes goes at once.
+    flushing: CancellationToken,
 }
 
 impl Saves {
@@ -445,23 +451,26 @@ impl Pins {
         if let Some(runtime) = runtime {
             // Changes that follow within the delay (upstreams starting together) go
             // out in the same write: each write hashes every pinned entry again.
-            drop(runtime.spawn(async move {
-                tokio::time::sleep(WRITE_COALESCING).await;
-                let _ = tokio::task::spawn_blocking(write).await;
-            }));
+            let flushing = self.saves.flushing.clone();
+            self.saves.tasks.spawn_on(
+                async move {
+                    tokio::select! {
+                        () = tokio::time::sleep(WRITE_COALESCING) => {}
+                        () = flushing.cancelled() => {}
+                    }
+                    let _ = tokio::task::spawn_blocking(write).await;
+                },
+                &runtime,
+            );
         }
     }
 
-    /// Writes now what a background write was waiting to write (plexus is stopping).
-    pub fn flush(&self) {
-        if !self.saves.scheduled.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let state = self.lock();
-        if let Ok(file) = &state.file {
-            let number = self.saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
-            self.saves.write(&self.path, number, file);
-        }
+    /// Writes now what a background write was waiting to write, and waits for
+    /// every background write (plexus is stopping).
+    pub async fn flush(&self) {
+        self.saves.flushing.cancel();
+        self.saves.tasks.close();
+        self.saves.tasks.wait().await;
     }
 }
 

@@ -1059,3 +1059,24 @@ async fn a_tool_that_changes_under_a_sessions_own_instance_is_held() -> anyhow::
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_taken_just_before_a_stop_are_on_disk_after_it() -> anyhow::Result<()> {
+    // Stopped as soon as it is ready: the first pins' write, which waits a moment
+    // for more changes, is made before the daemon exits.
+    let daemon = Daemon::builder().upstreams(alpha("v1")).start().await?;
+    daemon.wait_ready(WAIT).await?;
+    let started = Instant::now();
+    let (status, dir) = daemon.stop_keeping_state().await?;
+    println!("stopped {:?} after ready", started.elapsed());
+    ensure!(status.success(), "{status}");
+    let pin_path = dir.path().join("plexus.lock");
+    let pinned: Value = serde_json::from_str(
+        &std::fs::read_to_string(&pin_path).context("no pin file after the stop")?,
+    )?;
+    ensure!(
+        pinned["upstreams"]["alpha"]["pinned"]["entries"]["tools/add"].is_object(),
+        "{pinned}"
+    );
+    Ok(())
+}
