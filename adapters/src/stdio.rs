@@ -783,6 +783,8 @@ async fn terminate_group(group: Option<Pid>, grace: Duration) {
     }
     let _ = killpg(group, Signal::SIGTERM);
     let deadline = tokio::time::Instant::now() + grace;
+    // Looked at again and again: a group's end has no event to wait on (only its
+    // leader is our child, and its members may outlive it).
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if !group_alive(group) {
