@@ -251,13 +251,20 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
             .with_label_values(&[listener])
             .set(i64::try_from(cap).unwrap_or(i64::MAX));
     }
+    let open = |listener: &str| {
+        hub.metrics()
+            .listener_connections
+            .with_label_values(&[listener])
+    };
     let limits = listener::ConnectionLimits {
         max_connections: mcp_cap,
         header_read_timeout: daemon_settings.header_read_timeout,
+        open: open("mcp"),
     };
     let admin_limits = listener::ConnectionLimits {
         max_connections: admin_cap,
-        ..limits
+        open: open("admin"),
+        ..limits.clone()
     };
     let mcp_front = {
         let front = front.clone();

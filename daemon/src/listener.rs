@@ -24,7 +24,7 @@ use crate::repoll::Repoll;
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// What one listener allows its clients.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ConnectionLimits {
     /// Connections open at once; more wait in the kernel's backlog until one ends,
     /// or take the place of one that has sent no request yet.
@@ -32,6 +32,31 @@ pub struct ConnectionLimits {
     /// How long a client may take to send a request's headers (also between
     /// requests on a kept-alive connection); then the connection is closed.
     pub header_read_timeout: Duration,
+    /// The connections it holds open now (`plexus_listener_connections`).
+    pub open: prometheus::IntGauge,
+}
+
+/// A connection's place under the cap, counted in the open-connections gauge
+/// while it lasts.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: prometheus::IntGauge,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, open: &prometheus::IntGauge) -> Slot {
+        open.inc();
+        Slot {
+            _permit: permit,
+            open: open.clone(),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
 /// Why a request's body could not be had.
@@ -155,7 +180,7 @@ pub async fn serve<H, F>(
         serve_connection(
             stream,
             peer,
-            slot,
+            Slot::new(slot, &limits.open),
             Unserved::enter(&unserved),
             handler.clone(),
             Ending {
@@ -163,7 +188,7 @@ pub async fn serve<H, F>(
                 abandoned: &abandoned,
                 connections: &connections,
             },
-            limits,
+            limits.header_read_timeout,
             nodelay_inherited,
         );
     }
@@ -203,11 +228,11 @@ struct Ending<'a> {
 fn serve_connection<H, F>(
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
-    slot: OwnedSemaphorePermit,
+    slot: Slot,
     waiting: Arc<Waiting>,
     handler: H,
     ending: Ending<'_>,
-    limits: ConnectionLimits,
+    header_read_timeout: Duration,
     nodelay_inherited: bool,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
@@ -232,7 +257,7 @@ fn serve_connection<H, F>(
         let connection = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
             .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
+            .header_read_timeout(header_read_timeout)
             .serve_connection(TokioIo::new(stream), service);
         // Polled again in place when hyper wakes its own task (see `repoll`).
         let connection = Repoll::new(watcher.watch(connection));

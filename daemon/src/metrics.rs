@@ -51,6 +51,7 @@ pub struct Metrics {
     pub http_refused_requests: IntCounterVec,
     /// Each listener's connection cap (set at start from the descriptor budget).
     pub listener_max_connections: IntGaugeVec,
+    pub listener_connections: IntGaugeVec,
 }
 
 impl Metrics {
@@ -234,6 +235,14 @@ impl Metrics {
             &["listener"],
         )?;
         registry.register(Box::new(listener_max_connections.clone()))?;
+        let listener_connections = IntGaugeVec::new(
+            Opts::new(
+                "plexus_listener_connections",
+                "Connections a listener holds open now (mcp, admin), out of plexus_listener_max_connections.",
+            ),
+            &["listener"],
+        )?;
+        registry.register(Box::new(listener_connections.clone()))?;
         registry.register(Box::new(upstream_stderr_lines.clone()))?;
         registry.register(Box::new(upstream_stderr_suppressed.clone()))?;
         registry.register(Box::new(schema_changes.clone()))?;
@@ -306,6 +315,7 @@ impl Metrics {
             upstream_stderr_suppressed,
             http_refused_requests,
             listener_max_connections,
+            listener_connections,
         })
     }
 
