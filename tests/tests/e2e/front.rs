@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use plexus_tests::{fixture_upstream, plexus_binary, Daemon};
+use plexus_tests::{eventually, fixture_upstream, plexus_binary, Daemon};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -57,6 +57,23 @@ fn body_of(text: &str) -> Value {
         .nth(1)
         .and_then(|body| serde_json::from_str(body).ok())
         .unwrap_or(Value::Null)
+}
+
+/// Waits until the MCP listener holds at least `at_least` connections open
+/// (`plexus_listener_connections`): the moment the daemon has taken them.
+async fn holds_connections(daemon: &Daemon, at_least: f64) -> anyhow::Result<()> {
+    eventually(Duration::from_secs(10), async || {
+        let open = daemon
+            .metric("plexus_listener_connections{listener=\"mcp\"}")
+            .await?
+            .unwrap_or(0.0);
+        ensure!(
+            open >= at_least,
+            "the listener holds {open} connections, not {at_least}"
+        );
+        Ok(())
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,9 +313,8 @@ async fn slow_headers_are_cut_off_while_others_are_served() -> anyhow::Result<()
             None
         }));
     }
-    // Meanwhile an ordinary client is served, once the trickles have begun (the
-    // daemon says nothing of connections it holds: a pause stands in).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Meanwhile an ordinary client is served, once the daemon holds the trickles.
+    holds_connections(&daemon, 5.0).await?;
     an_ordinary_client_is_served(&daemon).await?;
     for trickle in trickles {
         let closed_after = trickle
@@ -480,8 +496,9 @@ async fn silent_connections_take_no_slot() -> anyhow::Result<()> {
     daemon.wait_ready(Duration::from_secs(20)).await?;
     let address = authority(&daemon.url);
     let silent = TcpStream::connect(&address).await?;
-    // Time for the daemon to take the silent connection, were it given it: nothing
-    // tells when a connection is taken (no log line, no gauge).
+    // Time for the daemon to take the silent connection, were it given it: the
+    // kernel holds a connection that has sent nothing (deferred accept), so the
+    // open-connections gauge has no moment to show.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let (status, text) = tokio::time::timeout(
@@ -521,8 +538,7 @@ async fn connections_beyond_the_cap_wait_and_the_admin_listener_stays_reachable(
             .await?;
         busy.push(stream);
     }
-    // Time for the daemon to take the three (nothing tells when it has).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    holds_connections(&daemon, 3.0).await?;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let waiting = {
         let address = address.clone();
@@ -561,16 +577,14 @@ async fn at_the_cap_a_new_client_takes_the_place_of_the_oldest_idle_one() -> any
     // Three idle connections take every slot: each has begun a request and gone
     // quiet (a connection that has sent nothing is still the kernel's to hold).
     let mut idle = Vec::new();
-    for _ in 0..3 {
+    for n in 1..=3 {
         let mut stream = TcpStream::connect(&address).await?;
         stream.write_all(b"POST /mcp HTTP/1.1\r\n").await?;
         idle.push(stream);
-        // Apart in time, so "the oldest" is one: the daemon orders them by when
-        // they began waiting.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // One taken before the next connects, so "the oldest" is one: the daemon
+        // orders them by when it took them.
+        holds_connections(&daemon, f64::from(n)).await?;
     }
-    // Time for the daemon to take the three (nothing tells when it has).
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let asked = Instant::now();
     let (status, text) = tokio::time::timeout(
@@ -670,8 +684,8 @@ async fn slow_clients_at_the_descriptor_limit_keep_no_one_out() -> anyhow::Resul
         }
         slow.push(stream);
     }
-    // Time for the daemon to take what it will of the 615 (nothing tells when it has).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The daemon has taken what it will of the 615: its cap.
+    holds_connections(&daemon, cap).await?;
     let host = format!("POST /mcp HTTP/1.1\r\nHost: {address}\r\n");
     let asked = Instant::now();
     let (status, text) = tokio::time::timeout(
