@@ -73,7 +73,11 @@ struct Daemon {
 }
 
 impl Daemon {
-    async fn start(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<Daemon, ServeError> {
+    async fn start(
+        loaded: Loaded,
+        notifier: Option<Arc<Notifier>>,
+        signals: control::Signals,
+    ) -> Result<Daemon, ServeError> {
         let metrics = Arc::new(Metrics::new()?);
         let root = CancellationToken::new();
         let hub = Hub::new(&loaded.config, metrics, root.child_token());
@@ -86,8 +90,6 @@ impl Daemon {
                 tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or `plexus reload`")
             })
             .ok();
-        // Before anything starts, so a stop asked for from now on is a clean one.
-        let signals = control::Signals::install().map_err(ServeError::Signals)?;
         let control_loop = ControlLoop {
             path: loaded.path,
             environment: loaded.environment,
@@ -210,6 +212,9 @@ pub fn serve(config: PathBuf, stdio: bool, view: Option<String>) -> ExitCode {
 
 /// Runs the daemon with the HTTP and admin listeners until a shutdown signal.
 async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(), ServeError> {
+    // Before anything is bound or started, so a stop asked for from the moment
+    // daemon.json says where plexus listens is a clean one.
+    let signals = control::Signals::install().map_err(ServeError::Signals)?;
     let descriptor_limits = raise_descriptor_limit();
     let daemon_settings = loaded.config.daemon.clone();
     let upstream_descriptors = descriptors::upstream_descriptors(&loaded.config);
@@ -221,7 +226,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     write_runtime_file(&daemon_settings.state_dir, mcp_address, admin_address).await?;
     let upstreams = loaded.config.upstreams.len();
 
-    let daemon = Daemon::start(loaded, notifier.clone()).await?;
+    let daemon = Daemon::start(loaded, notifier.clone(), signals).await?;
     let hub = daemon.hub.clone();
     let shutdown = daemon.shutdown.clone();
     let front = HttpFront::new(hub.clone(), daemon.settings.clone(), shutdown.clone());
@@ -317,9 +322,10 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
 /// Runs the daemon for one client on stdin/stdout, until its input ends or a
 /// shutdown signal.
 async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeError> {
+    let signals = control::Signals::install().map_err(ServeError::Signals)?;
     raise_descriptor_limit();
     let upstreams = loaded.config.upstreams.len();
-    let daemon = Daemon::start(loaded, None).await?;
+    let daemon = Daemon::start(loaded, None, signals).await?;
     daemon.hub.serve_one_client();
     tracing::info!(upstreams, "plexus serving one client on stdio");
     let own_stdio::OwnStdio {
