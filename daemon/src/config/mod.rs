@@ -67,11 +67,13 @@ pub struct Config {
     pub views: BTreeMap<String, ViewConfig>,
 }
 
-/// One view: what it shows, and the tokens whose principals see only it.
+/// One view: what it shows, and the tokens (or access tokens' claims) whose
+/// principals see only it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ViewConfig {
     pub view: registry::View,
     pub tokens: Vec<String>,
+    pub claims: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -113,6 +115,30 @@ pub struct DaemonSettings {
     pub start_concurrency: usize,
     /// The runtime's worker threads; None: one per core (or `TOKIO_WORKER_THREADS`).
     pub worker_threads: Option<usize>,
+    /// `[daemon.oauth]`: access tokens of an identity provider admitted beside `auth_tokens`.
+    pub oauth: Option<FrontOAuth>,
+}
+
+/// The claim naming a principal unless `principal_claim` names another.
+pub const DEFAULT_PRINCIPAL_CLAIM: &str = "sub";
+
+/// The front as an OAuth resource server: whose JWT access tokens it admits, and
+/// which claims bind their principals to views.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontOAuth {
+    /// The authorization server's issuer identifier, as tokens' `iss` says it.
+    pub issuer: String,
+    /// plexus's own resource URI: tokens' `aud` must hold it.
+    pub audience: String,
+    /// Where the signing keys are; None: found by discovery from the issuer.
+    pub jwks_uri: Option<String>,
+    /// The claim whose value names a token's principal.
+    pub principal_claim: String,
+    /// Published as `scopes_supported` in the protected-resource metadata.
+    pub scopes: Vec<String>,
+    /// `[views.x] claims`, by view name: a principal whose token matches every
+    /// claim of a view sees only that view (the first, by name, if several match).
+    pub view_claims: Vec<(String, BTreeMap<String, String>)>,
 }
 
 /// Bearer tokens by name. Their values never appear in logs, errors or `Debug`.

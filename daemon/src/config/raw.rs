@@ -44,6 +44,20 @@ pub(super) struct RawDaemon {
     pub first_list_wait: Option<String>,
     pub start_concurrency: Option<usize>,
     pub worker_threads: Option<usize>,
+    /// `[daemon.oauth]`, read on its own so that its errors name its keys.
+    pub oauth: Option<toml::Table>,
+}
+
+/// `[daemon.oauth]`: the identity provider whose access tokens the front accepts.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFrontOAuth {
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub jwks_uri: Option<String>,
+    pub principal_claim: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,4 +128,7 @@ pub(super) struct RawView {
     pub deny_resources: Vec<String>,
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// Claims of an access token (`[daemon.oauth]`) whose principals see only this view.
+    #[serde(default)]
+    pub claims: BTreeMap<String, String>,
 }

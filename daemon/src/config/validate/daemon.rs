@@ -1,12 +1,13 @@
 //! `[daemon]` checked into [`DaemonSettings`]: addresses, budgets, timeouts, the
-//! state directory, `auth_tokens`, `allowed_hosts` and `allowed_origins`, the limits.
+//! state directory, `auth_tokens`, `allowed_hosts` and `allowed_origins`, the limits,
+//! `[daemon.oauth]`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::values::{duration_where, is_host_entry, is_origin_entry, secret_value, Zero};
-use crate::config::raw::RawDaemon;
+use crate::config::raw::{RawDaemon, RawFrontOAuth};
 use crate::config::*;
 
 pub(super) fn validate_daemon(
@@ -112,8 +113,11 @@ pub(super) fn validate_daemon(
         }
     }
     let auth_tokens = AuthTokens(tokens);
+    let oauth = raw.oauth.map(|table| validate_oauth(table, issues));
     for (key, address) in [("listen", listen), ("admin_listen", admin_listen)] {
-        if !address.ip().is_loopback() && auth_tokens.is_empty() {
+        // The admin listener takes static tokens only.
+        let guarded = !auth_tokens.is_empty() || (key == "listen" && oauth.is_some());
+        if !address.ip().is_loopback() && !guarded {
             issues.push(ConfigIssue {
                 key: format!("daemon.{key}"),
                 message: format!(
@@ -204,6 +208,7 @@ pub(super) fn validate_daemon(
         });
     }
     DaemonSettings {
+        oauth,
         start_concurrency,
         worker_threads,
         auth_tokens,
@@ -233,6 +238,111 @@ pub(super) fn validate_daemon(
         drain_timeout,
         session_idle_timeout,
     }
+}
+
+/// `[daemon.oauth]`: an issuer and an audience that are absolute URLs, a
+/// `jwks_uri` if given that is one too, a principal claim that is not empty.
+/// Claims of views are added by the views' check.
+fn validate_oauth(table: toml::Table, issues: &mut Vec<ConfigIssue>) -> FrontOAuth {
+    let raw = match table.try_into::<RawFrontOAuth>() {
+        Ok(raw) => raw,
+        Err(error) => {
+            // The keys that were read are not checked: the one error says enough.
+            issues.push(ConfigIssue {
+                key: "daemon.oauth".into(),
+                message: error.message().to_string(),
+            });
+            return FrontOAuth {
+                issuer: String::new(),
+                audience: String::new(),
+                jwks_uri: None,
+                principal_claim: DEFAULT_PRINCIPAL_CLAIM.to_string(),
+                scopes: Vec::new(),
+                view_claims: Vec::new(),
+            };
+        }
+    };
+    let mut url = |key: &str, value: Option<String>, required: bool| {
+        let key = format!("daemon.oauth.{key}");
+        match value {
+            None if required => {
+                issues.push(ConfigIssue {
+                    key,
+                    message: "is required: tokens are checked against it".into(),
+                });
+                String::new()
+            }
+            None => String::new(),
+            Some(value) => {
+                if let Err(problem) = oauth_url(&value) {
+                    issues.push(ConfigIssue {
+                        key,
+                        message: format!("`{value}` {problem}"),
+                    });
+                }
+                value
+            }
+        }
+    };
+    let issuer = url("issuer", raw.issuer, true);
+    let audience = url("audience", raw.audience, true);
+    let jwks_uri = raw
+        .jwks_uri
+        .map(|value| url("jwks_uri", Some(value), false));
+    let principal_claim = raw
+        .principal_claim
+        .unwrap_or_else(|| DEFAULT_PRINCIPAL_CLAIM.to_string());
+    if principal_claim.trim().is_empty() {
+        issues.push(ConfigIssue {
+            key: "daemon.oauth.principal_claim".into(),
+            message: "must name a claim (the default is `sub`)".into(),
+        });
+    }
+    if raw
+        .scopes
+        .iter()
+        .any(|scope| scope.trim().is_empty() || scope.contains(' '))
+    {
+        issues.push(ConfigIssue {
+            key: "daemon.oauth.scopes".into(),
+            message: "a scope is one word, not empty".into(),
+        });
+    }
+    FrontOAuth {
+        issuer,
+        audience,
+        jwks_uri,
+        principal_claim,
+        scopes: raw.scopes,
+        view_claims: Vec::new(),
+    }
+}
+
+/// Why `value` cannot be an issuer, an audience or a JWKS address: http(s), a
+/// host, no fragment; plain http only to loopback, where no one can listen in.
+fn oauth_url(value: &str) -> Result<(), &'static str> {
+    let url = url::Url::parse(value).map_err(|_| "is not an absolute URL (https://...)")?;
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("has no host");
+    }
+    if url.fragment().is_some() {
+        return Err("must not have a fragment (#...)");
+    }
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if url.host_str().is_some_and(is_loopback_name) => Ok(()),
+        "http" => Err("must be https (plain http only on loopback)"),
+        _ => Err("is not an http(s) URL"),
+    }
+}
+
+fn is_loopback_name(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `$STATE_DIRECTORY` under systemd, else `$XDG_STATE_HOME/plexus`, else `~/.local/state/plexus`.

@@ -74,7 +74,7 @@ pub fn parse(
         ));
     }
 
-    let daemon = validate_daemon(raw_daemon, base, environment, &mut issues);
+    let mut daemon = validate_daemon(raw_daemon, base, environment, &mut issues);
     let mut upstreams = BTreeMap::new();
     for (name, value) in raw_upstreams {
         let key = format!("upstreams.{name}");
@@ -96,6 +96,13 @@ pub fn parse(
         }
     }
     let views = validate_views(raw_views, &upstreams, &daemon, &mut issues);
+    if let Some(oauth) = daemon.oauth.as_mut() {
+        oauth.view_claims = views
+            .iter()
+            .filter(|(_, view)| !view.claims.is_empty())
+            .map(|(name, view)| (name.clone(), view.claims.clone()))
+            .collect();
+    }
     if issues.is_empty() {
         Ok(Config {
             daemon,
@@ -108,7 +115,8 @@ pub fn parse(
 }
 
 /// `[views.<name>]`: names like upstreams', upstreams that exist, tokens that exist
-/// and are bound to one view at most.
+/// and are bound to one view at most, claims only where `[daemon.oauth]` admits
+/// access tokens.
 fn validate_views(
     raw_views: toml::Table,
     upstreams: &BTreeMap<String, UpstreamConfig>,
@@ -157,6 +165,22 @@ fn validate_views(
                 });
             }
         }
+        if !raw.claims.is_empty() && daemon.oauth.is_none() {
+            issues.push(ConfigIssue {
+                key: format!("{key}.claims"),
+                message: "claims come from access tokens: configure [daemon.oauth] first".into(),
+            });
+        }
+        if raw
+            .claims
+            .iter()
+            .any(|(claim, value)| claim.is_empty() || value.is_empty())
+        {
+            issues.push(ConfigIssue {
+                key: format!("{key}.claims"),
+                message: "claim names and values must not be empty".into(),
+            });
+        }
         let restricts_resources = !raw.resources.is_empty() || !raw.deny_resources.is_empty();
         let view = registry::View {
             upstreams: raw.upstreams.map(|names| names.into_iter().collect()),
@@ -170,6 +194,7 @@ fn validate_views(
             ViewConfig {
                 view,
                 tokens: raw.tokens,
+                claims: raw.claims,
             },
         );
     }

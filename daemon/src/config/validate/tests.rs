@@ -454,3 +454,63 @@ fn unknown_daemon_keys_and_sections_are_errors() {
         "{issues:?}"
     );
 }
+
+#[test]
+fn a_bad_daemon_oauth_is_explained_key_by_key() {
+    let issues = issues_of(
+        r#"
+        [daemon.oauth]
+        issuer = "idp.example"
+        jwks_uri = "http://idp.example/keys"
+        principal_claim = ""
+        [views.ops]
+        claims = { groups = "" }
+        "#,
+    );
+    assert_issues(
+        &issues,
+        &[
+            "daemon.oauth.issuer: `idp.example` is not an absolute URL",
+            "daemon.oauth.audience: is required",
+            "daemon.oauth.jwks_uri: `http://idp.example/keys` must be https (plain http only on loopback)",
+            "daemon.oauth.principal_claim: must name a claim",
+            "views.ops.claims: claim names and values must not be empty",
+        ],
+    );
+    assert_issues(
+        &issues_of("[daemon.oauth]\nissuer = \"https://idp.example\"\naudience = \"https://plexus.example/mcp\"\ncolour = 1\n"),
+        &["daemon.oauth: unknown field `colour`"],
+    );
+    assert_issues(
+        &issues_of("[views.ops]\nclaims = { groups = \"sre\" }\n"),
+        &["views.ops.claims: claims come from access tokens: configure [daemon.oauth] first"],
+    );
+}
+
+#[test]
+fn daemon_oauth_guards_a_front_beyond_loopback_and_binds_views_to_claims() {
+    let config = parse(
+        r#"
+        [daemon]
+        listen = "0.0.0.0:7464"
+        [daemon.oauth]
+        issuer = "https://idp.example/realms/one"
+        audience = "https://plexus.example/mcp"
+        [views.ops]
+        claims = { groups = "sre" }
+        "#,
+        Path::new("/etc/plexus"),
+        &no_environment,
+    )
+    .unwrap();
+    let oauth = config.daemon.oauth.unwrap();
+    assert_eq!(oauth.principal_claim, "sub");
+    assert_eq!(oauth.jwks_uri, None);
+    assert_eq!(
+        oauth.view_claims,
+        [(
+            "ops".to_string(),
+            BTreeMap::from([("groups".to_string(), "sre".to_string())])
+        )]
+    );
+}
