@@ -1,6 +1,8 @@
 //! Who may use an HTTP listener: the `Host` and `Origin` checks that keep a browser
 //! page from reaching the daemon (DNS rebinding), and the bearer tokens that name
-//! each request's principal. Shared by the MCP front and the admin listener.
+//! each request's principal. Shared by the MCP front and the admin listener; the
+//! front hands a bearer token that is no static token to `sso` when
+//! `[daemon.oauth]` admits access tokens.
 
 use http::{header, HeaderMap};
 
@@ -19,6 +21,8 @@ pub enum Refusal {
     Forbidden(&'static str),
     /// No valid bearer token; `presented` when one was sent but is not valid.
     Unauthorized { presented: bool },
+    /// An access token could not be checked: the identity provider's keys are out of reach.
+    KeysUnavailable,
 }
 
 impl Refusal {
@@ -27,6 +31,7 @@ impl Refusal {
             Refusal::BadRequest(_) => http::StatusCode::BAD_REQUEST,
             Refusal::Forbidden(_) => http::StatusCode::FORBIDDEN,
             Refusal::Unauthorized { .. } => http::StatusCode::UNAUTHORIZED,
+            Refusal::KeysUnavailable => http::StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -36,6 +41,7 @@ impl Refusal {
             Refusal::BadRequest(_) => "bad_request",
             Refusal::Forbidden(_) => "forbidden",
             Refusal::Unauthorized { .. } => "unauthorized",
+            Refusal::KeysUnavailable => "keys_unavailable",
         }
     }
 
@@ -47,6 +53,9 @@ impl Refusal {
             }
             Refusal::Unauthorized { presented: true } => {
                 "unauthorized: the bearer token is not valid"
+            }
+            Refusal::KeysUnavailable => {
+                "the identity provider's signing keys could not be fetched; try again later"
             }
         }
     }
@@ -61,6 +70,50 @@ impl Refusal {
             _ => None,
         }
     }
+}
+
+/// Who a request to the front says it is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Credential {
+    /// A static token's name, or `local` on an open listener.
+    Principal(String),
+    /// A bearer token that is no static token, for `[daemon.oauth]` to check.
+    AccessToken(String),
+}
+
+/// The front's principal: a static token's name, `local` when neither tokens nor
+/// `[daemon.oauth]` are configured, else the bearer token for `sso` to check.
+pub fn front_credential(
+    headers: &HeaderMap,
+    settings: &DaemonSettings,
+) -> Result<Credential, Refusal> {
+    if settings.oauth.is_none() {
+        return authenticate(headers, settings).map(Credential::Principal);
+    }
+    let token = bearer(headers)?;
+    match settings.auth_tokens.principal(token) {
+        Some(name) => Ok(Credential::Principal(name.to_string())),
+        None => Ok(Credential::AccessToken(token.to_string())),
+    }
+}
+
+/// The one bearer token of `Authorization`.
+fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(Refusal::Unauthorized {
+            presented: headers.contains_key(header::AUTHORIZATION),
+        });
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|value| {
+            let (scheme, token) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|token| !token.is_empty())
+        .ok_or(Refusal::Unauthorized { presented: true })
 }
 
 /// Exactly one `Host`, a loopback name or one of `allowed_hosts`; at most one
@@ -109,18 +162,9 @@ pub fn authenticate(headers: &HeaderMap, settings: &DaemonSettings) -> Result<St
     if settings.auth_tokens.is_empty() {
         return Ok(LOCAL_PRINCIPAL.to_string());
     }
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return Err(Refusal::Unauthorized {
-            presented: headers.contains_key(header::AUTHORIZATION),
-        });
-    };
-    let token = value.to_str().ok().and_then(|value| {
-        let (scheme, token) = value.split_once(' ')?;
-        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-    });
-    token
-        .and_then(|token| settings.auth_tokens.principal(token))
+    settings
+        .auth_tokens
+        .principal(bearer(headers)?)
         .map(str::to_string)
         .ok_or(Refusal::Unauthorized { presented: true })
 }

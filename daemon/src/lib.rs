@@ -30,6 +30,7 @@ mod pins_command;
 mod progress;
 mod repoll;
 mod session;
+mod sso;
 mod status;
 mod stdio_front;
 mod systemd;

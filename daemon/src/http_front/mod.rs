@@ -20,14 +20,15 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{self, Refusal};
+use crate::access::{self, Credential, Refusal};
 use crate::client_message::{ClientMessage, KnownCapabilities};
-use crate::config::DaemonSettings;
+use crate::config::{DaemonSettings, FrontOAuth};
 use crate::era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, Answer, RelayError};
 use crate::listener::{self, Body, BodyError};
 use crate::session::{Continuations, Identity, Session};
+use crate::sso::{self, Verifier};
 use sessions::{expire_idle_sessions, HttpSession};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -55,6 +56,9 @@ pub struct HttpFront {
     nowhere: mpsc::Sender<Value>,
     /// The client capabilities 2026-07-28 requests declared lately.
     known: KnownCapabilities,
+    /// Checks access tokens for the `[daemon.oauth]` in force; replaced when it
+    /// changes, so a reload applies a new issuer at once.
+    verifier: std::sync::Mutex<Option<Arc<Verifier>>>,
 }
 
 impl HttpFront {
@@ -74,6 +78,7 @@ impl HttpFront {
             stateless_added: AtomicUsize::new(0),
             nowhere: mpsc::channel(1).0,
             known: KnownCapabilities::default(),
+            verifier: std::sync::Mutex::new(None),
         });
         front
             .hub
@@ -117,6 +122,7 @@ impl HttpFront {
         // `/mcp` is the whole catalog, `/mcp/<view>` a view of it.
         let requested_view = match request.uri().path() {
             "/mcp" => None,
+            path if sso::is_metadata_path(path) => return self.resource_metadata(&request),
             path => match path
                 .strip_prefix("/mcp/")
                 .filter(|name| !name.is_empty() && !name.contains('/'))
@@ -130,26 +136,9 @@ impl HttpFront {
                 }
             },
         };
-        let principal = {
-            let settings = self.settings.borrow();
-            access::check_host_and_origin(request.headers(), &settings)
-                .and_then(|()| access::authenticate(request.headers(), &settings))
-        };
-        let principal: Arc<str> = match principal {
-            Ok(principal) => Arc::from(principal),
-            Err(refusal) => {
-                self.hub
-                    .metrics()
-                    .http_refused_requests
-                    .with_label_values(&[refusal.kind()])
-                    .inc();
-                return refused(&refusal);
-            }
-        };
-        // A principal bound to a view sees it whatever the path; an unknown view is 404.
-        let view = match self.hub.view_of(&principal, requested_view.as_deref()) {
-            Ok(view) => view,
-            Err(_) => return plain(StatusCode::NOT_FOUND, "not found: there is no such view"),
+        let (principal, view) = match self.admit(request.headers(), requested_view).await {
+            Ok(admitted) => admitted,
+            Err(response) => return response,
         };
         // A POST's answer echoes its request's id, so the body is read first.
         if request.method() != Method::POST {
@@ -166,6 +155,110 @@ impl HttpFront {
                 response
                     .headers_mut()
                     .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                response
+            }
+        }
+    }
+
+    /// The request's principal and the view it sees, or the response refusing it.
+    async fn admit(
+        &self,
+        headers: &HeaderMap,
+        requested_view: Option<String>,
+    ) -> Result<(Arc<str>, Option<Arc<str>>), Response<Body>> {
+        let (credential, oauth) = {
+            let settings = self.settings.borrow();
+            let credential = access::check_host_and_origin(headers, &settings)
+                .and_then(|()| access::front_credential(headers, &settings));
+            (credential, settings.oauth.clone())
+        };
+        let refuse = |refusal: Refusal| {
+            self.hub
+                .metrics()
+                .http_refused_requests
+                .with_label_values(&[refusal.kind()])
+                .inc();
+            refused(&refusal, oauth.as_ref())
+        };
+        let (principal, claim_view) = match credential {
+            Ok(Credential::Principal(principal)) => (principal, None),
+            Ok(Credential::AccessToken(token)) => {
+                let Some(verifier) = oauth.as_ref().and_then(|oauth| self.verifier(oauth)) else {
+                    return Err(refuse(Refusal::KeysUnavailable));
+                };
+                match verifier.check(&token).await {
+                    Ok(admitted) => (admitted.principal, Some(admitted.view)),
+                    Err(refusal) => {
+                        // The reason, never the token.
+                        tracing::info!(reason = %adapters::error_chain(&refusal), "access token refused");
+                        return Err(refuse(if refusal.is_unavailable() {
+                            Refusal::KeysUnavailable
+                        } else {
+                            Refusal::Unauthorized { presented: true }
+                        }));
+                    }
+                }
+            }
+            Err(refusal) => return Err(refuse(refusal)),
+        };
+        // A principal bound to a view sees it whatever the path; an unknown view is 404.
+        let view = match claim_view {
+            Some(Some(bound)) => Ok(Some(Arc::from(bound))),
+            // An access token's principal is no static token's name, whatever its claim says.
+            Some(None) => self.hub.view_named(requested_view.as_deref()),
+            None => self.hub.view_of(&principal, requested_view.as_deref()),
+        };
+        match view {
+            Ok(view) => Ok((Arc::from(principal), view)),
+            Err(_) => Err(plain(
+                StatusCode::NOT_FOUND,
+                "not found: there is no such view",
+            )),
+        }
+    }
+
+    /// The verifier of `oauth`, made anew when the settings changed.
+    fn verifier(&self, oauth: &FrontOAuth) -> Option<Arc<Verifier>> {
+        let mut current = self
+            .verifier
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(verifier) = current.as_ref().filter(|v| v.settings() == oauth) {
+            return Some(verifier.clone());
+        }
+        match Verifier::new(oauth.clone()) {
+            Ok(verifier) => {
+                let verifier = Arc::new(verifier);
+                *current = Some(verifier.clone());
+                Some(verifier)
+            }
+            Err(error) => {
+                tracing::error!(error = %adapters::error_chain(&error), "access tokens cannot be checked");
+                None
+            }
+        }
+    }
+
+    /// RFC 9728 protected-resource metadata: where clients learn which
+    /// authorization server issues tokens for plexus (404 without `[daemon.oauth]`).
+    fn resource_metadata(&self, request: &Request<Incoming>) -> Response<Body> {
+        let settings = self.settings.borrow();
+        if let Err(refusal) = access::check_host_and_origin(request.headers(), &settings) {
+            return refused(&refusal, None);
+        }
+        match (&settings.oauth, request.method()) {
+            (None, _) => plain(
+                StatusCode::NOT_FOUND,
+                "not found: this plexus takes no OAuth access tokens ([daemon.oauth])",
+            ),
+            (Some(oauth), &Method::GET | &Method::HEAD) => {
+                json_response(StatusCode::OK, &sso::metadata(oauth))
+            }
+            (Some(_), _) => {
+                let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "use GET");
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET"));
                 response
             }
         }
@@ -291,14 +384,24 @@ fn check_version_header(headers: &HeaderMap) -> Result<(), RelayError> {
 }
 
 /// A refusal at the door: its status, a JSON-RPC error body, and for 401 the
-/// `WWW-Authenticate` challenge.
-fn refused(refusal: &Refusal) -> Response<Body> {
+/// `WWW-Authenticate` challenge (pointing to the resource metadata with `[daemon.oauth]`).
+fn refused(refusal: &Refusal, oauth: Option<&FrontOAuth>) -> Response<Body> {
     let error = RelayError::AccessDenied {
         kind: refusal.kind(),
         reason: refusal.message(),
     };
     let mut response = json_error(refusal.status(), &error);
-    if let Some(challenge) = refusal.challenge() {
+    let with_metadata = match (refusal, oauth) {
+        (Refusal::Unauthorized { presented }, Some(oauth)) => {
+            HeaderValue::from_str(&sso::challenge(oauth, *presented)).ok()
+        }
+        _ => None,
+    };
+    if let Some(challenge) = with_metadata {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, challenge);
+    } else if let Some(challenge) = refusal.challenge() {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
             HeaderValue::from_static(challenge),

@@ -55,6 +55,8 @@ pub struct Hub {
     pins: Pins,
     /// Principal (token name) → the view it is bound to.
     view_bindings: std::sync::RwLock<BTreeMap<String, String>>,
+    /// Whether a view is bound to access tokens' claims (`[views.x] claims`).
+    claim_bound_views: std::sync::atomic::AtomicBool,
     /// The audit trail.
     audit: Arc<crate::audit::Audit>,
     /// `[daemon] first_list_wait`, applied live.
@@ -123,6 +125,7 @@ impl Hub {
             fanout,
             task_routes,
             view_bindings: std::sync::RwLock::new(BTreeMap::new()),
+            claim_bound_views: std::sync::atomic::AtomicBool::new(false),
             audit,
             first_list_wait: Mutex::new(config.daemon.first_list_wait),
             start_slots,
@@ -397,16 +400,21 @@ impl Hub {
             .view_bindings
             .write()
             .unwrap_or_else(PoisonError::into_inner) = bindings;
+        self.claim_bound_views.store(
+            views.values().any(|config| !config.claims.is_empty()),
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether one URL's catalog differs by caller: a token bound to a view sees
     /// that view wherever it asks, so no list may be shared across callers.
     pub fn catalog_depends_on_caller(&self) -> bool {
-        !self
-            .view_bindings
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
+        self.claim_bound_views.load(Ordering::Relaxed)
+            || !self
+                .view_bindings
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
     }
 
     /// The view a request of `principal` sees: the one its token is bound to, else
@@ -423,6 +431,12 @@ impl Hub {
         if let Some(bound) = bindings.get(principal) {
             return Ok(Some(Arc::from(bound.as_str())));
         }
+        self.view_named(requested)
+    }
+
+    /// The view a path names (which must exist), else the whole catalog: what an
+    /// access token's principal bound to no view by its claims sees.
+    pub fn view_named(&self, requested: Option<&str>) -> Result<Option<Arc<str>>, String> {
         match requested {
             None => Ok(None),
             Some(name) if self.catalog.has_view(name) => Ok(Some(Arc::from(name))),

@@ -1,0 +1,588 @@
+//! The front as an OAuth 2.1 resource server (`[daemon.oauth]`): JWT access tokens
+//! checked for signature (RS256, ES256, EdDSA against the issuer's JWKS), `iss`,
+//! `aud`, `exp` and `nbf`; their principal and claim-bound view; the RFC 9728
+//! protected-resource metadata and the challenge that points to it. With `access`
+//! (static tokens), the only code that reads a client's token; the token itself is
+//! never logged, stored or passed on.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request, StatusCode};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use jsonwebtoken::jwk::{Jwk, JwkSet, KeyAlgorithm, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use crate::config::FrontOAuth;
+
+/// Signature algorithms admitted; the key's family must match (no HS256 with a
+/// public key as the secret).
+const ALGORITHMS: [Algorithm; 3] = [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA];
+/// Clock skew allowed on `exp` and `nbf`.
+const LEEWAY_SECS: u64 = 60;
+/// A token naming a key the cached set lacks refetches the set at most this often.
+pub const REFETCH_INTERVAL: Duration = Duration::from_secs(60);
+/// With no key set yet (the provider was down), a fetch is tried at most this often.
+const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+/// Longest principal taken from a claim (it is shown in status and metrics).
+const MAX_PRINCIPAL_CHARS: usize = 256;
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// Why a token is not admitted. Says nothing of the token itself.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenRefused {
+    #[error("not a JWT")]
+    Malformed(#[source] jsonwebtoken::errors::Error),
+    #[error("signed with an algorithm not admitted ({0:?})")]
+    Algorithm(Algorithm),
+    #[error("signed with a key the issuer does not list")]
+    UnknownKey,
+    #[error("refused")]
+    Invalid(#[source] jsonwebtoken::errors::Error),
+    #[error("it has no claim `{0}` naming a principal")]
+    NoPrincipal(String),
+    #[error("the issuer's keys could not be fetched")]
+    KeysUnavailable(#[source] FetchError),
+}
+
+impl TokenRefused {
+    /// Whether the fault is the provider's, not the token's (503, not 401).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, TokenRefused::KeysUnavailable(_))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("GET {url}: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("GET {url}: no answer within {} s", FETCH_TIMEOUT.as_secs())]
+    TimedOut { url: String },
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: StatusCode },
+    #[error("GET {url}: the body could not be read (or passed {MAX_DOCUMENT_BYTES} bytes)")]
+    Body { url: String },
+    #[error("GET {url}: not the JSON expected")]
+    Json {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{url} is not a URL")]
+    BadUrl { url: String },
+    #[error("no discovery document of {issuer} names it as issuer with a jwks_uri")]
+    NoDiscovery { issuer: String },
+    #[error("https needs the TLS setup, which failed: {0}")]
+    Tls(String),
+}
+
+/// An admitted token: who it names and the view its claims bind it to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    pub principal: String,
+    pub view: Option<String>,
+}
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+struct Keys {
+    set: JwkSet,
+}
+
+/// Where the key set is, and when it was last fetched.
+#[derive(Default)]
+struct FetchState {
+    jwks_uri: Option<String>,
+    last_attempt: Option<Instant>,
+    last_refetch: Option<Instant>,
+}
+
+/// Checks access tokens for one `[daemon.oauth]`; rebuilt when it changes.
+pub struct Verifier {
+    settings: FrontOAuth,
+    client: Client<Connector, Empty<Bytes>>,
+    keys: RwLock<Option<Arc<Keys>>>,
+    /// Held while fetching: concurrent requests naming an unknown key cause one fetch.
+    fetch: tokio::sync::Mutex<FetchState>,
+    refetch_interval: Duration,
+}
+
+impl Verifier {
+    pub fn new(settings: FrontOAuth) -> Result<Verifier, FetchError> {
+        Verifier::with_refetch_interval(settings, REFETCH_INTERVAL)
+    }
+
+    fn with_refetch_interval(
+        settings: FrontOAuth,
+        refetch_interval: Duration,
+    ) -> Result<Verifier, FetchError> {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector()?);
+        let fetch = FetchState {
+            jwks_uri: settings.jwks_uri.clone(),
+            ..FetchState::default()
+        };
+        Ok(Verifier {
+            settings,
+            client,
+            keys: RwLock::new(None),
+            fetch: tokio::sync::Mutex::new(fetch),
+            refetch_interval,
+        })
+    }
+
+    pub fn settings(&self) -> &FrontOAuth {
+        &self.settings
+    }
+
+    /// Admits `token` or says why not.
+    pub async fn check(&self, token: &str) -> Result<Admitted, TokenRefused> {
+        let header = jsonwebtoken::decode_header(token).map_err(TokenRefused::Malformed)?;
+        if !ALGORITHMS.contains(&header.alg) {
+            return Err(TokenRefused::Algorithm(header.alg));
+        }
+        let kid = header.kid.as_deref();
+        let key = match self.find_key(kid, header.alg) {
+            Some(key) => key,
+            None => {
+                self.refresh_keys(kid, header.alg).await?;
+                self.find_key(kid, header.alg)
+                    .ok_or(TokenRefused::UnknownKey)?
+            }
+        };
+        let mut validation = Validation::new(header.alg);
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        validation.set_issuer(&[&self.settings.issuer]);
+        validation.set_audience(&[&self.settings.audience]);
+        let claims = jsonwebtoken::decode::<Map<String, Value>>(token, &key, &validation)
+            .map_err(TokenRefused::Invalid)?
+            .claims;
+        let claim = &self.settings.principal_claim;
+        let principal = match claims.get(claim) {
+            Some(Value::String(text)) if !text.is_empty() => text.clone(),
+            Some(Value::Number(number)) => number.to_string(),
+            _ => return Err(TokenRefused::NoPrincipal(claim.clone())),
+        };
+        if principal.chars().count() > MAX_PRINCIPAL_CHARS
+            || principal.chars().any(char::is_control)
+        {
+            return Err(TokenRefused::NoPrincipal(claim.clone()));
+        }
+        Ok(Admitted {
+            view: bound_view(&self.settings.view_claims, &claims),
+            principal,
+        })
+    }
+
+    /// The cached key for `kid` (or, with no kid, the one key of the algorithm's
+    /// family), if it may verify `alg`.
+    fn find_key(&self, kid: Option<&str>, alg: Algorithm) -> Option<DecodingKey> {
+        let keys = self
+            .keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        let fits = |jwk: &&Jwk| key_fits(jwk, alg);
+        let jwk = match kid {
+            Some(kid) => keys
+                .set
+                .keys
+                .iter()
+                .filter(fits)
+                .find(|jwk| jwk.common.key_id.as_deref() == Some(kid))?,
+            None => {
+                let mut candidates = keys.set.keys.iter().filter(fits);
+                match (candidates.next(), candidates.next()) {
+                    (Some(only), None) => only,
+                    _ => return None,
+                }
+            }
+        };
+        DecodingKey::from_jwk(jwk).ok()
+    }
+
+    /// Fetches the key set again unless that was done too lately: at most once a
+    /// `refetch_interval` once a set is held, every few seconds while none is.
+    async fn refresh_keys(&self, kid: Option<&str>, alg: Algorithm) -> Result<(), TokenRefused> {
+        let have_keys = || {
+            self.keys
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+        };
+        let mut state = self.fetch.lock().await;
+        if self.find_key(kid, alg).is_some() {
+            // Another request fetched while this one waited: its keys do.
+            return Ok(());
+        }
+        let now = Instant::now();
+        let (last, interval) = if have_keys() {
+            (state.last_refetch, self.refetch_interval)
+        } else {
+            (state.last_attempt, RETRY_INTERVAL)
+        };
+        if last.is_some_and(|last| now.duration_since(last) < interval) {
+            return if have_keys() {
+                Err(TokenRefused::UnknownKey)
+            } else {
+                Err(TokenRefused::KeysUnavailable(FetchError::NoDiscovery {
+                    issuer: self.settings.issuer.clone(),
+                }))
+            };
+        }
+        if have_keys() {
+            state.last_refetch = Some(now);
+        }
+        state.last_attempt = Some(now);
+        let jwks_uri = match &state.jwks_uri {
+            Some(uri) => uri.clone(),
+            None => {
+                let uri = self
+                    .discover_jwks_uri()
+                    .await
+                    .map_err(TokenRefused::KeysUnavailable)?;
+                state.jwks_uri = Some(uri.clone());
+                uri
+            }
+        };
+        let set: JwkSet = self
+            .get_json(&jwks_uri)
+            .await
+            .map_err(TokenRefused::KeysUnavailable)?;
+        tracing::info!(
+            jwks_uri,
+            keys = set.keys.len(),
+            "fetched the identity provider's signing keys"
+        );
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(Keys { set }));
+        Ok(())
+    }
+
+    /// The issuer's `jwks_uri`: OpenID discovery, then RFC 8414 (path inserted
+    /// after the host), then OpenID with the path inserted; the document must name
+    /// the configured issuer.
+    async fn discover_jwks_uri(&self) -> Result<String, FetchError> {
+        let issuer = &self.settings.issuer;
+        let mut last_error = None;
+        for url in discovery_urls(issuer) {
+            match self.get_json::<Map<String, Value>>(&url).await {
+                Ok(document) => {
+                    let names_issuer =
+                        document.get("issuer").and_then(Value::as_str) == Some(issuer.as_str());
+                    if let (true, Some(uri)) = (
+                        names_issuer,
+                        document.get("jwks_uri").and_then(Value::as_str),
+                    ) {
+                        return Ok(uri.to_string());
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(error = %adapters::error_chain(&error), "discovery document not found");
+                    last_error = Some(error);
+                }
+            }
+        }
+        Err(match last_error {
+            Some(error @ (FetchError::Request { .. } | FetchError::TimedOut { .. })) => error,
+            _ => FetchError::NoDiscovery {
+                issuer: issuer.clone(),
+            },
+        })
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<T, FetchError> {
+        let bad_url = || FetchError::BadUrl {
+            url: url.to_string(),
+        };
+        let uri: http::Uri = url.parse().map_err(|_| bad_url())?;
+        let request = Request::get(uri)
+            .header(header::ACCEPT, "application/json")
+            .body(Empty::new())
+            .map_err(|_| bad_url())?;
+        let exchange = async {
+            let response =
+                self.client
+                    .request(request)
+                    .await
+                    .map_err(|source| FetchError::Request {
+                        url: url.to_string(),
+                        source,
+                    })?;
+            if !response.status().is_success() {
+                return Err(FetchError::Status {
+                    url: url.to_string(),
+                    status: response.status(),
+                });
+            }
+            Limited::new(response.into_body(), MAX_DOCUMENT_BYTES)
+                .collect()
+                .await
+                .map(|body| body.to_bytes())
+                .map_err(|_| FetchError::Body {
+                    url: url.to_string(),
+                })
+        };
+        let body = tokio::time::timeout(FETCH_TIMEOUT, exchange)
+            .await
+            .map_err(|_| FetchError::TimedOut {
+                url: url.to_string(),
+            })??;
+        serde_json::from_slice(&body).map_err(|source| FetchError::Json {
+            url: url.to_string(),
+            source,
+        })
+    }
+}
+
+/// Whether `jwk` may verify a signature of `alg`: a signing key of its family,
+/// and of that algorithm if it names one.
+fn key_fits(jwk: &Jwk, alg: Algorithm) -> bool {
+    use jsonwebtoken::jwk::AlgorithmParameters as Params;
+    let family = matches!(
+        (&jwk.algorithm, alg),
+        (Params::RSA(_), Algorithm::RS256)
+            | (Params::EllipticCurve(_), Algorithm::ES256)
+            | (Params::OctetKeyPair(_), Algorithm::EdDSA)
+    );
+    let usage =
+        !matches!(&jwk.common.public_key_use, Some(usage) if *usage != PublicKeyUse::Signature);
+    let named = jwk.common.key_algorithm.is_none_or(|named| {
+        matches!(
+            (named, alg),
+            (KeyAlgorithm::RS256, Algorithm::RS256)
+                | (KeyAlgorithm::ES256, Algorithm::ES256)
+                | (KeyAlgorithm::EdDSA, Algorithm::EdDSA)
+        )
+    });
+    family && usage && named
+}
+
+/// The first view (by name) whose every claim the token carries: equal, or held
+/// by an array claim.
+fn bound_view(
+    view_claims: &[(String, BTreeMap<String, String>)],
+    claims: &Map<String, Value>,
+) -> Option<String> {
+    let holds = |claim: &str, wanted: &str| match claims.get(claim) {
+        Some(Value::String(value)) => value == wanted,
+        Some(Value::Array(values)) => values.iter().any(|v| v.as_str() == Some(wanted)),
+        _ => false,
+    };
+    view_claims
+        .iter()
+        .find(|(_, wanted)| wanted.iter().all(|(claim, value)| holds(claim, value)))
+        .map(|(name, _)| name.clone())
+}
+
+/// Where an issuer's metadata may be, in the order tried.
+fn discovery_urls(issuer: &str) -> Vec<String> {
+    let trimmed = issuer.trim_end_matches('/');
+    let mut urls = vec![format!("{trimmed}/.well-known/openid-configuration")];
+    if let Ok(url) = url::Url::parse(trimmed) {
+        let path = url.path().trim_end_matches('/');
+        let origin = url.origin().ascii_serialization();
+        urls.push(format!(
+            "{origin}/.well-known/oauth-authorization-server{path}"
+        ));
+        if !path.is_empty() {
+            urls.push(format!("{origin}/.well-known/openid-configuration{path}"));
+        }
+    }
+    urls
+}
+
+/// The RFC 9728 metadata URL of the resource `audience`: the well-known path
+/// inserted between its host and its path.
+pub fn metadata_url(audience: &str) -> String {
+    match url::Url::parse(audience) {
+        Ok(url) => {
+            let path = url.path().trim_end_matches('/');
+            format!(
+                "{}{METADATA_PATH}{path}",
+                url.origin().ascii_serialization()
+            )
+        }
+        Err(_) => format!("{}{METADATA_PATH}", audience.trim_end_matches('/')),
+    }
+}
+
+/// Whether `path` asks for the metadata: the bare well-known path, or it with the
+/// path of the audience or of an MCP endpoint after it.
+pub fn is_metadata_path(path: &str) -> bool {
+    path.strip_prefix(METADATA_PATH)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// The RFC 9728 protected-resource metadata document.
+pub fn metadata(settings: &FrontOAuth) -> Value {
+    let mut document = serde_json::json!({
+        "resource": settings.audience,
+        "authorization_servers": [settings.issuer],
+        "bearer_methods_supported": ["header"],
+    });
+    if !settings.scopes.is_empty() {
+        document["scopes_supported"] = serde_json::json!(settings.scopes);
+    }
+    document
+}
+
+/// The `WWW-Authenticate` value of a 401: RFC 6750 with the RFC 9728 pointer,
+/// and `error="invalid_token"` when a token was given and refused.
+pub fn challenge(settings: &FrontOAuth, presented: bool) -> String {
+    let mut value = format!(
+        "Bearer realm=\"plexus\", resource_metadata=\"{}\"",
+        metadata_url(&settings.audience)
+    );
+    if let Some(scope) = (!settings.scopes.is_empty()).then(|| settings.scopes.join(" ")) {
+        value.push_str(&format!(", scope=\"{scope}\""));
+    }
+    if presented {
+        value.push_str(", error=\"invalid_token\"");
+    }
+    value
+}
+
+fn connector() -> Result<Connector, FetchError> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(FETCH_TIMEOUT));
+    http.enforce_http(false);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = match hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(provider.clone())
+    {
+        Ok(builder) => builder,
+        Err(error) => {
+            // A loopback provider over http must work on a machine without CA certificates.
+            tracing::warn!(%error, "no CA certificates found; an https identity provider cannot be verified");
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|error| FetchError::Tls(error.to_string()))?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+        }
+    };
+    Ok(builder.https_or_http().enable_http1().wrap_connector(http))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_urls_insert_the_well_known_path() {
+        assert_eq!(
+            metadata_url("https://plexus.example/mcp"),
+            "https://plexus.example/.well-known/oauth-protected-resource/mcp"
+        );
+        assert_eq!(
+            metadata_url("http://127.0.0.1:7464"),
+            "http://127.0.0.1:7464/.well-known/oauth-protected-resource"
+        );
+        assert!(is_metadata_path("/.well-known/oauth-protected-resource"));
+        assert!(is_metadata_path(
+            "/.well-known/oauth-protected-resource/mcp"
+        ));
+        assert!(!is_metadata_path("/.well-known/oauth-protected-resourcex"));
+    }
+
+    #[test]
+    fn discovery_tries_openid_then_rfc_8414() {
+        assert_eq!(
+            discovery_urls("https://idp.example/realms/one"),
+            [
+                "https://idp.example/realms/one/.well-known/openid-configuration",
+                "https://idp.example/.well-known/oauth-authorization-server/realms/one",
+                "https://idp.example/.well-known/openid-configuration/realms/one",
+            ]
+        );
+        assert_eq!(
+            discovery_urls("https://idp.example"),
+            [
+                "https://idp.example/.well-known/openid-configuration",
+                "https://idp.example/.well-known/oauth-authorization-server",
+            ]
+        );
+    }
+
+    #[test]
+    fn views_bind_to_claims_or_to_members_of_array_claims() {
+        let views = vec![
+            (
+                "ops".to_string(),
+                BTreeMap::from([("groups".to_string(), "sre".to_string())]),
+            ),
+            (
+                "team".to_string(),
+                BTreeMap::from([
+                    ("dept".to_string(), "eng".to_string()),
+                    ("level".to_string(), "2".to_string()),
+                ]),
+            ),
+        ];
+        let claims = |value: Value| value.as_object().unwrap().clone();
+        assert_eq!(
+            bound_view(
+                &views,
+                &claims(serde_json::json!({"groups": ["dev", "sre"]}))
+            ),
+            Some("ops".into())
+        );
+        assert_eq!(
+            bound_view(&views, &claims(serde_json::json!({"groups": "sre"}))),
+            Some("ops".into())
+        );
+        assert_eq!(
+            bound_view(&views, &claims(serde_json::json!({"dept": "eng"}))),
+            None,
+            "every claim of a view must match"
+        );
+        assert_eq!(
+            bound_view(
+                &views,
+                &claims(serde_json::json!({"dept": "eng", "level": "2"}))
+            ),
+            Some("team".into())
+        );
+        assert_eq!(
+            bound_view(&views, &claims(serde_json::json!({"groups": ["srex"]}))),
+            None
+        );
+    }
+
+    #[test]
+    fn an_rsa_key_does_not_verify_another_family() {
+        let jwk: Jwk = serde_json::from_value(serde_json::json!({
+            "kty": "RSA", "kid": "one", "use": "sig", "alg": "RS256",
+            "n": "sXch", "e": "AQAB"
+        }))
+        .unwrap();
+        assert!(key_fits(&jwk, Algorithm::RS256));
+        assert!(!key_fits(&jwk, Algorithm::ES256));
+        assert!(!key_fits(&jwk, Algorithm::EdDSA));
+        let encryption: Jwk = serde_json::from_value(serde_json::json!({
+            "kty": "RSA", "kid": "two", "use": "enc", "n": "sXch", "e": "AQAB"
+        }))
+        .unwrap();
+        assert!(!key_fits(&encryption, Algorithm::RS256));
+    }
+}
