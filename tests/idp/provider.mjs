@@ -1,0 +1,143 @@
+// A real OpenID provider for the single sign-on tests: oidc-provider (installed by
+// scripts/ensure-idp into target/idp-tools) on loopback, issuing JWT access tokens
+// for one resource indicator (plexus's audience). Logins go through its interaction
+// flow: a form asking for the account (alice or bob), consent granted at once.
+//
+//   node tests/idp/provider.mjs --port PORT --audience URL [--alg RS256|ES256|EdDSA]
+//
+// Prints `listening on http://127.0.0.1:PORT` once bound. A new signing key (and
+// kid) is made at every start: restarting on the same port rotates the keys.
+// Test-only routes: POST /test/mint signs a token with the current key from a JSON
+// body ({sub, aud, iss, exp_in, nbf_in, groups, kid}); GET /test/jwks-count says
+// how often the key set was fetched.
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+import { randomUUID } from 'node:crypto';
+import path from 'node:path';
+import http from 'node:http';
+
+const args = Object.fromEntries(
+  process.argv.slice(2).reduce((pairs, arg, i, all) => {
+    if (arg.startsWith('--')) pairs.push([arg.slice(2), all[i + 1]]);
+    return pairs;
+  }, []),
+);
+const port = Number(args.port);
+const audience = args.audience;
+const alg = args.alg ?? 'RS256';
+if (!port || !audience) {
+  console.error('usage: provider.mjs --port PORT --audience URL [--alg ALG]');
+  process.exit(64);
+}
+const tools = process.env.IDP_TOOLS ?? path.resolve(import.meta.dirname ?? '.', '../../target/idp-tools');
+const require = createRequire(path.join(tools, 'node_modules', 'resolve-from-here.js'));
+const load = (name) => import(pathToFileURL(require.resolve(name)).href);
+const { default: Provider, errors } = await load('oidc-provider');
+const jose = await load('jose');
+
+const issuer = `http://127.0.0.1:${port}`;
+const kid = randomUUID();
+const { privateKey } = await jose.generateKeyPair(alg, { extractable: true, crv: alg === 'EdDSA' ? 'Ed25519' : undefined });
+const privateJwk = { ...(await jose.exportJWK(privateKey)), kid, alg, use: 'sig' };
+
+// The accounts a login may name, and the groups their tokens carry.
+const accounts = { alice: ['sre', 'dev'], bob: ['dev'] };
+
+const provider = new Provider(issuer, {
+  jwks: { keys: [privateJwk] },
+  findAccount: (ctx, sub) => (accounts[sub] ? { accountId: sub, claims: () => ({ sub }) } : undefined),
+  features: {
+    devInteractions: { enabled: false },
+    registration: { enabled: true },
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: () => audience,
+      useGrantedResource: () => true,
+      getResourceServerInfo: (ctx, resource) => {
+        if (resource !== audience) throw new errors.InvalidTarget();
+        return { scope: 'mcp', audience, accessTokenFormat: 'jwt', accessTokenTTL: 600, jwt: { sign: { alg } } };
+      },
+    },
+  },
+  extraTokenClaims: (ctx, token) => (token.accountId ? { groups: accounts[token.accountId] ?? [] } : undefined),
+  interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
+  pkce: { required: () => true },
+  scopes: ['openid', 'offline_access', 'mcp'],
+  clientDefaults: { token_endpoint_auth_method: 'none', grant_types: ['authorization_code', 'refresh_token'] },
+  enabledJWA: { authorizationSigningAlgValues: [alg], idTokenSigningAlgValues: [alg] },
+});
+
+let jwksCount = 0;
+
+const readBody = (req) =>
+  new Promise((resolve, reject) => {
+    let body = '';
+    req.on('data', (chunk) => (body += chunk));
+    req.on('end', () => resolve(body));
+    req.on('error', reject);
+  });
+
+provider.use(async (ctx, next) => {
+  if (ctx.path === '/jwks') jwksCount += 1;
+  const interaction = ctx.path.match(/^\/interaction\/([^/]+)(\/login)?$/);
+  if (interaction) {
+    const details = await provider.interactionDetails(ctx.req, ctx.res);
+    const { prompt, params, session, grantId } = details;
+    if (prompt.name === 'login') {
+      if (ctx.method === 'GET') {
+        ctx.type = 'html';
+        ctx.body = `<form method="post" action="/interaction/${details.uid}/login"><input name="login"><button>Sign in</button></form>`;
+        return;
+      }
+      const login = new URLSearchParams(await readBody(ctx.req)).get('login');
+      if (!accounts[login]) {
+        ctx.status = 400;
+        ctx.body = 'no such account';
+        return;
+      }
+      ctx.status = 303;
+      ctx.redirect(await provider.interactionResult(ctx.req, ctx.res, { login: { accountId: login } }, { mergeWithLastSubmission: false }));
+      return;
+    }
+    // Consent: everything asked for is granted.
+    const grant = grantId
+      ? await provider.Grant.find(grantId)
+      : new provider.Grant({ accountId: session.accountId, clientId: params.client_id });
+    const missing = prompt.details;
+    if (missing.missingOIDCScope) grant.addOIDCScope(missing.missingOIDCScope.join(' '));
+    if (missing.missingOIDCClaims) grant.addOIDCClaims(missing.missingOIDCClaims);
+    for (const [indicator, scopes] of Object.entries(missing.missingResourceScopes ?? {})) {
+      grant.addResourceScope(indicator, scopes.join(' '));
+    }
+    const id = await grant.save();
+    ctx.status = 303;
+    ctx.redirect(await provider.interactionResult(ctx.req, ctx.res, { consent: { grantId: id } }, { mergeWithLastSubmission: true }));
+    return;
+  }
+  if (ctx.path === '/test/jwks-count') {
+    ctx.body = { count: jwksCount };
+    return;
+  }
+  if (ctx.path === '/test/mint' && ctx.method === 'POST') {
+    const claims = JSON.parse(await readBody(ctx.req));
+    const now = Math.floor(Date.now() / 1000);
+    const payload = { sub: claims.sub, groups: claims.groups ?? [] };
+    const jwt = new jose.SignJWT(payload)
+      .setProtectedHeader({ alg, kid: claims.kid ?? kid, typ: 'at+jwt' })
+      .setIssuer(claims.iss ?? issuer)
+      .setAudience(claims.aud ?? audience)
+      .setIssuedAt(now)
+      .setExpirationTime(now + (claims.exp_in ?? 600))
+      .setJti(randomUUID());
+    if (claims.nbf_in !== undefined) jwt.setNotBefore(now + claims.nbf_in);
+    ctx.body = { token: await jwt.sign(privateKey) };
+    return;
+  }
+  await next();
+});
+
+const server = http.createServer(provider.callback());
+server.listen(port, '127.0.0.1', () => {
+  console.log(`listening on ${issuer} (kid ${kid}, ${alg})`);
+});
+for (const signal of ['SIGTERM', 'SIGINT']) process.on(signal, () => process.exit(0));
