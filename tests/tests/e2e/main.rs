@@ -24,6 +24,7 @@ mod reload;
 mod remote;
 mod restart;
 mod roundtrip;
+mod sso;
 mod startup;
 mod status;
 mod systemd;
