@@ -173,7 +173,14 @@ impl UpstreamConnection {
         options: &StdioOptions,
         events: impl Into<Events>,
     ) -> Result<UpstreamConnection, SpawnError> {
-        let spawned = crate::stdio::spawn(upstream, spec, options, events.into())?;
+        let events = events.into();
+        // A program served in this process (tests only) is connected to, not spawned.
+        #[cfg(feature = "test-support")]
+        let events = match crate::in_process::connect(&upstream, &spec.program, options, events) {
+            Ok(spawned) => return Ok(UpstreamConnection::from_spawned(spawned?, Transport::Stdio)),
+            Err(events) => events,
+        };
+        let spawned = crate::stdio::spawn(upstream, spec, options, events)?;
         Ok(UpstreamConnection::from_spawned(spawned, Transport::Stdio))
     }
 

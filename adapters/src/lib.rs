@@ -7,6 +7,8 @@ mod connection;
 pub mod escapes;
 pub mod framing;
 pub mod handshake;
+#[cfg(feature = "test-support")]
+pub mod in_process;
 pub mod json_out;
 pub mod keeper;
 pub mod launch;

@@ -11,7 +11,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::io::AsyncRead;
+use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::watch;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
@@ -109,10 +110,10 @@ pub fn widen_pipe(_fd: std::os::fd::RawFd, _pipe: &str) {}
 /// The stdio side of an `UpstreamConnection`: the child's stdin, its exit, and
 /// the tail of its stderr.
 pub(crate) struct StdioTransport {
-    writer: Arc<StdinWriter>,
-    exit: watch::Receiver<Option<ExitReport>>,
-    pid: Option<u32>,
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    pub(crate) writer: Arc<StdinWriter>,
+    pub(crate) exit: watch::Receiver<Option<ExitReport>>,
+    pub(crate) pid: Option<u32>,
+    pub(crate) stderr_tail: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Drop for StdioTransport {
@@ -295,18 +296,19 @@ pub(crate) fn spawn(
     })
 }
 
-struct ReadLoop {
-    upstream: Arc<str>,
-    stdout: ChildStdout,
-    pending: SharedPending,
-    events: Events,
-    stats: Arc<ConnectionStats>,
-    max_message_bytes: usize,
-    closed: CancellationToken,
-    stop: CancellationToken,
+/// The task reading the upstream's stdout (or, in process, its pipe).
+pub(crate) struct ReadLoop<R> {
+    pub(crate) upstream: Arc<str>,
+    pub(crate) stdout: R,
+    pub(crate) pending: SharedPending,
+    pub(crate) events: Events,
+    pub(crate) stats: Arc<ConnectionStats>,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) closed: CancellationToken,
+    pub(crate) stop: CancellationToken,
 }
 
-async fn read_loop(state: ReadLoop) {
+pub(crate) async fn read_loop<R: AsyncRead + Unpin>(state: ReadLoop<R>) {
     let ReadLoop {
         upstream,
         stdout,

@@ -1,0 +1,134 @@
+//! Upstreams served inside this process (feature `test-support`): a test registers
+//! a server under a program name, and a stdio upstream launching that program is
+//! connected to it over a pair of pipes instead of spawning a child. The connection
+//! is the stdio one (writer, reading task, pending table), so a caller's code runs
+//! as in production; nothing waits on another process, so a test can run on a
+//! paused clock.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::rpc::{Events, PendingRequests, SharedPending, Spawned};
+use crate::stdin_writer::StdinWriter;
+use crate::stdio::{read_loop, ExitReport, ReadLoop, SpawnError, StdioOptions, StdioTransport};
+
+/// What an in-process server is handed for one start.
+pub struct ServerPipes {
+    /// The upstream's stdin: the lines plexus writes. EOF when plexus stops it.
+    pub from_plexus: pipe::Receiver,
+    /// The upstream's stdout. Dropping it is the upstream exiting.
+    pub to_plexus: pipe::Sender,
+    /// Cancelled when plexus stops the upstream (what a signal is to a child): the
+    /// server must drop its pipes then, or the stop waits for it.
+    pub stopped: CancellationToken,
+}
+
+/// Starts one run of a server: called on the runtime, it spawns what serves the pipes.
+pub type Serve = Arc<dyn Fn(ServerPipes) + Send + Sync>;
+
+fn servers() -> std::sync::MutexGuard<'static, BTreeMap<String, Serve>> {
+    static SERVERS: Mutex<BTreeMap<String, Serve>> = Mutex::new(BTreeMap::new());
+    SERVERS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A registered server; dropping it unregisters the program name.
+pub struct Registration {
+    program: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        servers().remove(&self.program);
+    }
+}
+
+/// Serves `program` in this process from now on (until the registration is dropped).
+/// Names are shared by the whole process: tests running in parallel use distinct ones.
+pub fn register(program: &str, serve: Serve) -> Registration {
+    servers().insert(program.to_string(), serve);
+    Registration {
+        program: program.to_string(),
+    }
+}
+
+/// Connects to the server registered for `program`, if there is one; gives the
+/// events back otherwise.
+pub(crate) fn connect(
+    upstream: &Arc<str>,
+    program: &str,
+    options: &StdioOptions,
+    events: Events,
+) -> Result<Result<Spawned<StdioTransport>, SpawnError>, Events> {
+    let Some(serve) = servers().get(program).cloned() else {
+        return Err(events);
+    };
+    Ok(start(upstream.clone(), program, options, events, &serve))
+}
+
+fn start(
+    upstream: Arc<str>,
+    program: &str,
+    options: &StdioOptions,
+    events: Events,
+    serve: &Serve,
+) -> Result<Spawned<StdioTransport>, SpawnError> {
+    let io = |source| SpawnError::Io {
+        program: program.to_string(),
+        source,
+    };
+    let (to_upstream, from_plexus) = pipe::pipe().map_err(io)?;
+    let (to_plexus, from_upstream) = pipe::pipe().map_err(io)?;
+    let pending: SharedPending = Arc::new(PendingRequests::default());
+    let closed = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let stats = options.stats.clone();
+    stats.spawns.fetch_add(1, Ordering::Relaxed);
+    let writer = StdinWriter::new(to_upstream);
+    let (exit_tx, exit) = watch::channel(None);
+    let tasks = TaskTracker::new();
+    tasks.spawn(writer.clone().flush_loop(stop.clone()));
+    tasks.spawn(read_loop(ReadLoop {
+        upstream: upstream.clone(),
+        stdout: from_upstream,
+        pending: pending.clone(),
+        events,
+        stats: stats.clone(),
+        max_message_bytes: options.max_message_bytes,
+        closed: closed.clone(),
+        stop: stop.clone(),
+    }));
+    // The server has exited once its output has ended.
+    let ended = closed.clone();
+    tasks.spawn(async move {
+        ended.cancelled().await;
+        let _ = exit_tx.send(Some(ExitReport {
+            code: None,
+            signal: None,
+        }));
+    });
+    serve(ServerPipes {
+        from_plexus,
+        to_plexus,
+        stopped: stop.clone(),
+    });
+    Ok(Spawned {
+        upstream,
+        pending,
+        closed,
+        stop,
+        stats,
+        tasks,
+        transport: StdioTransport {
+            writer,
+            exit,
+            pid: None,
+            stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+        },
+    })
+}
