@@ -6,6 +6,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+/// A file's code before its tests: none for a file that is a test module
+/// altogether (`#![cfg(test)]` at its top level), else what comes before the first
+/// `#[cfg(test)]`.
+fn non_test_code(text: &str) -> &str {
+    if text.lines().any(|line| line == "#![cfg(test)]") {
+        return "";
+    }
+    text.split("#[cfg(test)]").next().unwrap_or_default()
+}
+
 /// Top-level module → the top-level modules its non-test code names as `crate::x`.
 fn module_graph(src: &Path) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -34,7 +44,7 @@ fn module_graph(src: &Path) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>
             }
             let text = std::fs::read_to_string(&path)?;
             // Tests may reach anywhere.
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let code = non_test_code(&text);
             let uses = graph.entry(module.clone()).or_default();
             for (at, _) in code.match_indices("crate::") {
                 let name: String = code[at + "crate::".len()..]
@@ -150,7 +160,7 @@ fn sources(src: &Path) -> anyhow::Result<BTreeMap<std::path::PathBuf, String>> {
                 stack.push(path);
             } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
                 let text = std::fs::read_to_string(&path)?;
-                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                let code = non_test_code(&text);
                 files.insert(path.strip_prefix(src)?.to_path_buf(), code.to_string());
             }
         }
