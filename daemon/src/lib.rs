@@ -99,3 +99,6 @@ pub fn run(command: Command) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod testing;

@@ -609,6 +609,10 @@ impl Hub {
 /// The keeper process (this binary, `plexus keeper`), which kills the upstreams'
 /// process groups if the daemon dies without stopping them.
 fn start_keeper() -> Option<Arc<adapters::keeper::Keeper>> {
+    // A unit test's binary is not plexus (it has no `keeper`), and starts no child.
+    if cfg!(test) {
+        return None;
+    }
     let program = std::env::current_exe()
         .map_err(
             |error| tracing::warn!(%error, "cannot find plexus's own binary to start its keeper"),
@@ -625,3 +629,6 @@ fn start_keeper() -> Option<Arc<adapters::keeper::Keeper>> {
 
 /// Hears (upstreams configured, upstreams ready) at every state change.
 pub type StatusListener = Box<dyn Fn(usize, usize) + Send + Sync>;
+
+#[cfg(test)]
+mod tests;

@@ -447,3 +447,6 @@ enum Succession {
     /// An operator asked for a restart: same configuration, next generation.
     Restart,
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,159 @@
+//! The relay (`Hub::forward`) against fake upstreams, on a paused clock: a call
+//! answered, a deadline met by an upstream that never answers, an upstream that
+//! exits mid-call, and the per-upstream limit on calls.
+
+#![cfg(test)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{CallContext, Hub};
+use crate::jsonrpc::RelayError;
+use crate::testing::{self, FakeUpstream, SLOW_CALL};
+
+/// A call of session `session`, its related messages going to `related`.
+fn call(session: u64, related: &mpsc::Sender<Value>) -> CallContext<'_> {
+    CallContext {
+        session,
+        owner: session,
+        tool: None,
+        related,
+        headers: &[],
+        result_unread: false,
+        arguments: None,
+    }
+}
+
+async fn call_tool(
+    hub: &std::sync::Arc<Hub>,
+    tool: &str,
+    arguments: Value,
+) -> Result<adapters::Reply, RelayError> {
+    let (related, _events) = mpsc::channel(16);
+    let session = hub.open_session();
+    let params = json!({"name": tool, "arguments": arguments});
+    hub.forward("alpha", "tools/call", Some(params), call(session, &related))
+        .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_is_forwarded_under_plexus_id_and_its_answer_returned() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &fake, "")).await;
+
+    let reply = call_tool(&hub, "echo", json!({"n": 1})).await.unwrap();
+    let result = reply.into_result().unwrap();
+    assert_eq!(result["content"][0]["text"], r#"{"n":1}"#);
+    let calls = fake.received_of("tools/call");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0]["params"],
+        json!({"name": "echo", "arguments": {"n": 1}})
+    );
+    // The upstream sees plexus's own ids, numbers it assigned, never the client's.
+    assert!(calls[0]["id"].is_u64(), "{}", calls[0]);
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_never_answers_meets_the_call_timeout_and_is_told_to_cancel() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = testing::upstream("alpha", &fake, "call_timeout = \"30s\"");
+    let hub = testing::hub(dir.path(), &upstream).await;
+
+    let started = Instant::now();
+    let outcome = call_tool(&hub, "hang", json!({})).await;
+    let waited = started.elapsed();
+    println!("a call to an upstream that never answers ended after {waited:?} (paused clock)");
+    match outcome {
+        Err(RelayError::Timeout { upstream, after }) => {
+            assert_eq!(upstream, "alpha");
+            assert!(
+                after >= Duration::from_secs(30) && after < Duration::from_millis(30_010),
+                "{after:?}"
+            );
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(waited < Duration::from_millis(30_010), "{waited:?}");
+    // The abandoned request is cancelled upstream, under the id it was sent with.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let sent = fake.received_of("tools/call");
+    let cancels = fake.received_of("notifications/cancelled");
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(cancels[0]["params"]["requestId"], sent[0]["id"]);
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_exits_mid_call_fails_the_call_naming_the_upstream() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &fake, "")).await;
+
+    let error = call_tool(&hub, "crash", json!({})).await.unwrap_err();
+    assert!(
+        matches!(&error, RelayError::FailedMidCall { upstream, .. } if upstream == "alpha"),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "upstream `alpha` failed during the call: the upstream exited or its connection closed"
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_past_max_in_flight_wait_their_turn_and_past_max_pending_are_refused() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = testing::upstream("alpha", &fake, "max_in_flight = 2\nmax_pending = 3");
+    let hub = testing::hub(dir.path(), &upstream).await;
+
+    let started = Instant::now();
+    let calls: Vec<_> = (0..5)
+        .map(|n| {
+            let hub = hub.clone();
+            tokio::spawn(async move { call_tool(&hub, "slow", json!({"n": n})).await })
+        })
+        .collect();
+    let limiter = hub.upstream_named("alpha").unwrap().limiter();
+    while limiter.pending() < 3 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(limiter.in_flight(), 2);
+    // The line is full: one more is refused at once, naming the limits.
+    let refused = call_tool(&hub, "slow", json!({})).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            RelayError::Overloaded {
+                ref upstream,
+                in_flight: 2,
+                pending: 3
+            } if upstream == "alpha"
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::ZERO);
+
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    let took = started.elapsed();
+    println!("5 calls of {SLOW_CALL:?} two at a time took {took:?} (paused clock)");
+    assert_eq!(fake.most_slow_at_once(), 2);
+    // Three rounds: two, two, one.
+    assert!(
+        took >= SLOW_CALL * 3 && took < SLOW_CALL * 3 + Duration::from_millis(10),
+        "{took:?}"
+    );
+    assert_eq!(fake.received_of("tools/call").len(), 5);
+    hub.shutdown().await;
+}

@@ -1,0 +1,189 @@
+//! Supervision against fake upstreams, on a paused clock: an instance that exits
+//! is started again after growing delays, one that keeps exiting is given up on
+//! until an operator's retry, and an operator's restart of a serving instance
+//! starts its successor before the running one stops.
+
+#![cfg(test)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{RestartOutcome, UpstreamState};
+use crate::hub::{CallContext, Hub};
+use crate::testing::{self, FakeUpstream, SLOW_CALL};
+
+const RESTARTS: &str =
+    "restart_backoff = \"1s\"\nrestart_backoff_max = \"8s\"\nrestart_window = \"10m\"";
+
+fn state(hub: &Hub) -> UpstreamState {
+    let states = hub.states();
+    assert_eq!(states.len(), 1, "{states:?}");
+    states[0].1
+}
+
+/// Waits (on the paused clock) until the upstream's state is `label`.
+async fn wait_for_state(hub: &Hub, label: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while state(hub).label() != label {
+        assert!(
+            Instant::now() < deadline,
+            "still {:?}, never {label}",
+            state(hub)
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn echo(hub: &Arc<Hub>) -> bool {
+    let (related, _events) = mpsc::channel(16);
+    let session = hub.open_session();
+    let call = CallContext {
+        session,
+        owner: session,
+        tool: None,
+        related: &related,
+        headers: &[],
+        result_unread: false,
+        arguments: None,
+    };
+    let params = json!({"name": "echo", "arguments": {}});
+    hub.forward("alpha", "tools/call", Some(params), call)
+        .await
+        .is_ok()
+}
+
+/// The gaps between consecutive starts.
+fn gaps(starts: &[Instant]) -> Vec<Duration> {
+    starts.windows(2).map(|pair| pair[1] - pair[0]).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_that_exits_is_started_again_after_doubling_delays() {
+    let fake = FakeUpstream::new();
+    fake.exit_at_start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = testing::upstream("alpha", &fake, &format!("{RESTARTS}\nmax_restarts = 5"));
+    let hub = testing::hub(dir.path(), &upstream).await;
+
+    wait_for_state(&hub, "ready").await;
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 4, "three exits, then a run that serves");
+    let gaps = gaps(&starts);
+    println!("gaps between starts: {gaps:?} (backoff 1s doubling, jitter up to 25%)");
+    for (gap, nominal) in gaps.iter().zip([1, 2, 4]) {
+        let nominal = Duration::from_secs(nominal);
+        // The delay is the backoff stretched by a jitter of at most a quarter.
+        assert!(
+            *gap >= nominal && *gap <= nominal.mul_f64(1.25) + Duration::from_millis(2),
+            "gap {gap:?} for a backoff of {nominal:?}"
+        );
+    }
+    assert!(echo(&hub).await);
+    let history = hub.upstream_named("alpha").unwrap().shared.history();
+    assert_eq!(history.restarts, 3);
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_that_keeps_exiting_is_given_up_on_until_an_operator_retries() {
+    let fake = FakeUpstream::new();
+    fake.exit_at_start(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = testing::upstream("alpha", &fake, &format!("{RESTARTS}\nmax_restarts = 2"));
+    let hub = testing::hub(dir.path(), &upstream).await;
+
+    wait_for_state(&hub, "failed").await;
+    // The first start and two restarts: the third exit within the window gives up.
+    assert_eq!(fake.starts().len(), 3);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(
+        fake.starts().len(),
+        3,
+        "a failed upstream is not started again"
+    );
+    assert_eq!(state(&hub), UpstreamState::Failed);
+    assert!(!echo(&hub).await, "a failed upstream answers no call");
+
+    fake.exit_at_start(0);
+    let retried = Instant::now();
+    let outcome = hub.restart("alpha", Duration::from_secs(1)).await;
+    assert!(
+        matches!(outcome, Some(RestartOutcome::InPlace { state: "failed" })),
+        "{outcome:?}"
+    );
+    wait_for_state(&hub, "ready").await;
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 4);
+    // A retry starts at once, with no backoff.
+    assert_eq!(starts[3], retried);
+    assert!(echo(&hub).await);
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operator_restart_starts_the_successor_before_the_serving_instance_stops() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &fake, "")).await;
+    wait_for_state(&hub, "ready").await;
+
+    // A call in flight on the running instance.
+    let slow = {
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let (related, _events) = mpsc::channel(16);
+            let session = hub.open_session();
+            let call = CallContext {
+                session,
+                owner: session,
+                tool: None,
+                related: &related,
+                headers: &[],
+                result_unread: false,
+                arguments: None,
+            };
+            let params = json!({"name": "slow", "arguments": {}});
+            hub.forward("alpha", "tools/call", Some(params), call).await
+        })
+    };
+    while fake.received_of("tools/call").is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let asked = Instant::now();
+    let outcome = hub.restart("alpha", Duration::from_secs(60)).await;
+    assert!(
+        matches!(outcome, Some(RestartOutcome::Replaced { .. })),
+        "{outcome:?}"
+    );
+    // The successor runs and serves while its predecessor still has the call.
+    assert_eq!(fake.starts().len(), 2);
+    assert!(fake.ends().is_empty(), "the serving instance stopped first");
+    assert!(echo(&hub).await);
+
+    slow.await.unwrap().unwrap();
+    assert_eq!(
+        asked.elapsed(),
+        SLOW_CALL,
+        "the call in flight ran to its end"
+    );
+    while fake.ends().is_empty() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (starts, ends) = (fake.starts(), fake.ends());
+    println!(
+        "successor started {:?} after the restart was asked; predecessor stopped {:?} after",
+        starts[1] - asked,
+        ends[0] - asked
+    );
+    assert!(
+        ends[0] >= asked + SLOW_CALL,
+        "stopped before its call ended"
+    );
+    assert_eq!(state(&hub), UpstreamState::Ready);
+    hub.shutdown().await;
+}
