@@ -1,13 +1,14 @@
 //! Test-only fakes: an MCP upstream served inside the test's process (over the
 //! pipes of `adapters::in_process`, so the daemon's own connection, supervisor and
-//! relay run unchanged) and a hub built from configuration text. Nothing
+//! relay run unchanged), a hub built from configuration text, and a client that
+//! speaks to that hub through the stdio front over an in-memory stream. Nothing
 //! waits on another process, so tests run on tokio's paused clock.
 
 #![cfg(test)]
 // Test code: a failed expectation is the test's failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -251,4 +252,107 @@ pub fn upstream(name: &str, fake: &FakeUpstream, extra: &str) -> String {
         "[upstreams.{name}]\ncommand = {:?}\nprotocol = \"handshake\"\n{extra}\n",
         fake.program
     )
+}
+
+/// How long a client waits for a message before it fails the test.
+pub const NO_ANSWER: Duration = Duration::from_secs(3600);
+
+/// A client of the stdio front, over an in-memory stream.
+pub struct Client {
+    to_front: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    from_front: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    /// Messages read while waiting for another.
+    unread: VecDeque<Value>,
+    next_id: u64,
+}
+
+impl Client {
+    /// Connects and initializes (handshake era).
+    pub async fn connect(hub: &Arc<Hub>) -> Client {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let (input, output) = tokio::io::split(theirs);
+        tokio::spawn(crate::stdio_front::serve(
+            hub.clone(),
+            input,
+            output,
+            None,
+            CancellationToken::new(),
+            || Duration::from_secs(1),
+        ));
+        let (from_front, to_front) = tokio::io::split(ours);
+        let mut client = Client {
+            to_front,
+            from_front: BufReader::new(from_front).lines(),
+            unread: VecDeque::new(),
+            next_id: 0,
+        };
+        let hello = client
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "unit", "version": "1"},
+                }),
+            )
+            .await;
+        assert!(hello.get("result").is_some(), "initialize failed: {hello}");
+        client
+            .send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        client
+    }
+
+    /// Writes one line as is.
+    pub async fn send_line(&mut self, line: &str) {
+        self.to_front
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to the front");
+    }
+
+    pub async fn send(&mut self, message: &Value) {
+        self.send_line(&message.to_string()).await;
+    }
+
+    /// Sends a request and waits for its response (whole, error or result).
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        self.response_to(&id).await
+    }
+
+    /// Waits for the response with this id; other messages stay unread.
+    pub async fn response_to(&mut self, id: &Value) -> Value {
+        if let Some(at) = self
+            .unread
+            .iter()
+            .position(|message| message.get("id") == Some(id) && message.get("method").is_none())
+        {
+            return self.unread.remove(at).expect("found");
+        }
+        loop {
+            let message = self.next_message().await;
+            if message.get("id") == Some(id) && message.get("method").is_none() {
+                return message;
+            }
+            self.unread.push_back(message);
+        }
+    }
+
+    /// The next message the front writes, in order.
+    pub async fn next_message(&mut self) -> Value {
+        if let Some(message) = self.unread.pop_front() {
+            return message;
+        }
+        // On the paused clock an idle wait ends at once: a missing answer fails, not hangs.
+        let line = tokio::time::timeout(NO_ANSWER, self.from_front.next_line())
+            .await
+            .expect("no message from the front")
+            .expect("read from the front")
+            .expect("the front ended");
+        serde_json::from_str(&line).expect("the front writes JSON")
+    }
 }

@@ -575,3 +575,6 @@ impl Client for Session {
         Session::withdraw_client_bound(self, upstream, upstream_id)
     }
 }
+
+#[cfg(test)]
+mod tests;
