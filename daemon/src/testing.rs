@@ -246,6 +246,18 @@ pub async fn hub(state_dir: &Path, upstreams: &str) -> Arc<Hub> {
     hub
 }
 
+/// Lets the other tasks run until `condition` holds, without moving the clock;
+/// fails the test if it never does (rather than spinning).
+pub async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    for _ in 0..100_000 {
+        if condition() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never came to pass: {what}");
+}
+
 /// The `[upstreams.<name>]` table of a fake, speaking the handshake era, with `extra` keys.
 pub fn upstream(name: &str, fake: &FakeUpstream, extra: &str) -> String {
     format!(
@@ -334,7 +346,7 @@ impl Client {
             return self.unread.remove(at).expect("found");
         }
         loop {
-            let message = self.next_message().await;
+            let message = self.read_message().await;
             if message.get("id") == Some(id) && message.get("method").is_none() {
                 return message;
             }
@@ -344,9 +356,14 @@ impl Client {
 
     /// The next message the front writes, in order.
     pub async fn next_message(&mut self) -> Value {
-        if let Some(message) = self.unread.pop_front() {
-            return message;
+        match self.unread.pop_front() {
+            Some(message) => message,
+            None => self.read_message().await,
         }
+    }
+
+    /// The next message from the stream (past those already read).
+    async fn read_message(&mut self) -> Value {
         // On the paused clock an idle wait ends at once: a missing answer fails, not hangs.
         let line = tokio::time::timeout(NO_ANSWER, self.from_front.next_line())
             .await

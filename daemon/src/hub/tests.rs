@@ -124,9 +124,7 @@ async fn calls_past_max_in_flight_wait_their_turn_and_past_max_pending_are_refus
         })
         .collect();
     let limiter = hub.upstream_named("alpha").unwrap().limiter();
-    while limiter.pending() < 3 {
-        tokio::task::yield_now().await;
-    }
+    testing::until("three calls wait", || limiter.pending() == 3).await;
     assert_eq!(limiter.in_flight(), 2);
     // The line is full: one more is refused at once, naming the limits.
     let refused = call_tool(&hub, "slow", json!({})).await.unwrap_err();

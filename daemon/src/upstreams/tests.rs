@@ -151,9 +151,10 @@ async fn an_operator_restart_starts_the_successor_before_the_serving_instance_st
             hub.forward("alpha", "tools/call", Some(params), call).await
         })
     };
-    while fake.received_of("tools/call").is_empty() {
-        tokio::task::yield_now().await;
-    }
+    testing::until("the call reached the upstream", || {
+        !fake.received_of("tools/call").is_empty()
+    })
+    .await;
     let asked = Instant::now();
     let outcome = hub.restart("alpha", Duration::from_secs(60)).await;
     assert!(
@@ -171,9 +172,7 @@ async fn an_operator_restart_starts_the_successor_before_the_serving_instance_st
         SLOW_CALL,
         "the call in flight ran to its end"
     );
-    while fake.ends().is_empty() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    testing::until("the predecessor stopped", || !fake.ends().is_empty()).await;
     let (starts, ends) = (fake.starts(), fake.ends());
     println!(
         "successor started {:?} after the restart was asked; predecessor stopped {:?} after",
