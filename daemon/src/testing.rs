@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -40,6 +40,8 @@ struct Script {
     ends: Mutex<Vec<Instant>>,
     /// So many of the next runs exit at once, before answering anything.
     exit_at_start: AtomicUsize,
+    /// Pings go unanswered while set.
+    ignore_pings: AtomicBool,
     /// Calls of `slow` running now, and the most at once.
     slow_running: AtomicUsize,
     slow_most: AtomicUsize,
@@ -81,6 +83,11 @@ impl FakeUpstream {
     /// The next `runs` runs exit as soon as they start.
     pub fn exit_at_start(&self, runs: usize) {
         self.script.exit_at_start.store(runs, Ordering::SeqCst);
+    }
+
+    /// From now on pings go unanswered (`true`), or are answered again.
+    pub fn ignore_pings(&self, ignore: bool) {
+        self.script.ignore_pings.store(ignore, Ordering::SeqCst);
     }
 
     /// Every message plexus sent, in order.
@@ -175,6 +182,9 @@ async fn answer(
             "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
             "serverInfo": {"name": "fake", "version": "1"},
         }),
+        "ping" if script.ignore_pings.load(Ordering::SeqCst) => {
+            return std::future::pending().await
+        }
         "ping" => json!({}),
         "tools/list" => {
             let tools = ["echo", "slow", "hang", "crash"].map(|name| {
@@ -256,6 +266,16 @@ pub async fn until(what: &str, mut condition: impl FnMut() -> bool) {
         tokio::task::yield_now().await;
     }
     panic!("never came to pass: {what}");
+}
+
+/// Waits on the paused clock, a millisecond at a time, until `condition` holds;
+/// fails the test if it does not within ten minutes (of the clock's time).
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !condition() {
+        assert!(Instant::now() < deadline, "never came to pass: {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// The `[upstreams.<name>]` table of a fake, speaking the handshake era, with `extra` keys.

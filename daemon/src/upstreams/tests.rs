@@ -1,7 +1,8 @@
 //! Supervision against fake upstreams, on a paused clock: an instance that exits
 //! is started again after growing delays, one that keeps exiting is given up on
-//! until an operator's retry, and an operator's restart of a serving instance
-//! starts its successor before the running one stops.
+//! until an operator's retry, one that stops answering pings is restarted, and an
+//! operator's restart of a serving instance starts its successor before the
+//! running one stops.
 
 #![cfg(test)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -28,15 +29,7 @@ fn state(hub: &Hub) -> UpstreamState {
 
 /// Waits (on the paused clock) until the upstream's state is `label`.
 async fn wait_for_state(hub: &Hub, label: &str) {
-    let deadline = Instant::now() + Duration::from_secs(3600);
-    while state(hub).label() != label {
-        assert!(
-            Instant::now() < deadline,
-            "still {:?}, never {label}",
-            state(hub)
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    testing::eventually(label, || state(hub).label() == label).await;
 }
 
 async fn echo(hub: &Arc<Hub>) -> bool {
@@ -184,5 +177,33 @@ async fn an_operator_restart_starts_the_successor_before_the_serving_instance_st
         "stopped before its call ended"
     );
     assert_eq!(state(&hub), UpstreamState::Ready);
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_that_stops_answering_pings_is_restarted() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let health = "health_interval = \"5s\"\nhealth_timeout = \"1s\"";
+    let extra = format!("{RESTARTS}\nmax_restarts = 5\n{health}");
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &fake, &extra)).await;
+    wait_for_state(&hub, "ready").await;
+    assert!(echo(&hub).await);
+
+    fake.ignore_pings(true);
+    testing::eventually("a second start", || fake.starts().len() == 2).await;
+    fake.ignore_pings(false);
+    let starts = fake.starts();
+    let gap = starts[1] - starts[0];
+    println!("an upstream that stopped answering pings started again after {gap:?}");
+    // The first ping 5 s after it was ready, 1 s unanswered, then a backoff of 1 s
+    // (at most a quarter more).
+    assert!(
+        gap >= Duration::from_secs(7) && gap <= Duration::from_millis(7_260),
+        "{gap:?}"
+    );
+    assert_eq!(fake.received_of("ping").len(), 1);
+    wait_for_state(&hub, "ready").await;
+    assert!(echo(&hub).await);
     hub.shutdown().await;
 }
