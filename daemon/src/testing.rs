@@ -28,6 +28,8 @@ use crate::metrics::Metrics;
 
 /// How long a `slow` tool call takes.
 pub const SLOW_CALL: Duration = Duration::from_secs(10);
+/// How often a `progress` tool call reports progress.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(20);
 
 /// What one fake upstream was asked and how it ran, shared by its runs.
 #[derive(Default)]
@@ -48,9 +50,11 @@ struct Script {
 }
 
 /// A fake MCP upstream (handshake era) that lists the tools `echo`, `slow`,
-/// `hang` and `crash`, the prompt `greet` and the resource `fixture://items/1`.
-/// `echo` answers at once with its arguments, `slow` after [`SLOW_CALL`], `hang`
-/// never, and `crash` makes the upstream exit.
+/// `progress`, `hang` and `crash`, the prompt `greet` and the resource
+/// `fixture://items/1`. `echo` answers at once with its arguments, `slow` after
+/// [`SLOW_CALL`], `progress` after reporting progress `steps` times, each after
+/// [`PROGRESS_EVERY`], and that long again; `hang` never answers, and `crash`
+/// makes the upstream exit.
 pub struct FakeUpstream {
     /// The `command` that reaches it: unique in the process.
     pub program: String,
@@ -187,7 +191,7 @@ async fn answer(
         }
         "ping" => json!({}),
         "tools/list" => {
-            let tools = ["echo", "slow", "hang", "crash"].map(|name| {
+            let tools = ["echo", "slow", "progress", "hang", "crash"].map(|name| {
                 json!({
                     "name": name,
                     "description": format!("the fake's {name}"),
@@ -213,6 +217,16 @@ async fn answer(
                 tokio::time::sleep(SLOW_CALL).await;
                 script.slow_running.fetch_sub(1, Ordering::SeqCst);
                 text_result("slept")
+            }
+            "progress" => {
+                let token = &params["_meta"]["progressToken"];
+                for step in 1..=params["arguments"]["steps"].as_u64().unwrap_or(1) {
+                    tokio::time::sleep(PROGRESS_EVERY).await;
+                    let progress = json!({"progressToken": token, "progress": step});
+                    let _ = replies.send(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress}));
+                }
+                tokio::time::sleep(PROGRESS_EVERY).await;
+                text_result("done")
             }
             "hang" => return std::future::pending().await,
             "crash" => return crashed.cancel(),

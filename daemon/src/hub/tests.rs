@@ -1,6 +1,7 @@
 //! The relay (`Hub::forward`) against fake upstreams, on a paused clock: a call
-//! answered, a deadline met by an upstream that never answers, an upstream that
-//! exits mid-call, and the per-upstream limit on calls.
+//! answered, a deadline met by an upstream that never answers, a deadline that
+//! progress extends up to its cap, an upstream that exits mid-call, and the
+//! per-upstream limit on calls.
 
 #![cfg(test)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{CallContext, Hub};
 use crate::jsonrpc::RelayError;
-use crate::testing::{self, FakeUpstream, SLOW_CALL};
+use crate::testing::{self, FakeUpstream, PROGRESS_EVERY, SLOW_CALL};
 
 /// A call of session `session`, its related messages going to `related`.
 fn call(session: u64, related: &mpsc::Sender<Value>) -> CallContext<'_> {
@@ -88,6 +89,67 @@ async fn an_upstream_that_never_answers_meets_the_call_timeout_and_is_told_to_ca
     let cancels = fake.received_of("notifications/cancelled");
     assert_eq!(cancels.len(), 1, "{cancels:?}");
     assert_eq!(cancels[0]["params"]["requestId"], sent[0]["id"]);
+    hub.shutdown().await;
+}
+
+/// A `progress` call of `steps` steps with the client's progress token; its
+/// outcome, how long it took, and the progress the caller was sent.
+async fn call_with_progress(
+    hub: &std::sync::Arc<Hub>,
+    steps: u64,
+) -> (Result<adapters::Reply, RelayError>, Duration, Vec<Value>) {
+    let (related, mut events) = mpsc::channel(16);
+    let session = hub.open_session();
+    let params = json!({
+        "name": "progress",
+        "arguments": {"steps": steps},
+        "_meta": {"progressToken": "client-token"},
+    });
+    let started = Instant::now();
+    let outcome = hub
+        .forward("alpha", "tools/call", Some(params), call(session, &related))
+        .await;
+    let took = started.elapsed();
+    let mut progress = Vec::new();
+    while let Ok(message) = events.try_recv() {
+        progress.push(message);
+    }
+    (outcome, took, progress)
+}
+
+#[tokio::test(start_paused = true)]
+async fn progress_extends_a_calls_deadline_up_to_max_call_timeout() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let limits = "call_timeout = \"30s\"\nmax_call_timeout = \"70s\"";
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &fake, limits)).await;
+
+    // Progress at 20 s and 40 s, the answer at 60 s: past call_timeout, within the cap.
+    let (outcome, took, progress) = call_with_progress(&hub, 2).await;
+    println!("a call with progress every {PROGRESS_EVERY:?} answered after {took:?}");
+    assert!(outcome.unwrap().into_result().is_ok());
+    assert_eq!(took, PROGRESS_EVERY * 3);
+    // The caller sees its own token; the upstream was given plexus's.
+    assert_eq!(progress.len(), 2, "{progress:?}");
+    for (step, message) in progress.iter().enumerate() {
+        assert_eq!(message["method"], "notifications/progress");
+        assert_eq!(message["params"]["progressToken"], "client-token");
+        assert_eq!(message["params"]["progress"], step as u64 + 1);
+    }
+    let sent = fake.received_of("tools/call");
+    let token = &sent[0]["params"]["_meta"]["progressToken"];
+    assert!(!token.is_null() && token != "client-token", "{token}");
+
+    // Progress at 20, 40 and 60 s still ends at the cap, 70 s.
+    let (outcome, took, _) = call_with_progress(&hub, 4).await;
+    println!("a call with progress past max_call_timeout ended after {took:?}");
+    match outcome {
+        Err(RelayError::Timeout { upstream, after }) => {
+            assert_eq!(upstream, "alpha");
+            assert_eq!(after, Duration::from_secs(70));
+        }
+        other => panic!("expected a timeout at the cap, got {other:?}"),
+    }
     hub.shutdown().await;
 }
 
