@@ -183,7 +183,7 @@ async fn answer(
     let result = match request["method"].as_str().unwrap_or_default() {
         "initialize" => json!({
             "protocolVersion": "2025-06-18",
-            "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
+            "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "completions": {}},
             "serverInfo": {"name": "fake", "version": "1"},
         }),
         "ping" if script.ignore_pings.load(Ordering::SeqCst) => {
@@ -209,6 +209,7 @@ async fn answer(
             "type": "text", "text": format!("hello from {}", params["name"]),
         }}]}),
         "resources/read" => json!({"contents": [{"uri": params["uri"], "text": "item one"}]}),
+        "completion/complete" => json!({"completion": {"values": ["one"], "hasMore": false}}),
         "tools/call" => match params["name"].as_str().unwrap_or_default() {
             "echo" => text_result(&params["arguments"].to_string()),
             "slow" => {

@@ -80,7 +80,26 @@ async fn each_method_family_reaches_its_upstream_under_the_upstreams_own_name() 
         "{read}"
     );
 
+    let completed = client
+        .request(
+            "completion/complete",
+            json!({
+                "ref": {"type": "ref/prompt", "name": "alpha__greet"},
+                "argument": {"name": "who", "value": "w"},
+            }),
+        )
+        .await;
+    assert_eq!(
+        completed["result"]["completion"]["values"],
+        json!(["one"]),
+        "{completed}"
+    );
+    let completions = alpha.received_of("completion/complete");
+    assert_eq!(completions.len(), 1);
+    assert_eq!(completions[0]["params"]["ref"]["name"], "greet");
+
     // Nothing went to the other upstream.
+    assert!(beta.received_of("completion/complete").is_empty());
     assert!(alpha.received_of("tools/call").is_empty());
     assert!(alpha.received_of("resources/read").is_empty());
     assert!(beta.received_of("prompts/get").is_empty());
