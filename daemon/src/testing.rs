@@ -283,13 +283,14 @@ pub async fn until(what: &str, mut condition: impl FnMut() -> bool) {
     panic!("never came to pass: {what}");
 }
 
-/// Waits on the paused clock, a millisecond at a time, until `condition` holds;
-/// fails the test if it does not within ten minutes (of the clock's time).
+/// Waits on the paused clock, 10 ms at a time, until `condition` holds; fails
+/// the test if it does not within ten minutes (of the clock's time). What the
+/// fake records carries its own instants: the step costs those no precision.
 pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(600);
     while !condition() {
         assert!(Instant::now() < deadline, "never came to pass: {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -1,8 +1,8 @@
 //! Supervision against fake upstreams, on a paused clock: an instance that exits
 //! is started again after growing delays, one that keeps exiting is given up on
-//! until an operator's retry, one that stops answering pings is restarted, and an
+//! until an operator's retry, one that stops answering pings is restarted, an
 //! operator's restart of a serving instance starts its successor before the
-//! running one stops.
+//! running one stops, and a lazy one runs from its first call until idle.
 
 #![cfg(test)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -205,5 +205,46 @@ async fn an_instance_that_stops_answering_pings_is_restarted() {
     assert_eq!(fake.received_of("ping").len(), 1);
     wait_for_state(&hub, "ready").await;
     assert!(echo(&hub).await);
+    hub.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lazy_upstream_starts_on_its_first_call_and_stops_after_idle_timeout() {
+    let fake = FakeUpstream::new();
+    let dir = tempfile::tempdir().unwrap();
+    let lazy = "start = \"lazy\"\nidle_timeout = \"60s\"";
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &fake, lazy)).await;
+    // With no listing on disk, it runs once to be listed, and stops when idle.
+    testing::eventually("a first idle stop", || fake.ends().len() == 1).await;
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 1);
+    let first_run = fake.ends()[0] - starts[0];
+    assert!(
+        first_run >= Duration::from_secs(60) && first_run <= Duration::from_millis(60_002),
+        "{first_run:?}"
+    );
+    wait_for_state(&hub, "idle").await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(
+        fake.starts().len(),
+        1,
+        "an uncalled lazy upstream stays stopped"
+    );
+
+    let called = Instant::now();
+    assert!(echo(&hub).await);
+    assert_eq!(fake.starts(), vec![fake.starts()[0], called]);
+    testing::eventually("an idle stop", || fake.ends().len() == 2).await;
+    let idle_for = fake.ends()[1] - called;
+    println!("a lazy upstream called once stopped {idle_for:?} later (idle_timeout 60s)");
+    assert!(
+        idle_for >= Duration::from_secs(60) && idle_for <= Duration::from_millis(60_002),
+        "{idle_for:?}"
+    );
+    wait_for_state(&hub, "idle").await;
+
+    // The next call starts it again.
+    assert!(echo(&hub).await);
+    assert_eq!(fake.starts().len(), 3);
     hub.shutdown().await;
 }
