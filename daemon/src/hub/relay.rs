@@ -132,19 +132,11 @@ impl Hub {
         let wait = if on_demand { config.init_timeout } else { base };
         let connection = instance.connection_for_call(on_demand, wait).await?;
 
-        // Upstreams negotiated their revision once; the per-request fields are the client's.
-        crate::era::strip_request_meta(&mut params);
-        // A 2026-07-28 upstream is told what the calling client can do, not what
-        // plexus can (it may refuse a tool the client could not serve: -32021).
-        if connection.is_per_request() {
-            let mut capabilities = self.fanout.relayable_capabilities(call.session);
-            // A handshake-era client's task (its `task` parameter, or a task method
-            // on a task it created) is the tasks extension to this upstream.
-            if crate::era::handshake_task_request(method, &mut params) {
-                crate::era::declare_tasks_extension(&mut capabilities);
-            }
-            crate::era::set_client_capabilities(&mut params, capabilities);
-        }
+        // The one crossing into the upstream's era (`era::to_upstream`).
+        let relayed = connection
+            .is_per_request()
+            .then(|| self.fanout.relayable_capabilities(call.session));
+        crate::era::to_upstream(method, &mut params, relayed);
         // The client's progress token never reaches a shared upstream: plexus's own does.
         let progress = self.progress.register(
             &mut params,

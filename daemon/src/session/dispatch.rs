@@ -65,7 +65,7 @@ impl Session {
             check_meta_member(params.as_ref())
         };
         if let Err(error) = checked.and_then(|()| check_arguments(&method, params.as_ref())) {
-            return failed(id, &error, modern);
+            return failed(id, &error, era);
         }
         // Pinned where it is: `select!` moves what it is given, and this future holds
         // the whole of the request's handling (kilobytes).
@@ -92,42 +92,10 @@ impl Session {
         };
         match outcome {
             Some(Ok(Served::Page(answer))) => Handled::Respond(answer),
-            Some(Ok(Served::Reply(Reply::Unread(raw)))) => {
-                let marked = if modern {
-                    era::mark_complete_unread(&method, &raw)
-                } else {
-                    Some([raw.bytes(), b""])
-                };
-                match marked {
-                    Some(parts) => Handled::Respond(jsonrpc::Answer::result_written(
-                        &id,
-                        parts[0].len() + parts[1].len(),
-                        |out| parts.iter().for_each(|part| out.extend_from_slice(part)),
-                    )),
-                    None => match Reply::Unread(raw).into_result() {
-                        Ok(mut result) => {
-                            era::mark_complete(&method, &mut result);
-                            Handled::Respond(jsonrpc::result_response(id, result).into())
-                        }
-                        Err(error) => {
-                            Handled::Respond(jsonrpc::error_object_response(id, error).into())
-                        }
-                    },
-                }
+            Some(Ok(Served::Reply(reply))) => {
+                Handled::Respond(era::answer(era, &method, id, reply))
             }
-            Some(Ok(Served::Reply(Reply::Result(mut result)))) => {
-                if modern {
-                    era::mark_complete(&method, &mut result);
-                }
-                Handled::Respond(jsonrpc::result_response(id, result).into())
-            }
-            Some(Ok(Served::Reply(Reply::Error(mut error)))) => {
-                if modern {
-                    era::modern_upstream_error(&mut error);
-                }
-                Handled::Respond(jsonrpc::error_object_response(id, error).into())
-            }
-            Some(Err(error)) => failed(id, &error, modern),
+            Some(Err(error)) => failed(id, &error, era),
             // Ended with its session (plexus shutting down, or the session deleted or
             // expired): the client still gets an answer.
             None if self.closed.is_cancelled() => {
@@ -137,7 +105,7 @@ impl Session {
                 } else {
                     RelayError::InvalidRequest("the session ended while this request ran".into())
                 };
-                failed(id, &error, modern)
+                failed(id, &error, era)
             }
             // A cancelled request gets no response (the client said it no longer wants one).
             None => Handled::Nothing,
@@ -503,13 +471,8 @@ enum Served {
 }
 
 /// plexus's own error for a request, in the client's era.
-fn failed(id: Value, error: &RelayError, modern: bool) -> Handled {
-    let error = if modern {
-        error.to_modern_error_object()
-    } else {
-        error.to_error_object()
-    };
-    Handled::Respond(jsonrpc::error_object_response(id, error).into())
+fn failed(id: Value, error: &RelayError, era: Era) -> Handled {
+    Handled::Respond(era::refusal(era, id, error))
 }
 
 fn invalid(id: Value, reason: &'static str) -> Handled {

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::{task_extension, Session};
-use crate::era::Era;
+use crate::era::{self, Era};
 use crate::hub::CallContext;
 use crate::jsonrpc::{self, RelayError};
 
@@ -75,7 +75,7 @@ impl Session {
                 .await?;
             let mut reply = self.unread_unless_changed(upstream, reply);
             if self.era == Era::Handshake {
-                without_complete_type(&mut reply);
+                era::without_complete_type(&mut reply);
             }
             return Ok(reply);
         }
@@ -93,7 +93,7 @@ impl Session {
                 return Ok(reply);
             };
             if result.get("resultType").and_then(Value::as_str) != Some("input_required") {
-                without_complete_type(&mut reply);
+                era::without_complete_type(&mut reply);
                 return Ok(reply);
             }
             let requests = result
@@ -106,7 +106,7 @@ impl Session {
             for (key, request) in requests {
                 let asked = request.get("method").and_then(Value::as_str).unwrap_or("");
                 let mut asked_params = request.get("params").cloned();
-                let elicitation = crate::era::mint_elicitation_id(asked, &mut asked_params);
+                let elicitation = era::mint_elicitation_id(asked, &mut asked_params);
                 if let Some(capability) =
                     crate::fanout::required_capability(asked, asked_params.as_ref())
                 {
@@ -257,15 +257,6 @@ fn in_result(
         }
     }
     Reply::Result(result)
-}
-
-/// The handshake era has no result types: a complete result loses its `resultType`.
-fn without_complete_type(reply: &mut Reply) {
-    if let Reply::Result(Value::Object(result)) = reply {
-        if result.get("resultType").and_then(Value::as_str) == Some("complete") {
-            result.remove("resultType");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,14 @@
-//! The 2026-07-28 wire era as plexus serves it: no `initialize`; each request
-//! carries its protocol version and the client's capabilities in `_meta`, every
-//! result names its `resultType`, and the HTTP headers mirror the body.
+//! The 2026-07-28 wire rules plexus serves: no `initialize`; each request
+//! carries its protocol version and the client's capabilities in `_meta` (checked
+//! and taken here), every result names its `resultType`, cacheable ones say for
+//! how long, and the HTTP headers mirror the body.
 
 use std::sync::Arc;
 
-use adapters::{RawObject, Reply};
+use adapters::RawObject;
 use serde_json::{json, Map, Value};
 
+use super::RequestMeta;
 use crate::jsonrpc::RelayError;
 use crate::logging::LogLevel;
 
@@ -29,39 +31,6 @@ pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// The extension that brings tasks to 2026-07-28 (declared under `extensions`).
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
-
-/// Which revision a client speaks, decided once where its request arrives (a
-/// front, or a scope's creation) and carried down to the code that answers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Era {
-    /// `initialize` once, then a session (2024-11-05 to 2025-11-25).
-    Handshake,
-    /// 2026-07-28: no handshake; every request declares its version in `_meta`.
-    Modern,
-}
-
-impl Era {
-    /// The era of a message arriving in a session: a client that never
-    /// initialized and declares a version per request (or asks `server/discover`)
-    /// speaks 2026-07-28.
-    pub fn of_message(initialized: bool, message: &Value) -> Era {
-        let modern = !initialized
-            && (message.get("method").and_then(Value::as_str) == Some("server/discover")
-                || declared_version(message.get("params")).is_some());
-        if modern {
-            Era::Modern
-        } else {
-            Era::Handshake
-        }
-    }
-}
-
-/// The per-request context a 2026-07-28 client sends in `_meta`.
-#[derive(Clone, Debug)]
-pub struct RequestMeta {
-    pub capabilities: Arc<Value>,
-    pub log_level: Option<LogLevel>,
-}
 
 /// The protocol version a request declares in its `_meta`, if any: present
 /// means the client speaks a revision without a handshake.
@@ -141,77 +110,6 @@ fn checked_meta(params: Option<&Value>, taken: bool) -> Result<Option<LogLevel>,
     }
 }
 
-/// Puts `capabilities` in a request's `_meta` as the client's.
-pub fn set_client_capabilities(params: &mut Option<Value>, capabilities: Value) {
-    let params = params.get_or_insert_with(|| Value::Object(serde_json::Map::new()));
-    let Value::Object(params) = params else {
-        return;
-    };
-    let meta = params
-        .entry("_meta")
-        .or_insert_with(|| Value::Object(serde_json::Map::new()));
-    if let Value::Object(meta) = meta {
-        meta.insert(META_CLIENT_CAPABILITIES.to_string(), capabilities);
-    }
-}
-
-/// Whether a request to a 2026-07-28 upstream needs the tasks extension declared:
-/// a task method, or a handshake-era `tools/call` with a `task` parameter (which
-/// that revision has no field for, so it is taken out).
-pub fn handshake_task_request(method: &str, params: &mut Option<Value>) -> bool {
-    if method.starts_with("tasks/") {
-        return true;
-    }
-    method == "tools/call"
-        && params
-            .as_mut()
-            .and_then(Value::as_object_mut)
-            .and_then(|params| params.remove("task"))
-            .is_some()
-}
-
-/// Adds the tasks extension to a client-capabilities object.
-pub fn declare_tasks_extension(capabilities: &mut Value) {
-    if let Value::Object(capabilities) = capabilities {
-        let extensions = capabilities
-            .entry("extensions")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(extensions) = extensions {
-            extensions
-                .entry(TASKS_EXTENSION)
-                .or_insert_with(|| Value::Object(Map::new()));
-        }
-    }
-}
-
-/// Removes the per-request fields before a request goes to a handshake-era
-/// upstream: it negotiated once at `initialize`, and some servers reject a
-/// version in `_meta` they did not negotiate.
-pub fn strip_request_meta(params: &mut Option<Value>) {
-    let Some(Value::Object(params)) = params else {
-        return;
-    };
-    let emptied = match params.get_mut("_meta") {
-        Some(Value::Object(meta)) => {
-            // One pass, and the fields that stay keep their order.
-            meta.retain(|key, _| {
-                ![
-                    META_PROTOCOL_VERSION,
-                    META_CLIENT_INFO,
-                    META_CLIENT_CAPABILITIES,
-                    META_LOG_LEVEL,
-                ]
-                .contains(&key.as_str())
-            });
-            meta.is_empty()
-        }
-        _ => false,
-    };
-    if emptied {
-        params.shift_remove("_meta");
-    }
-}
-
 /// [`mark_complete`] for a result relayed unread: its bytes, then what closes it,
 /// `"resultType":"complete"` added at its end unless it has a type. `None`: it must
 /// be read first (a result that may be cached).
@@ -256,51 +154,6 @@ fn is_cacheable(method: &str) -> bool {
     )
 }
 
-/// An upstream's error as a 2026-07-28 client must see it: that revision retired
-/// -32002 (resource not found) for -32602; anything else passes unchanged.
-pub fn modern_upstream_error(error: &mut Value) {
-    if let Some(code) = error.get_mut("code") {
-        if code.as_i64() == Some(crate::jsonrpc::RESOURCE_NOT_FOUND) {
-            *code = Value::from(crate::jsonrpc::INVALID_PARAMS);
-        }
-    }
-}
-
-/// A handshake-era client must get an `elicitationId` with every URL-mode
-/// elicitation, which a 2026-07-28 input request has no field for: plexus mints
-/// one (and tells the client it completed once the upstream has moved on).
-pub fn mint_elicitation_id(method: &str, params: &mut Option<Value>) -> Option<String> {
-    if method != "elicitation/create" {
-        return None;
-    }
-    let params = params.as_mut()?.as_object_mut()?;
-    // An empty id (what some 2026-07-28 servers put in the field they do not
-    // have) names nothing either.
-    let named = params
-        .get("elicitationId")
-        .and_then(Value::as_str)
-        .is_some_and(|id| !id.is_empty());
-    if params.get("mode").and_then(Value::as_str) != Some("url") || named {
-        return None;
-    }
-    let bits: u128 = rand::random();
-    let id = format!("plexus-elicitation-{bits:032x}");
-    params.insert("elicitationId".into(), Value::String(id.clone()));
-    Some(id)
-}
-
-/// A handshake-era upstream's request as a 2026-07-28 input request: the fields
-/// that revision has no place for (the URL elicitation's id, task augmentation)
-/// are left out; the client's answer reaches the upstream under its own request id.
-pub fn to_input_request(method: &str, params: &mut Option<Value>) {
-    if let Some(params) = params.as_mut().and_then(Value::as_object_mut) {
-        params.remove("task");
-        if method == "elicitation/create" {
-            params.remove("elicitationId");
-        }
-    }
-}
-
 /// The answer to `server/discover`.
 pub fn discover_result(capabilities: Value, instructions: String) -> Value {
     let info = server_info();
@@ -319,45 +172,6 @@ pub fn discover_result(capabilities: Value, instructions: String) -> Value {
 
 pub fn server_info() -> Value {
     json!({"name": "plexus", "version": env!("CARGO_PKG_VERSION")})
-}
-
-/// `reply` naming plexus as the server that gave it: a 2026-07-28 upstream may put
-/// its own `serverInfo` in each result's `_meta`, and the client, which talks to
-/// plexus, would take every upstream's name for its server's, call by call. An
-/// unread result gets its `_meta` written anew, the rest left unread.
-pub fn answering_as_plexus(reply: Reply) -> Reply {
-    let named = |meta: &mut Map<String, Value>| match meta.get_mut(META_SERVER_INFO) {
-        Some(info) => {
-            *info = server_info();
-            true
-        }
-        None => false,
-    };
-    match reply {
-        Reply::Result(Value::Object(mut result)) => {
-            if let Some(Value::Object(meta)) = result.get_mut("_meta") {
-                named(meta);
-            }
-            Reply::Result(Value::Object(result))
-        }
-        Reply::Unread(raw) => {
-            let mentioned = raw
-                .member("_meta")
-                .filter(|meta| memchr::memmem::find(meta, META_SERVER_INFO.as_bytes()).is_some());
-            let Some(Ok(Value::Object(mut meta))) = mentioned.map(serde_json::from_slice::<Value>)
-            else {
-                return Reply::Unread(raw);
-            };
-            if !named(&mut meta) {
-                return Reply::Unread(raw);
-            }
-            let changed = serde_json::to_vec(&meta)
-                .ok()
-                .and_then(|written| raw.with_member("_meta", &written));
-            Reply::Unread(changed.unwrap_or(raw))
-        }
-        other => other,
-    }
 }
 
 /// Adds the subscription id to a notification delivered on a listen stream.
@@ -448,21 +262,6 @@ mod tests {
         // The version is still checked first.
         let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: "1900-01-01"}}));
         assert!(take_meta(&mut params, Some(taken)).is_err());
-    }
-
-    #[test]
-    fn stripping_keeps_other_meta_and_drops_an_emptied_one() {
-        let mut params = Some(
-            json!({"name": "x", "_meta": {META_PROTOCOL_VERSION: MODERN_VERSION, META_CLIENT_CAPABILITIES: {}, "progressToken": 3}}),
-        );
-        strip_request_meta(&mut params);
-        assert_eq!(
-            params,
-            Some(json!({"name": "x", "_meta": {"progressToken": 3}}))
-        );
-        let mut params = Some(json!({"_meta": {META_PROTOCOL_VERSION: MODERN_VERSION}}));
-        strip_request_meta(&mut params);
-        assert_eq!(params, Some(json!({})));
     }
 
     #[test]
