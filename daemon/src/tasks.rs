@@ -9,7 +9,7 @@ use dashmap::DashMap;
 use serde_json::Value;
 
 /// Where a task's id appears in results and notifications.
-const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
+pub const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
 
 /// The exposed form of an upstream's task id.
 pub fn expose_task_id(upstream: &str, task_id: &str) -> String {

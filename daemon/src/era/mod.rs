@@ -5,6 +5,7 @@
 //! wire rules are in `wire`, the fields bridged between eras in `fields`.
 
 mod fields;
+pub mod tasks;
 mod wire;
 
 use std::sync::Arc;

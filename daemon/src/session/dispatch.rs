@@ -152,14 +152,14 @@ impl Session {
                     .hub
                     .offers_tasks_extension(|upstream| catalog.shows_upstream(upstream));
                 Ok(Reply::Result(era::discover_result(
-                    task_extension::advertised(self.capabilities(), upstream_extension),
+                    era::tasks::advertised(self.capabilities(), upstream_extension),
                     self.instructions(),
                 )))
             }
             "tasks/get" | "tasks/update" | "tasks/cancel"
-                if !task_extension::declared(&meta.capabilities) =>
+                if !era::tasks::declared(&meta.capabilities) =>
             {
-                Err(task_extension::missing(&format!("`{method}`")))
+                Err(era::tasks::missing(&format!("`{method}`")))
             }
             "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
             // Replaced in this revision by `_meta` log levels and `subscriptions/listen`;
@@ -247,7 +247,7 @@ impl Session {
                     })
                     .collect();
                 let params = if self.era == Era::Modern {
-                    task_extension::as_task_if_wanted(
+                    era::tasks::as_task_if_wanted(
                         params,
                         catalog.task_support(&name),
                         &self.declared_capabilities(),

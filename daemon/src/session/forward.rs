@@ -8,7 +8,7 @@ use registry::Catalog;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::{task_extension, Session};
+use super::Session;
 use crate::era::{self, Era};
 use crate::hub::CallContext;
 use crate::jsonrpc::{self, RelayError};
@@ -45,9 +45,9 @@ impl Session {
         let reply = expose_linked_uris(catalog, upstream, reply);
         let reply = self.hub.expose_tasks(upstream, Some(self.id), reply);
         if self.era == Era::Modern {
-            task_extension::created(reply)
+            era::tasks::created(reply)
         } else {
-            task_extension::nested(reply)
+            era::tasks::nested(reply)
         }
     }
 

@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{InputNeeded, ScopeChannels, Session};
+use crate::era::tasks::RELATED_TASK;
 use crate::era::{self, RequestMeta};
 use crate::jsonrpc::{self, RelayError};
 use crate::upstreams::Caller;
@@ -21,10 +22,6 @@ use crate::upstreams::Caller;
 /// How long plexus keeps asking for a task's result while its client answers
 /// nothing (each `tasks/result` is bounded by the upstream's call timeout).
 const HOLD_AT_MOST: Duration = super::CONTINUATION_TTL;
-
-/// The key of a handshake-era task's own result `_meta`; the extension inlines
-/// results without it.
-pub(super) const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 /// Handshake-era tasks of 2026-07-28 clients whose `tasks/result` plexus holds,
 /// by the task id the client knows.
