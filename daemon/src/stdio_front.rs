@@ -35,7 +35,7 @@ pub async fn serve<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let paused = Arc::new(Continuations::default());
+    let paused = Arc::new(Continuations::new(&hub));
     let (session, mut events) = Session::new(hub.clone(), paused.clone(), Identity::local(view));
     let metrics_gauge = hub.metrics().sessions_active.with_label_values(&["stdio"]);
     metrics_gauge.inc();

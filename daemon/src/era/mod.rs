@@ -4,6 +4,7 @@
 //! the way back to the client ([`answer`], called where the session answers); the
 //! wire rules are in `wire`, the fields bridged between eras in `fields`.
 
+pub mod bridge;
 mod fields;
 pub mod tasks;
 mod wire;

@@ -67,13 +67,14 @@ impl HttpFront {
         settings: watch::Receiver<DaemonSettings>,
         shutdown: CancellationToken,
     ) -> Arc<HttpFront> {
+        let paused = Arc::new(Continuations::new(&hub));
         let front = Arc::new(HttpFront {
             hub,
             sessions: DashMap::new(),
             settings: settings.clone(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown,
-            paused: Arc::new(Continuations::default()),
+            paused,
             stateless: DashMap::new(),
             stateless_added: AtomicUsize::new(0),
             nowhere: mpsc::channel(1).0,

@@ -294,6 +294,11 @@ impl Hub {
             && !self.catalog.lists(upstream.name())
     }
 
+    /// The tracker of the tasks shutdown waits for.
+    pub fn tracker(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
     /// Runs a task that shutdown waits for.
     pub fn spawn<F>(&self, task: F)
     where

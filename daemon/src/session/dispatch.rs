@@ -17,7 +17,7 @@ use super::forward::{expose_content_uris, with_string};
 use super::lists::list_kind;
 use super::routing::{in_namespace, under_prefix, unrouted};
 use super::{
-    bridge, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
+    scoped, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
 };
 use crate::client_message;
 use crate::era::{self, Era};
@@ -161,7 +161,7 @@ impl Session {
             {
                 Err(era::tasks::missing(&format!("`{method}`")))
             }
-            "subscriptions/listen" => bridge::listen(self, id, params, meta, related).await,
+            "subscriptions/listen" => scoped::listen(self, id, params, meta, related).await,
             // Replaced in this revision by `_meta` log levels and `subscriptions/listen`;
             // it has no handshake and no ping.
             "logging/setLevel"
@@ -172,7 +172,7 @@ impl Session {
             // The tasks extension has neither: `tasks/get` inlines the outcome.
             | "tasks/list"
             | "tasks/result" => Err(RelayError::MethodNotFound(method.to_string())),
-            _ => bridge::serve(self, method, params, arguments, meta, related).await,
+            _ => scoped::serve(self, method, params, arguments, meta, related).await,
         }
     }
 

@@ -13,7 +13,8 @@ use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{InputNeeded, ScopeChannels, Session};
+use super::Session;
+use crate::era::bridge::{InputNeeded, ScopeChannels, CONTINUATION_TTL};
 use crate::era::tasks::RELATED_TASK;
 use crate::era::{self, RequestMeta};
 use crate::jsonrpc::{self, RelayError};
@@ -21,7 +22,7 @@ use crate::upstreams::Caller;
 
 /// How long plexus keeps asking for a task's result while its client answers
 /// nothing (each `tasks/result` is bounded by the upstream's call timeout).
-const HOLD_AT_MOST: Duration = super::CONTINUATION_TTL;
+const HOLD_AT_MOST: Duration = CONTINUATION_TTL;
 
 /// Handshake-era tasks of 2026-07-28 clients whose `tasks/result` plexus holds,
 /// by the task id the client knows.

@@ -3,16 +3,16 @@
 //! everything else to the owning upstream by table lookup.
 
 mod audit_lines;
-mod bridge;
 mod client_bound;
 mod dispatch;
 mod forward;
 mod held_tasks;
 mod lists;
 mod routing;
+mod scoped;
 mod task_extension;
 
-pub use bridge::Continuations;
+pub use scoped::Continuations;
 
 use client_bound::ClientBoundRequests;
 
@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::client_message::ClientMessage;
+use crate::era::bridge::{InputNeeded, ScopeChannels};
 use crate::era::{self, Era, RequestMeta};
 use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
@@ -46,10 +47,6 @@ const MAX_CLIENT_BOUND: usize = 128;
 /// namespace routes, so without a bound one client could grow the session's set
 /// (and the upstreams' subscription counts) for as long as it stays.
 pub(crate) const MAX_SUBSCRIPTIONS: usize = 1000;
-/// How long a paused call waits for the client's retry before it is cancelled
-/// (`bridge`), and how long a held task's result is asked for without news from
-/// its client (`task_extension`): here, so neither child imports the other for it.
-pub const CONTINUATION_TTL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What a client told plexus in `initialize`.
 #[derive(Clone, Debug, Default)]
@@ -57,15 +54,6 @@ pub struct ClientHello {
     pub protocol_version: Option<String>,
     /// Shared: every call to a 2026-07-28 upstream reads them.
     pub capabilities: Arc<Value>,
-}
-
-/// A request an upstream sent while serving a 2026-07-28 client's request: it
-/// becomes an input request in that request's result.
-pub struct InputNeeded {
-    pub connection: UpstreamConnection,
-    pub upstream_id: Value,
-    pub method: String,
-    pub params: Option<Value>,
 }
 
 pub struct Session {
@@ -122,13 +110,6 @@ impl Identity {
             view,
         }
     }
-}
-
-/// What a request scope delivers: messages for the client, and upstream requests.
-pub struct ScopeChannels {
-    pub events: mpsc::Receiver<Value>,
-    /// Boxed: a channel's first block holds 32 of them.
-    pub inputs: mpsc::Receiver<Box<InputNeeded>>,
 }
 
 /// The result of handling one incoming message.

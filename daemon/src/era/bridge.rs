@@ -1,12 +1,10 @@
-//! The bridge between eras for 2026-07-28 clients. Such a client cannot be sent
-//! requests: when a handshake-era upstream asks for sampling, elicitation or
+//! Pausing a 2026-07-28 request on its client's input. Such a client cannot be
+//! sent requests: when a handshake-era upstream asks for sampling, elicitation or
 //! roots while serving the client's request, plexus answers the client with an
-//! input-required result and keeps the upstream call waiting. The client's retry
-//! names the paused call by `requestState`; its `inputResponses` go to the
-//! upstream as the answers, and the retry receives what follows (the final
-//! result, or the next input-required result).
-//!
-//! Also `subscriptions/listen`, the revision's one long-lived request.
+//! input-required result and keeps the upstream call waiting ([`PausedCalls`]).
+//! The client's retry names the paused call by `requestState`; its
+//! `inputResponses` go to the upstream as the answers, and the retry receives
+//! what follows (the final result, or the next input-required result).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,16 +12,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use adapters::{Reply, WrittenMember};
+use adapters::{Reply, UpstreamConnection};
 use dashmap::DashMap;
-use registry::Kind;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::{CloseOnDrop, InputNeeded, ScopeChannels, Session, CONTINUATION_TTL};
-use crate::era::{self, RequestMeta};
+use super::fields::to_input_request;
+use super::wire::mirrored_name;
 use crate::jsonrpc::{self, RelayError};
 
 /// Marks a `requestState` plexus issued, as opposed to one an upstream issued.
@@ -32,20 +30,54 @@ const STATE_PREFIX: &str = "plexus.";
 /// round, and how long a round may be gathered in all.
 const GATHER_QUIET: Duration = Duration::from_millis(20);
 const GATHER_AT_MOST: Duration = Duration::from_millis(200);
+/// How long a paused call waits for the client's retry before it is cancelled,
+/// and how long a held task's result is asked for without news from its client.
+pub const CONTINUATION_TTL: Duration = Duration::from_secs(600);
+
+/// A request an upstream sent while serving a 2026-07-28 client's request: it
+/// becomes an input request in that request's result.
+pub struct InputNeeded {
+    pub connection: UpstreamConnection,
+    pub upstream_id: Value,
+    pub method: String,
+    pub params: Option<Value>,
+}
+
+/// What a request scope delivers: messages for the client, and upstream requests.
+pub struct ScopeChannels {
+    pub events: mpsc::Receiver<Value>,
+    /// Boxed: a channel's first block holds 32 of them.
+    pub inputs: mpsc::Receiver<Box<InputNeeded>>,
+}
+
+/// The scope a paused call runs in, closed when the call is abandoned.
+pub trait Scope: Send + Sync {
+    fn close(&self);
+}
+
+type Outcome = Result<Reply, RelayError>;
 
 /// Requests paused on input from a 2026-07-28 client, by `requestState`; each
 /// is dropped (and its upstream call cancelled) when not retried within
 /// [`CONTINUATION_TTL`].
-#[derive(Default)]
-pub struct Continuations {
+pub struct PausedCalls {
     paused: DashMap<String, Continuation>,
-    /// Handshake-era tasks whose input plexus asks for on their behalf.
-    pub tasks: super::held_tasks::HeldTasks,
     /// Cancelled by `clear`: the expiry timers end with the front.
     closed: CancellationToken,
+    /// Where the expiry timers, the work of paused calls and the answers to their
+    /// abandoned questions run: the owner's, closed and awaited at shutdown.
+    tasks: TaskTracker,
 }
 
-impl Continuations {
+impl PausedCalls {
+    pub fn new(tasks: TaskTracker) -> PausedCalls {
+        PausedCalls {
+            paused: DashMap::new(),
+            closed: CancellationToken::new(),
+            tasks,
+        }
+    }
+
     fn take(&self, state: &str) -> Option<Continuation> {
         self.paused
             .remove(state)
@@ -59,7 +91,7 @@ impl Continuations {
         }
         let expiring = Arc::downgrade(self);
         let closed = self.closed.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep(CONTINUATION_TTL) => {}
                 _ = closed.cancelled() => return,
@@ -76,13 +108,99 @@ impl Continuations {
     pub fn clear(&self) {
         self.closed.cancel();
         self.paused.clear();
-        self.tasks.clear();
+    }
+
+    /// A retry of a call plexus paused (its `requestState` is plexus's): the
+    /// client's answers go to the upstream and the call runs on until it completes
+    /// or asks again. `None`: not a retry of plexus's; the request starts anew.
+    pub async fn resume(
+        self: &Arc<Self>,
+        method: &str,
+        params: &Option<Value>,
+        related: &mpsc::Sender<Value>,
+    ) -> Option<Outcome> {
+        let state = params
+            .as_ref()
+            .and_then(|p| p.get("requestState"))
+            .and_then(Value::as_str)
+            .filter(|state| state.starts_with(STATE_PREFIX))?
+            .to_string();
+        let Some(mut continuation) = self.take(&state) else {
+            return Some(Err(RelayError::InvalidParams(
+                "`requestState` is unknown or has expired".into(),
+            )));
+        };
+        if continuation.method != method || continuation.target != target_of(method, params) {
+            // Put it back: a stray retry must not cancel the real one.
+            let message = format!(
+                "`requestState` belongs to a `{}` request, not this one",
+                continuation.method
+            );
+            self.keep(state, continuation, false);
+            return Some(Err(RelayError::InvalidParams(message)));
+        }
+        let responses = params
+            .as_ref()
+            .and_then(|p| p.get("inputResponses"))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        continuation.answer(responses).await;
+        let token = progress_token(params);
+        Some(continuation.drive(self, related, token).await)
+    }
+
+    /// A first attempt: `work` (the request served in `scope`) is polled in place
+    /// until it completes, or is paused when an upstream asks the client something.
+    pub async fn start(
+        self: &Arc<Self>,
+        scope: Arc<dyn Scope>,
+        channels: ScopeChannels,
+        work: impl Future<Output = Outcome> + Send + 'static,
+        attempt: FirstAttempt,
+        related: &mpsc::Sender<Value>,
+    ) -> Outcome {
+        let FirstAttempt {
+            method,
+            target,
+            token,
+        } = attempt;
+        Continuation {
+            scope,
+            work: Work::InPlace(Mutex::new(Box::pin(work))),
+            channels,
+            pending: Vec::new(),
+            next_key: 0,
+            method,
+            target,
+            first_token: token.clone(),
+            tasks: self.tasks.clone(),
+        }
+        .drive(self, related, token)
+        .await
+    }
+}
+
+/// What a call's first attempt is known by, read before its params go to its work.
+pub struct FirstAttempt {
+    method: String,
+    target: Option<String>,
+    token: Option<Value>,
+}
+
+impl FirstAttempt {
+    pub fn of(method: &str, params: &Option<Value>) -> FirstAttempt {
+        FirstAttempt {
+            method: method.to_string(),
+            target: target_of(method, params),
+            token: progress_token(params),
+        }
     }
 }
 
 /// A request paused on input from a 2026-07-28 client.
 struct Continuation {
-    scope: Arc<Session>,
+    scope: Arc<dyn Scope>,
     work: Work,
     channels: ScopeChannels,
     /// Upstream requests the client has been asked to answer, by input key.
@@ -93,6 +211,7 @@ struct Continuation {
     /// The progress token of the attempt that started the call: the upstream's
     /// progress is announced under it, and each retry's own token replaces it.
     first_token: Option<Value>,
+    tasks: TaskTracker,
 }
 
 impl Drop for Continuation {
@@ -104,7 +223,7 @@ impl Drop for Continuation {
         for (_, input) in self.pending.drain(..) {
             let error =
                 json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
-            self.scope.hub().spawn(async move {
+            self.tasks.spawn(async move {
                 let _ = input
                     .connection
                     .respond(input.upstream_id, Reply::Error(error))
@@ -114,84 +233,10 @@ impl Drop for Continuation {
     }
 }
 
-/// Serves one 2026-07-28 request other than discovery and listening: a first
-/// attempt starts it in a scope of its own; a retry resumes the paused call.
-pub async fn serve(
-    parent: &Session,
-    method: &str,
-    params: Option<Value>,
-    arguments: Option<WrittenMember>,
-    meta: RequestMeta,
-    related: &mpsc::Sender<Value>,
-) -> Result<Reply, RelayError> {
-    check_retry_members(params.as_ref())?;
-    let hub = parent.hub().clone();
-    let paused = parent.paused().clone();
-    let state = params
-        .as_ref()
-        .and_then(|p| p.get("requestState"))
-        .and_then(Value::as_str)
-        .filter(|state| state.starts_with(STATE_PREFIX))
-        .map(str::to_string);
-    if let Some(state) = state {
-        let mut continuation = paused.take(&state).ok_or_else(|| {
-            RelayError::InvalidParams("`requestState` is unknown or has expired".into())
-        })?;
-        if continuation.method != method || continuation.target != target_of(method, &params) {
-            // Put it back: a stray retry must not cancel the real one.
-            let message = format!(
-                "`requestState` belongs to a `{}` request, not this one",
-                continuation.method
-            );
-            paused.keep(state, continuation, false);
-            return Err(RelayError::InvalidParams(message));
-        }
-        let responses = params
-            .as_ref()
-            .and_then(|p| p.get("inputResponses"))
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        continuation.answer(responses).await;
-        let token = progress_token(&params);
-        return continuation.drive(&paused, related, token).await;
-    }
-    let target = target_of(method, &params);
-    let first_token = progress_token(&params);
-    let (scope, channels) = parent.scope(meta);
-    if scope.log_level().is_some_and(|wanted| {
-        hub.current_log_level()
-            .is_none_or(|current| wanted < current)
-    }) {
-        hub.log_levels_changed().await;
-    }
-    hub.offer_roots(&*scope).await;
-    let work = {
-        let scope = scope.clone();
-        let method = method.to_string();
-        Work::InPlace(Mutex::new(Box::pin(async move {
-            let sink = scope.outbound().clone();
-            scope.dispatch(&method, params, arguments, &sink).await
-        })))
-    };
-    Continuation {
-        scope,
-        work,
-        channels,
-        pending: Vec::new(),
-        next_key: 0,
-        method: method.to_string(),
-        target,
-        first_token: first_token.clone(),
-    }
-    .drive(&paused, related, first_token)
-    .await
-}
-
 /// A retry's members as the schema has them: `requestState` a string,
 /// `inputResponses` an object. Passed on otherwise, an upstream's SDK refuses the
 /// request with an error that does not say which member is wrong.
-fn check_retry_members(params: Option<&Value>) -> Result<(), RelayError> {
+pub fn check_retry_members(params: Option<&Value>) -> Result<(), RelayError> {
     let member = |name| params.and_then(|params| params.get(name));
     if member("requestState").is_some_and(|state| !state.is_string()) {
         return Err(RelayError::InvalidParams(
@@ -213,7 +258,7 @@ fn progress_token(params: &Option<Value>) -> Option<Value> {
 /// The member a retry must repeat to resume a paused call: the tool or prompt
 /// name, or the resource URI.
 fn target_of(method: &str, params: &Option<Value>) -> Option<String> {
-    era::mirrored_name(method, params.as_ref())
+    mirrored_name(method, params.as_ref())
         .flatten()
         .map(str::to_string)
 }
@@ -223,10 +268,10 @@ impl Continuation {
     /// log messages to the current attempt's stream meanwhile.
     async fn drive(
         mut self,
-        paused: &Arc<Continuations>,
+        paused: &Arc<PausedCalls>,
         related: &mpsc::Sender<Value>,
         token: Option<Value>,
-    ) -> Result<Reply, RelayError> {
+    ) -> Outcome {
         if !self.pending.is_empty() {
             // The retry left some requests unanswered: ask for them again.
             return Ok(self.pause(paused));
@@ -262,7 +307,7 @@ impl Continuation {
 
     /// Progress of the call, under the current attempt's token (none if it asked for none).
     fn for_attempt(&self, mut message: Value, token: Option<&Value>) -> Option<Value> {
-        if message_method(&message) != Some("notifications/progress") {
+        if message.get("method").and_then(Value::as_str) != Some("notifications/progress") {
             return Some(message);
         }
         let Some(params) = message.get_mut("params") else {
@@ -296,15 +341,15 @@ impl Continuation {
     }
 
     /// Stores the call and answers the attempt with what it needs.
-    fn pause(mut self, paused: &Arc<Continuations>) -> Reply {
+    fn pause(mut self, paused: &Arc<PausedCalls>) -> Reply {
         // The call goes on between attempts, so it needs a task of its own now.
-        self.work.detach();
+        self.work.detach(&self.tasks);
         let mut requests = Map::new();
         for (key, input) in &self.pending {
             let mut request = Map::new();
             request.insert("method".into(), Value::String(input.method.clone()));
             let mut params = input.params.clone();
-            crate::era::to_input_request(&input.method, &mut params);
+            to_input_request(&input.method, &mut params);
             if let Some(params) = params {
                 request.insert("params".into(), params);
             }
@@ -359,7 +404,7 @@ async fn refuse_input(input: InputNeeded, method: &str) {
         "an upstream asked the client during a request that cannot carry the question; refused"
     );
     let error = json!({
-        "code": crate::jsonrpc::INVALID_REQUEST,
+        "code": jsonrpc::INVALID_REQUEST,
         "message": format!(
             "`{}` cannot reach the client: its request in flight (`{method}`) cannot carry a question to it in protocol 2026-07-28",
             input.method
@@ -375,8 +420,6 @@ async fn refuse_input(input: InputNeeded, method: &str) {
     }
 }
 
-type Outcome = Result<Reply, RelayError>;
-
 /// A call's own work. Polled in place by the attempt that waits for it, so a call
 /// that needs no input costs no task hand-off; moved to a task of its own when
 /// the call pauses, so it keeps running until the client's retry.
@@ -390,15 +433,15 @@ enum Work {
 }
 
 impl Work {
-    /// Moves work polled in place to a task; work already on its task stays there
-    /// (a call that pauses a second time is detached already).
-    fn detach(&mut self) {
+    /// Moves work polled in place to a task on `tasks`; work already on its task
+    /// stays there (a call that pauses a second time is detached already).
+    fn detach(&mut self, tasks: &TaskTracker) {
         if !matches!(self, Work::InPlace(_)) {
             return;
         }
         if let Work::InPlace(work) = std::mem::replace(self, Work::Moving) {
             let work = work.into_inner().unwrap_or_else(PoisonError::into_inner);
-            *self = Work::Spawned(tokio::spawn(work));
+            *self = Work::Spawned(tasks.spawn(work));
         }
     }
 
@@ -431,113 +474,56 @@ impl Future for Work {
     }
 }
 
-/// `subscriptions/listen`: list changes and resource updates for the kinds and
-/// URIs the client names, each tagged with the request's id, until the client
-/// goes away or plexus shuts down.
-pub async fn listen(
-    parent: &Session,
-    id: &Value,
-    params: Option<Value>,
-    meta: RequestMeta,
-    related: &mpsc::Sender<Value>,
-) -> Result<Reply, RelayError> {
-    let hub = parent.hub().clone();
-    let filter = params
-        .as_ref()
-        .and_then(|p| p.get("notifications"))
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    let wants = |key: &str| filter.get(key).and_then(Value::as_bool) == Some(true);
-    let mut kinds = Vec::new();
-    let mut honoured = Map::new();
-    for (key, kind) in [
-        ("toolsListChanged", &[Kind::Tools][..]),
-        ("promptsListChanged", &[Kind::Prompts][..]),
-        (
-            "resourcesListChanged",
-            &[Kind::Resources, Kind::ResourceTemplates][..],
-        ),
-    ] {
-        if wants(key) {
-            kinds.extend_from_slice(kind);
-            honoured.insert(key.into(), Value::Bool(true));
-        }
-    }
-    let (scope, mut channels) = parent.scope(meta);
-    let _closing = CloseOnDrop(scope.clone());
-    let catalog = scope.catalog();
-    let mut uris = Vec::new();
-    if let Some(Value::Array(requested)) = filter.get("resourceSubscriptions") {
-        for uri in requested.iter().filter_map(Value::as_str) {
-            let Some(route) = catalog.route_resource(uri) else {
-                continue;
-            };
-            // One refused (upstream, or beyond the session's bound) is not
-            // honoured: the acknowledgement names those that are.
-            match scope.subscribe(uri, &route).await {
-                Ok(true) => uris.push(Value::String(uri.to_string())),
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::debug!(%error, uri, "a listen stream's subscription was refused");
-                }
-            }
-        }
-    }
-    if filter.contains_key("resourceSubscriptions") {
-        honoured.insert("resourceSubscriptions".into(), Value::Array(uris));
-    }
-    let acknowledged = jsonrpc::notification(
-        "notifications/subscriptions/acknowledged",
-        Some(json!({ "notifications": honoured })),
-    );
-    if related
-        .send(era::tag_subscription(acknowledged, id))
-        .await
-        .is_err()
-    {
-        return Err(RelayError::InvalidRequest("the client went away".into()));
-    }
-    let mut catalogs = hub.subscribe();
-    let mut last = catalogs.borrow_and_update().view(scope.view());
-    loop {
-        tokio::select! {
-            _ = hub.stopping() => break,
-            changed = catalogs.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-                let current = catalogs.borrow_and_update().view(scope.view());
-                let mut methods: Vec<&str> = kinds
-                    .iter()
-                    .filter(|kind| last.digest(**kind) != current.digest(**kind))
-                    .map(|kind| kind.list_changed_method())
-                    .collect();
-                methods.dedup();
-                last = current;
-                for method in methods {
-                    let message = era::tag_subscription(jsonrpc::notification(method, None), id);
-                    if related.send(message).await.is_err() {
-                        return Err(RelayError::InvalidRequest("the client went away".into()));
-                    }
-                }
-            }
-            Some(message) = channels.events.recv() => {
-                // Log messages belong to requests, not to this stream.
-                if message.get("method").and_then(Value::as_str) == Some("notifications/resources/updated")
-                    && related.send(era::tag_subscription(message, id)).await.is_err()
-                {
-                    return Err(RelayError::InvalidRequest("the client went away".into()));
-                }
-            }
-        }
-    }
-    Ok(Reply::Result(json!({
-        "resultType": "complete",
-        "_meta": {era::META_SUBSCRIPTION_ID: id},
-    })))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
-fn message_method(message: &Value) -> Option<&str> {
-    message.get("method").and_then(Value::as_str)
+    #[derive(Default)]
+    struct Closed(AtomicBool);
+
+    impl Scope for Closed {
+        fn close(&self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paused_calls_tasks_are_tracked_and_end_when_cleared() {
+        let tasks = TaskTracker::new();
+        let paused = Arc::new(PausedCalls::new(tasks.clone()));
+        let scope = Arc::new(Closed::default());
+        let (_events, events) = mpsc::channel(1);
+        let (_inputs, inputs) = mpsc::channel(1);
+        let continuation = Continuation {
+            scope: scope.clone(),
+            work: Work::InPlace(Mutex::new(Box::pin(std::future::pending()))),
+            channels: ScopeChannels { events, inputs },
+            pending: Vec::new(),
+            next_key: 0,
+            method: "tools/call".into(),
+            target: Some("a__b".into()),
+            first_token: None,
+            tasks: tasks.clone(),
+        };
+        let Reply::Result(result) = continuation.pause(&paused) else {
+            panic!("not paused");
+        };
+        let state = result["requestState"].as_str().unwrap_or_default();
+        assert!(state.starts_with(STATE_PREFIX), "{result}");
+        // The call's work, moved to a task, and its expiry timer: both the owner's.
+        assert_eq!(tasks.len(), 2);
+        paused.clear();
+        assert!(scope.0.load(Ordering::Relaxed), "the scope was not closed");
+        tasks.close();
+        let ended = tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await;
+        assert!(ended.is_ok(), "{} tasks outlived the clear", tasks.len());
+        let (related, _) = mpsc::channel(1);
+        let params = Some(json!({"name": "a__b", "requestState": state}));
+        let resumed = paused.resume("tools/call", &params, &related).await;
+        assert!(
+            matches!(resumed, Some(Err(RelayError::InvalidParams(ref m))) if m.contains("expired")),
+            "{resumed:?}"
+        );
+    }
 }
