@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::audit_lines::RequestRecord;
 use super::forward::{expose_content_uris, with_string};
 use super::lists::list_kind;
-use super::routing::{in_namespace, under_prefix, unrouted};
+use super::routing::{unrouted, Router};
 use super::{
     scoped, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
 };
@@ -186,15 +186,15 @@ impl Session {
     ) -> Result<Reply, RelayError> {
         // The one snapshot a routed request is routed in, audited in, and has the
         // URIs in its result exposed from.
-        let catalog = self.catalog();
+        let router = Router::new(&self.hub, self.view());
         if !RequestRecord::wanted(method, self.hub.audit()) {
             return self
-                .dispatch_unaudited(method, params, arguments, catalog, related)
+                .dispatch_unaudited(method, params, arguments, router, related)
                 .await;
         }
-        let record = RequestRecord::take(method, &mut params, arguments, &catalog)?;
+        let record = RequestRecord::take(method, &mut params, arguments, router.catalog())?;
         let reply = self
-            .dispatch_unaudited(method, params, None, catalog, related)
+            .dispatch_unaudited(method, params, None, router, related)
             .await;
         record.write(&self.audit(), &reply);
         reply
@@ -205,7 +205,7 @@ impl Session {
         method: &str,
         params: Option<Value>,
         arguments: Option<WrittenMember>,
-        catalog: Arc<Catalog>,
+        mut router: Router<'_>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         if let Some(kind) = list_kind(method) {
@@ -216,17 +216,8 @@ impl Session {
             "ping" => Ok(Reply::Result(json!({}))),
             "tools/call" => {
                 let (mut params, name) = take_string(params, "name")?;
-                let (catalog, route) = self
-                    .route_waiting(catalog, &name, under_prefix(&name), |catalog, name| {
-                        catalog.route_tool(name).or_else(|| {
-                            catalog
-                                .route_unlisted_tool(name)
-                                .filter(|_| catalog.held(Kind::Tools, name).is_none())
-                        })
-                    })
-                    .await;
-                let route =
-                    route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Tools, &name))?;
+                let route = router.tool(&name).await?;
+                let catalog = router.catalog();
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let designated = catalog.param_headers(&name);
                 let arguments = match arguments {
@@ -265,32 +256,29 @@ impl Session {
                         related,
                     )
                     .await?;
-                Ok(self.tool_result(&catalog, &route.upstream, reply))
+                Ok(self.tool_result(catalog, &route.upstream, reply))
             }
             "prompts/get" => {
                 let (params, name) = take_string(params, "name")?;
-                let (catalog, route) = self
-                    .route_waiting(catalog, &name, under_prefix(&name), Catalog::route_prompt)
-                    .await;
-                let route =
-                    route.ok_or_else(|| self.unrouted_name(&catalog, Kind::Prompts, &name))?;
+                let route = router.prompt(&name).await?;
                 self.forward_named(method, params, None, &route, &[], related)
                     .await
             }
             "resources/read" => {
                 let (params, uri) = take_string(params, "uri")?;
-                let (catalog, route) = self
-                    .route_waiting(catalog, &uri, in_namespace(&uri), Catalog::route_resource)
-                    .await;
-                let route = route.ok_or_else(|| unrouted(&catalog, Kind::Resources, &uri))?;
+                let route = router.resource(&uri).await?;
                 let params = with_string(params, "uri", &route.original);
                 let call = self.call_context(None, related);
                 let reply = self
                     .forward_with_input(&route.upstream, method, params, call)
                     .await?;
-                Ok(expose_content_uris(&catalog, &route.upstream, reply))
+                Ok(expose_content_uris(
+                    router.catalog(),
+                    &route.upstream,
+                    reply,
+                ))
             }
-            "completion/complete" => self.complete(params, &catalog, related).await,
+            "completion/complete" => self.complete(params, router.catalog(), related).await,
             "tasks/get" | "tasks/update" | "tasks/cancel" if self.era == Era::Modern => {
                 task_extension::serve(self, method, params, related).await
             }
@@ -319,11 +307,11 @@ impl Session {
                 let subscribe = method == "resources/subscribe";
                 // A held resource cannot be subscribed to; one subscribed before it
                 // was held can still be let go.
-                let route = match catalog.route_resource(&uri) {
+                let route = match router.catalog().route_resource(&uri) {
                     Some(route) => route,
-                    None => match catalog.held(Kind::Resources, &uri) {
+                    None => match router.catalog().held(Kind::Resources, &uri) {
                         Some(held) if !subscribe => held.route,
-                        _ => return Err(unrouted(&catalog, Kind::Resources, &uri)),
+                        _ => return Err(unrouted(router.catalog(), Kind::Resources, &uri)),
                     },
                 };
                 if subscribe {

@@ -1,40 +1,89 @@
-//! Names and URIs to routes: a tool or prompt name, a resource URI looked up in
-//! the session's view of the catalog, waiting for an upstream still on its first
-//! start that may own it; and the error for one that routes nowhere.
+//! Names and URIs to routes ([`Router`]): a tool or prompt name, a resource URI
+//! looked up in the request's snapshot of the session's view of the catalog,
+//! waiting for an upstream still on its first start that may own it; and the
+//! error for one that routes nowhere.
 
 use std::sync::Arc;
 
-use registry::{Catalog, Kind};
+use registry::{Catalog, Kind, Route};
 
-use super::Session;
+use crate::hub::Hub;
 use crate::jsonrpc::RelayError;
 use crate::upstreams::UpstreamState;
 
-impl Session {
-    /// Routes `key` (a tool or prompt name, a resource URI) with `route` in
-    /// `catalog` (the request's snapshot of the session's view), and returns the
-    /// catalog routed in with the route, if any. A key that
-    /// routes nowhere yet and may `belong` (by its prefix) to an upstream this session
-    /// may see that is still on its first start (nothing listed, not even from its
-    /// cache) waits for that upstream's first listing as a first list does (up to
-    /// `first_list_wait`), and is routed in the catalog it makes: a client that just
-    /// launched plexus does not see its first call fail.
-    pub(super) async fn route_waiting(
-        &self,
-        catalog: Arc<Catalog>,
+/// Routes one request: it holds the snapshot the request is routed in, audited in,
+/// and has the URIs in its result exposed from.
+pub(super) struct Router<'a> {
+    hub: &'a Hub,
+    view: Option<&'a str>,
+    catalog: Arc<Catalog>,
+}
+
+impl<'a> Router<'a> {
+    /// A router on the current snapshot of `view` (None: the whole catalog).
+    pub(super) fn new(hub: &'a Hub, view: Option<&'a str>) -> Router<'a> {
+        Router {
+            hub,
+            view,
+            catalog: hub.catalog_for(view),
+        }
+    }
+
+    /// The snapshot routed in: the request's own, or the newer one a route waited for.
+    pub(super) fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// A tool's route: listed, or the unprefixed upstream's for a name it does not list.
+    pub(super) async fn tool(&mut self, name: &str) -> Result<Route, RelayError> {
+        let route = self
+            .waiting(name, under_prefix(name), |catalog, name| {
+                catalog.route_tool(name).or_else(|| {
+                    catalog
+                        .route_unlisted_tool(name)
+                        .filter(|_| catalog.held(Kind::Tools, name).is_none())
+                })
+            })
+            .await;
+        route.ok_or_else(|| self.unrouted_name(Kind::Tools, name))
+    }
+
+    pub(super) async fn prompt(&mut self, name: &str) -> Result<Route, RelayError> {
+        let route = self
+            .waiting(name, under_prefix(name), Catalog::route_prompt)
+            .await;
+        route.ok_or_else(|| self.unrouted_name(Kind::Prompts, name))
+    }
+
+    pub(super) async fn resource(&mut self, uri: &str) -> Result<Route, RelayError> {
+        let route = self
+            .waiting(uri, in_namespace(uri), Catalog::route_resource)
+            .await;
+        route.ok_or_else(|| unrouted(&self.catalog, Kind::Resources, uri))
+    }
+
+    /// Routes `key` (a tool or prompt name, a resource URI) with `route` in the
+    /// request's snapshot. A key that routes nowhere yet and may `belong` (by its
+    /// prefix) to an upstream this session may see that is still on its first
+    /// start (nothing listed, not even from its cache) waits for that upstream's
+    /// first listing as a first list does (up to `first_list_wait`), and is routed
+    /// in the snapshot it makes, which the router keeps from then on: a client that
+    /// just launched plexus does not see its first call fail.
+    async fn waiting(
+        &mut self,
         key: &str,
         belongs: impl Fn(&str) -> bool,
-        route: impl Fn(&Catalog, &str) -> Option<registry::Route>,
-    ) -> (Arc<Catalog>, Option<registry::Route>) {
-        if let Some(found) = route(&catalog, key) {
-            return (catalog, Some(found));
+        route: impl Fn(&Catalog, &str) -> Option<Route>,
+    ) -> Option<Route> {
+        if let Some(found) = route(&self.catalog, key) {
+            return Some(found);
         }
         let upstreams = self.hub.upstreams();
         let starting: Vec<&str> = upstreams
             .values()
             .filter(|upstream| {
                 belongs(&upstream.config().prefix)
-                    && catalog.shows_upstream(upstream.name())
+                    && self.catalog.shows_upstream(upstream.name())
                     && self.hub.awaits_first_listing(upstream)
             })
             .map(|upstream| upstream.name())
@@ -42,32 +91,26 @@ impl Session {
         if starting.is_empty() {
             // A listing installed since the request took its snapshot is why no
             // upstream awaits one any more: route on the snapshot that has it.
-            let current = self.catalog();
-            if Arc::ptr_eq(&current, &catalog) {
-                return (catalog, None);
+            let current = self.hub.catalog_for(self.view);
+            if Arc::ptr_eq(&current, &self.catalog) {
+                return None;
             }
-            let found = route(&current, key);
-            return (current, found);
+            self.catalog = current;
+            return route(&self.catalog, key);
         }
         self.hub
             .wait_for_first_listings_of(|upstream| starting.contains(&upstream))
             .await;
-        let catalog = self.catalog();
-        let found = route(&catalog, key);
-        (catalog, found)
+        self.catalog = self.hub.catalog_for(self.view);
+        route(&self.catalog, key)
     }
 
     /// The error for a tool or prompt name that routes nowhere. A name under the
     /// prefix of an upstream this session may see that has no listing yet (its
     /// first start is still under way, backing off, or failed) is about that
     /// upstream: the caller hears its state (-33001), not that the name is unknown.
-    pub(super) fn unrouted_name(
-        &self,
-        catalog: &registry::Catalog,
-        kind: Kind,
-        name: &str,
-    ) -> RelayError {
-        let unknown = unrouted(catalog, kind, name);
+    fn unrouted_name(&self, kind: Kind, name: &str) -> RelayError {
+        let unknown = unrouted(&self.catalog, kind, name);
         if !matches!(
             unknown,
             RelayError::UnknownTool(_) | RelayError::UnknownPrompt(_)
@@ -78,7 +121,7 @@ impl Session {
             let config = upstream.config();
             if registry::names::is_under_prefix(name, &config.prefix)
                 && config.enabled
-                && catalog.shows_upstream(upstream.name())
+                && self.catalog.shows_upstream(upstream.name())
                 && upstream.shared.state() != UpstreamState::Ready
                 && !self.hub.lists(upstream.name())
             {
@@ -91,13 +134,13 @@ impl Session {
 
 /// Whether an upstream of this prefix may expose `name`: one under its prefix, or
 /// any name for an upstream without one.
-pub(super) fn under_prefix(name: &str) -> impl Fn(&str) -> bool + '_ {
+fn under_prefix(name: &str) -> impl Fn(&str) -> bool + '_ {
     move |prefix| prefix.is_empty() || registry::names::is_under_prefix(name, prefix)
 }
 
 /// Whether an upstream of this prefix may expose `uri`: one in its URI namespace,
 /// or any URI for an upstream without a prefix (its URIs are exposed unchanged).
-pub(super) fn in_namespace(uri: &str) -> impl Fn(&str) -> bool + '_ {
+fn in_namespace(uri: &str) -> impl Fn(&str) -> bool + '_ {
     let namespace = registry::uris::split_namespace(uri).map(|(namespace, _)| namespace);
     move |prefix| {
         prefix.is_empty()
