@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 
 use adapters::{Reply, WrittenMember};
-use registry::{Catalog, Route};
+use registry::Route;
 use serde_json::Value;
 
 use super::Session;
@@ -81,12 +81,11 @@ impl RequestRecord {
     }
 
     /// Takes the record; arguments left unread are put back in `params`, since the
-    /// trail hashes them.
+    /// trail hashes them. Its route is the one the request is sent by ([`Self::routed`]).
     pub(super) fn take(
         method: &str,
         params: &mut Option<Value>,
         arguments: Option<WrittenMember>,
-        catalog: &Catalog,
     ) -> Result<RequestRecord, RelayError> {
         // The trail hashes the arguments (a skim found them in params, an object).
         if let (Some(arguments), Some(Value::Object(object))) = (arguments, params.as_mut()) {
@@ -100,18 +99,18 @@ impl RequestRecord {
             ),
         };
         let name = name.and_then(Value::as_str).unwrap_or_default().to_string();
-        let route = match method {
-            "tools/call" => catalog.route_tool(&name),
-            "prompts/get" => catalog.route_prompt(&name),
-            _ => catalog.route_resource(&name),
-        };
         Ok(RequestRecord {
             method: method.to_string(),
             name,
-            route,
+            route: None,
             arguments: crate::audit::arguments_hash(arguments),
             started: Instant::now(),
         })
+    }
+
+    /// The route the request is sent by (none: it routed nowhere).
+    pub(super) fn routed(&mut self, route: &Route) {
+        self.route = Some(route.clone());
     }
 
     /// Writes the request's line with how it was answered.

@@ -189,12 +189,12 @@ impl Session {
         let router = Router::new(&self.hub, self.view());
         if !RequestRecord::wanted(method, self.hub.audit()) {
             return self
-                .dispatch_unaudited(method, params, arguments, router, related)
+                .dispatch_unaudited(method, params, arguments, router, None, related)
                 .await;
         }
-        let record = RequestRecord::take(method, &mut params, arguments, router.catalog())?;
+        let mut record = RequestRecord::take(method, &mut params, arguments)?;
         let reply = self
-            .dispatch_unaudited(method, params, None, router, related)
+            .dispatch_unaudited(method, params, None, router, Some(&mut record), related)
             .await;
         record.write(&self.audit(), &reply);
         reply
@@ -206,8 +206,15 @@ impl Session {
         params: Option<Value>,
         arguments: Option<WrittenMember>,
         mut router: Router<'_>,
+        record: Option<&mut RequestRecord>,
         related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
+        // The route an audited request took, for its line: the one it is sent by.
+        let audit_route = |route: &registry::Route| {
+            if let Some(record) = record {
+                record.routed(route);
+            }
+        };
         if let Some(kind) = list_kind(method) {
             return self.list(kind, params).await.map(Reply::Result);
         }
@@ -217,6 +224,7 @@ impl Session {
             "tools/call" => {
                 let (mut params, name) = take_string(params, "name")?;
                 let route = router.tool(&name).await?;
+                audit_route(&route);
                 let catalog = router.catalog();
                 // What the tool's schema mirrors into headers, for an HTTP upstream.
                 let designated = catalog.param_headers(&name);
@@ -261,12 +269,14 @@ impl Session {
             "prompts/get" => {
                 let (params, name) = take_string(params, "name")?;
                 let route = router.prompt(&name).await?;
+                audit_route(&route);
                 self.forward_named(method, params, None, &route, &[], related)
                     .await
             }
             "resources/read" => {
                 let (params, uri) = take_string(params, "uri")?;
                 let route = router.resource(&uri).await?;
+                audit_route(&route);
                 let params = with_string(params, "uri", &route.original);
                 let call = self.call_context(None, related);
                 let reply = self

@@ -264,3 +264,37 @@ async fn the_trail_names_the_principal_and_view_never_the_token() -> anyhow::Res
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A call's line names the upstream and original name it was sent by, also when no
+/// listing names it: a name the one unprefixed upstream does not list is still
+/// sent there (it answers with its own error), and the line says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_names_the_route_the_call_was_sent_by() -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .daemon("audit_log = \"audit.jsonl\"")
+        .upstreams(fixture_upstream(
+            "fx",
+            "prefix = \"\"\non_schema_change = \"warn\"",
+            &[],
+        ))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for (name, arguments) in [("echo", json!({"text": "x"})), ("not_listed", json!({}))] {
+        let answer = session
+            .request("tools/call", json!({"name": name, "arguments": arguments}))
+            .await?;
+        println!("{name}: {answer}");
+    }
+    let trail = daemon.dir.path().join("audit.jsonl");
+    for name in ["echo", "not_listed"] {
+        let line = line_for(&trail, "tools/call", name).await?;
+        ensure!(
+            line["upstream"] == "fx" && line["original"] == name,
+            "{name}: {line}"
+        );
+    }
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
