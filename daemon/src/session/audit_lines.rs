@@ -8,7 +8,6 @@ use adapters::{Reply, WrittenMember};
 use registry::Route;
 use serde_json::Value;
 
-use super::Session;
 use crate::audit::{Audit, Line};
 use crate::client_message;
 use crate::jsonrpc::RelayError;
@@ -21,19 +20,22 @@ pub(super) struct SessionAudit<'a> {
     owner: u64,
 }
 
-impl Session {
-    /// The session's side of the trail.
-    pub(super) fn audit(&self) -> SessionAudit<'_> {
+impl<'a> SessionAudit<'a> {
+    /// The lines of the session that `owner` names, opened by `principal`, seeing `view`.
+    pub(super) fn new(
+        audit: &'a Audit,
+        principal: &'a str,
+        view: Option<&'a str>,
+        owner: u64,
+    ) -> SessionAudit<'a> {
         SessionAudit {
-            audit: self.hub.audit(),
-            principal: &self.identity.principal,
-            view: self.view(),
-            owner: self.owner,
+            audit,
+            principal,
+            view,
+            owner,
         }
     }
-}
 
-impl SessionAudit<'_> {
     /// A line of the trail for `event`, saying who acted: principal, view and the
     /// session's keyed hash; `None` when nothing is audited.
     fn line(&self, event: &str) -> Option<Line> {

@@ -25,12 +25,22 @@ use crate::fanout::Client;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
 
-impl Session {
+/// Serves one request of a session (its method match): answered by plexus, or
+/// routed and relayed upstream; messages related to it go to `related`.
+pub(super) struct Dispatch<'a> {
+    session: &'a Session,
+    related: &'a mpsc::Sender<Value>,
+}
+
+impl<'a> Dispatch<'a> {
+    pub(super) fn new(session: &'a Session, related: &'a mpsc::Sender<Value>) -> Dispatch<'a> {
+        Dispatch { session, related }
+    }
+
     /// `capabilities`: the request's `_meta` client capabilities, when the front
     /// took them out (see [`ClientMessage`]); `era`: the request's, as its front
     /// decided.
-    #[allow(clippy::too_many_arguments)] // the envelope's parts, as `handle` took them apart
-    pub(super) async fn handle_request(
+    pub(super) async fn request(
         &self,
         id: Value,
         method: String,
@@ -38,12 +48,12 @@ impl Session {
         arguments: Option<WrittenMember>,
         capabilities: Option<Arc<Value>>,
         era: Era,
-        related: &mpsc::Sender<Value>,
     ) -> Handled {
         let key = id.to_string();
         let token = CancellationToken::new();
         {
             let mut in_flight = self
+                .session
                 .in_flight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -54,7 +64,7 @@ impl Session {
         }
         // Removes the entry however this ends, a dropped future (a client gone) included.
         let _registered = InFlightEntry {
-            session: self,
+            session: self.session,
             key: &key,
         };
         let modern = era == Era::Modern;
@@ -72,15 +82,17 @@ impl Session {
         let outcome = {
             let serving = std::pin::pin!(async {
                 if modern {
-                    self.serve_modern(&id, &method, params, arguments, capabilities, related)
+                    self.serve_modern(&id, &method, params, arguments, capabilities)
                         .await
                         .map(Served::Reply)
                 } else if let Some(kind) = list_kind(&method) {
-                    self.list_serialized(kind, params, &id)
+                    self.session
+                        .lister
+                        .page_written(&self.session.hub, self.session.view(), kind, params, &id)
                         .await
                         .map(Served::Page)
                 } else {
-                    self.dispatch(&method, params, arguments, related)
+                    self.dispatch(&method, params, arguments)
                         .await
                         .map(Served::Reply)
                 }
@@ -98,8 +110,9 @@ impl Session {
             Some(Err(error)) => failed(id, &error, era),
             // Ended with its session (plexus shutting down, or the session deleted or
             // expired): the client still gets an answer.
-            None if self.closed.is_cancelled() => {
-                let error = if self.shutting_down.load(Ordering::Relaxed) || self.hub.is_stopping()
+            None if self.session.closed.is_cancelled() => {
+                let error = if self.session.shutting_down.load(Ordering::Relaxed)
+                    || self.session.hub.is_stopping()
                 {
                     RelayError::ShuttingDown
                 } else {
@@ -112,28 +125,6 @@ impl Session {
         }
     }
 
-    pub(super) fn handle_notification(&self, method: &str, params: Option<Value>) {
-        match method {
-            "notifications/initialized" => self.hub.client_initialized(self),
-            "notifications/cancelled" => {
-                let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
-                    return;
-                };
-                let key = request_id.to_string();
-                if let Some(token) = self
-                    .in_flight
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&key)
-                {
-                    token.cancel();
-                }
-            }
-            "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
-            other => tracing::debug!(method = other, "client notification ignored"),
-        }
-    }
-
     /// A 2026-07-28 request: its `_meta` is checked, and it runs in a scope of its own.
     async fn serve_modern(
         &self,
@@ -142,13 +133,13 @@ impl Session {
         mut params: Option<Value>,
         arguments: Option<WrittenMember>,
         capabilities: Option<Arc<Value>>,
-        related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         let meta = era::take_meta(&mut params, capabilities)?;
         match method {
             "server/discover" => {
-                let catalog = self.catalog();
+                let catalog = self.session.catalog();
                 let upstream_extension = self
+                    .session
                     .hub
                     .offers_tasks_extension(|upstream| catalog.shows_upstream(upstream));
                 Ok(Reply::Result(era::discover_result(
@@ -161,7 +152,7 @@ impl Session {
             {
                 Err(era::tasks::missing(&format!("`{method}`")))
             }
-            "subscriptions/listen" => scoped::listen(self, id, params, meta, related).await,
+            "subscriptions/listen" => scoped::listen(self.session, id, params, meta, self.related).await,
             // Replaced in this revision by `_meta` log levels and `subscriptions/listen`;
             // it has no handshake and no ping.
             "logging/setLevel"
@@ -172,31 +163,30 @@ impl Session {
             // The tasks extension has neither: `tasks/get` inlines the outcome.
             | "tasks/list"
             | "tasks/result" => Err(RelayError::MethodNotFound(method.to_string())),
-            _ => scoped::serve(self, method, params, arguments, meta, related).await,
+            _ => scoped::serve(self.session, method, params, arguments, meta, self.related).await,
         }
     }
 
     /// Serves a request; a tool call's `arguments`, when given, are not in `params`.
-    pub(crate) async fn dispatch(
+    pub(super) async fn dispatch(
         &self,
         method: &str,
         mut params: Option<Value>,
         arguments: Option<WrittenMember>,
-        related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         // The one snapshot a routed request is routed in, audited in, and has the
         // URIs in its result exposed from.
-        let router = Router::new(&self.hub, self.view());
-        if !RequestRecord::wanted(method, self.hub.audit()) {
+        let router = Router::new(&self.session.hub, self.session.view());
+        if !RequestRecord::wanted(method, self.session.hub.audit()) {
             return self
-                .dispatch_unaudited(method, params, arguments, router, None, related)
+                .dispatch_unaudited(method, params, arguments, router, None)
                 .await;
         }
         let mut record = RequestRecord::take(method, &mut params, arguments)?;
         let reply = self
-            .dispatch_unaudited(method, params, None, router, Some(&mut record), related)
+            .dispatch_unaudited(method, params, None, router, Some(&mut record))
             .await;
-        record.write(&self.audit(), &reply);
+        record.write(&self.session.audit(), &reply);
         reply
     }
 
@@ -207,7 +197,6 @@ impl Session {
         arguments: Option<WrittenMember>,
         mut router: Router<'_>,
         record: Option<&mut RequestRecord>,
-        related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         // The route an audited request took, for its line: the one it is sent by.
         let audit_route = |route: &registry::Route| {
@@ -216,7 +205,18 @@ impl Session {
             }
         };
         if let Some(kind) = list_kind(method) {
-            return self.list(kind, params).await.map(Reply::Result);
+            return self
+                .session
+                .lister
+                .page(
+                    &self.session.hub,
+                    self.session.view(),
+                    self.session.era,
+                    kind,
+                    params,
+                )
+                .await
+                .map(Reply::Result);
         }
         match method {
             "initialize" => Ok(Reply::Result(self.initialize(params))),
@@ -245,32 +245,28 @@ impl Session {
                         ))
                     })
                     .collect();
-                let params = if self.era == Era::Modern {
+                let params = if self.session.era == Era::Modern {
                     era::tasks::as_task_if_wanted(
                         params,
                         catalog.task_support(&name),
-                        &self.declared_capabilities(),
+                        &self.session.declared_capabilities(),
                     )?
                 } else {
                     params
                 };
-                let reply = self
-                    .forward_named(
-                        method,
-                        params,
-                        arguments.as_ref(),
-                        &route,
-                        &headers,
-                        related,
-                    )
+                let forwarder = self.session.forwarder(self.related);
+                let reply = forwarder
+                    .forward_named(method, params, arguments.as_ref(), &route, &headers)
                     .await?;
-                Ok(self.tool_result(catalog, &route.upstream, reply))
+                Ok(forwarder.tool_result(catalog, &route.upstream, reply))
             }
             "prompts/get" => {
                 let (params, name) = take_string(params, "name")?;
                 let route = router.prompt(&name).await?;
                 audit_route(&route);
-                self.forward_named(method, params, None, &route, &[], related)
+                self.session
+                    .forwarder(self.related)
+                    .forward_named(method, params, None, &route, &[])
                     .await
             }
             "resources/read" => {
@@ -278,8 +274,9 @@ impl Session {
                 let route = router.resource(&uri).await?;
                 audit_route(&route);
                 let params = with_string(params, "uri", &route.original);
-                let call = self.call_context(None, related);
-                let reply = self
+                let forwarder = self.session.forwarder(self.related);
+                let call = forwarder.call(None);
+                let reply = forwarder
                     .forward_with_input(&route.upstream, method, params, call)
                     .await?;
                 Ok(expose_content_uris(
@@ -288,14 +285,19 @@ impl Session {
                     reply,
                 ))
             }
-            "completion/complete" => self.complete(params, router.catalog(), related).await,
-            "tasks/get" | "tasks/update" | "tasks/cancel" if self.era == Era::Modern => {
-                task_extension::serve(self, method, params, related).await
+            "completion/complete" => self.complete(params, router.catalog()).await,
+            "tasks/get" | "tasks/update" | "tasks/cancel" if self.session.era == Era::Modern => {
+                task_extension::serve(self.session, method, params, self.related).await
             }
             "tasks/get" | "tasks/result" | "tasks/cancel" => {
-                task_extension::serve(self, method, params, related).await
+                task_extension::serve(self.session, method, params, self.related).await
             }
-            "tasks/list" => self.hub.list_tasks(self.call_context(None, related)).await,
+            "tasks/list" => {
+                self.session
+                    .hub
+                    .list_tasks(self.session.call_context(None, self.related))
+                    .await
+            }
             "logging/setLevel" => {
                 let level = params
                     .as_ref()
@@ -306,10 +308,11 @@ impl Session {
                         RelayError::InvalidParams("`level` must be a syslog level name".into())
                     })?;
                 *self
+                    .session
                     .log_level
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = Some(level);
-                self.hub.log_levels_changed().await;
+                self.session.hub.log_levels_changed().await;
                 Ok(Reply::Result(json!({})))
             }
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -325,10 +328,11 @@ impl Session {
                     },
                 };
                 if subscribe {
-                    self.subscribe(&uri, &route).await?;
-                } else if self.lock_subscriptions().remove(&uri) {
-                    self.hub
-                        .subscription(self.id, &self.outbound, &route, false)
+                    self.session.subscribe(&uri, &route).await?;
+                } else if self.session.lock_subscriptions().remove(&uri) {
+                    self.session
+                        .hub
+                        .subscription(self.session.id, &self.session.outbound, &route, false)
                         .await?;
                 }
                 Ok(Reply::Result(json!({})))
@@ -342,7 +346,6 @@ impl Session {
         &self,
         params: Option<Value>,
         catalog: &Catalog,
-        related: &mpsc::Sender<Value>,
     ) -> Result<Reply, RelayError> {
         let Some(Value::Object(mut params)) = params else {
             return Err(RelayError::InvalidParams("params must be an object".into()));
@@ -385,8 +388,9 @@ impl Session {
             }
         };
         reference.insert(key.into(), Value::String(route.original.clone()));
-        let call = self.call_context(None, related);
-        self.hub
+        let call = self.session.call_context(None, self.related);
+        self.session
+            .hub
             .forward(
                 &route.upstream,
                 "completion/complete",
@@ -404,7 +408,11 @@ impl Session {
             .filter(|v| SUPPORTED_VERSIONS.contains(v))
             .unwrap_or(LATEST_VERSION)
             .to_string();
-        *self.hello.lock().unwrap_or_else(PoisonError::into_inner) = ClientHello {
+        *self
+            .session
+            .hello
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = ClientHello {
             protocol_version: Some(version.clone()),
             capabilities: Arc::new(params.get("capabilities").cloned().unwrap_or(Value::Null)),
         };
@@ -418,8 +426,9 @@ impl Session {
 
     /// What plexus can relay from the upstreams this client's view shows.
     fn capabilities(&self) -> Value {
-        let catalog = self.catalog();
-        self.hub
+        let catalog = self.session.catalog();
+        self.session
+            .hub
             .capabilities(|upstream| catalog.shows_upstream(upstream))
     }
 
@@ -428,8 +437,8 @@ impl Session {
         let mut lines =
             vec!["plexus aggregates these MCP servers; names carry their prefix:".to_string()];
         // From the snapshot: instructions changed since they were pinned are held back.
-        let catalog = self.catalog();
-        for upstream in self.hub.upstreams().values() {
+        let catalog = self.session.catalog();
+        for upstream in self.session.hub.upstreams().values() {
             // A view's hidden upstreams are not named at all.
             if !upstream.config().enabled || !catalog.shows_upstream(upstream.name()) {
                 continue;

@@ -3,39 +3,73 @@
 //! unread result kept unread unless plexus changes it, and a 2026-07-28
 //! upstream's input-required rounds asked of a handshake-era client.
 
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use adapters::{Reply, WrittenMember};
 use registry::Catalog;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::Session;
+use super::audit_lines::SessionAudit;
+use super::client_bound::ClientBoundRequests;
+use super::ClientHello;
 use crate::era::{self, Era};
-use crate::hub::CallContext;
+use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, RelayError};
 
 /// Input-required rounds a call may take before plexus gives up on it.
 const MAX_INPUT_ROUNDS: usize = 10;
 
-impl Session {
+/// Relays one session's routed requests upstream, with what that takes of it:
+/// its era, its ids, where the request's related messages go, and for a
+/// 2026-07-28 upstream's input rounds its capabilities, its client-bound table
+/// and its side of the audit trail.
+pub(super) struct Forwarder<'a> {
+    pub(super) hub: &'a Arc<Hub>,
+    pub(super) era: Era,
+    pub(super) session: u64,
+    pub(super) owner: u64,
+    pub(super) related: &'a mpsc::Sender<Value>,
+    /// Read when a round asks for input, as the client declared it then.
+    pub(super) hello: &'a Mutex<ClientHello>,
+    pub(super) client: &'a ClientBoundRequests,
+    pub(super) audit: SessionAudit<'a>,
+}
+
+impl<'a> Forwarder<'a> {
+    /// A call's context: its session and where its related messages go.
+    pub(super) fn call(&self, tool: Option<&'a str>) -> CallContext<'a> {
+        CallContext {
+            session: self.session,
+            owner: self.owner,
+            tool,
+            related: self.related,
+            headers: &[],
+            result_unread: false,
+            arguments: None,
+        }
+    }
+
     /// Relays a request naming a tool or prompt, under the upstream's own name.
-    pub(super) async fn forward_named(
-        &self,
-        method: &str,
+    /// Not an `async fn`: the call is [`Forwarder::forward_with_input`]'s future,
+    /// one frame fewer on the hot path.
+    pub(super) fn forward_named<'f>(
+        &'f self,
+        method: &'f str,
         params: Map<String, Value>,
-        arguments: Option<&WrittenMember>,
-        route: &registry::Route,
-        headers: &[(String, String)],
-        related: &mpsc::Sender<Value>,
-    ) -> Result<Reply, RelayError> {
+        arguments: Option<&'a WrittenMember>,
+        route: &'a registry::Route,
+        headers: &'a [(String, String)],
+    ) -> impl Future<Output = Result<Reply, RelayError>> + 'f {
         let is_tool = method == "tools/call";
         let params = with_string(params, "name", &route.original);
-        let mut call = self.call_context(is_tool.then_some(route.original.as_str()), related);
+        let mut call = self.call(is_tool.then_some(route.original.as_str()));
         call.headers = headers;
         call.arguments = arguments;
         // A tool's result usually passes as the upstream wrote it.
         call.result_unread = is_tool;
         self.forward_with_input(&route.upstream, method, params, call)
-            .await
     }
 
     /// A tool's result as the client sees it: its linked resources' URIs exposed
@@ -43,7 +77,7 @@ impl Session {
     /// call's task named by its upstream.
     pub(super) fn tool_result(&self, catalog: &Catalog, upstream: &str, reply: Reply) -> Reply {
         let reply = expose_linked_uris(catalog, upstream, reply);
-        let reply = self.hub.expose_tasks(upstream, Some(self.id), reply);
+        let reply = self.hub.expose_tasks(upstream, Some(self.session), reply);
         if self.era == Era::Modern {
             era::tasks::created(reply)
         } else {
@@ -60,7 +94,7 @@ impl Session {
         upstream: &str,
         method: &str,
         params: Value,
-        call: CallContext<'_>,
+        call: CallContext<'a>,
     ) -> Result<Reply, RelayError> {
         // The one lookup of the upstream for this call.
         let target = self.hub.upstream_named(upstream)?;
@@ -110,7 +144,12 @@ impl Session {
                 if let Some(capability) =
                     crate::fanout::required_capability(asked, asked_params.as_ref())
                 {
-                    if !self.has_capability(&capability) {
+                    let declared = self
+                        .hello
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .has_capability(&capability);
+                    if !declared {
                         return Err(RelayError::InvalidRequest(format!(
                             "upstream `{upstream}` needs `{asked}`, and this client did not declare the `{}` capability",
                             capability.join(".")
@@ -118,11 +157,8 @@ impl Session {
                     }
                 }
                 let sent = tokio::time::Instant::now();
-                let answered = self
-                    .client_bound
-                    .ask(call.related, asked, asked_params)
-                    .await;
-                self.audit()
+                let answered = self.client.ask(call.related, asked, asked_params).await;
+                self.audit
                     .client_request(Some(upstream), asked, sent, &answered);
                 match answered?.into_result() {
                     Ok(answer) => {

@@ -3,26 +3,35 @@
 //! 2026-07-28 client's with its cache hints; only a session's first list waits
 //! for upstreams still starting.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use registry::Kind;
 use serde_json::{Map, Value};
 
-use super::Session;
 use crate::era::Era;
+use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
 
-impl Session {
+/// A session's lists: pages of its view of the catalog.
+#[derive(Default)]
+pub(super) struct Lister {
+    /// Whether it listed anything yet (only its first list waits for starting upstreams).
+    listed: AtomicBool,
+}
+
+impl Lister {
     /// A handshake-era client's list page as the bytes of its `result`: the
     /// catalog's own JSON spliced in, never parsed into values and written again.
-    pub(super) async fn list_serialized(
+    pub(super) async fn page_written(
         &self,
+        hub: &Hub,
+        view: Option<&str>,
         kind: Kind,
         params: Option<Value>,
         id: &Value,
     ) -> Result<jsonrpc::Answer, RelayError> {
-        self.wait_for_first_list().await;
-        let catalog = self.catalog();
+        self.wait_for_first_list(hub).await;
+        let catalog = hub.catalog_for(view);
         let page = catalog
             .page(kind, cursor_of(&params))
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
@@ -43,19 +52,23 @@ impl Session {
     }
 
     /// Only a session's first list waits for upstreams still starting.
-    async fn wait_for_first_list(&self) {
+    async fn wait_for_first_list(&self, hub: &Hub) {
         if !self.listed.swap(true, Ordering::Relaxed) {
-            self.hub.wait_for_first_listings().await;
+            hub.wait_for_first_listings().await;
         }
     }
 
-    pub(super) async fn list(
+    /// A list page as a value; a 2026-07-28 client's (`era`) with its cache hints.
+    pub(super) async fn page(
         &self,
+        hub: &Hub,
+        view: Option<&str>,
+        era: Era,
         kind: Kind,
         params: Option<Value>,
     ) -> Result<Value, RelayError> {
-        self.wait_for_first_list().await;
-        let catalog = self.catalog();
+        self.wait_for_first_list(hub).await;
+        let catalog = hub.catalog_for(view);
         let page = catalog
             .page(kind, cursor_of(&params))
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
@@ -64,11 +77,11 @@ impl Session {
         if let Some(next) = page.next_cursor {
             result.insert("nextCursor".into(), Value::String(next));
         }
-        if self.era == Era::Modern {
+        if era == Era::Modern {
             // What is true of the merge: its shortest-lived part's lifetime, and
             // shareable only if every part is, and the caller does not pick the view.
             let mut cache = page.cache;
-            cache.public &= !self.hub.catalog_depends_on_caller();
+            cache.public &= !hub.catalog_depends_on_caller();
             result.insert("ttlMs".into(), Value::from(cache.ttl_ms));
             result.insert("cacheScope".into(), Value::from(cache.scope()));
         }

@@ -14,7 +14,11 @@ mod task_extension;
 
 pub use scoped::Continuations;
 
+use audit_lines::SessionAudit;
 use client_bound::ClientBoundRequests;
+use dispatch::Dispatch;
+use forward::Forwarder;
+use lists::Lister;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +60,20 @@ pub struct ClientHello {
     pub capabilities: Arc<Value>,
 }
 
+impl ClientHello {
+    /// Whether it declared a capability (`sampling`, `elicitation`, `roots`).
+    fn has_capability(&self, path: &[&str]) -> bool {
+        let mut value: &Value = &self.capabilities;
+        for key in path {
+            match value.get(key) {
+                Some(inner) if !inner.is_null() => value = inner,
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
 pub struct Session {
     id: u64,
     /// Whose per-session upstream instances this session's calls use: its own, or
@@ -88,8 +106,8 @@ pub struct Session {
     /// Its principal, and the view of the catalog it sees (kept across reloads by
     /// name: the view's new definition applies at once).
     identity: Identity,
-    /// Whether it listed anything yet (only its first list waits for starting upstreams).
-    listed: AtomicBool,
+    /// Its lists (only its first waits for starting upstreams).
+    lister: Lister,
     /// Closed because plexus is shutting down: requests still running are told so.
     shutting_down: AtomicBool,
 }
@@ -219,7 +237,7 @@ impl Session {
             era,
             paused,
             identity,
-            listed: AtomicBool::new(false),
+            lister: Lister::default(),
             shutting_down: AtomicBool::new(false),
         })
     }
@@ -353,11 +371,12 @@ impl Session {
         match jsonrpc::Envelope::of(message) {
             Ok(Envelope::Request { id, method, params }) => {
                 let related = related.unwrap_or(&self.outbound);
-                self.handle_request(id, method, params, arguments, capabilities, era, related)
+                Dispatch::new(self, related)
+                    .request(id, method, params, arguments, capabilities, era)
                     .await
             }
             Ok(Envelope::Notification { method, params }) => {
-                self.handle_notification(&method, params);
+                self.notification(&method, params);
                 Handled::Nothing
             }
             Ok(Envelope::Response { id, reply }) => {
@@ -368,17 +387,35 @@ impl Session {
         }
     }
 
+    /// A client's notification: its handshake done, a cancel, its roots changed.
+    fn notification(&self, method: &str, params: Option<Value>) {
+        match method {
+            "notifications/initialized" => self.hub.client_initialized(self),
+            "notifications/cancelled" => {
+                let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
+                    return;
+                };
+                let key = request_id.to_string();
+                if let Some(token) = self
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                {
+                    token.cancel();
+                }
+            }
+            "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
+            other => tracing::debug!(method = other, "client notification ignored"),
+        }
+    }
+
     /// Whether the client declared a capability in `initialize` (`sampling`, `elicitation`, `roots`).
     pub fn has_capability(&self, path: &[&str]) -> bool {
-        let hello = self.hello.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut value: &Value = &hello.capabilities;
-        for key in path {
-            match value.get(key) {
-                Some(inner) if !inner.is_null() => value = inner,
-                _ => return false,
-            }
-        }
-        true
+        self.hello
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .has_capability(path)
     }
 
     /// Sends a message outside any request's stream (logging, resource updates).
@@ -443,6 +480,30 @@ impl Session {
         self.subscriptions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The session's side of the trail.
+    fn audit(&self) -> SessionAudit<'_> {
+        SessionAudit::new(
+            self.hub.audit(),
+            &self.identity.principal,
+            self.view(),
+            self.owner,
+        )
+    }
+
+    /// Relays this session's routed requests; their related messages go to `related`.
+    fn forwarder<'a>(&'a self, related: &'a mpsc::Sender<Value>) -> Forwarder<'a> {
+        Forwarder {
+            hub: &self.hub,
+            era: self.era,
+            session: self.id,
+            owner: self.owner,
+            related,
+            hello: &self.hello,
+            client: &self.client_bound,
+            audit: self.audit(),
+        }
     }
 
     fn call_context<'a>(

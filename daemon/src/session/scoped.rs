@@ -11,6 +11,7 @@ use registry::Kind;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::dispatch::Dispatch;
 use super::held_tasks::HeldTasks;
 use super::{CloseOnDrop, Session};
 use crate::era::bridge::{self, PausedCalls};
@@ -78,7 +79,9 @@ pub async fn serve(
         let method = method.to_string();
         async move {
             let sink = scope.outbound().clone();
-            scope.dispatch(&method, params, arguments, &sink).await
+            Dispatch::new(&scope, &sink)
+                .dispatch(&method, params, arguments)
+                .await
         }
     };
     paused.start(scope, channels, work, attempt, related).await
