@@ -152,14 +152,15 @@ impl PausedCalls {
 
     /// A first attempt: `work` (the request served in `scope`) is polled in place
     /// until it completes, or is paused when an upstream asks the client something.
-    pub async fn start(
-        self: &Arc<Self>,
+    /// Not an `async fn`: the attempt is the call's own future, one frame fewer.
+    pub fn start<'f>(
+        self: &'f Arc<Self>,
         scope: Arc<dyn Scope>,
         channels: ScopeChannels,
         work: impl Future<Output = Outcome> + Send + 'static,
         attempt: FirstAttempt,
-        related: &mpsc::Sender<Value>,
-    ) -> Outcome {
+        related: &'f mpsc::Sender<Value>,
+    ) -> impl Future<Output = Outcome> + 'f {
         let FirstAttempt {
             method,
             target,
@@ -177,7 +178,6 @@ impl PausedCalls {
             tasks: self.tasks.clone(),
         }
         .drive(self, related, token)
-        .await
     }
 }
 

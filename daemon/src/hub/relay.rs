@@ -63,7 +63,135 @@ impl Hub {
         let started = Instant::now();
         let name = upstream.name_arc().clone();
         let upstream_name: &str = &name;
-        let outcome = self.forward_inner(upstream, method, params, call).await;
+        // One function, not two: a call's future is one frame deeper per `async fn`.
+        let outcome = 'call: {
+            let mut upstream = upstream;
+            let mut params = params;
+            if self.shutdown.is_cancelled() {
+                break 'call Err(RelayError::ShuttingDown);
+            }
+            let _permit = loop {
+                let config = upstream.config();
+                let Some(permit) = upstream.limiter().acquire().await else {
+                    break 'call Err(RelayError::Overloaded {
+                        upstream: upstream_name.to_string(),
+                        in_flight: config.max_in_flight,
+                        pending: config.max_pending,
+                    });
+                };
+                // A restart or reload put a successor in its place while this call
+                // waited: the call goes there, not to an instance about to stop.
+                match upstream
+                    .retired()
+                    .then(|| self.upstreams.get(upstream_name))
+                {
+                    Some(Some(next)) if next.generation() != upstream.generation() => {
+                        upstream = next
+                    }
+                    _ => break permit,
+                }
+            };
+            let config = upstream.config();
+            let base = call
+                .tool
+                .and_then(|tool| config.tool_timeouts.get(tool))
+                .copied()
+                .unwrap_or(config.call_timeout);
+            let instance = upstream.instance_for(call.owner);
+            // A starting upstream is waited for within the call's own deadline (a client
+            // that just launched plexus must not see its first call fail); an on-demand
+            // start has its own budget.
+            let on_demand = upstream.on_demand() || instance.on_demand();
+            let wait = if on_demand { config.init_timeout } else { base };
+            let connection = match instance.connection_for_call(on_demand, wait).await {
+                Ok(connection) => connection,
+                Err(error) => break 'call Err(error),
+            };
+
+            // The one crossing into the upstream's era (`era::to_upstream`).
+            let relayed = connection
+                .is_per_request()
+                .then(|| self.fanout.relayable_capabilities(call.session));
+            crate::era::to_upstream(method, &mut params, relayed);
+            // The client's progress token never reaches a shared upstream: plexus's own does.
+            let progress = self.progress.register(
+                &mut params,
+                call.related,
+                upstream.name_arc(),
+                instance.owner(),
+            );
+            // The request gets its upstream-side id first, so whatever the upstream sends
+            // while serving it (over HTTP, on this request's own stream) is attributed
+            // to this call, and through it to this session.
+            let request = match call.arguments {
+                Some(arguments) => {
+                    connection.prepare_with_member(method, params, arguments.clone())
+                }
+                None => connection.prepare(method, params),
+            };
+            let mut request = request.with_headers(call.headers.to_vec());
+            if call.result_unread {
+                request = request.result_unread();
+            }
+            let _caller = instance.track_call(call.session, call.related.clone(), request.id());
+            let activity = progress.as_ref().map(|route| route.activity.clone());
+
+            let call_started = Instant::now();
+            let hard_deadline = call_started + base.max(config.max_call_timeout);
+            let mut deadline = call_started + base;
+            let request = request.send();
+            tokio::pin!(request);
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut request => break Ok(outcome.and_then(Reply::checked)),
+                    _ = tokio::time::sleep_until(deadline) => break Err(false),
+                    _ = upstream.drained() => break Err(true),
+                    _ = wait_for(activity.as_deref()) => {
+                        // Progress shows the call is alive: give it another full deadline, up to the cap.
+                        deadline = (Instant::now() + base).min(hard_deadline);
+                    }
+                }
+            };
+            drop(progress);
+            match outcome {
+                Ok(Ok(reply)) => Ok(crate::era::answering_as_plexus(reply)),
+                Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
+                    upstream: upstream_name.to_string(),
+                    reason: "the upstream exited or its connection closed".into(),
+                }),
+                Ok(Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. })) => {
+                    Err(instance.unavailable())
+                }
+                Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
+                    upstream: upstream_name.to_string(),
+                    limit,
+                }),
+                Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
+                    let reason = adapters::error_chain(&error);
+                    tracing::warn!(upstream = upstream_name, method, error = %reason, "its call failed");
+                    Err(RelayError::FailedMidCall {
+                        upstream: upstream_name.to_string(),
+                        reason,
+                    })
+                }
+                Ok(Err(
+                    error @ (ConnectionError::HttpStatus { .. }
+                    | ConnectionError::Broken { .. }
+                    | ConnectionError::Malformed { .. }),
+                )) => Err(RelayError::FailedMidCall {
+                    upstream: upstream_name.to_string(),
+                    reason: adapters::error_chain(&error),
+                }),
+                // Dropping `request` (at the end of this scope) sends the cancel upstream.
+                Err(true) => Err(RelayError::Drained {
+                    upstream: upstream_name.to_string(),
+                }),
+                Err(false) => Err(RelayError::Timeout {
+                    upstream: upstream_name.to_string(),
+                    after: call_started.elapsed(),
+                }),
+            }
+        };
         let label = match &outcome {
             Ok(Reply::Result(_) | Reply::Unread(_)) => "ok",
             Ok(Reply::Error(_)) => "upstream_error",
@@ -82,137 +210,6 @@ impl Hub {
                 .observe(started.elapsed().as_secs_f64());
         }
         outcome
-    }
-
-    async fn forward_inner(
-        self: &Arc<Self>,
-        mut upstream: Arc<Upstream>,
-        method: &str,
-        mut params: Option<Value>,
-        call: CallContext<'_>,
-    ) -> Result<Reply, RelayError> {
-        let name = upstream.name_arc().clone();
-        let upstream_name: &str = &name;
-        if self.shutdown.is_cancelled() {
-            return Err(RelayError::ShuttingDown);
-        }
-        let _permit = loop {
-            let config = upstream.config();
-            let permit =
-                upstream
-                    .limiter()
-                    .acquire()
-                    .await
-                    .ok_or_else(|| RelayError::Overloaded {
-                        upstream: upstream_name.to_string(),
-                        in_flight: config.max_in_flight,
-                        pending: config.max_pending,
-                    })?;
-            // A restart or reload put a successor in its place while this call
-            // waited: the call goes there, not to an instance about to stop.
-            match upstream
-                .retired()
-                .then(|| self.upstreams.get(upstream_name))
-            {
-                Some(Some(next)) if next.generation() != upstream.generation() => upstream = next,
-                _ => break permit,
-            }
-        };
-        let config = upstream.config();
-        let base = call
-            .tool
-            .and_then(|tool| config.tool_timeouts.get(tool))
-            .copied()
-            .unwrap_or(config.call_timeout);
-        let instance = upstream.instance_for(call.owner);
-        // A starting upstream is waited for within the call's own deadline (a client
-        // that just launched plexus must not see its first call fail); an on-demand
-        // start has its own budget.
-        let on_demand = upstream.on_demand() || instance.on_demand();
-        let wait = if on_demand { config.init_timeout } else { base };
-        let connection = instance.connection_for_call(on_demand, wait).await?;
-
-        // The one crossing into the upstream's era (`era::to_upstream`).
-        let relayed = connection
-            .is_per_request()
-            .then(|| self.fanout.relayable_capabilities(call.session));
-        crate::era::to_upstream(method, &mut params, relayed);
-        // The client's progress token never reaches a shared upstream: plexus's own does.
-        let progress = self.progress.register(
-            &mut params,
-            call.related,
-            upstream.name_arc(),
-            instance.owner(),
-        );
-        // The request gets its upstream-side id first, so whatever the upstream sends
-        // while serving it (over HTTP, on this request's own stream) is attributed
-        // to this call, and through it to this session.
-        let request = match call.arguments {
-            Some(arguments) => connection.prepare_with_member(method, params, arguments.clone()),
-            None => connection.prepare(method, params),
-        };
-        let mut request = request.with_headers(call.headers.to_vec());
-        if call.result_unread {
-            request = request.result_unread();
-        }
-        let _caller = instance.track_call(call.session, call.related.clone(), request.id());
-        let activity = progress.as_ref().map(|route| route.activity.clone());
-
-        let call_started = Instant::now();
-        let hard_deadline = call_started + base.max(config.max_call_timeout);
-        let mut deadline = call_started + base;
-        let request = request.send();
-        tokio::pin!(request);
-        let outcome = loop {
-            tokio::select! {
-                outcome = &mut request => break Ok(outcome.and_then(Reply::checked)),
-                _ = tokio::time::sleep_until(deadline) => break Err(false),
-                _ = upstream.drained() => break Err(true),
-                _ = wait_for(activity.as_deref()) => {
-                    // Progress shows the call is alive: give it another full deadline, up to the cap.
-                    deadline = (Instant::now() + base).min(hard_deadline);
-                }
-            }
-        };
-        drop(progress);
-        match outcome {
-            Ok(Ok(reply)) => Ok(crate::era::answering_as_plexus(reply)),
-            Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
-                upstream: upstream_name.to_string(),
-                reason: "the upstream exited or its connection closed".into(),
-            }),
-            Ok(Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. })) => {
-                Err(instance.unavailable())
-            }
-            Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
-                upstream: upstream_name.to_string(),
-                limit,
-            }),
-            Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
-                let reason = adapters::error_chain(&error);
-                tracing::warn!(upstream = upstream_name, method, error = %reason, "its call failed");
-                Err(RelayError::FailedMidCall {
-                    upstream: upstream_name.to_string(),
-                    reason,
-                })
-            }
-            Ok(Err(
-                error @ (ConnectionError::HttpStatus { .. }
-                | ConnectionError::Broken { .. }
-                | ConnectionError::Malformed { .. }),
-            )) => Err(RelayError::FailedMidCall {
-                upstream: upstream_name.to_string(),
-                reason: adapters::error_chain(&error),
-            }),
-            // Dropping `request` (at the end of this scope) sends the cancel upstream.
-            Err(true) => Err(RelayError::Drained {
-                upstream: upstream_name.to_string(),
-            }),
-            Err(false) => Err(RelayError::Timeout {
-                upstream: upstream_name.to_string(),
-                after: call_started.elapsed(),
-            }),
-        }
     }
 
     /// Counts a session's subscription to a resource (see `Fanout::subscription`)
