@@ -92,7 +92,7 @@ impl<'a> Dispatch<'a> {
                         .await
                         .map(Served::Page)
                 } else {
-                    self.dispatch(&method, params, arguments)
+                    self.serve(&method, params, arguments)
                         .await
                         .map(Served::Reply)
                 }
@@ -168,7 +168,7 @@ impl<'a> Dispatch<'a> {
     }
 
     /// Serves a request; a tool call's `arguments`, when given, are not in `params`.
-    pub(super) async fn dispatch(
+    pub(super) async fn serve(
         &self,
         method: &str,
         mut params: Option<Value>,
@@ -179,18 +179,20 @@ impl<'a> Dispatch<'a> {
         let router = Router::new(&self.session.hub, self.session.view());
         if !RequestRecord::wanted(method, self.session.hub.audit()) {
             return self
-                .dispatch_unaudited(method, params, arguments, router, None)
+                .serve_routed(method, params, arguments, router, None)
                 .await;
         }
         let mut record = RequestRecord::take(method, &mut params, arguments)?;
         let reply = self
-            .dispatch_unaudited(method, params, None, router, Some(&mut record))
+            .serve_routed(method, params, None, router, Some(&mut record))
             .await;
         record.write(&self.session.audit(), &reply);
         reply
     }
 
-    async fn dispatch_unaudited(
+    /// Serves a request with `router`; an audited one's `record` is told the route
+    /// it is sent by.
+    async fn serve_routed(
         &self,
         method: &str,
         params: Option<Value>,

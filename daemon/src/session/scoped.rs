@@ -80,7 +80,7 @@ pub async fn serve(
         async move {
             let sink = scope.outbound().clone();
             Dispatch::new(&scope, &sink)
-                .dispatch(&method, params, arguments)
+                .serve(&method, params, arguments)
                 .await
         }
     };
