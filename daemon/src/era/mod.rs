@@ -17,9 +17,7 @@ use serde_json::Value;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
 
-pub use fields::{
-    answering_as_plexus, mint_elicitation_id, to_input_request, without_complete_type,
-};
+pub use fields::{answering_as_plexus, mint_elicitation_id, to_input_request};
 pub use wire::{
     check_meta, declared_version, discover_result, mirrored_name, tag_subscription, take_meta,
     ALL_VERSIONS, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SUBSCRIPTION_ID, MODERN_VERSION,
@@ -117,6 +115,23 @@ pub fn answer(era: Era, method: &str, id: Value, reply: Reply) -> jsonrpc::Answe
             }
             jsonrpc::error_object_response(id, error).into()
         }
+    }
+}
+
+/// The way back for a relayed reply, before plexus answers with it ([`answer`]):
+/// what the client's era lacks is taken out, what it shapes otherwise is
+/// reshaped. A handshake-era client's result loses `resultType: complete`, and a
+/// tool call's task takes the client's era's form (`tasks::created`, `tasks::nested`).
+pub fn relayed(era: Era, method: &str, mut reply: Reply) -> Reply {
+    if era == Era::Handshake {
+        fields::without_complete_type(&mut reply);
+    }
+    if method != "tools/call" {
+        return reply;
+    }
+    match era {
+        Era::Modern => tasks::created(reply),
+        Era::Handshake => tasks::nested(reply),
     }
 }
 

@@ -77,18 +77,14 @@ impl<'a> Forwarder<'a> {
     /// call's task named by its upstream.
     pub(super) fn tool_result(&self, catalog: &Catalog, upstream: &str, reply: Reply) -> Reply {
         let reply = expose_linked_uris(catalog, upstream, reply);
-        let reply = self.hub.expose_tasks(upstream, Some(self.session), reply);
-        if self.era == Era::Modern {
-            era::tasks::created(reply)
-        } else {
-            era::tasks::nested(reply)
-        }
+        self.hub.expose_tasks(upstream, Some(self.session), reply)
     }
 
     /// Relays a request that may need client input: a 2026-07-28 upstream answers
     /// with an input-required result. A 2026-07-28 client gets it as it is (its
     /// retry carries the upstream's state back); a handshake-era client is asked
-    /// each input request as a real request, and plexus retries for it.
+    /// each input request as a real request, and plexus retries for it. The reply
+    /// crosses back into the client's era here, once (`era::relayed`).
     pub(super) async fn forward_with_input(
         &self,
         upstream: &str,
@@ -102,101 +98,102 @@ impl<'a> Forwarder<'a> {
         // answered input_required only by a 2026-07-28 upstream: the params are
         // kept for a retry unless neither can happen.
         let may_retry = self.era == Era::Handshake && !target.speaks_handshake();
-        if !may_retry {
+        let reply = if !may_retry {
             let reply = self
                 .hub
                 .forward_to(target, method, Some(params), call)
                 .await?;
-            let mut reply = self.unread_unless_changed(upstream, reply);
-            if self.era == Era::Handshake {
-                era::without_complete_type(&mut reply);
-            }
-            return Ok(reply);
-        }
-        // Every round's result is read: it may ask for input.
-        let call = CallContext {
-            result_unread: false,
-            ..call
-        };
-        let mut reply = self
-            .hub
-            .forward_to(target, method, Some(params.clone()), call)
-            .await?;
-        for _ in 0..MAX_INPUT_ROUNDS {
-            let Reply::Result(result) = &mut reply else {
-                return Ok(reply);
-            };
-            if result.get("resultType").and_then(Value::as_str) != Some("input_required") {
-                era::without_complete_type(&mut reply);
-                return Ok(reply);
-            }
-            let requests = result
-                .get("inputRequests")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
-            let mut responses = Map::new();
-            let mut minted = Vec::new();
-            for (key, request) in requests {
-                let asked = request.get("method").and_then(Value::as_str).unwrap_or("");
-                let mut asked_params = request.get("params").cloned();
-                let elicitation = era::mint_elicitation_id(asked, &mut asked_params);
-                if let Some(capability) =
-                    crate::fanout::required_capability(asked, asked_params.as_ref())
-                {
-                    let declared = self
-                        .hello
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .has_capability(&capability);
-                    if !declared {
-                        return Err(RelayError::InvalidRequest(format!(
-                            "upstream `{upstream}` needs `{asked}`, and this client did not declare the `{}` capability",
-                            capability.join(".")
-                        )));
-                    }
-                }
-                let sent = tokio::time::Instant::now();
-                let answered = self.client.ask(call.related, asked, asked_params).await;
-                self.audit
-                    .client_request(Some(upstream), asked, sent, &answered);
-                match answered?.into_result() {
-                    Ok(answer) => {
-                        if answer.get("action").and_then(Value::as_str) == Some("accept") {
-                            minted.extend(elicitation);
-                        }
-                        responses.insert(key, answer);
-                    }
-                    // The client refused: the call ends with its answer.
-                    Err(error) => return Ok(Reply::Error(error)),
-                }
-            }
-            let mut retry = params.clone();
-            if let Some(object) = retry.as_object_mut() {
-                object.insert("inputResponses".into(), Value::Object(responses));
-                match result.get("requestState") {
-                    Some(state) => object.insert("requestState".into(), state.clone()),
-                    None => object.remove("requestState"),
+            self.unread_unless_changed(upstream, reply)
+        } else {
+            // Each input request of an input-required result is asked of the
+            // client as a real request, and the call retried with the answers.
+            'rounds: {
+                // Every round's result is read: it may ask for input.
+                let call = CallContext {
+                    result_unread: false,
+                    ..call
                 };
+                let mut reply = self
+                    .hub
+                    .forward_to(target, method, Some(params.clone()), call)
+                    .await?;
+                for _ in 0..MAX_INPUT_ROUNDS {
+                    let Reply::Result(result) = &mut reply else {
+                        break 'rounds reply;
+                    };
+                    if result.get("resultType").and_then(Value::as_str) != Some("input_required") {
+                        break 'rounds reply;
+                    }
+                    let requests = result
+                        .get("inputRequests")
+                        .and_then(Value::as_object)
+                        .cloned()
+                        .unwrap_or_default();
+                    let mut responses = Map::new();
+                    let mut minted = Vec::new();
+                    for (key, request) in requests {
+                        let asked = request.get("method").and_then(Value::as_str).unwrap_or("");
+                        let mut asked_params = request.get("params").cloned();
+                        let elicitation = era::mint_elicitation_id(asked, &mut asked_params);
+                        if let Some(capability) =
+                            crate::fanout::required_capability(asked, asked_params.as_ref())
+                        {
+                            let declared = self
+                                .hello
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .has_capability(&capability);
+                            if !declared {
+                                return Err(RelayError::InvalidRequest(format!(
+                                    "upstream `{upstream}` needs `{asked}`, and this client did not declare the `{}` capability",
+                                    capability.join(".")
+                                )));
+                            }
+                        }
+                        let sent = tokio::time::Instant::now();
+                        let answered = self.client.ask(call.related, asked, asked_params).await;
+                        self.audit
+                            .client_request(Some(upstream), asked, sent, &answered);
+                        match answered?.into_result() {
+                            Ok(answer) => {
+                                if answer.get("action").and_then(Value::as_str) == Some("accept") {
+                                    minted.extend(elicitation);
+                                }
+                                responses.insert(key, answer);
+                            }
+                            // The client refused: the call ends with its answer.
+                            Err(error) => break 'rounds Reply::Error(error),
+                        }
+                    }
+                    let mut retry = params.clone();
+                    if let Some(object) = retry.as_object_mut() {
+                        object.insert("inputResponses".into(), Value::Object(responses));
+                        match result.get("requestState") {
+                            Some(state) => object.insert("requestState".into(), state.clone()),
+                            None => object.remove("requestState"),
+                        };
+                    }
+                    // By name: a reload may have replaced the upstream between rounds.
+                    reply = self
+                        .hub
+                        .forward(upstream, method, Some(retry), call)
+                        .await?;
+                    // The upstream has taken the accepted URL elicitations' outcome (its
+                    // retry answered): their completion, before the call's own answer.
+                    for id in minted {
+                        let complete = jsonrpc::notification(
+                            "notifications/elicitation/complete",
+                            Some(json!({ "elicitationId": id })),
+                        );
+                        let _ = call.related.send(complete).await;
+                    }
+                }
+                return Err(RelayError::InvalidRequest(format!(
+                    "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"
+                )));
             }
-            // By name: a reload may have replaced the upstream between rounds.
-            reply = self
-                .hub
-                .forward(upstream, method, Some(retry), call)
-                .await?;
-            // The upstream has taken the accepted URL elicitations' outcome (its
-            // retry answered): their completion, before the call's own answer.
-            for id in minted {
-                let complete = jsonrpc::notification(
-                    "notifications/elicitation/complete",
-                    Some(json!({ "elicitationId": id })),
-                );
-                let _ = call.related.send(complete).await;
-            }
-        }
-        Err(RelayError::InvalidRequest(format!(
-            "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"
-        )))
+        };
+        Ok(era::relayed(self.era, method, reply))
     }
 
     /// A result that came unread stays so unless plexus has something to change in
