@@ -1,8 +1,10 @@
 //! The era layer: which revision a request speaks ([`Era`], decided once by its
 //! front) and everything that differs between the two. A request crosses it once
 //! on the way out ([`to_upstream`], called by `Hub::forward`) and its answer once on
-//! the way back to the client ([`answer`], called where the session answers); the
-//! wire rules are in `wire`, the fields bridged between eras in `fields`.
+//! the way back to the client ([`answer`], called where the session answers), a
+//! relayed reply being given the client's era's shape just before ([`relayed`]).
+//! The wire rules are in `wire`, the fields bridged between eras in `fields`, the
+//! task shapes in `tasks`, a request paused on its client's input in `bridge`.
 
 pub mod bridge;
 mod fields;
