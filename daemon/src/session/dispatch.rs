@@ -10,7 +10,6 @@ use adapters::{Reply, WrittenMember};
 use registry::{Catalog, Kind};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use super::audit_lines::RequestRecord;
 use super::forward::{expose_content_uris, with_string};
@@ -49,23 +48,8 @@ impl<'a> Dispatch<'a> {
         capabilities: Option<Arc<Value>>,
         era: Era,
     ) -> Handled {
-        let key = id.to_string();
-        let token = CancellationToken::new();
-        {
-            let mut in_flight = self
-                .session
-                .in_flight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if in_flight.contains_key(&key) {
-                return invalid(id, "a request with this id is already in flight");
-            }
-            in_flight.insert(key.clone(), token.clone());
-        }
-        // Removes the entry however this ends, a dropped future (a client gone) included.
-        let _registered = InFlightEntry {
-            session: self.session,
-            key: &key,
+        let Some(registered) = self.session.in_flight.register(id.to_string()) else {
+            return invalid(id, "a request with this id is already in flight");
         };
         let modern = era == Era::Modern;
         // A 2026-07-28 request's `_meta` is checked as it is taken.
@@ -99,7 +83,7 @@ impl<'a> Dispatch<'a> {
             });
             tokio::select! {
                 outcome = serving => Some(outcome),
-                _ = token.cancelled() => None,
+                _ = registered.token.cancelled() => None,
             }
         };
         match outcome {
@@ -453,22 +437,6 @@ impl<'a> Dispatch<'a> {
             lines.push(line);
         }
         lines.join("\n")
-    }
-}
-
-/// Removes a request from the session's in-flight table when it ends, however it ends.
-struct InFlightEntry<'a> {
-    session: &'a Session,
-    key: &'a str,
-}
-
-impl Drop for InFlightEntry<'_> {
-    fn drop(&mut self) {
-        self.session
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(self.key);
     }
 }
 

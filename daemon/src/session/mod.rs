@@ -7,6 +7,7 @@ mod client_bound;
 mod dispatch;
 mod forward;
 mod held_tasks;
+mod in_flight;
 mod lists;
 mod routing;
 mod scoped;
@@ -18,9 +19,10 @@ use audit_lines::SessionAudit;
 use client_bound::ClientBoundRequests;
 use dispatch::Dispatch;
 use forward::Forwarder;
+use in_flight::InFlight;
 use lists::Lister;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -82,7 +84,7 @@ pub struct Session {
     hub: Arc<Hub>,
     hello: Mutex<ClientHello>,
     /// Requests being served, by the JSON text of the client's id, so a cancel can reach them.
-    in_flight: Mutex<HashMap<String, CancellationToken>>,
+    in_flight: InFlight,
     /// Messages plexus sends on its own, outside any request's stream.
     outbound: mpsc::Sender<Value>,
     closed: CancellationToken,
@@ -226,7 +228,7 @@ impl Session {
             owner: owner.unwrap_or(id),
             hub,
             hello: Mutex::new(ClientHello::default()),
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: InFlight::default(),
             outbound,
             closed: CancellationToken::new(),
             log_level: Mutex::new(None),
@@ -297,14 +299,7 @@ impl Session {
                 json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client session ended"});
             self.hub.spawn(request.answer(Reply::Error(error)));
         }
-        for (_, token) in self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-        {
-            token.cancel();
-        }
+        self.in_flight.cancel_all();
     }
 
     pub fn protocol_version(&self) -> Option<String> {
@@ -395,15 +390,7 @@ impl Session {
                 let Some(request_id) = params.as_ref().and_then(|p| p.get("requestId")) else {
                     return;
                 };
-                let key = request_id.to_string();
-                if let Some(token) = self
-                    .in_flight
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&key)
-                {
-                    token.cancel();
-                }
+                self.in_flight.cancel(&request_id.to_string());
             }
             "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
             other => tracing::debug!(method = other, "client notification ignored"),
