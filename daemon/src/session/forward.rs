@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use adapters::{Reply, WrittenMember};
 use registry::Catalog;
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
 
 use super::audit_lines::SessionAudit;
 use super::client_bound::ClientBoundRequests;
@@ -28,9 +27,8 @@ const MAX_INPUT_ROUNDS: usize = 10;
 pub(super) struct Forwarder<'a> {
     pub(super) hub: &'a Arc<Hub>,
     pub(super) era: Era,
-    pub(super) session: u64,
-    pub(super) owner: u64,
-    pub(super) related: &'a mpsc::Sender<Value>,
+    /// Its calls' context: the session's ids and where related messages go.
+    pub(super) base: CallContext<'a>,
     /// Read when a round asks for input, as the client declared it then.
     pub(super) hello: &'a Mutex<ClientHello>,
     pub(super) client: &'a ClientBoundRequests,
@@ -38,17 +36,9 @@ pub(super) struct Forwarder<'a> {
 }
 
 impl<'a> Forwarder<'a> {
-    /// A call's context: its session and where its related messages go.
+    /// A call's context, for `tool` if it is a tool call.
     pub(super) fn call(&self, tool: Option<&'a str>) -> CallContext<'a> {
-        CallContext {
-            session: self.session,
-            owner: self.owner,
-            tool,
-            related: self.related,
-            headers: &[],
-            result_unread: false,
-            arguments: None,
-        }
+        CallContext { tool, ..self.base }
     }
 
     /// Relays a request naming a tool or prompt, under the upstream's own name.
@@ -77,7 +67,8 @@ impl<'a> Forwarder<'a> {
     /// call's task named by its upstream.
     pub(super) fn tool_result(&self, catalog: &Catalog, upstream: &str, reply: Reply) -> Reply {
         let reply = expose_linked_uris(catalog, upstream, reply);
-        self.hub.expose_tasks(upstream, Some(self.session), reply)
+        self.hub
+            .expose_tasks(upstream, Some(self.base.session), reply)
     }
 
     /// Relays a request that may need client input: a 2026-07-28 upstream answers

@@ -484,9 +484,7 @@ impl Session {
         Forwarder {
             hub: &self.hub,
             era: self.era,
-            session: self.id,
-            owner: self.owner,
-            related,
+            base: self.call_context(None, related),
             hello: &self.hello,
             client: &self.client_bound,
             audit: self.audit(),
