@@ -197,6 +197,16 @@ impl UpstreamConnection {
         Ok(UpstreamConnection::from_spawned(spawned, Transport::Http))
     }
 
+    /// Sends an OAuth access token with every later request of an HTTP upstream
+    /// (None: stops sending one). False for a stdio upstream, or a token that
+    /// cannot be a header value.
+    pub fn set_bearer_token(&self, token: Option<&str>) -> bool {
+        match &self.inner.transport {
+            Transport::Http(http) => http.set_bearer(token),
+            Transport::Stdio(_) => false,
+        }
+    }
+
     fn from_spawned<T>(
         spawned: Spawned<T>,
         transport: impl FnOnce(T) -> Transport,

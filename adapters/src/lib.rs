@@ -12,6 +12,7 @@ pub mod in_process;
 pub mod json_out;
 pub mod keeper;
 pub mod launch;
+pub mod oauth;
 pub mod raw_object;
 pub mod remote;
 pub mod rpc;

@@ -186,6 +186,9 @@ pub enum ConnectionError {
         url: String,
         status: u16,
         detail: String,
+        /// The `WWW-Authenticate` challenge of a 401 or 403: what an OAuth client
+        /// needs to obtain a token (never shown: the detail says it for people).
+        challenge: Option<String>,
     },
     /// An HTTP upstream could not be reached: the request never left plexus.
     #[error("the upstream could not be reached: {url}")]

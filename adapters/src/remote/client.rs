@@ -20,7 +20,7 @@ use crate::rpc::ConnectionError;
 
 type Connector = tls::Connector;
 
-pub(super) type HttpClient = Client<Connector, Full<Bytes>>;
+pub(crate) type HttpClient = Client<Connector, Full<Bytes>>;
 
 /// Why a POST got no response.
 pub(super) enum PostFailure {
@@ -73,7 +73,7 @@ pub(super) enum ExchangeError {
 const MAX_REDIRECTS: usize = 5;
 
 /// The pooled client every request of one connection goes through.
-pub(super) fn build(connect_timeout: Duration) -> Result<HttpClient, String> {
+pub(crate) fn build(connect_timeout: Duration) -> Result<HttpClient, String> {
     Ok(Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(Duration::from_secs(60))
@@ -137,6 +137,16 @@ impl Shared {
         *request.method_mut() = method;
         *request.uri_mut() = target.clone();
         request.headers_mut().extend(self.headers.clone());
+        let bearer = self
+            .bearer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(bearer) = bearer {
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, bearer);
+        }
         request
     }
 

@@ -42,7 +42,8 @@ use crate::rpc::{
     encode_request, ConnectionError, ConnectionStats, Events, MetaFields, Params, PendingRequests,
     Reply, SharedPending, Spawned,
 };
-use client::{ExchangeError, HttpClient, PostFailure};
+pub(crate) use client::HttpClient;
+use client::{ExchangeError, PostFailure};
 use endpoint::display_url;
 pub use endpoint::{check_header, check_url, split_credentials, Credentials};
 use head::Head;
@@ -158,6 +159,9 @@ struct Shared {
     /// `url` for logs and errors.
     url_text: String,
     headers: HeaderMap,
+    /// An OAuth access token obtained for the upstream (`Authorization: Bearer`),
+    /// replaced when it is refreshed or stepped up. Never logged.
+    bearer: Mutex<Option<HeaderValue>>,
     client: HttpClient,
     pending: SharedPending,
     events: Events,
@@ -197,19 +201,37 @@ fn jsonrpc_error(body: &[u8]) -> Option<Value> {
     Some(error.clone())
 }
 
-/// What a 401's `WWW-Authenticate` challenge asks for, said for the operator:
-/// plexus runs no authorization flow for its upstreams, it sends what `headers`
-/// (or the URL's credentials) give.
-fn authorization_hint(response: &Response<Incoming>) -> Option<String> {
-    if response.status() != StatusCode::UNAUTHORIZED {
-        return None;
+/// What a refused request's `WWW-Authenticate` says: a hint for the operator
+/// (a 401: plexus's daemon sends what `headers`, or the URL's credentials, give)
+/// and the challenge whole, for an OAuth client (a 401 or 403).
+#[derive(Default)]
+pub(crate) struct AccessRefusal {
+    hint: Option<String>,
+    challenge: Option<String>,
+}
+
+fn authorization_hint(response: &Response<Incoming>) -> AccessRefusal {
+    let refused = matches!(
+        response.status(),
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+    );
+    let Some(challenge) = response.headers().get(WWW_AUTHENTICATE).filter(|_| refused) else {
+        return AccessRefusal::default();
+    };
+    let challenge = String::from_utf8_lossy(challenge.as_bytes()).into_owned();
+    let hint = challenge
+        .split_whitespace()
+        .next()
+        .filter(|_| response.status() == StatusCode::UNAUTHORIZED)
+        .map(|scheme| {
+            format!(
+                "it asks for {scheme} authorization, which plexus does not obtain itself: give the upstream its credentials in `headers` (e.g. Authorization = \"{scheme} ${{TOKEN}}\")"
+            )
+        });
+    AccessRefusal {
+        hint,
+        challenge: Some(challenge),
     }
-    let challenge = response.headers().get(WWW_AUTHENTICATE)?;
-    let challenge = String::from_utf8_lossy(challenge.as_bytes());
-    let scheme = challenge.split_whitespace().next()?;
-    Some(format!(
-        "it asks for {scheme} authorization, which plexus does not obtain itself: give the upstream its credentials in `headers` (e.g. Authorization = \"{scheme} ${{TOKEN}}\")"
-    ))
 }
 
 /// A short, printable piece of an error body.
@@ -220,6 +242,12 @@ fn snippet(body: &[u8]) -> String {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),
     }
+}
+
+/// A client for plexus's own HTTP exchanges beside the MCP connection (OAuth
+/// discovery and token requests): the same connector, TLS and timeouts.
+pub(crate) fn plain_client(connect_timeout: Duration) -> Result<HttpClient, String> {
+    client::build(connect_timeout)
 }
 
 /// Opens a connection to a remote upstream. For HTTP+SSE this waits for the event
@@ -249,6 +277,7 @@ pub(crate) async fn connect(
         url_text: display_url(&url),
         url,
         headers,
+        bearer: Mutex::new(None),
         client,
         pending: pending.clone(),
         events,
@@ -409,6 +438,7 @@ impl HttpTransport {
                 url: shared.url_text.clone(),
                 status: status.as_u16(),
                 detail: error.to_string(),
+                challenge: None,
             }),
             Some(Ok(Reply::Result(_) | Reply::Unread(_))) => Err(ConnectionError::NotSent),
             Some(Err(error)) => Err(error),
@@ -417,6 +447,27 @@ impl HttpTransport {
                 Err(ConnectionError::NotSent)
             }
         }
+    }
+
+    /// Sends `token` as `Authorization: Bearer` from the next request on (None:
+    /// none). False when it cannot be a header value.
+    pub(crate) fn set_bearer(&self, token: Option<&str>) -> bool {
+        let value = match token {
+            Some(token) => match HeaderValue::from_str(&format!("Bearer {token}")) {
+                Ok(mut value) => {
+                    value.set_sensitive(true);
+                    Some(value)
+                }
+                Err(_) => return false,
+            },
+            None => None,
+        };
+        *self
+            .shared
+            .bearer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = value;
+        true
     }
 
     /// Deletes the session (servers may refuse with 405) and closes the connection.
@@ -503,8 +554,9 @@ impl Shared {
         &self,
         status: StatusCode,
         body: &[u8],
-        hint: Option<String>,
+        refused: AccessRefusal,
     ) -> Option<Result<Reply, ConnectionError>> {
+        let AccessRefusal { hint, challenge } = refused;
         let refused_access = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
         if let Some(error) = jsonrpc_error(body) {
             // A door refusing the credentials answers no message: the caller sees
@@ -522,6 +574,7 @@ impl Shared {
                 url: self.url_text.clone(),
                 status: status.as_u16(),
                 detail: message.to_string(),
+                challenge,
             }));
         }
         let session_ended = status == StatusCode::NOT_FOUND
@@ -538,13 +591,14 @@ impl Shared {
             url: self.url_text.clone(),
             status: status.as_u16(),
             detail,
+            challenge,
         }))
     }
 
-    /// Completes request `id`, refused with `status` and `body` (and a `hint` for
-    /// the operator).
-    fn refuse(&self, id: u64, status: StatusCode, body: &[u8], hint: Option<String>) {
-        match self.refusal(status, body, hint) {
+    /// Completes request `id`, refused with `status` and `body` (and what its
+    /// `WWW-Authenticate` says).
+    fn refuse(&self, id: u64, status: StatusCode, body: &[u8], refused: AccessRefusal) {
+        match self.refusal(status, body, refused) {
             Some(outcome) => self.complete(id, outcome),
             None => {
                 // Never served, so it may be sent again, in the next session.

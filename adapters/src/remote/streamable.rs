@@ -75,6 +75,7 @@ impl Shared {
                     url: self.url_text.clone(),
                     status: 202,
                     detail: "a request was accepted without an answer".into(),
+                    challenge: None,
                 }),
             );
         }

@@ -1,0 +1,897 @@
+//! plexus as an OAuth 2.1 client of a hosted MCP server (the MCP authorization
+//! specification, 2025-11-25 and 2026-07-28): from a 401's `WWW-Authenticate:
+//! Bearer` challenge to an access token, and the same again for a step-up (a
+//! 403 `insufficient_scope`) or an expired token.
+//!
+//! Discovery (`discovery.rs`): protected resource metadata (RFC 9728), then the
+//! authorization server's (RFC 8414 / OpenID), its `issuer` compared exactly.
+//! Registration, in the specification's order: a Client ID Metadata Document URL
+//! (when the server supports them and one is configured), a pre-registered
+//! client, an RFC 7591 registration kept in the store and reused. Grants:
+//! authorization code with PKCE S256 and a loopback redirect (`loopback.rs`),
+//! the device grant (RFC 8628), client credentials with a secret or a
+//! `private_key_jwt` assertion (`assertion.rs`); refresh. RFC 8707 `resource`
+//! goes on every authorization and token request; RFC 9207 `iss` is checked.
+//!
+//! Tokens and secrets never reach a log or an error: errors carry the server's
+//! `error` and `error_description`, never a request's form.
+
+mod assertion;
+mod challenge;
+pub mod discovery;
+mod http;
+mod loopback;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ::http::header::HeaderValue;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+pub use challenge::Challenge;
+use discovery::{ProtectedResource, ServerMetadata};
+use http::{Answer, Http};
+use loopback::Loopback;
+pub use store::{Registration, Stored, TokenStore, Tokens};
+
+/// At most this many authorizations per client object: a server that keeps
+/// refusing (a scope it never grants) ends in an error, not a loop.
+pub const MAX_AUTHORIZATIONS: u32 = 3;
+/// A token this close to its expiry is refreshed before use.
+const EXPIRY_MARGIN_S: u64 = 60;
+const DEVICE_GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
+
+#[derive(Debug, thiserror::Error)]
+pub enum OAuthError {
+    #[error("no HTTP client: {0}")]
+    Client(String),
+    #[error("{url}: {reason}")]
+    Exchange { url: String, reason: String },
+    #[error("the metadata at {url} is not usable: {reason}")]
+    Metadata { url: String, reason: String },
+    #[error("the server's protected resource metadata names `{resource}`, which is not {server}: refusing to obtain a token for it")]
+    ResourceMismatch { resource: String, server: String },
+    #[error("the authorization server metadata names issuer `{published}`, not `{expected}`: refusing it")]
+    IssuerMismatch { expected: String, published: String },
+    #[error("{server} names no authorization server")]
+    NoAuthorizationServer { server: String },
+    #[error("no client for {issuer}: it takes no dynamic registration; configure `client_id` (and `client_secret`) in the upstream's `oauth` table")]
+    NoRegistration { issuer: String },
+    #[error("registering with {issuer} failed: {reason}")]
+    Registration { issuer: String, reason: String },
+    #[error("the authorization was refused: {0}")]
+    Authorization(String),
+    #[error("the authorization response {0}: refusing its code (RFC 9207)")]
+    Issuer(String),
+    #[error("the token request to {endpoint} failed: {reason}")]
+    Token {
+        endpoint: String,
+        reason: String,
+        code: Option<String>,
+    },
+    #[error("no authorization arrived within {} s", .0.as_secs())]
+    NoRedirect(Duration),
+    #[error("the loopback redirect listener: {0}")]
+    Loopback(#[source] std::io::Error),
+    #[error("the token store {}", path.display())]
+    Store {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the client assertion: {0}")]
+    Assertion(String),
+    #[error("gave up after {0} authorizations: the server keeps refusing the token")]
+    TooManyAttempts(u32),
+    #[error("{0}")]
+    GrantUnavailable(String),
+}
+
+impl OAuthError {
+    /// The refresh token is no longer good (`invalid_grant`): a new login is needed.
+    pub fn is_invalid_grant(&self) -> bool {
+        matches!(self, OAuthError::Token { code: Some(code), .. } if code == "invalid_grant")
+    }
+}
+
+/// How plexus obtains tokens (the upstream's `[upstreams.NAME.oauth]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Grant {
+    #[default]
+    AuthorizationCode,
+    DeviceCode,
+    ClientCredentials,
+}
+
+/// The client's configuration. No `Debug`: it holds secrets.
+#[derive(Clone, Default)]
+pub struct Settings {
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    /// Scopes asked for whatever the server says.
+    pub scopes: Option<Vec<String>>,
+    pub grant: Grant,
+    /// The PEM of the key for `private_key_jwt`.
+    pub private_key_pem: Option<Vec<u8>>,
+    pub signing_algorithm: Option<String>,
+    /// `[daemon] oauth_client_metadata_url`: a Client ID Metadata Document URL.
+    pub client_metadata_url: Option<String>,
+}
+
+/// What a person must do for an authorization.
+pub enum Prompt<'a> {
+    /// Open this URL (done with `$BROWSER` when set).
+    Url(&'a str),
+    /// Enter `user_code` at `verification_uri`.
+    DeviceCode {
+        verification_uri: &'a str,
+        user_code: &'a str,
+        complete: Option<&'a str>,
+    },
+}
+
+/// How a person is reached: `browser` is a command given the URL as its last
+/// argument (`$BROWSER`); `prompt` shows what they must do (on stderr).
+#[derive(Clone)]
+pub struct Interaction {
+    pub browser: Option<String>,
+    pub prompt: Arc<dyn Fn(&Prompt<'_>) + Send + Sync>,
+    /// How long a person has to finish.
+    pub wait: Duration,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0)
+}
+
+/// `bytes` random bytes, base64url without padding.
+pub(crate) fn random_text(bytes: usize) -> String {
+    let mut buffer = vec![0u8; bytes];
+    rand::fill(&mut buffer[..]);
+    URL_SAFE_NO_PAD.encode(buffer)
+}
+
+/// Where authorization happens for one MCP server.
+struct Authority {
+    resource: String,
+    metadata: ServerMetadata,
+    scopes_supported: Option<Vec<String>>,
+}
+
+/// The OAuth client of one MCP server.
+pub struct OAuthClient {
+    http: Http,
+    server_url: String,
+    settings: Settings,
+    store: TokenStore,
+    stored: Stored,
+    interaction: Interaction,
+    authorizations: u32,
+    /// The current token was read from the store, not obtained now: a 401 for it
+    /// is worth a refresh before a new authorization.
+    token_from_store: bool,
+}
+
+impl OAuthClient {
+    pub fn new(
+        server_url: &str,
+        settings: Settings,
+        store: TokenStore,
+        interaction: Interaction,
+    ) -> Result<OAuthClient, OAuthError> {
+        let stored = store.load();
+        Ok(OAuthClient {
+            http: Http::new()?,
+            server_url: server_url.to_string(),
+            settings,
+            store,
+            token_from_store: stored.tokens.is_some(),
+            stored,
+            interaction,
+            authorizations: 0,
+        })
+    }
+
+    /// The access token held, if any (possibly expired: see [`Self::fresh_token`]).
+    pub fn access_token(&self) -> Option<&str> {
+        self.stored
+            .tokens
+            .as_ref()
+            .map(|tokens| tokens.access_token.as_str())
+    }
+
+    /// The token held, refreshed first when it is about to expire and can be.
+    pub async fn fresh_token(&mut self) -> Result<Option<String>, OAuthError> {
+        let expiring = self
+            .stored
+            .tokens
+            .as_ref()
+            .and_then(|tokens| tokens.expires_at)
+            .is_some_and(|at| at <= now() + EXPIRY_MARGIN_S);
+        if expiring {
+            let refreshed = self.refresh().await;
+            if let Err(error) = &refreshed {
+                tracing::info!(server = %self.server_url, error = %error, "refreshing the OAuth token failed");
+            }
+        }
+        Ok(self.access_token().map(str::to_string))
+    }
+
+    /// Obtains a token after `challenge` refused the current one (or its
+    /// absence): refreshed when it came from the store, else a new
+    /// authorization; a step-up asks for the scopes held plus those challenged.
+    pub async fn answer(&mut self, challenge: &Challenge) -> Result<String, OAuthError> {
+        let authority = self.authority(challenge).await?;
+        let step_up = challenge.is_insufficient_scope();
+        let held_here = self
+            .stored
+            .tokens
+            .as_ref()
+            .is_some_and(|tokens| tokens.issuer == authority.metadata.issuer);
+        if self.token_from_store && held_here && !step_up {
+            self.token_from_store = false;
+            match self.refresh().await {
+                Ok(token) => return Ok(token),
+                Err(error) => {
+                    tracing::info!(server = %self.server_url, error = %error, "refreshing the OAuth token failed; authorizing anew")
+                }
+            }
+        }
+        self.token_from_store = false;
+        self.authorizations += 1;
+        if self.authorizations > MAX_AUTHORIZATIONS {
+            return Err(OAuthError::TooManyAttempts(MAX_AUTHORIZATIONS));
+        }
+        let scopes = self.scopes_for(challenge, &authority, held_here && step_up);
+        let tokens = match self.settings.grant {
+            Grant::ClientCredentials => self.client_credentials(&authority, &scopes).await?,
+            Grant::DeviceCode if authority.metadata.device_authorization_endpoint.is_some() => {
+                self.device_code(&authority, &scopes).await?
+            }
+            Grant::DeviceCode | Grant::AuthorizationCode => {
+                self.authorization_code(&authority, &scopes).await?
+            }
+        };
+        let token = tokens.access_token.clone();
+        self.stored.tokens = Some(tokens);
+        self.store.save(&self.stored)?;
+        Ok(token)
+    }
+
+    /// Forgets the tokens (the registrations are kept: they are reused).
+    pub fn forget_tokens(&mut self) -> Result<(), OAuthError> {
+        self.stored.tokens = None;
+        self.store.save(&self.stored)
+    }
+
+    /// Discovery: the resource, its authorization server and that server's metadata.
+    async fn authority(&self, challenge: &Challenge) -> Result<Authority, OAuthError> {
+        let resource = discovery::protected_resource(
+            &self.http,
+            &self.server_url,
+            challenge.resource_metadata(),
+        )
+        .await?;
+        let Some(ProtectedResource {
+            resource,
+            authorization_servers,
+            scopes_supported,
+        }) = resource
+        else {
+            // A server of 2025-03-26: its origin is the authorization server.
+            let metadata = match discovery::fallback_metadata(&self.server_url) {
+                Some(fallback) => discovery::server_metadata(&self.http, &fallback.issuer)
+                    .await?
+                    .unwrap_or(fallback),
+                None => {
+                    return Err(OAuthError::NoAuthorizationServer {
+                        server: self.server_url.clone(),
+                    })
+                }
+            };
+            return Ok(Authority {
+                resource: self.server_url.clone(),
+                metadata,
+                scopes_supported: None,
+            });
+        };
+        let issuer =
+            authorization_servers
+                .first()
+                .ok_or_else(|| OAuthError::NoAuthorizationServer {
+                    server: self.server_url.clone(),
+                })?;
+        let metadata = discovery::server_metadata(&self.http, issuer)
+            .await?
+            .ok_or_else(|| OAuthError::Metadata {
+                url: issuer.clone(),
+                reason: "no authorization server metadata at any of its well-known URLs".into(),
+            })?;
+        Ok(Authority {
+            resource,
+            metadata,
+            scopes_supported,
+        })
+    }
+
+    /// The configured scopes; else the challenge's; else what the resource
+    /// supports; else none. A step-up keeps the scopes held. `offline_access`
+    /// is added when the authorization server lists it (a refresh token).
+    fn scopes_for(
+        &self,
+        challenge: &Challenge,
+        authority: &Authority,
+        step_up: bool,
+    ) -> Vec<String> {
+        let mut scopes = if let Some(configured) = &self.settings.scopes {
+            configured.clone()
+        } else if !challenge.scopes().is_empty() {
+            challenge.scopes()
+        } else {
+            authority.scopes_supported.clone().unwrap_or_default()
+        };
+        if step_up {
+            if let Some(tokens) = &self.stored.tokens {
+                for held in tokens.scopes.iter().rev() {
+                    if !scopes.contains(held) {
+                        scopes.insert(0, held.clone());
+                    }
+                }
+            }
+        }
+        let offered = authority
+            .metadata
+            .scopes_supported
+            .as_ref()
+            .is_some_and(|supported| supported.iter().any(|s| s == "offline_access"));
+        let refreshable = authority
+            .metadata
+            .grant_types_supported
+            .as_ref()
+            .is_none_or(|grants| grants.iter().any(|g| g == "refresh_token"));
+        if offered
+            && refreshable
+            && self.settings.grant != Grant::ClientCredentials
+            && !scopes.iter().any(|s| s == "offline_access")
+        {
+            scopes.push("offline_access".into());
+        }
+        scopes
+    }
+
+    /// The client at `metadata`'s server, in the specification's order.
+    async fn registration(
+        &mut self,
+        metadata: &ServerMetadata,
+        redirect_uri: Option<&str>,
+    ) -> Result<Registration, OAuthError> {
+        let supported = metadata
+            .token_endpoint_auth_methods_supported
+            .clone()
+            .unwrap_or_else(|| vec!["client_secret_basic".into()]);
+        let supports = |method: &str| supported.iter().any(|m| m == method);
+        if let (Some(url), true) = (
+            &self.settings.client_metadata_url,
+            metadata.client_id_metadata_document_supported,
+        ) {
+            if self.settings.grant != Grant::ClientCredentials {
+                return Ok(Registration {
+                    client_id: url.clone(),
+                    client_secret: None,
+                    auth_method: "none".into(),
+                    dynamic: false,
+                });
+            }
+        }
+        if let Some(client_id) = &self.settings.client_id {
+            let secret = self.settings.client_secret.clone();
+            let auth_method = if self.settings.private_key_pem.is_some() {
+                "private_key_jwt"
+            } else if secret.is_none() {
+                "none"
+            } else if supports("client_secret_basic") {
+                "client_secret_basic"
+            } else if supports("client_secret_post") {
+                "client_secret_post"
+            } else {
+                "client_secret_basic"
+            };
+            return Ok(Registration {
+                client_id: client_id.clone(),
+                client_secret: secret,
+                auth_method: auth_method.into(),
+                dynamic: false,
+            });
+        }
+        if let Some(registered) = self.stored.registrations.get(&metadata.issuer) {
+            return Ok(registered.clone());
+        }
+        let Some(endpoint) = &metadata.registration_endpoint else {
+            return Err(OAuthError::NoRegistration {
+                issuer: metadata.issuer.clone(),
+            });
+        };
+        let requested_method = if supports("none") {
+            "none"
+        } else if supports("client_secret_basic") {
+            "client_secret_basic"
+        } else {
+            "client_secret_post"
+        };
+        let grant_types: Vec<&str> = match self.settings.grant {
+            Grant::DeviceCode if redirect_uri.is_none() => vec![DEVICE_GRANT, "refresh_token"],
+            _ => vec!["authorization_code", "refresh_token"],
+        };
+        // RFC 8252 §7.3: a loopback redirect URI matches whatever port a later run gets.
+        let mut body = json!({
+            "client_name": "plexus",
+            "grant_types": grant_types,
+            "response_types": ["code"],
+            "token_endpoint_auth_method": requested_method,
+            "application_type": "native",
+        });
+        if let Some(redirect_uri) = redirect_uri {
+            body["redirect_uris"] = json!([redirect_uri]);
+        }
+        let answer = self.http.post_json(endpoint, &body).await?;
+        let failed = |reason: String| OAuthError::Registration {
+            issuer: metadata.issuer.clone(),
+            reason,
+        };
+        if !answer.is_success() {
+            return Err(failed(answer.oauth_error()));
+        }
+        let client_id = answer
+            .json
+            .get("client_id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| failed("the answer holds no client_id".into()))?;
+        let client_secret = answer
+            .json
+            .get("client_secret")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let auth_method = answer
+            .json
+            .get("token_endpoint_auth_method")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                match &client_secret {
+                    None => "none",
+                    Some(_) if supports("client_secret_basic") => "client_secret_basic",
+                    Some(_) => "client_secret_post",
+                }
+                .to_string()
+            });
+        let registration = Registration {
+            client_id: client_id.to_string(),
+            client_secret,
+            auth_method,
+            dynamic: true,
+        };
+        tracing::info!(server = %self.server_url, issuer = %metadata.issuer, "registered plexus as an OAuth client");
+        self.stored
+            .registrations
+            .insert(metadata.issuer.clone(), registration.clone());
+        self.store.save(&self.stored)?;
+        Ok(registration)
+    }
+
+    /// The client's authentication on a token request: form fields and an
+    /// `Authorization` header.
+    fn client_authentication(
+        &self,
+        registration: &Registration,
+        metadata: &ServerMetadata,
+        form: &mut Vec<(&'static str, String)>,
+    ) -> Result<Option<HeaderValue>, OAuthError> {
+        let id = registration.client_id.clone();
+        match (
+            registration.auth_method.as_str(),
+            &registration.client_secret,
+        ) {
+            ("private_key_jwt", _) => {
+                let key = self.settings.private_key_pem.as_deref().ok_or_else(|| {
+                    OAuthError::Assertion("`private_key_jwt` needs `private_key_file`".into())
+                })?;
+                let signed = assertion::sign(
+                    &id,
+                    &metadata.issuer,
+                    key,
+                    self.settings.signing_algorithm.as_deref(),
+                )?;
+                form.push(("client_id", id));
+                form.push(("client_assertion_type", assertion::ASSERTION_TYPE.into()));
+                form.push(("client_assertion", signed));
+                Ok(None)
+            }
+            ("client_secret_basic", Some(secret)) => {
+                // RFC 6749 §2.3.1: each part form-encoded before base64.
+                let encode = |text: &str| {
+                    url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>()
+                };
+                let pair = format!("{}:{}", encode(&id), encode(secret));
+                let mut value = HeaderValue::from_str(&format!("Basic {}", STANDARD.encode(pair)))
+                    .map_err(|_| {
+                        OAuthError::Assertion("the client secret is not header text".into())
+                    })?;
+                value.set_sensitive(true);
+                Ok(Some(value))
+            }
+            ("client_secret_post", Some(secret)) => {
+                form.push(("client_id", id));
+                form.push(("client_secret", secret.clone()));
+                Ok(None)
+            }
+            _ => {
+                form.push(("client_id", id));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Posts a token request and reads its tokens.
+    async fn token_request(
+        &mut self,
+        authority_issuer: &str,
+        metadata: &ServerMetadata,
+        registration: &Registration,
+        resource: &str,
+        scopes: &[String],
+        mut form: Vec<(&'static str, String)>,
+    ) -> Result<Tokens, OAuthError> {
+        form.push(("resource", resource.to_string()));
+        let authorization = self.client_authentication(registration, metadata, &mut form)?;
+        let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let answer = self
+            .http
+            .post_form(&metadata.token_endpoint, &pairs, authorization)
+            .await?;
+        self.read_tokens(
+            answer,
+            authority_issuer,
+            metadata,
+            registration,
+            resource,
+            scopes,
+        )
+    }
+
+    fn read_tokens(
+        &mut self,
+        answer: Answer,
+        issuer: &str,
+        metadata: &ServerMetadata,
+        registration: &Registration,
+        resource: &str,
+        scopes: &[String],
+    ) -> Result<Tokens, OAuthError> {
+        if !answer.is_success() {
+            if answer.error_code() == Some("invalid_client") && registration.dynamic {
+                // The server no longer knows the registration: the next
+                // authorization registers again.
+                self.stored.registrations.remove(issuer);
+                self.store.save(&self.stored)?;
+            }
+            return Err(OAuthError::Token {
+                endpoint: metadata.token_endpoint.clone(),
+                reason: answer.oauth_error(),
+                code: answer.error_code().map(str::to_string),
+            });
+        }
+        let access_token = answer
+            .json
+            .get("access_token")
+            .and_then(Value::as_str)
+            .ok_or_else(|| OAuthError::Token {
+                endpoint: metadata.token_endpoint.clone(),
+                reason: "the answer holds no access_token".into(),
+                code: None,
+            })?;
+        let granted: Option<Vec<String>> = answer
+            .json
+            .get("scope")
+            .and_then(Value::as_str)
+            .map(|scope| scope.split_whitespace().map(str::to_string).collect());
+        Ok(Tokens {
+            issuer: issuer.to_string(),
+            resource: resource.to_string(),
+            access_token: access_token.to_string(),
+            refresh_token: answer
+                .json
+                .get("refresh_token")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            expires_at: answer
+                .json
+                .get("expires_in")
+                .and_then(Value::as_u64)
+                .map(|seconds| now() + seconds),
+            scopes: granted.unwrap_or_else(|| scopes.to_vec()),
+        })
+    }
+
+    /// Refreshes the token held (RFC 6749 §6); a rotated refresh token is kept.
+    async fn refresh(&mut self) -> Result<String, OAuthError> {
+        let Some(held) = self.stored.tokens.clone() else {
+            return Err(OAuthError::GrantUnavailable("no token to refresh".into()));
+        };
+        let Some(refresh_token) = held.refresh_token.clone() else {
+            return Err(OAuthError::GrantUnavailable("no refresh token".into()));
+        };
+        let metadata = discovery::server_metadata(&self.http, &held.issuer)
+            .await?
+            .or_else(|| discovery::fallback_metadata(&self.server_url))
+            .ok_or_else(|| OAuthError::NoAuthorizationServer {
+                server: self.server_url.clone(),
+            })?;
+        let registration = self.registration(&metadata, None).await?;
+        let form = vec![
+            ("grant_type", "refresh_token".to_string()),
+            ("refresh_token", refresh_token.clone()),
+        ];
+        let outcome = self
+            .token_request(
+                &held.issuer,
+                &metadata,
+                &registration,
+                &held.resource,
+                &held.scopes,
+                form,
+            )
+            .await;
+        let mut tokens = match outcome {
+            Ok(tokens) => tokens,
+            Err(error) => {
+                if error.is_invalid_grant() {
+                    self.forget_tokens()?;
+                }
+                return Err(error);
+            }
+        };
+        if tokens.refresh_token.is_none() {
+            tokens.refresh_token = Some(refresh_token);
+        }
+        let token = tokens.access_token.clone();
+        self.stored.tokens = Some(tokens);
+        self.store.save(&self.stored)?;
+        Ok(token)
+    }
+
+    fn open(&self, url: &str) {
+        (self.interaction.prompt)(&Prompt::Url(url));
+        let Some(browser) = &self.interaction.browser else {
+            return;
+        };
+        let mut words = browser.split_whitespace();
+        let Some(program) = words.next() else {
+            return;
+        };
+        let spawned = tokio::process::Command::new(program)
+            .args(words)
+            .arg(url)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        // Not awaited: a browser may outlive the login; tokio reaps it when it exits.
+        if let Err(error) = spawned {
+            tracing::warn!(browser = program, %error, "could not start the browser; open the URL yourself");
+        }
+    }
+
+    /// The authorization code grant with PKCE S256 and a loopback redirect.
+    async fn authorization_code(
+        &mut self,
+        authority: &Authority,
+        scopes: &[String],
+    ) -> Result<Tokens, OAuthError> {
+        let metadata = &authority.metadata;
+        let endpoint = metadata.authorization_endpoint.clone().ok_or_else(|| {
+            OAuthError::GrantUnavailable(format!(
+                "{} has no authorization endpoint",
+                metadata.issuer
+            ))
+        })?;
+        let loopback = Loopback::bind().await?;
+        let registration = self
+            .registration(metadata, Some(&loopback.redirect_uri))
+            .await?;
+        let verifier = random_text(32);
+        let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
+        let state = random_text(16);
+        let mut url = url::Url::parse(&endpoint).map_err(|error| OAuthError::Metadata {
+            url: endpoint.clone(),
+            reason: error.to_string(),
+        })?;
+        {
+            let mut query = url.query_pairs_mut();
+            query
+                .append_pair("response_type", "code")
+                .append_pair("client_id", &registration.client_id)
+                .append_pair("redirect_uri", &loopback.redirect_uri)
+                .append_pair("code_challenge", &challenge)
+                .append_pair("code_challenge_method", "S256")
+                .append_pair("state", &state)
+                .append_pair("resource", &authority.resource);
+            if !scopes.is_empty() {
+                query.append_pair("scope", &scopes.join(" "));
+            }
+        }
+        self.open(url.as_str());
+        let answer = loopback.wait(&state, self.interaction.wait).await?;
+        let param = |name: &str| {
+            answer
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.as_str())
+        };
+        if let Some(error) = param("error") {
+            let description = param("error_description").unwrap_or_default();
+            return Err(OAuthError::Authorization(
+                format!("{error} {description}").trim().to_string(),
+            ));
+        }
+        // RFC 9207: an `iss` present must be the issuer exactly; absent, it must
+        // not have been promised.
+        match param("iss") {
+            Some(iss) if iss != metadata.issuer => {
+                return Err(OAuthError::Issuer(format!(
+                    "names issuer `{iss}`, not `{}`",
+                    metadata.issuer
+                )))
+            }
+            None if metadata.iss_parameter_supported => {
+                return Err(OAuthError::Issuer(format!(
+                    "lacks `iss`, which {} promises",
+                    metadata.issuer
+                )))
+            }
+            _ => {}
+        }
+        let code = param("code")
+            .filter(|code| !code.is_empty())
+            .ok_or_else(|| OAuthError::Authorization("the redirect carries no code".into()))?
+            .to_string();
+        let form = vec![
+            ("grant_type", "authorization_code".to_string()),
+            ("code", code),
+            ("redirect_uri", loopback.redirect_uri.clone()),
+            ("code_verifier", verifier),
+        ];
+        self.token_request(
+            &metadata.issuer,
+            metadata,
+            &registration,
+            &authority.resource,
+            scopes,
+            form,
+        )
+        .await
+    }
+
+    /// The client credentials grant (no person involved).
+    async fn client_credentials(
+        &mut self,
+        authority: &Authority,
+        scopes: &[String],
+    ) -> Result<Tokens, OAuthError> {
+        let metadata = &authority.metadata;
+        if self.settings.client_id.is_none() {
+            return Err(OAuthError::GrantUnavailable(
+                "`grant = \"client_credentials\"` needs `client_id` (and `client_secret` or `private_key_file`)".into(),
+            ));
+        }
+        let registration = self.registration(metadata, None).await?;
+        let mut form = vec![("grant_type", "client_credentials".to_string())];
+        if !scopes.is_empty() {
+            form.push(("scope", scopes.join(" ")));
+        }
+        self.token_request(
+            &metadata.issuer,
+            metadata,
+            &registration,
+            &authority.resource,
+            scopes,
+            form,
+        )
+        .await
+    }
+
+    /// The device authorization grant (RFC 8628): a code the person enters on
+    /// any device, while plexus polls.
+    async fn device_code(
+        &mut self,
+        authority: &Authority,
+        scopes: &[String],
+    ) -> Result<Tokens, OAuthError> {
+        let metadata = &authority.metadata;
+        let Some(endpoint) = metadata.device_authorization_endpoint.clone() else {
+            return Err(OAuthError::GrantUnavailable(
+                "no device authorization endpoint".into(),
+            ));
+        };
+        let registration = self.registration(metadata, None).await?;
+        let mut form = vec![("resource", authority.resource.clone())];
+        if !scopes.is_empty() {
+            form.push(("scope", scopes.join(" ")));
+        }
+        let authorization = self.client_authentication(&registration, metadata, &mut form)?;
+        let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let answer = self
+            .http
+            .post_form(&endpoint, &pairs, authorization)
+            .await?;
+        if !answer.is_success() {
+            return Err(OAuthError::Authorization(answer.oauth_error()));
+        }
+        let text = |key: &str| {
+            answer
+                .json
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let (Some(device_code), Some(user_code), Some(verification_uri)) = (
+            text("device_code"),
+            text("user_code"),
+            text("verification_uri"),
+        ) else {
+            return Err(OAuthError::Authorization(
+                "the device authorization answer is incomplete".into(),
+            ));
+        };
+        let complete = text("verification_uri_complete");
+        (self.interaction.prompt)(&Prompt::DeviceCode {
+            verification_uri: &verification_uri,
+            user_code: &user_code,
+            complete: complete.as_deref(),
+        });
+        let mut interval = answer
+            .json
+            .get("interval")
+            .and_then(Value::as_u64)
+            .unwrap_or(5)
+            .max(1);
+        let deadline = tokio::time::Instant::now() + self.interaction.wait;
+        loop {
+            tokio::time::sleep(Duration::from_secs(interval)).await;
+            if tokio::time::Instant::now() > deadline {
+                return Err(OAuthError::NoRedirect(self.interaction.wait));
+            }
+            let form = vec![
+                ("grant_type", DEVICE_GRANT.to_string()),
+                ("device_code", device_code.clone()),
+            ];
+            match self
+                .token_request(
+                    &metadata.issuer,
+                    metadata,
+                    &registration,
+                    &authority.resource,
+                    scopes,
+                    form,
+                )
+                .await
+            {
+                Ok(tokens) => return Ok(tokens),
+                Err(OAuthError::Token {
+                    code: Some(code), ..
+                }) if code == "authorization_pending" => {}
+                Err(OAuthError::Token {
+                    code: Some(code), ..
+                }) if code == "slow_down" => interval += 5,
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
