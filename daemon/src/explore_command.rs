@@ -4,13 +4,14 @@
 //! daemon, and stopped when the command ends. Output is JSON for scripts and models.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use adapters::handshake;
+use adapters::oauth::{Challenge, Interaction, OAuthClient, Prompt, Settings, TokenStore};
 use adapters::stdio::ConnectionStats;
-use adapters::{Reply, UpstreamConnection};
+use adapters::{ConnectionError, Reply, UpstreamConnection};
 use registry::fingerprint::{self, ListingSnapshot};
 use registry::Kind;
 use serde_json::{json, Map, Value};
@@ -18,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::cli::{self, ExploreOptions};
-use crate::config::{self, UpstreamConfig};
+use crate::config::{self, DaemonSettings, Launch, UpstreamConfig};
 use crate::upstreams::{client_identity, fetch_listing, open_connection, DISCOVER_PROBE_TIMEOUT};
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +92,25 @@ pub struct Explored {
     /// Reads what the upstream says on its own; ends with the connection, or is
     /// aborted with this.
     _ignoring: JoinSet<()>,
+    /// The OAuth client of a target that needs a login: a refused call is
+    /// answered with a new token (a step-up) and sent again.
+    oauth: tokio::sync::Mutex<Option<OAuthClient>>,
+}
+
+/// Where an explore command keeps OAuth tokens, and the CIMD URL it offers: the
+/// config file's `[daemon]` when there is one, else the defaults.
+struct OAuthPlace {
+    state_dir: PathBuf,
+    client_metadata_url: Option<String>,
+}
+
+impl OAuthPlace {
+    fn of(settings: &DaemonSettings) -> OAuthPlace {
+        OAuthPlace {
+            state_dir: settings.state_dir.clone(),
+            client_metadata_url: settings.oauth_client_metadata_url.clone(),
+        }
+    }
 }
 
 /// The upstream a target names: a configured upstream of `config_path`, or a
@@ -99,7 +119,7 @@ fn target_config(
     target: &str,
     config_path: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
-) -> Result<UpstreamConfig, ExploreError> {
+) -> Result<(UpstreamConfig, OAuthPlace), ExploreError> {
     if target.contains("://") {
         let key = if target.starts_with("http://") || target.starts_with("https://") {
             "url"
@@ -115,14 +135,20 @@ fn target_config(
             let reasons: Vec<String> = issues.iter().map(|issue| issue.message.clone()).collect();
             ExploreError::Target(format!("`{target}`: {}", reasons.join("; ")))
         })?;
+        let place = match config::load(config_path, environment) {
+            Ok(loaded) => OAuthPlace::of(&loaded.daemon),
+            Err(_) => OAuthPlace::of(&parsed.daemon),
+        };
         return parsed
             .upstreams
             .remove("target")
+            .map(|upstream| (upstream, place))
             .ok_or_else(|| ExploreError::Target(format!("`{target}` names no upstream")));
     }
     let mut loaded = config::load(config_path, environment)
         .map_err(|error| ExploreError::Target(error.to_string()))?;
-    loaded.upstreams.remove(target).ok_or_else(|| {
+    let place = OAuthPlace::of(&loaded.daemon);
+    loaded.upstreams.remove(target).map(|upstream| (upstream, place)).ok_or_else(|| {
         ExploreError::Target(format!(
             "`{target}` is neither an upstream of {} nor a URI (mcp+uvx://…, mcp+npx://…, http(s)://…)",
             config_path.display()
@@ -136,7 +162,7 @@ pub async fn open(
     config_path: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Explored, ExploreError> {
-    let config = target_config(target, config_path, environment)?;
+    let (config, place) = target_config(target, config_path, environment)?;
     let name: Arc<str> = Arc::from(config.name.as_str());
     let (events, mut ignored) = mpsc::channel(256);
     // What the upstream says on its own (logs, list changes) is not part of the answer.
@@ -158,32 +184,63 @@ pub async fn open(
         upstream: config.name.clone(),
         reason,
     };
-    let probe = config.init_timeout.min(DISCOVER_PROBE_TIMEOUT);
-    let identity = client_identity();
-    let start = handshake::connect(&connection, &identity, config.protocol.for_adapter(), probe);
-    let hello = match tokio::time::timeout(config.init_timeout, start).await {
-        Ok(Ok(hello)) => hello,
-        Ok(Err(error)) => {
-            connection.shutdown().await;
-            return Err(failed(format!(
-                "initialize failed: {}",
-                adapters::error_chain(&error)
-            )));
-        }
-        Err(_) => {
-            connection.shutdown().await;
-            return Err(failed("it did not answer initialize in time".into()));
-        }
-    };
-    let listing = match fetch_listing(&connection, &config, &hello).await {
-        Ok(listing) => listing,
+    let mut oauth = match oauth_client(&config, &place, environment) {
+        Ok(oauth) => oauth,
         Err(error) => {
             connection.shutdown().await;
-            return Err(failed(format!(
-                "listing failed: {}",
-                adapters::error_chain(&error)
-            )));
+            return Err(failed(adapters::error_chain(&error)));
         }
+    };
+    if let Some(client) = oauth.as_mut() {
+        if let Ok(Some(token)) = client.fresh_token().await {
+            connection.set_bearer_token(Some(&token));
+        }
+    }
+    let probe = config.init_timeout.min(DISCOVER_PROBE_TIMEOUT);
+    let identity = client_identity();
+    let hello = loop {
+        let start =
+            handshake::connect(&connection, &identity, config.protocol.for_adapter(), probe);
+        let error = match tokio::time::timeout(config.init_timeout, start).await {
+            Ok(Ok(hello)) => break hello,
+            Ok(Err(error)) => error,
+            Err(_) => {
+                connection.shutdown().await;
+                return Err(failed("it did not answer initialize in time".into()));
+            }
+        };
+        match authorize(oauth.as_mut(), &connection, handshake_challenge(&error)).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(reason) => {
+                connection.shutdown().await;
+                return Err(failed(reason));
+            }
+        }
+        connection.shutdown().await;
+        return Err(failed(format!(
+            "initialize failed: {}",
+            adapters::error_chain(&error)
+        )));
+    };
+    let listing = loop {
+        let error = match fetch_listing(&connection, &config, &hello).await {
+            Ok(listing) => break listing,
+            Err(error) => error,
+        };
+        match authorize(oauth.as_mut(), &connection, handshake_challenge(&error)).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(reason) => {
+                connection.shutdown().await;
+                return Err(failed(reason));
+            }
+        }
+        connection.shutdown().await;
+        return Err(failed(format!(
+            "listing failed: {}",
+            adapters::error_chain(&error)
+        )));
     };
     let snapshot = ListingSnapshot {
         server_name: hello
@@ -208,7 +265,113 @@ pub async fn open(
         hello,
         snapshot,
         _ignoring: ignoring,
+        oauth: tokio::sync::Mutex::new(oauth),
     })
+}
+
+/// The OAuth client of an HTTP target that configures no Authorization header:
+/// it acts when the server refuses with a Bearer challenge.
+fn oauth_client(
+    config: &UpstreamConfig,
+    place: &OAuthPlace,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<OAuthClient>, ExploreError> {
+    let Launch::Http(endpoint) = &config.launch else {
+        return Ok(None);
+    };
+    if endpoint
+        .headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+    {
+        return Ok(None);
+    }
+    let oauth = config.oauth.clone();
+    let private_key_pem = match oauth.as_ref().and_then(|o| o.private_key_file.as_ref()) {
+        Some(path) => Some(std::fs::read(path).map_err(|error| {
+            ExploreError::Target(format!(
+                "upstreams.{}.oauth.private_key_file: cannot read {}: {error}",
+                config.name,
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
+    let settings = Settings {
+        client_id: oauth.as_ref().and_then(|o| o.client_id.clone()),
+        client_secret: oauth.as_ref().and_then(|o| o.client_secret.clone()),
+        scopes: oauth.as_ref().and_then(|o| o.scopes.clone()),
+        grant: oauth.as_ref().map(|o| o.grant).unwrap_or_default(),
+        private_key_pem,
+        signing_algorithm: oauth.as_ref().and_then(|o| o.signing_algorithm.clone()),
+        client_metadata_url: place.client_metadata_url.clone(),
+    };
+    let interaction = Interaction {
+        browser: environment("BROWSER").filter(|browser| !browser.trim().is_empty()),
+        prompt: Arc::new(|prompt: &Prompt<'_>| {
+            let text = match prompt {
+                Prompt::Url(url) => {
+                    format!("plexus: to authorize access, open this URL in a browser:\n  {url}")
+                }
+                Prompt::DeviceCode {
+                    verification_uri,
+                    user_code,
+                    complete,
+                } => match complete {
+                    Some(complete) => format!("plexus: to authorize access, open {complete} (or enter code {user_code} at {verification_uri})"),
+                    None => format!("plexus: to authorize access, enter code {user_code} at {verification_uri}"),
+                },
+            };
+            let _ = writeln!(std::io::stderr(), "{text}");
+        }),
+        wait: LOGIN_WAIT,
+    };
+    let store = TokenStore::for_server(&place.state_dir.join("oauth"), &endpoint.url);
+    OAuthClient::new(&endpoint.url, settings, store, interaction)
+        .map(Some)
+        .map_err(|error| ExploreError::Target(adapters::error_chain(&error)))
+}
+
+/// How long a person has to finish a login started by an explore command.
+const LOGIN_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The Bearer challenge of a refusal: a 401, or a 403 `insufficient_scope`.
+fn challenge_of(error: &ConnectionError) -> Option<Challenge> {
+    let ConnectionError::HttpStatus {
+        status,
+        challenge: Some(challenge),
+        ..
+    } = error
+    else {
+        return None;
+    };
+    let challenge = Challenge::parse(challenge)?;
+    (*status == 401 || (*status == 403 && challenge.is_insufficient_scope())).then_some(challenge)
+}
+
+fn handshake_challenge(error: &handshake::HandshakeError) -> Option<Challenge> {
+    match error {
+        handshake::HandshakeError::Connection(error) => challenge_of(error),
+        _ => None,
+    }
+}
+
+/// Answers a refusal's challenge with a new token on the connection: Ok(true)
+/// to try again, Ok(false) when there is nothing to answer (no OAuth, no
+/// challenge), Err when the login failed (said without any token).
+async fn authorize(
+    oauth: Option<&mut OAuthClient>,
+    connection: &UpstreamConnection,
+    challenge: Option<Challenge>,
+) -> Result<bool, String> {
+    let (Some(oauth), Some(challenge)) = (oauth, challenge) else {
+        return Ok(false);
+    };
+    let token = oauth
+        .answer(&challenge)
+        .await
+        .map_err(|error| format!("the OAuth login failed: {}", adapters::error_chain(&error)))?;
+    Ok(connection.set_bearer_token(Some(&token)))
 }
 
 impl Explored {
@@ -304,18 +467,30 @@ impl Explored {
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ExploreError> {
         self.schema(tool)?;
         let params = json!({"name": tool, "arguments": arguments});
-        match self
-            .connection
-            .request("tools/call", Some(params))
-            .await
-            .map(Reply::into_result)
-        {
-            Ok(Ok(result)) => Ok(result),
-            Ok(Err(error)) => Ok(json!({"error": error})),
-            Err(error) => Err(ExploreError::Upstream {
-                upstream: self.name.clone(),
-                reason: adapters::error_chain(&error),
-            }),
+        loop {
+            let outcome = self
+                .connection
+                .request("tools/call", Some(params.clone()))
+                .await
+                .map(Reply::into_result);
+            let error = match outcome {
+                Ok(Ok(result)) => return Ok(result),
+                Ok(Err(error)) => return Ok(json!({"error": error})),
+                Err(error) => error,
+            };
+            let mut oauth = self.oauth.lock().await;
+            let answered = authorize(oauth.as_mut(), &self.connection, challenge_of(&error))
+                .await
+                .map_err(|reason| ExploreError::Upstream {
+                    upstream: self.name.clone(),
+                    reason,
+                })?;
+            if !answered {
+                return Err(ExploreError::Upstream {
+                    upstream: self.name.clone(),
+                    reason: adapters::error_chain(&error),
+                });
+            }
         }
     }
 }

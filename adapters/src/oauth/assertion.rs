@@ -21,6 +21,26 @@ struct Claims<'a> {
     jti: String,
 }
 
+/// The algorithm named, if a private key can sign with it.
+pub fn algorithm(name: &str) -> Result<Algorithm, OAuthError> {
+    match name.parse::<Algorithm>() {
+        Ok(
+            algorithm @ (Algorithm::ES256
+            | Algorithm::ES384
+            | Algorithm::EdDSA
+            | Algorithm::RS256
+            | Algorithm::RS384
+            | Algorithm::RS512
+            | Algorithm::PS256
+            | Algorithm::PS384
+            | Algorithm::PS512),
+        ) => Ok(algorithm),
+        _ => Err(OAuthError::Assertion(format!(
+            "`{name}` is not a signing algorithm for a private key"
+        ))),
+    }
+}
+
 /// A signed assertion for `client_id` toward `audience`, with the PEM key
 /// (`ES256`, `ES384`, `RS256`, … by `algorithm`; ES256 when none is named).
 pub fn sign(
@@ -29,26 +49,11 @@ pub fn sign(
     key_pem: &[u8],
     algorithm: Option<&str>,
 ) -> Result<String, OAuthError> {
-    let algorithm: Algorithm = algorithm.unwrap_or("ES256").parse().map_err(|_| {
-        OAuthError::Assertion(format!(
-            "unknown signing algorithm `{}`",
-            algorithm.unwrap_or("")
-        ))
-    })?;
+    let algorithm = self::algorithm(algorithm.unwrap_or("ES256"))?;
     let key = match algorithm {
         Algorithm::ES256 | Algorithm::ES384 => EncodingKey::from_ec_pem(key_pem),
         Algorithm::EdDSA => EncodingKey::from_ed_pem(key_pem),
-        Algorithm::RS256
-        | Algorithm::RS384
-        | Algorithm::RS512
-        | Algorithm::PS256
-        | Algorithm::PS384
-        | Algorithm::PS512 => EncodingKey::from_rsa_pem(key_pem),
-        _ => {
-            return Err(OAuthError::Assertion(format!(
-                "{algorithm:?} is not a signing algorithm for a private key"
-            )))
-        }
+        _ => EncodingKey::from_rsa_pem(key_pem),
     }
     .map_err(|error| OAuthError::Assertion(format!("the private key: {error}")))?;
     let now = SystemTime::now()

@@ -99,6 +99,11 @@ impl OAuthError {
     }
 }
 
+/// Whether `name` is a JWS algorithm a `private_key_jwt` assertion can be signed with.
+pub fn is_signing_algorithm(name: &str) -> bool {
+    assertion::algorithm(name).is_ok()
+}
+
 /// How plexus obtains tokens (the upstream's `[upstreams.NAME.oauth]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Grant {

@@ -117,6 +117,9 @@ pub struct DaemonSettings {
     pub worker_threads: Option<usize>,
     /// `[daemon.oauth]`: access tokens of an identity provider admitted beside `auth_tokens`.
     pub oauth: Option<FrontOAuth>,
+    /// A Client ID Metadata Document the user hosts: plexus's OAuth `client_id`
+    /// wherever an authorization server supports them.
+    pub oauth_client_metadata_url: Option<String>,
 }
 
 /// The claim naming a principal unless `principal_claim` names another.
@@ -211,6 +214,35 @@ pub struct UpstreamConfig {
     pub schema_check_interval: Duration,
     /// The `uvx`/`npx` package spec, when it names no exact version (warned about at start).
     pub unversioned_package: Option<String>,
+    /// `[upstreams.<name>.oauth]`, for a `url` upstream; None: OAuth is still
+    /// discovered from a 401 when no Authorization header is configured.
+    pub oauth: Option<OAuthConfig>,
+}
+
+/// How plexus obtains OAuth tokens for a hosted server. The secret never
+/// appears in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OAuthConfig {
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    pub scopes: Option<Vec<String>>,
+    pub grant: adapters::oauth::Grant,
+    pub private_key_file: Option<PathBuf>,
+    pub signing_algorithm: Option<String>,
+}
+
+impl fmt::Debug for OAuthConfig {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("OAuthConfig")
+            .field("client_id", &self.client_id)
+            .field("client_secret", &self.client_secret.as_ref().map(|_| "…"))
+            .field("scopes", &self.scopes)
+            .field("grant", &self.grant)
+            .field("private_key_file", &self.private_key_file)
+            .field("signing_algorithm", &self.signing_algorithm)
+            .finish()
+    }
 }
 
 /// What the first sight of an upstream's catalog does.

@@ -46,6 +46,7 @@ pub(super) struct RawDaemon {
     pub worker_threads: Option<usize>,
     /// `[daemon.oauth]`, read on its own so that its errors name its keys.
     pub oauth: Option<toml::Table>,
+    pub oauth_client_metadata_url: Option<String>,
 }
 
 /// `[daemon.oauth]`: the identity provider whose access tokens the front accepts.
@@ -107,6 +108,28 @@ pub(super) struct RawUpstream {
     pub pin: Option<PinMode>,
     pub on_schema_change: Option<SchemaPolicy>,
     pub schema_check_interval: Option<String>,
+    pub oauth: Option<RawOAuth>,
+}
+
+/// The grant an OAuth upstream's tokens come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawGrant {
+    AuthorizationCode,
+    DeviceCode,
+    ClientCredentials,
+}
+
+/// `[upstreams.<name>.oauth]`: how plexus obtains tokens for a hosted server.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOAuth {
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    pub scopes: Option<Vec<String>>,
+    pub grant: Option<RawGrant>,
+    pub private_key_file: Option<PathBuf>,
+    pub signing_algorithm: Option<String>,
 }
 
 /// `[views.<name>]`: a subset of the catalog, by upstream and by glob on exposed names.

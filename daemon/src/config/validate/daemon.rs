@@ -207,8 +207,23 @@ pub(super) fn validate_daemon(
             message: format!("{threads} is out of range (1 to {MAX_WORKER_THREADS})"),
         });
     }
+    let oauth_client_metadata_url = raw.oauth_client_metadata_url.filter(|url| {
+        // A CIMD URL is the client's id: an https URL with a path (draft-ietf-oauth-client-id-metadata-document §3).
+        let valid = url
+            .strip_prefix("https://")
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(host, path)| !host.is_empty() && !path.is_empty());
+        if !valid {
+            issues.push(ConfigIssue {
+                key: "daemon.oauth_client_metadata_url".into(),
+                message: format!("`{url}` is not an https URL with a path"),
+            });
+        }
+        valid
+    });
     DaemonSettings {
         oauth,
+        oauth_client_metadata_url,
         start_concurrency,
         worker_threads,
         auth_tokens,

@@ -10,7 +10,7 @@ use adapters::remote::{check_header, check_url, split_credentials, Credentials};
 use adapters::{parse_naked_uri, HttpEndpoint, HttpTransportKind, Launcher};
 
 use super::values::{duration_where, expand_variables, secret_value, Zero};
-use crate::config::raw::{RawTransport, RawUpstream};
+use crate::config::raw::{RawGrant, RawOAuth, RawTransport, RawUpstream};
 use crate::config::*;
 
 pub(super) fn validate_upstream(
@@ -319,7 +319,12 @@ pub(super) fn validate_upstream(
             },
         }),
     };
+    let is_url = matches!(launch, Launch::Http(_));
+    let oauth = raw
+        .oauth
+        .and_then(|oauth| oauth_of(oauth, is_url, base, environment, &key, issues));
     Some(UpstreamConfig {
+        oauth,
         name: name.to_string(),
         launch,
         enabled: raw.enabled.unwrap_or(true),
@@ -351,6 +356,69 @@ pub(super) fn validate_upstream(
         on_schema_change: raw.on_schema_change.unwrap_or(SchemaPolicy::Block),
         schema_check_interval: schema_check_interval?,
         unversioned_package,
+    })
+}
+
+/// `[upstreams.<name>.oauth]`, checked: only for a `url` upstream; secrets may
+/// be `${VAR}` or `${file:…}`; client credentials need a client.
+fn oauth_of(
+    raw: RawOAuth,
+    is_url: bool,
+    base: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+    key: &dyn Fn(&str) -> String,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<OAuthConfig> {
+    let before = issues.len();
+    if !is_url {
+        issues.push(ConfigIssue {
+            key: key("oauth"),
+            message: "applies only to a `url` upstream".into(),
+        });
+    }
+    let mut secret = |field: &str, value: Option<String>| {
+        value.and_then(|value| match secret_value(&value, base, environment) {
+            Ok(value) => Some(value),
+            Err(message) => {
+                issues.push(ConfigIssue {
+                    key: key(&format!("oauth.{field}")),
+                    message,
+                });
+                None
+            }
+        })
+    };
+    let client_id = secret("client_id", raw.client_id);
+    let client_secret = secret("client_secret", raw.client_secret);
+    let grant = match raw.grant.unwrap_or(RawGrant::AuthorizationCode) {
+        RawGrant::AuthorizationCode => adapters::oauth::Grant::AuthorizationCode,
+        RawGrant::DeviceCode => adapters::oauth::Grant::DeviceCode,
+        RawGrant::ClientCredentials => adapters::oauth::Grant::ClientCredentials,
+    };
+    let needs_client = grant == adapters::oauth::Grant::ClientCredentials
+        || client_secret.is_some()
+        || raw.private_key_file.is_some();
+    if needs_client && client_id.is_none() {
+        issues.push(ConfigIssue {
+            key: key("oauth.client_id"),
+            message: "is needed with `client_secret`, `private_key_file` or `grant = \"client_credentials\"`".into(),
+        });
+    }
+    if let Some(algorithm) = &raw.signing_algorithm {
+        if !adapters::oauth::is_signing_algorithm(algorithm) {
+            issues.push(ConfigIssue {
+                key: key("oauth.signing_algorithm"),
+                message: format!("`{algorithm}` is not a JWS algorithm (ES256, RS256, EdDSA, …)"),
+            });
+        }
+    }
+    (issues.len() == before).then(|| OAuthConfig {
+        client_id,
+        client_secret,
+        scopes: raw.scopes,
+        grant,
+        private_key_file: raw.private_key_file.map(|path| base.join(path)),
+        signing_algorithm: raw.signing_algorithm,
     })
 }
 
