@@ -126,10 +126,12 @@ pub async fn connect(
                 Ok(Ok(Some(hello))) => Ok(hello),
                 Ok(Ok(None)) => initialize(connection, identity).await,
                 // An older HTTP server may refuse a request that is not `initialize`
-                // at the HTTP level (400 without a session).
-                Ok(Err(HandshakeError::Connection(ConnectionError::HttpStatus { .. }))) => {
-                    initialize(connection, identity).await
-                }
+                // at the HTTP level (400 without a session). A refused credential
+                // (401, 403) says nothing of the era: it is the answer, so a login
+                // can follow it.
+                Ok(Err(HandshakeError::Connection(ConnectionError::HttpStatus {
+                    status, ..
+                }))) if !matches!(status, 401 | 403) => initialize(connection, identity).await,
                 Ok(Err(error)) => Err(error),
                 Err(_) => match initialize(connection, identity).await {
                     // A server of 2026-07-28 alone, slow to answer the probe: it
