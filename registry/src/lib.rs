@@ -10,11 +10,12 @@ pub mod fingerprint;
 pub mod headers;
 pub mod names;
 pub mod quarantine;
+pub mod search;
 pub mod uris;
 
 pub use cache::CacheHint;
 pub use catalog::{
-    Catalog, CatalogOptions, CatalogWarning, Entries, EntryText, Held, Kind, Page, Route,
+    Catalog, CatalogOptions, CatalogWarning, Entries, EntryText, Found, Held, Kind, Page, Route,
     TaskSupport, UpstreamListing, UpstreamPart, View,
 };
 pub use cursor::CursorError;

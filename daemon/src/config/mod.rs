@@ -83,6 +83,8 @@ pub struct DaemonSettings {
     pub name_budget: usize,
     /// Entries per page of `tools/list` and the other lists.
     pub page_size: usize,
+    /// How the root catalog offers its tools: all listed, or searched for.
+    pub expose: registry::search::Expose,
     pub state_dir: PathBuf,
     /// How long in-flight calls may finish after a shutdown signal.
     pub drain_timeout: Duration,

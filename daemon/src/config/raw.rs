@@ -47,6 +47,7 @@ pub(super) struct RawDaemon {
     /// `[daemon.oauth]`, read on its own so that its errors name its keys.
     pub oauth: Option<toml::Table>,
     pub oauth_client_metadata_url: Option<String>,
+    pub expose: Option<registry::search::Expose>,
 }
 
 /// `[daemon.oauth]`: the identity provider whose access tokens the front accepts.
@@ -154,4 +155,5 @@ pub(super) struct RawView {
     /// Claims of an access token (`[daemon.oauth]`) whose principals see only this view.
     #[serde(default)]
     pub claims: BTreeMap<String, String>,
+    pub expose: Option<registry::search::Expose>,
 }

@@ -74,6 +74,7 @@ pub fn catalog_options(daemon: &DaemonSettings) -> CatalogOptions {
     CatalogOptions {
         name_budget: daemon.name_budget,
         page_size: daemon.page_size,
+        expose: daemon.expose,
     }
 }
 

@@ -15,6 +15,7 @@ pub(super) fn assemble(
     options: &CatalogOptions,
 ) -> (Catalog, Vec<CatalogWarning>) {
     let mut catalog = Catalog::with_page_size(options.page_size);
+    catalog.expose = options.expose;
     let mut warnings = Vec::new();
     let taken = claim_namespaces(&mut catalog, &parts);
     for kind in Kind::ALL {

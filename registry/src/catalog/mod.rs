@@ -8,6 +8,7 @@ mod entries;
 mod entry;
 mod kind;
 mod part;
+mod search;
 mod table;
 #[cfg(test)]
 mod test_support;
@@ -19,7 +20,7 @@ mod warning;
 mod words;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -29,11 +30,13 @@ use crate::cursor::{self, CursorError};
 use crate::filter::ToolFilter;
 use crate::headers::ParamHeader;
 use crate::quarantine::Quarantine;
+use crate::search::{Expose, SearchIndex};
 use crate::uris;
 
 pub use entries::Entries;
 pub use kind::Kind;
 pub use part::{EntryText, UpstreamPart};
+pub use search::Found;
 pub use view::View;
 
 use entries::{listed_key_of, original_key_of, EntryRef};
@@ -79,6 +82,8 @@ pub struct CatalogOptions {
     pub name_budget: usize,
     /// Entries per list page (at least 1 is used).
     pub page_size: usize,
+    /// How the whole catalog offers its tools (a view says for itself).
+    pub expose: Expose,
 }
 
 impl Default for CatalogOptions {
@@ -86,6 +91,7 @@ impl Default for CatalogOptions {
         CatalogOptions {
             name_budget: 64,
             page_size: 100,
+            expose: Expose::All,
         }
     }
 }
@@ -182,6 +188,9 @@ pub struct Catalog {
     /// shown (computed with the snapshot, so a page costs nothing more).
     upstream_cache: HashMap<Arc<str>, [Option<CacheHint>; 4]>,
     cache: [CacheHint; 4],
+    expose: Expose,
+    /// The tools' search index, built at the first search of this snapshot.
+    search: OnceLock<Arc<SearchIndex>>,
 }
 
 impl Default for Catalog {
@@ -216,6 +225,8 @@ impl Catalog {
             page_size: page_size.max(1),
             upstream_cache: HashMap::new(),
             cache: [CacheHint::NONE; 4],
+            expose: Expose::All,
+            search: OnceLock::new(),
         }
     }
 

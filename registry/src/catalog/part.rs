@@ -5,7 +5,7 @@
 //! so a snapshot holds no `Value` per entry and a rebuild touches only what changed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -17,6 +17,7 @@ use crate::cache::CacheHint;
 use crate::filter::ToolFilter;
 use crate::headers::ParamHeader;
 use crate::quarantine::Quarantine;
+use crate::search::{PartIndex, ToolText};
 use crate::{names, uris};
 
 /// The exposed key of each exposed entry of one kind, and the upstream's own key
@@ -280,6 +281,8 @@ pub(super) struct Tables {
     pub(super) words: Words,
     /// How many listed entries the quarantine holds.
     held_count: usize,
+    /// The exposed tools inverted for search, built at the first search.
+    search: OnceLock<Arc<PartIndex>>,
 }
 
 impl UpstreamPart {
@@ -627,6 +630,22 @@ impl UpstreamPart {
             upstream: self.upstream.clone(),
             original: self.original(kind, index).to_string(),
         }
+    }
+
+    /// The exposed tools inverted for search (built once, at the first search).
+    pub(super) fn search_index(&self) -> &Arc<PartIndex> {
+        self.tables.search.get_or_init(|| {
+            let listed = &self.tables.listed[Kind::Tools.index()];
+            let tools: Vec<Value> = self.tables.exposed[Kind::Tools.index()]
+                .iter()
+                .map(|item| {
+                    serde_json::from_str(listed.get(item.listed as usize)).unwrap_or_default()
+                })
+                .collect();
+            Arc::new(PartIndex::build(tools.iter().enumerate().map(
+                |(index, tool)| ToolText::of(self.original(Kind::Tools, index), tool),
+            )))
+        })
     }
 
     /// Exposed entry `index` of `kind` as a `Value`.

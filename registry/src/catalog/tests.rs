@@ -474,6 +474,7 @@ fn a_view_is_a_catalog_of_what_it_shows() {
             vec![],
         ),
         restricts_resources: true,
+        expose: Default::default(),
     };
     let restricted = catalog.restrict(&view);
     let names: Vec<String> = restricted

@@ -23,6 +23,8 @@ pub struct View {
     pub resources: ToolFilter,
     /// Whether `resources` restricts anything (else every URI of a shown upstream reads).
     pub restricts_resources: bool,
+    /// How the view offers its tools.
+    pub expose: crate::search::Expose,
 }
 
 impl View {
@@ -49,6 +51,7 @@ impl Catalog {
     /// The part of this catalog `view` shows, as a catalog of its own.
     pub fn restrict(&self, view: &View) -> Catalog {
         let mut restricted = Catalog::with_page_size(self.page_size);
+        restricted.expose = view.expose;
         // The view's entries live in the same parts: nothing of them is copied.
         restricted.parts = self.parts.clone();
         for kind in Kind::ALL {

@@ -249,6 +249,7 @@ pub(super) fn validate_daemon(
         admin_listen,
         name_budget,
         page_size,
+        expose: raw.expose.unwrap_or_default(),
         state_dir,
         drain_timeout,
         session_idle_timeout,

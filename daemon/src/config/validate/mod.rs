@@ -188,6 +188,7 @@ fn validate_views(
             prompts: ToolFilter::new(raw.prompts, raw.deny_prompts),
             resources: ToolFilter::new(raw.resources, raw.deny_resources),
             restricts_resources,
+            expose: raw.expose.unwrap_or_default(),
         };
         views.insert(
             name,

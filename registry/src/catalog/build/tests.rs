@@ -56,6 +56,7 @@ fn name_budget_applies_to_the_whole_exposed_name() {
     let options = CatalogOptions {
         name_budget: 20,
         page_size: 100,
+        ..CatalogOptions::default()
     };
     let (catalog, _) = Catalog::build(&[long], &options);
     let name = &exposed_names(&catalog, Kind::Tools)[0];
