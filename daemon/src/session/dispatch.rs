@@ -15,6 +15,7 @@ use super::audit_lines::RequestRecord;
 use super::forward::{expose_content_uris, with_string};
 use super::lists::list_kind;
 use super::routing::{unrouted, Router};
+use super::search::MetaCall;
 use super::{
     scoped, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
 };
@@ -155,12 +156,26 @@ impl<'a> Dispatch<'a> {
     pub(super) async fn serve(
         &self,
         method: &str,
-        mut params: Option<Value>,
+        params: Option<Value>,
         arguments: Option<WrittenMember>,
     ) -> Result<Reply, RelayError> {
         // The one snapshot a routed request is routed in, audited in, and has the
         // URIs in its result exposed from.
         let router = Router::new(&self.session.hub, self.session.view());
+        // Under a search view, `search_tools` is answered and `call_tool` unwrapped here.
+        let (mut params, arguments) = if method == "tools/call" {
+            match self.session.lister.found.meta_call(
+                router.catalog(),
+                params,
+                arguments,
+                &self.session.outbound,
+            )? {
+                MetaCall::Answered(reply) => return Ok(reply),
+                MetaCall::Call { params, arguments } => (params, arguments),
+            }
+        } else {
+            (params, arguments)
+        };
         if !RequestRecord::wanted(method, self.session.hub.audit()) {
             return self
                 .serve_routed(method, params, arguments, router, None)

@@ -6,8 +6,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use registry::Kind;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
+use super::search::FoundTools;
 use crate::era::Era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
@@ -17,6 +18,8 @@ use crate::jsonrpc::{self, RelayError};
 pub(super) struct Lister {
     /// Whether it listed anything yet (only its first list waits for starting upstreams).
     listed: AtomicBool,
+    /// What its searches found (listed under `expose = "search+found"`).
+    pub(super) found: FoundTools,
 }
 
 impl Lister {
@@ -32,6 +35,15 @@ impl Lister {
     ) -> Result<jsonrpc::Answer, RelayError> {
         self.wait_for_first_list(hub).await;
         let catalog = hub.catalog_for(view);
+        if let Some(tools) = (kind == Kind::Tools)
+            .then(|| self.found.listing(&catalog))
+            .flatten()
+        {
+            let result = json!({ "tools": tools });
+            return Ok(jsonrpc::Answer::result_written(id, 1024, |out| {
+                let _ = serde_json::to_writer(out, &result);
+            }));
+        }
         let page = catalog
             .page(kind, cursor_of(&params))
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
@@ -73,9 +85,19 @@ impl Lister {
             .page(kind, cursor_of(&params))
             .map_err(|error| RelayError::InvalidParams(error.to_string()))?;
         let mut result = Map::with_capacity(4);
-        result.insert(kind.result_key().into(), Value::Array(page.items.to_vec()));
-        if let Some(next) = page.next_cursor {
-            result.insert("nextCursor".into(), Value::String(next));
+        match (kind == Kind::Tools)
+            .then(|| self.found.listing(&catalog))
+            .flatten()
+        {
+            Some(tools) => {
+                result.insert("tools".into(), Value::Array(tools));
+            }
+            None => {
+                result.insert(kind.result_key().into(), Value::Array(page.items.to_vec()));
+                if let Some(next) = page.next_cursor {
+                    result.insert("nextCursor".into(), Value::String(next));
+                }
+            }
         }
         if era == Era::Modern {
             // What is true of the merge: its shortest-lived part's lifetime, and

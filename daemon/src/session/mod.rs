@@ -11,6 +11,7 @@ mod in_flight;
 mod lists;
 mod routing;
 mod scoped;
+mod search;
 mod task_extension;
 
 pub use scoped::Continuations;

@@ -24,6 +24,7 @@ mod reload;
 mod remote;
 mod restart;
 mod roundtrip;
+mod search;
 mod sso;
 mod startup;
 mod status;
