@@ -39,9 +39,33 @@ async fn exercise(
 ) -> anyhow::Result<()> {
     exercise_common(client, handler, cancel_log).await?;
 
-    // server-everything asks for roots while serving the call that wants them: that
-    // call's client answers.
-    let roots = call(client, "everything__get-roots-list", json!({})).await?;
+    // server-everything keeps the answer to its first roots request, which it sends
+    // 350 ms after its start and plexus answers itself (no client is there yet); a
+    // client arriving with roots has plexus tell it the roots changed, and it asks
+    // again. When that second request came with no call of this client in flight
+    // (a loaded machine), the list is refreshed while one is: the call's client
+    // answers.
+    let mut roots = call(client, "everything__get-roots-list", json!({})).await?;
+    if !roots.to_string().contains(&handler.root()) {
+        let asked = handler.roots_asked();
+        let long = call(
+            client,
+            "everything__trigger-long-running-operation",
+            json!({"duration": 2, "steps": 2}),
+        );
+        let refresh = async {
+            client.peer().notify_roots_list_changed().await?;
+            plexus_tests::eventually(Duration::from_secs(10), async || {
+                ensure!(handler.roots_asked() > asked, "not asked for roots");
+                Ok(())
+            })
+            .await
+        };
+        let (long, refreshed) = tokio::join!(long, refresh);
+        long?;
+        refreshed?;
+        roots = call(client, "everything__get-roots-list", json!({})).await?;
+    }
     ensure!(roots.to_string().contains(&handler.root()), "{roots}");
     // After roots/list_changed it asks again with no call in flight. A daemon with
     // many clients cannot tell which one that is for, so plexus answers itself and
