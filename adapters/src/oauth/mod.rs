@@ -149,7 +149,8 @@ pub struct Interaction {
     pub wait: Duration,
 }
 
-fn now() -> u64 {
+/// Seconds since the epoch.
+pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|elapsed| elapsed.as_secs())
@@ -212,14 +213,33 @@ impl OAuthClient {
             .map(|tokens| tokens.access_token.as_str())
     }
 
+    /// Whether tokens are held (from the store or obtained now).
+    pub fn has_tokens(&self) -> bool {
+        self.stored.tokens.is_some()
+    }
+
+    /// When the token held is due for a refresh, in seconds since the epoch: a
+    /// minute before it expires, or half its lifetime before when it lives less
+    /// than two minutes. None when it does not expire (or none is held).
+    pub fn refresh_due(&self) -> Option<u64> {
+        let tokens = self.stored.tokens.as_ref()?;
+        let expires_at = tokens.expires_at?;
+        let margin = match tokens.issued_at {
+            Some(issued) => EXPIRY_MARGIN_S.min(expires_at.saturating_sub(issued) / 2),
+            None => EXPIRY_MARGIN_S,
+        };
+        Some(expires_at.saturating_sub(margin))
+    }
+
+    /// Refreshes the token held now (RFC 6749 §6), whatever its expiry; an
+    /// `invalid_grant` forgets it (a new login is needed).
+    pub async fn refresh_now(&mut self) -> Result<String, OAuthError> {
+        self.refresh().await
+    }
+
     /// The token held, refreshed first when it is about to expire and can be.
     pub async fn fresh_token(&mut self) -> Result<Option<String>, OAuthError> {
-        let expiring = self
-            .stored
-            .tokens
-            .as_ref()
-            .and_then(|tokens| tokens.expires_at)
-            .is_some_and(|at| at <= now() + EXPIRY_MARGIN_S);
+        let expiring = self.refresh_due().is_some_and(|due| due <= now());
         if expiring {
             let refreshed = self.refresh().await;
             if let Err(error) = &refreshed {
@@ -621,6 +641,7 @@ impl OAuthClient {
                 .and_then(Value::as_u64)
                 .map(|seconds| now() + seconds),
             scopes: granted.unwrap_or_else(|| scopes.to_vec()),
+            issued_at: Some(now()),
         })
     }
 

@@ -1,12 +1,16 @@
 //! What an OAuth client keeps between runs, one file per MCP server under the
 //! state directory, mode 0600: its registrations, by authorization server, and
-//! its tokens. Written whole to a temporary file and renamed over, so a reader
-//! never sees half of one. (Not encrypted yet: the file's mode guards it.)
+//! its tokens. Encrypted (AES-256-GCM, `ring`) with the key in `key` beside the
+//! files, made once (mode 0600); the file's name is the associated data, so a
+//! file copied over another's name does not open. A plain JSON file (written
+//! before encryption) is read once and rewritten encrypted. Written whole to a
+//! temporary file and renamed over, so a reader never sees half of one.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -40,6 +44,10 @@ pub struct Tokens {
     /// The scopes asked for (what a step-up adds to).
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// Seconds since the epoch when the token was issued: with `expires_at`, its
+    /// lifetime, which bounds how early it is refreshed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_at: Option<u64>,
 }
 
 #[derive(Clone, Default, Serialize, Deserialize)]
@@ -76,18 +84,54 @@ impl TokenStore {
     }
 
     /// What the file holds; nothing when it is missing or unreadable (a login
-    /// then starts afresh).
+    /// then starts afresh). A plain file is rewritten encrypted.
     pub fn load(&self) -> Stored {
         let Some(path) = &self.path else {
             return Stored::default();
         };
-        match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
-                tracing::warn!(path = %path.display(), %error, "the OAuth token file is not readable; starting afresh");
-                Stored::default()
-            }),
-            Err(_) => Stored::default(),
+        let Ok(bytes) = std::fs::read(path) else {
+            return Stored::default();
+        };
+        if let Some(sealed) = bytes.strip_prefix(MAGIC) {
+            return match self.open_sealed(path, sealed) {
+                Ok(stored) => stored,
+                Err(reason) => {
+                    tracing::warn!(path = %path.display(), reason, "the OAuth token file does not open; starting afresh");
+                    Stored::default()
+                }
+            };
         }
+        match serde_json::from_slice::<Stored>(&bytes) {
+            Ok(stored) => {
+                match self.save(&stored) {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "the OAuth token file was plain; rewritten encrypted")
+                    }
+                    Err(error) => {
+                        tracing::warn!(path = %path.display(), error = %crate::error_chain(&error), "could not rewrite the plain OAuth token file encrypted")
+                    }
+                }
+                stored
+            }
+            Err(error) => {
+                tracing::warn!(path = %path.display(), line = error.line(), "the OAuth token file is not readable; starting afresh");
+                Stored::default()
+            }
+        }
+    }
+
+    fn open_sealed(&self, path: &Path, sealed: &[u8]) -> Result<Stored, &'static str> {
+        let key = read_key(&key_path(path)).map_err(|_| "its key file is unreadable")?;
+        if sealed.len() < NONCE_LEN {
+            return Err("it is truncated");
+        }
+        let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| "it is truncated")?;
+        let mut buffer = ciphertext.to_vec();
+        let plain = key
+            .open_in_place(nonce, Aad::from(aad(path)), &mut buffer)
+            .map_err(|_| "it does not decrypt with the key file")?;
+        serde_json::from_slice(plain).map_err(|_| "its contents are not a token record")
     }
 
     pub fn save(&self, stored: &Stored) -> Result<(), OAuthError> {
@@ -100,7 +144,20 @@ impl TokenStore {
         };
         let directory = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(directory).map_err(failed)?;
-        let bytes = serde_json::to_vec_pretty(stored).map_err(|error| failed(error.into()))?;
+        let key = key_for(&key_path(path)).map_err(failed)?;
+        let mut buffer = serde_json::to_vec(stored).map_err(|error| failed(error.into()))?;
+        let mut nonce = [0u8; NONCE_LEN];
+        rand::fill(&mut nonce[..]);
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad(path)),
+            &mut buffer,
+        )
+        .map_err(|_| failed(std::io::Error::other("sealing failed")))?;
+        let mut bytes = Vec::with_capacity(MAGIC.len() + NONCE_LEN + buffer.len());
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&nonce);
+        bytes.extend_from_slice(&buffer);
         let temporary = path.with_extension("json.tmp");
         {
             use std::os::unix::fs::OpenOptionsExt as _;
@@ -133,6 +190,60 @@ impl TokenStore {
     }
 }
 
+/// What an encrypted file starts with (then the nonce, then the ciphertext and tag).
+const MAGIC: &[u8] = b"plexus-oauth-v1\n";
+const KEY_FILE: &str = "key";
+
+fn key_path(file: &Path) -> PathBuf {
+    file.parent().unwrap_or(Path::new(".")).join(KEY_FILE)
+}
+
+fn aad(file: &Path) -> &[u8] {
+    file.file_name()
+        .map(|name| name.as_encoded_bytes())
+        .unwrap_or_default()
+}
+
+fn read_key(path: &Path) -> std::io::Result<LessSafeKey> {
+    let bytes = std::fs::read(path)?;
+    let key = UnboundKey::new(&AES_256_GCM, &bytes)
+        .map_err(|_| std::io::Error::other("the key file is not a 256-bit key"))?;
+    Ok(LessSafeKey::new(key))
+}
+
+/// The key, made (32 random bytes, mode 0600) when there is none yet; two
+/// processes making it at once agree on the first one written.
+fn key_for(path: &Path) -> std::io::Result<LessSafeKey> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match read_key(path) {
+        Ok(key) => return Ok(key),
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        Err(_) => {}
+    }
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes[..]);
+    let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+    }
+    // A hard link fails when the key exists: the one already there wins.
+    let linked = std::fs::hard_link(&temporary, path);
+    let _ = std::fs::remove_file(&temporary);
+    match linked {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => return Err(error),
+    }
+    read_key(path)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -152,17 +263,41 @@ mod tests {
                 refresh_token: None,
                 expires_at: Some(5),
                 scopes: vec!["a".into()],
+                issued_at: None,
             }),
         };
         store.save(&stored).unwrap();
-        let mode = std::fs::metadata(store.path().unwrap())
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
+        for path in [
+            store.path().unwrap().to_path_buf(),
+            directory.path().join("oauth/key"),
+        ] {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        }
+        let bytes = std::fs::read(store.path().unwrap()).unwrap();
+        assert!(bytes.starts_with(MAGIC));
+        assert!(!bytes.windows(13).any(|w| w == b"secret-access"));
         let back = store.load();
         assert_eq!(back.tokens.unwrap().access_token, "secret-access");
         store.clear().unwrap();
+        assert!(store.load().tokens.is_none());
+    }
+
+    #[test]
+    fn a_plain_file_is_read_once_and_rewritten_encrypted() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = TokenStore::for_server(&directory.path().join("oauth"), "http://h/mcp");
+        let path = store.path().unwrap().to_path_buf();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let plain = r#"{"registrations":{},"tokens":{"issuer":"http://as","resource":"http://h/mcp","access_token":"plain-access","scopes":[]}}"#;
+        std::fs::write(&path, plain).unwrap();
+        assert_eq!(store.load().tokens.unwrap().access_token, "plain-access");
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.starts_with(MAGIC), "not rewritten encrypted");
+        assert!(!bytes.windows(12).any(|w| w == b"plain-access"));
+        assert_eq!(store.load().tokens.unwrap().access_token, "plain-access");
+        // Another key does not open it.
+        std::fs::write(directory.path().join("oauth/key"), [7u8; 32]).unwrap();
         assert!(store.load().tokens.is_none());
     }
 }
