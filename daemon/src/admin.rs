@@ -67,6 +67,14 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
                 ),
             };
         }
+        // POST /upstreams/<name>/login and /logout: the token store changed.
+        if let Some((name, login)) = path.strip_prefix("/upstreams/").and_then(|rest| {
+            rest.strip_suffix("/login")
+                .map(|name| (name, true))
+                .or_else(|| rest.strip_suffix("/logout").map(|name| (name, false)))
+        }) {
+            return login_changed(&admin.hub, name, login).await;
+        }
         // POST /upstreams/<name>/restart: start again now, even from `failed`;
         // answered once a serving upstream's successor serves (or did not start).
         let name = path
@@ -91,7 +99,7 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "use GET, POST /reload, POST /upstreams/<name>/restart, POST /pins/approve or POST /pins/reset\n".into(),
+            "use GET, POST /reload, POST /upstreams/<name>/restart|login|logout, POST /pins/approve or POST /pins/reset\n".into(),
         );
     }
     let hub = &admin.hub;
@@ -251,6 +259,62 @@ fn error_answer(status: StatusCode, error: &str) -> Response<Body> {
         json!({ "error": error }).to_string(),
     )
 }
+
+/// `plexus login` stored tokens (or `plexus logout` cleared them): the upstream
+/// starts again with what the store holds now, without a restart of the daemon.
+/// Answered once it is ready (login) or waits for a login (logout), or 409 with
+/// where it went instead.
+async fn login_changed(hub: &Hub, name: &str, login: bool) -> Response<Body> {
+    let Some(upstream) = hub.upstreams().get(name).cloned() else {
+        return error_answer(StatusCode::NOT_FOUND, "no such upstream");
+    };
+    if upstream.login().is_none() {
+        return error_answer(
+            StatusCode::CONFLICT,
+            "this upstream does not log in with OAuth (it is not HTTP, or it configures an Authorization header)",
+        );
+    }
+    let mut states = upstream.shared.state_changes();
+    upstream.shared.retry();
+    let wanted = if login {
+        UpstreamState::Ready
+    } else {
+        UpstreamState::NeedsLogin
+    };
+    let settled = tokio::time::timeout(LOGIN_SETTLE, async {
+        // The retry is taken up first: a state before a change is the old run's.
+        loop {
+            if states.changed().await.is_err() {
+                return upstream.shared.state();
+            }
+            let state = *states.borrow_and_update();
+            match state {
+                UpstreamState::Ready
+                | UpstreamState::NeedsLogin
+                | UpstreamState::Failed
+                | UpstreamState::BackingOff { .. }
+                | UpstreamState::Disabled => return state,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| upstream.shared.state());
+    let body = json!({
+        "upstream": name,
+        "state": settled.label(),
+        "error": (settled != wanted).then(|| upstream.shared.last_error()).flatten(),
+    });
+    let status = if settled == wanted {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    };
+    text(status, "application/json", body.to_string())
+}
+
+/// How long `POST /upstreams/<name>/login` waits for the upstream to settle.
+const LOGIN_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Ready when every enabled upstream is serving or startable on demand; the body
 /// says where each one is.

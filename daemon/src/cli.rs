@@ -121,6 +121,27 @@ pub enum Command {
         #[command(flatten)]
         daemon: AdminArgs,
     },
+    /// Log in to a hosted upstream that wants OAuth: opens the authorization URL
+    /// with $BROWSER (else prints it, or a device code), stores the tokens
+    /// (encrypted, in state_dir) and tells the running daemon, which brings the
+    /// upstream up. With --status: each hosted upstream and whether it holds a login.
+    Login {
+        /// The upstream's name in the configuration.
+        #[arg(required_unless_present = "status")]
+        upstream: Option<String>,
+        /// List the hosted upstreams, which hold a login and which need one.
+        #[arg(long, conflicts_with = "upstream")]
+        status: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Forget a hosted upstream's tokens and tell the running daemon (the upstream
+    /// waits in `needs_login`).
+    Logout {
+        upstream: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
     /// Schema pins: where each upstream stands, what changed, approve or reset. Asks
     /// the running daemon, or works on the pin file when none runs.
     #[command(mut_arg("config", |arg| arg.help(
@@ -149,7 +170,9 @@ impl Command {
             | Command::Call { .. }
             | Command::Pins { .. }
             | Command::Status { .. }
-            | Command::Restart { .. } => Some("warn"),
+            | Command::Restart { .. }
+            | Command::Login { .. }
+            | Command::Logout { .. } => Some("warn"),
             Command::Serve { .. }
             | Command::CheckConfig { .. }
             | Command::Reload { .. }

@@ -119,6 +119,10 @@ pub enum RelayError {
         state: String,
         retry_after_ms: Option<u64>,
     },
+    /// A hosted upstream refused plexus (401, a Bearer challenge) and holds no
+    /// usable token: a person must log in.
+    #[error("upstream `{upstream}` needs a login: run `plexus login {upstream}`")]
+    NeedsLogin { upstream: String },
     #[error("upstream `{upstream}` did not answer within {}ms", .after.as_millis())]
     Timeout { upstream: String, after: Duration },
     #[error("upstream `{upstream}` failed during the call: {reason}")]
@@ -238,7 +242,7 @@ impl RelayError {
             | RelayError::UnknownTool(_)
             | RelayError::UnknownPrompt(_) => INVALID_PARAMS,
             RelayError::UnknownResource(_) => RESOURCE_NOT_FOUND,
-            RelayError::Unavailable { .. } => UPSTREAM_UNAVAILABLE,
+            RelayError::Unavailable { .. } | RelayError::NeedsLogin { .. } => UPSTREAM_UNAVAILABLE,
             RelayError::Timeout { .. } => UPSTREAM_TIMEOUT,
             RelayError::FailedMidCall { .. } => UPSTREAM_FAILED,
             RelayError::Overloaded { .. } => OVERLOADED,
@@ -265,6 +269,7 @@ impl RelayError {
             RelayError::UnknownTool(_) | RelayError::UnknownPrompt(_) => "unknown_name",
             RelayError::UnknownResource(_) => "unknown_resource",
             RelayError::Unavailable { .. } => "upstream_unavailable",
+            RelayError::NeedsLogin { .. } => "needs_login",
             RelayError::Timeout { .. } => "upstream_timeout",
             RelayError::FailedMidCall { .. } => "upstream_failed",
             RelayError::Overloaded { .. } => "overloaded",
@@ -297,6 +302,16 @@ impl RelayError {
                 retry_after_ms.is_some(),
                 *retry_after_ms,
             ),
+            RelayError::NeedsLogin { upstream } => {
+                return Some(json!({
+                    "kind": "upstream_unavailable",
+                    "upstream": upstream,
+                    "state": "needs_login",
+                    "retryable": false,
+                    "retry_after_ms": null,
+                    "login": format!("plexus login {upstream}"),
+                }))
+            }
             RelayError::Timeout { upstream, .. } => {
                 ("upstream_timeout", Some(upstream), None, true, None)
             }

@@ -22,6 +22,7 @@ mod hub;
 mod jsonrpc;
 mod listener;
 mod logging;
+mod login_command;
 mod memory;
 mod metrics;
 mod own_stdio;
@@ -92,6 +93,15 @@ pub fn run(command: Command) -> ExitCode {
             token_file.as_deref(),
             view.as_deref(),
         ),
+        Command::Login {
+            upstream,
+            status,
+            config,
+        } => match upstream {
+            Some(upstream) if !status => login_command::login(&upstream, &config.path),
+            _ => login_command::status(&config.path),
+        },
+        Command::Logout { upstream, config } => login_command::logout(&upstream, &config.path),
         Command::Keeper => {
             // No logging, no runtime: it only waits for its input to end.
             adapters::keeper::run_keeper(std::io::stdin().lock());

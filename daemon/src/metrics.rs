@@ -21,6 +21,8 @@ pub struct Metrics {
     pub upstream_restarts: IntCounterVec,
     /// 1 for the state each upstream is in, 0 for the others.
     pub upstream_state: IntGaugeVec,
+    /// OAuth token refreshes by upstream and outcome (`ok`, `invalid_grant`, `error`).
+    pub oauth_refreshes: IntCounterVec,
     /// Calls being served by, and waiting for, each upstream.
     pub upstream_in_flight: IntGaugeVec,
     pub upstream_pending: IntGaugeVec,
@@ -95,6 +97,13 @@ impl Metrics {
                 "1 for the state the upstream is in, 0 for the others.",
             ),
             &["upstream", "state"],
+        )?;
+        let oauth_refreshes = IntCounterVec::new(
+            Opts::new(
+                "plexus_oauth_refresh_total",
+                "OAuth token refreshes of hosted upstreams, by outcome.",
+            ),
+            &["upstream", "outcome"],
         )?;
         let upstream_in_flight = IntGaugeVec::new(
             Opts::new(
@@ -279,6 +288,7 @@ impl Metrics {
         registry.register(Box::new(upstream_up.clone()))?;
         registry.register(Box::new(upstream_restarts.clone()))?;
         registry.register(Box::new(upstream_state.clone()))?;
+        registry.register(Box::new(oauth_refreshes.clone()))?;
         registry.register(Box::new(upstream_in_flight.clone()))?;
         registry.register(Box::new(upstream_pending.clone()))?;
         registry.register(Box::new(upstream_session_instances.clone()))?;
@@ -294,6 +304,7 @@ impl Metrics {
             upstream_up,
             upstream_restarts,
             upstream_state,
+            oauth_refreshes,
             upstream_in_flight,
             upstream_pending,
             upstream_session_instances,
@@ -326,6 +337,7 @@ impl Metrics {
         forget(&self.upstream_up, name);
         forget(&self.upstream_restarts, name);
         forget(&self.upstream_state, name);
+        forget(&self.oauth_refreshes, name);
         forget(&self.upstream_in_flight, name);
         forget(&self.upstream_pending, name);
         forget(&self.upstream_session_instances, name);

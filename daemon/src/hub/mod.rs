@@ -96,6 +96,10 @@ impl Hub {
             progress: progress.clone(),
             keeper: start_keeper(),
             starts: start_slots.clone(),
+            logins: Arc::new(crate::upstreams::login::Logins::new(
+                config,
+                metrics.oauth_refreshes.clone(),
+            )),
         };
         let upstreams = Arc::new(UpstreamSet::new(supervision));
         let catalog = Arc::new(CatalogHost::new(

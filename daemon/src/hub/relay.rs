@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::Hub;
 use crate::jsonrpc::RelayError;
+use crate::upstreams::login::BeforeCall;
 use crate::upstreams::Upstream;
 
 /// What a relayed request carries besides its method and params.
@@ -107,6 +108,15 @@ impl Hub {
                 Ok(connection) => connection,
                 Err(error) => break 'call Err(error),
             };
+            if let Some(login) = upstream.login() {
+                if login.before_call(&connection).await == BeforeCall::NeedsLogin {
+                    // Started again, the upstream finds no token and waits for a login.
+                    instance.retry();
+                    break 'call Err(RelayError::NeedsLogin {
+                        upstream: upstream.name().to_string(),
+                    });
+                }
+            }
 
             // The one crossing into the upstream's era (`era::to_upstream`).
             let relayed = connection

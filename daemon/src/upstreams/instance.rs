@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::limiter::Limiter;
+use super::login::Login;
 use super::supervisor;
 use super::Supervision;
 use crate::config::{Share, Start, UpstreamConfig};
@@ -39,10 +40,13 @@ pub enum UpstreamState {
     Stopping,
     Stopped,
     Disabled,
+    /// A hosted upstream refused plexus (401, a Bearer challenge) and no stored
+    /// token works: waits for `plexus login NAME`.
+    NeedsLogin,
 }
 
 impl UpstreamState {
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "idle",
         "starting",
         "ready",
@@ -51,6 +55,7 @@ impl UpstreamState {
         "stopping",
         "stopped",
         "disabled",
+        "needs_login",
     ];
 
     pub fn label(&self) -> &'static str {
@@ -63,6 +68,7 @@ impl UpstreamState {
             UpstreamState::Stopping => "stopping",
             UpstreamState::Stopped => "stopped",
             UpstreamState::Disabled => "disabled",
+            UpstreamState::NeedsLogin => "needs_login",
         }
     }
 }
@@ -379,6 +385,11 @@ impl Instance {
     /// The error a call gets while this instance has no live connection.
     pub fn unavailable(&self) -> RelayError {
         let state = self.reported_state();
+        if state == UpstreamState::NeedsLogin {
+            return RelayError::NeedsLogin {
+                upstream: self.name.to_string(),
+            };
+        }
         // When trying again can help, and after how long; a failed or disabled
         // upstream waits for an operator (retry_after_ms null, retryable false).
         let retry_after_ms = match state {
@@ -468,6 +479,8 @@ pub struct Upstream {
     /// Set once it has left the set and drains: a call admitted after that goes to
     /// its successor, if it has one, never to an instance about to stop.
     retired: AtomicBool,
+    /// The OAuth login of a hosted upstream that configures no `Authorization`.
+    login: Option<Arc<Login>>,
     pub(super) supervision: Arc<Supervision>,
 }
 
@@ -481,6 +494,7 @@ impl Upstream {
         } else {
             UpstreamState::Starting
         };
+        let login = Login::of(&config, &supervision.logins).map(Arc::new);
         let mut shared = Instance::new(name.clone(), initial, supervision.shutdown.child_token());
         shared.stop_after_listing = config.share == Share::Session;
         Upstream {
@@ -499,6 +513,7 @@ impl Upstream {
             listen_uris: watch::Sender::new(BTreeSet::new()),
             drained: CancellationToken::new(),
             retired: AtomicBool::new(false),
+            login,
             supervision,
         }
     }
@@ -513,6 +528,11 @@ impl Upstream {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The OAuth login, for a hosted upstream that may need one.
+    pub fn login(&self) -> Option<&Arc<Login>> {
+        self.login.as_ref()
     }
 
     /// The settings in force now.

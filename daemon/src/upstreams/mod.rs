@@ -10,6 +10,7 @@
 
 mod instance;
 mod limiter;
+pub mod login;
 mod restart;
 mod schedule;
 mod starts;
@@ -101,6 +102,8 @@ pub struct Supervision {
     pub keeper: Option<Arc<adapters::keeper::Keeper>>,
     /// Bounds how many upstreams are starting at once (`daemon.start_concurrency`).
     pub starts: Arc<StartSlots>,
+    /// Where hosted upstreams' OAuth tokens are, and their refresh counter.
+    pub logins: Arc<login::Logins>,
 }
 
 /// The tables that hang off upstream names, told when the set changes.

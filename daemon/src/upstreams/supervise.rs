@@ -43,6 +43,8 @@ enum RunEnd {
     Restart,
     /// The process exited, failed to start, or stopped answering.
     Failed,
+    /// A hosted upstream refused plexus and no stored token works.
+    NeedsLogin,
 }
 
 /// Keeps one instance running until it is stopped.
@@ -70,6 +72,15 @@ pub async fn supervise(instance: Arc<Instance>, upstream: Arc<Upstream>) {
             }
             RunEnd::Restart => {
                 policy.reset();
+                continue;
+            }
+            RunEnd::NeedsLogin => {
+                // No restarts: only a login (which asks for a retry) helps.
+                set_state(&instance, &upstream, UpstreamState::NeedsLogin).await;
+                tokio::select! {
+                    _ = instance.retry.notified() => policy.reset(),
+                    _ = instance.stop.cancelled() => break,
+                }
                 continue;
             }
             RunEnd::Failed => {}
@@ -180,6 +191,10 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
             return RunEnd::Failed;
         }
     };
+    let login = upstream.login().cloned();
+    if let Some(login) = &login {
+        login.start(&connection).await;
+    }
     let identity = client_identity();
     // A handshake-era upstream that ignores the probe costs at most this much of its start.
     let probe_timeout = config.init_timeout.min(DISCOVER_PROBE_TIMEOUT);
@@ -199,6 +214,20 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     };
     let hello = match hello {
         Ok(Ok(hello)) => hello,
+        Ok(Err(error)) if login.is_some() && super::login::wants_login(&error) => {
+            let refreshed = match &login {
+                Some(login) => login.answer_refusal().await,
+                None => false,
+            };
+            let end = if refreshed {
+                RunEnd::Restart
+            } else {
+                tracing::warn!(upstream = %name, "the upstream wants an OAuth login: run `plexus login {name}`");
+                instance.fail(format!("it needs a login: run `plexus login {name}`"));
+                RunEnd::NeedsLogin
+            };
+            return end_run(instance, &connection, end).await;
+        }
         Ok(Err(error)) => {
             let error = adapters::error_chain(&error);
             tracing::error!(upstream = %name, %error, stderr = ?connection.stderr_tail(), "upstream initialize failed");
@@ -229,6 +258,9 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
     }
     instance.touch();
     instance.set_connection(Some(connection.clone()));
+    if let Some(login) = &login {
+        login.started();
+    }
     set_state(instance, upstream, UpstreamState::Ready).await;
     let level = *upstream.supervision.log_level.borrow();
     if let Some(level) = level {
