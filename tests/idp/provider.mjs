@@ -7,6 +7,9 @@
 //
 // Prints `listening on http://127.0.0.1:PORT` once bound. A new signing key (and
 // kid) is made at every start: restarting on the same port rotates the keys.
+// IDP_ACCESS_TTL (seconds, default 600) sets the access tokens' lifetime; with
+// IDP_REFRESH=1 every code grant to a client allowed `refresh_token` gets a
+// refresh token (else only with offline_access and consent, oidc-provider's rule).
 // Test-only routes: POST /test/mint signs a token with the current key from a JSON
 // body ({sub, aud, iss, exp_in, nbf_in, groups, kid}); GET /test/jwks-count says
 // how often the key set was fetched.
@@ -25,6 +28,8 @@ const args = Object.fromEntries(
 const port = Number(args.port);
 const audience = args.audience;
 const alg = args.alg ?? 'RS256';
+const accessTtl = Number(process.env.IDP_ACCESS_TTL ?? 600);
+const alwaysRefresh = process.env.IDP_REFRESH === '1';
 if (!port || !audience) {
   console.error('usage: provider.mjs --port PORT --audience URL [--alg ALG]');
   process.exit(64);
@@ -55,13 +60,14 @@ const provider = new Provider(issuer, {
       useGrantedResource: () => true,
       getResourceServerInfo: (ctx, resource) => {
         if (resource !== audience) throw new errors.InvalidTarget();
-        return { scope: 'mcp', audience, accessTokenFormat: 'jwt', accessTokenTTL: 600, jwt: { sign: { alg } } };
+        return { scope: 'mcp', audience, accessTokenFormat: 'jwt', accessTokenTTL: accessTtl, jwt: { sign: { alg } } };
       },
     },
   },
   extraTokenClaims: (ctx, token) => (token.accountId ? { groups: accounts[token.accountId] ?? [] } : undefined),
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
   pkce: { required: () => true },
+  ...(alwaysRefresh ? { issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token') } : {}),
   scopes: ['openid', 'offline_access', 'mcp'],
   clientDefaults: { token_endpoint_auth_method: 'none', grant_types: ['authorization_code', 'refresh_token'] },
   enabledJWA: { authorizationSigningAlgValues: [alg], idTokenSigningAlgValues: [alg] },

@@ -30,4 +30,5 @@ mod startup;
 mod status;
 mod systemd;
 mod task_bridge;
+mod upstream_login;
 mod views;

