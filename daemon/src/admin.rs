@@ -2,7 +2,9 @@
 //! (Prometheus text), `/healthz`, `/readyz`, the pins
 //! (`GET /pins`, `GET /pins/diff[?upstream=NAME]`), and the mutating endpoints
 //! `POST /reload`, `POST /upstreams/<name>/restart`, `POST /pins/approve` and
-//! `POST /pins/reset`, which go through the control path.
+//! `POST /pins/reset`, which go through the control path; and
+//! `POST /upstreams/<name>/login|logout`, which start a hosted upstream again
+//! with what its token store holds now.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
