@@ -12,7 +12,8 @@
 // refresh token (else only with offline_access and consent, oidc-provider's rule).
 // Test-only routes: POST /test/mint signs a token with the current key from a JSON
 // body ({sub, aud, iss, exp_in, nbf_in, groups, kid}); GET /test/jwks-count says
-// how often the key set was fetched.
+// how often the key set was fetched; POST /test/revoke-refresh destroys every
+// refresh token issued so far (their next use gets invalid_grant).
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { randomUUID } from 'node:crypto';
@@ -74,6 +75,8 @@ const provider = new Provider(issuer, {
 });
 
 let jwksCount = 0;
+const refreshTokens = [];
+provider.on('refresh_token.saved', (token) => refreshTokens.push(token.jti));
 
 const readBody = (req) =>
   new Promise((resolve, reject) => {
@@ -118,6 +121,18 @@ provider.use(async (ctx, next) => {
     const id = await grant.save();
     ctx.status = 303;
     ctx.redirect(await provider.interactionResult(ctx.req, ctx.res, { consent: { grantId: id } }, { mergeWithLastSubmission: true }));
+    return;
+  }
+  if (ctx.path === '/test/revoke-refresh' && ctx.method === 'POST') {
+    let revoked = 0;
+    for (const jti of refreshTokens.splice(0)) {
+      const token = await provider.RefreshToken.find(jti, { ignoreExpiration: true });
+      if (token) {
+        await token.destroy();
+        revoked += 1;
+      }
+    }
+    ctx.body = { revoked };
     return;
   }
   if (ctx.path === '/test/jwks-count') {

@@ -231,6 +231,43 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     assert_eq!(refused["error"]["data"]["state"], "needs_login");
     assert_eq!(refused["error"]["data"]["login"], "plexus login hosted");
 
+    // Logged in again (the registration is reused), then the provider revokes the
+    // refresh token: the next refresh gets invalid_grant, and the upstream waits for
+    // a login, once, with no loop of refreshes or restarts.
+    let again = plexus(&b, &["login", "hosted"]).await?;
+    ensure!(
+        again.status.success(),
+        "the second login failed: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let logged_in_at = Instant::now();
+    let revoked: Value = reqwest::Client::new()
+        .post(format!("{}/test/revoke-refresh", idp.issuer()))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        revoked["revoked"].as_u64() >= Some(1),
+        "nothing revoked: {revoked}"
+    );
+    tokio::time::sleep(due.saturating_sub(logged_in_at.elapsed())).await;
+    let mut session = RawHttpSession::connect(&b.url).await?;
+    let call = json!({"name": "hosted__fx__echo", "arguments": {"text": "late"}});
+    let refused = session.request("tools/call", call.clone()).await?;
+    assert_eq!(refused["error"]["code"], -33001, "{refused}");
+    assert_eq!(refused["error"]["data"]["login"], "plexus login hosted");
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    let refused = session.request("tools/call", call).await?;
+    assert_eq!(
+        refused["error"]["data"]["state"], "needs_login",
+        "{refused}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(b.metric(&refreshes("invalid_grant")).await?, Some(1.0));
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
+    wait_for_state(&b, "hosted", "needs_login").await?;
+
     let listing = plexus(&b, &["login", "--status"]).await?;
     let listing = String::from_utf8_lossy(&listing.stdout).to_string();
     ensure!(
