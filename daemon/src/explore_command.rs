@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use adapters::handshake;
-use adapters::oauth::{Challenge, Interaction, OAuthClient, Prompt, Settings, TokenStore};
+use adapters::oauth::{Challenge, Interaction, OAuthClient, Prompt, TokenStore};
 use adapters::stdio::ConnectionStats;
 use adapters::{ConnectionError, Reply, UpstreamConnection};
 use registry::fingerprint::{self, ListingSnapshot};
@@ -286,26 +286,8 @@ fn oauth_client(
     {
         return Ok(None);
     }
-    let oauth = config.oauth.clone();
-    let private_key_pem = match oauth.as_ref().and_then(|o| o.private_key_file.as_ref()) {
-        Some(path) => Some(std::fs::read(path).map_err(|error| {
-            ExploreError::Target(format!(
-                "upstreams.{}.oauth.private_key_file: cannot read {}: {error}",
-                config.name,
-                path.display()
-            ))
-        })?),
-        None => None,
-    };
-    let settings = Settings {
-        client_id: oauth.as_ref().and_then(|o| o.client_id.clone()),
-        client_secret: oauth.as_ref().and_then(|o| o.client_secret.clone()),
-        scopes: oauth.as_ref().and_then(|o| o.scopes.clone()),
-        grant: oauth.as_ref().map(|o| o.grant).unwrap_or_default(),
-        private_key_pem,
-        signing_algorithm: oauth.as_ref().and_then(|o| o.signing_algorithm.clone()),
-        client_metadata_url: place.client_metadata_url.clone(),
-    };
+    let settings = crate::upstreams::login::settings(config, place.client_metadata_url.clone())
+        .map_err(ExploreError::Target)?;
     let interaction = Interaction {
         browser: environment("BROWSER").filter(|browser| !browser.trim().is_empty()),
         prompt: Arc::new(|prompt: &Prompt<'_>| {
