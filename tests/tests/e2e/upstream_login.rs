@@ -106,7 +106,9 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
         .start()
         .await?;
     a.wait_ready(Duration::from_secs(60)).await?;
+    let audit = dir.path().join("b-audit.jsonl");
     let b = Daemon::builder()
+        .daemon(format!("audit_log = {:?}", audit.display().to_string()))
         .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
         .start()
         .await?;
@@ -275,9 +277,18 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
         "login --status: {listing}"
     );
 
-    // No token text in B's log or status.
+    // No token text in B's log, audit trail or status.
     let (_, status) = b.admin_get("/status").await?;
-    for (what, text) in [("B's log", b.log()), ("B's status", status)] {
+    let audit_text = std::fs::read_to_string(&audit)?;
+    ensure!(
+        audit_text.contains("hosted__fx__echo"),
+        "the audit trail has no calls: {audit_text}"
+    );
+    for (what, text) in [
+        ("B's log", b.log()),
+        ("B's audit trail", audit_text),
+        ("B's status", status),
+    ] {
         ensure!(!text.contains("eyJ"), "{what} holds a token");
     }
     idp.stop().await?;
