@@ -222,7 +222,8 @@ async fn run_once(instance: &Arc<Instance>, upstream: &Arc<Upstream>) -> RunEnd 
             let end = if refreshed {
                 RunEnd::Restart
             } else {
-                tracing::warn!(upstream = %name, "the upstream wants an OAuth login: run `plexus login {name}`");
+                let error = adapters::error_chain(&error);
+                tracing::warn!(upstream = %name, %error, "the upstream wants an OAuth login: run `plexus login {name}`");
                 instance.fail(format!("it needs a login: run `plexus login {name}`"));
                 RunEnd::NeedsLogin
             };
