@@ -31,6 +31,8 @@ impl UpstreamChange {
                 c.enabled,
                 // Given to the connection when it is made.
                 c.max_message_bytes,
+                // Read into the upstream's OAuth login when it is made.
+                &c.oauth,
             )
         }
         if process(old) == process(new) {
