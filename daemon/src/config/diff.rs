@@ -207,6 +207,18 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_oauth_table_restarts_a_hosted_upstream() {
+        let old = config("[upstreams.h]\nurl = \"https://h.example/mcp\"\n");
+        let new = config(
+            "[upstreams.h]\nurl = \"https://h.example/mcp\"\n[upstreams.h.oauth]\nclient_id = \"plexus\"\n",
+        );
+        assert_eq!(
+            UpstreamChange::between(&old.upstreams["h"], &new.upstreams["h"]),
+            UpstreamChange::Restart
+        );
+    }
+
+    #[test]
     fn listeners_and_the_state_directory_need_a_restart() {
         let old = config("[daemon]\nlisten = \"127.0.0.1:1\"\n");
         let new = config("[daemon]\nlisten = \"127.0.0.1:2\"\ndrain_timeout = \"3s\"\n");
