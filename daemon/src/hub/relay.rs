@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::Hub;
 use crate::jsonrpc::RelayError;
-use crate::upstreams::login::BeforeCall;
+use crate::upstreams::login::{self, BeforeCall};
 use crate::upstreams::Upstream;
 
 /// What a relayed request carries besides its method and params.
@@ -182,6 +182,20 @@ impl Hub {
                     Err(RelayError::FailedMidCall {
                         upstream: upstream_name.to_string(),
                         reason,
+                    })
+                }
+                Ok(Err(error)) if login::refuses_token(&error) && upstream.login().is_some() => {
+                    // The token stopped working before its expiry: a start refreshes
+                    // it once, else the upstream waits for a login.
+                    if upstream
+                        .login()
+                        .is_some_and(|login| login.refused_while_ready())
+                    {
+                        instance.retry();
+                    }
+                    Err(RelayError::FailedMidCall {
+                        upstream: upstream_name.to_string(),
+                        reason: adapters::error_chain(&error),
                     })
                 }
                 Ok(Err(

@@ -58,6 +58,8 @@ pub struct Login {
     /// A refusal was already answered with a refresh since the last start that
     /// came up: a second one means a login is needed (no refresh loop).
     refused_once: AtomicBool,
+    /// A call's refusal already asked for a start since the last one came up.
+    restart_asked: AtomicBool,
 }
 
 /// What a call should do after [`Login::before_call`].
@@ -98,6 +100,7 @@ impl Login {
             client: tokio::sync::Mutex::new(None),
             due: AtomicU64::new(NEVER),
             refused_once: AtomicBool::new(false),
+            restart_asked: AtomicBool::new(false),
         })
     }
 
@@ -160,6 +163,14 @@ impl Login {
     /// The start came up: a later refusal may be answered with a refresh again.
     pub fn started(&self) {
         self.refused_once.store(false, Ordering::Release);
+        self.restart_asked.store(false, Ordering::Release);
+    }
+
+    /// A call was refused (401, a Bearer challenge) while the upstream was
+    /// ready: true the first time since it came up, when it should start again
+    /// (its start refreshes the token once, else waits for a login).
+    pub fn refused_while_ready(&self) -> bool {
+        !self.restart_asked.swap(true, Ordering::AcqRel)
     }
 
     /// A refusal at a start: true when a refresh got a new token (start again
@@ -227,11 +238,19 @@ impl Login {
 /// Whether a start failed because the server wants an OAuth token: a 401 with a
 /// `WWW-Authenticate: Bearer` challenge.
 pub fn wants_login(error: &HandshakeError) -> bool {
-    let HandshakeError::Connection(ConnectionError::HttpStatus {
+    match error {
+        HandshakeError::Connection(error) => refuses_token(error),
+        _ => false,
+    }
+}
+
+/// Whether a request was refused for its token: a 401 with a Bearer challenge.
+pub fn refuses_token(error: &ConnectionError) -> bool {
+    let ConnectionError::HttpStatus {
         status: 401,
         challenge: Some(challenge),
         ..
-    }) = error
+    } = error
     else {
         return false;
     };

@@ -208,6 +208,35 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     }
     assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
 
+    // A stops accepting the token before it expires (its audience changed by a
+    // reload): the refused call makes B start the upstream again, which refreshes
+    // once, is refused again, and waits for a login.
+    let a_config = a.dir.path().join("config.toml");
+    let accepted = std::fs::read_to_string(&a_config)?;
+    let moved = accepted.replace(&audience(port), &format!("{}/moved", audience(port)));
+    ensure!(moved != accepted, "no audience in A's config");
+    std::fs::write(&a_config, &moved)?;
+    a.reload().await?;
+    let mut session = RawHttpSession::connect(&b.url).await?;
+    let call = json!({"name": "hosted__fx__echo", "arguments": {"text": "moved"}});
+    let refused = session.request("tools/call", call.clone()).await?;
+    ensure!(refused["error"].is_object(), "A took the token: {refused}");
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    let refused = session.request("tools/call", call).await?;
+    assert_eq!(
+        refused["error"]["data"]["state"], "needs_login",
+        "{refused}"
+    );
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(2.0));
+    std::fs::write(&a_config, &accepted)?;
+    a.reload().await?;
+    let back = plexus(&b, &["login", "hosted"]).await?;
+    ensure!(
+        back.status.success(),
+        "logging in again failed: {}",
+        String::from_utf8_lossy(&back.stderr)
+    );
+
     // plexus logout: needs_login again; the cached catalog is still listed, and a
     // call says how to log in.
     let logout = plexus(&b, &["logout", "hosted"]).await?;
@@ -267,7 +296,7 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(b.metric(&refreshes("invalid_grant")).await?, Some(1.0));
-    assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(2.0));
     wait_for_state(&b, "hosted", "needs_login").await?;
 
     let listing = plexus(&b, &["login", "--status"]).await?;
