@@ -1,4 +1,4 @@
-//! The fields one era requires and the other lacks (ARCHITECTURE.md, "Fields one
+//! The fields one era requires and the other lacks (docs/protocol.md, "Fields one
 //! era requires and the other lacks"): what plexus adds, removes or mints for
 //! each as a message crosses from one era to the other.
 
