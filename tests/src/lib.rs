@@ -3,6 +3,7 @@
 
 pub mod answering;
 mod daemon;
+pub mod search_bench;
 
 pub use daemon::{Daemon, DaemonBuilder};
 
