@@ -192,6 +192,8 @@ pub fn tasks(catalog: &Path, tasks: &Path) -> anyhow::Result<TaskFigures> {
     let mut steps = Recall::default();
     let mut task_recall = 0f64;
     let mut unlisted = 0;
+    // Each query that misses, to see why (not for tuning to this set alone).
+    let show_misses = std::env::var_os("PLEXUS_SEARCH_BENCH_MISSES").is_some();
     for task in tasks {
         let mut wanted = Vec::new();
         for step in task["steps"].as_array().context("steps")? {
@@ -209,10 +211,15 @@ pub fn tasks(catalog: &Path, tasks: &Path) -> anyhow::Result<TaskFigures> {
                 unlisted += 1;
             }
             let query = step["query"].as_str().context("query")?;
-            steps.add(&ranks(
-                &found_names(&catalog, query, 10),
-                std::slice::from_ref(&any),
-            ));
+            let found = found_names(&catalog, query, 10);
+            let rank = ranks(&found, std::slice::from_ref(&any));
+            if show_misses && rank[0].is_none_or(|rank| rank >= 5) {
+                eprintln!(
+                    "step miss: {query:?} wants {any:?}, found {:?}",
+                    &found[..found.len().min(5)]
+                );
+            }
+            steps.add(&rank);
             if !wanted.contains(&any) {
                 wanted.push(any);
             }

@@ -196,6 +196,36 @@ mod tests {
     }
 
     #[test]
+    fn a_query_routes_to_the_server_whose_tools_it_speaks_of() {
+        let mut notes = listing("jot", "jot");
+        notes.tools = vec![
+            described("add_note", "Adds a note.", &["text"]),
+            described("delete_note", "Deletes a note.", &["id"]),
+            described("list_notes", "Lists the notes.", &[]),
+            described("archive", "Moves an item out of sight.", &["id"]),
+        ];
+        let mut mail = listing("mail", "mail");
+        mail.tools = vec![
+            described("archive_message", "Archives a message.", &["id"]),
+            described("send", "Sends a message.", &["to"]),
+        ];
+        let (catalog, _) = build_default(&[notes, mail]);
+        // Both archive; the query's other word is what the jot server is about
+        // (its name does not say so).
+        let found = catalog.search_tools("archive my note", 2, None).unwrap();
+        assert_eq!(names(&found)[0], "jot__archive", "{found:?}");
+        // Words written apart meet a name written as one.
+        let mut git = listing("git", "git");
+        git.tools = vec![
+            described("git_checkout", "Switches branches.", &["branch"]),
+            described("git_branch", "Lists branches.", &[]),
+        ];
+        let (catalog, _) = build_default(&[git]);
+        let found = catalog.search_tools("check out a branch", 2, None).unwrap();
+        assert_eq!(names(&found)[0], "git__git_checkout", "{found:?}");
+    }
+
+    #[test]
     fn held_and_hidden_tools_and_held_instructions_are_never_found() {
         let mut alpha = listing("alpha", "alpha");
         alpha.tools = vec![

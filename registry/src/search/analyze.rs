@@ -51,6 +51,34 @@ impl Analyzer {
         }
     }
 
+    /// Calls `term` with each pair of adjacent words of `text` written as one and
+    /// stemmed: a query's "check out", "sign in" or "data base" meets a tool's
+    /// `checkout`, `signin` or `database`, which the split of names cannot undo.
+    /// Stop words take part here ("sign in"); words pair up across one separating
+    /// character, not across a comma and a space.
+    pub fn compounds(&mut self, text: &str, mut term: impl FnMut(&str)) {
+        let mut previous = String::new();
+        for word in text.split(|c: char| !c.is_alphanumeric()) {
+            if word.is_empty() {
+                previous.clear();
+                continue;
+            }
+            let lower: String = word.chars().flat_map(char::to_lowercase).collect();
+            if !previous.is_empty() && lower.chars().all(char::is_alphabetic) {
+                self.word.clear();
+                self.word.push_str(&previous);
+                self.word.push_str(&lower);
+                let stemmed = self.stemmer.stem(&self.word);
+                term(&stemmed);
+            }
+            previous = if lower.chars().all(char::is_alphabetic) {
+                lower
+            } else {
+                String::new()
+            };
+        }
+    }
+
     /// The terms of `text`, collected.
     pub fn collect(&mut self, text: &str) -> Vec<String> {
         let mut terms = Vec::new();
@@ -104,6 +132,11 @@ mod tests {
             ["read", "file", "directori", "recurs"]
         );
         assert_eq!(analyzer.collect("the of and"), Vec::<String>::new());
+        let mut compounds = Vec::new();
+        analyzer.compounds("check out, sign in 2 data-bases", |term| {
+            compounds.push(term.to_string())
+        });
+        assert_eq!(compounds, ["checkout", "signin", "databas"]);
         assert_eq!(
             analyzer.collect("Übersetzung naïve"),
             ["übersetzung", "naïv"]

@@ -16,6 +16,9 @@ const K1: f32 = 1.2;
 /// A word in a tool's name says more about it than one in a parameter's description.
 const WEIGHTS: [f32; FIELDS] = [3.0, 2.0, 1.0, 0.5];
 const UPSTREAM_WEIGHT: f32 = 0.6;
+/// How much a tool's server's routing score adds, as a share of the best tool's
+/// score (the best server adds that share, the others less).
+const ROUTING: f32 = 0.3;
 /// Length normalisation per field: names are short and alike in length, so
 /// barely; descriptions and instructions vary widely.
 const B: [f32; FIELDS] = [0.3, 0.3, 0.75, 0.75];
@@ -151,7 +154,20 @@ impl SearchIndex {
     /// tools of part `only` when it is given. A query with no searchable word finds
     /// nothing.
     pub fn search(&self, query: &str, limit: usize, only: Option<u32>) -> Vec<Hit> {
-        let mut terms = Analyzer::default().collect(query);
+        let mut analyzer = Analyzer::default();
+        let mut terms = analyzer.collect(query);
+        if !terms.is_empty() {
+            // Only a compound some tool has counts; the others find nothing.
+            analyzer.compounds(query, |term| {
+                if self
+                    .parts
+                    .iter()
+                    .any(|part| !part.index.postings(term).is_empty())
+                {
+                    terms.push(term.to_string());
+                }
+            });
+        }
         terms.sort_unstable();
         terms.dedup();
         if terms.is_empty() || limit == 0 || self.docs == 0 {
@@ -170,6 +186,29 @@ impl SearchIndex {
         let mut term_tf = vec![0f32; self.positions];
         let mut term_found: Vec<u32> = Vec::new();
         let n = self.docs as f32;
+        // Routing: each server scored as one document of all its tools' texts and
+        // its own (a term's weight in a server: how many of its tools have it).
+        let mut server = vec![0f32; parts.len()];
+        let servers = parts.len() as f32;
+        for term in &terms {
+            let having: Vec<f32> = parts
+                .iter()
+                .map(|(_, part)| {
+                    let tools = part.index.postings(term).len() as f32;
+                    tools
+                        + if part.upstream_terms.contains_key(term.as_str()) {
+                            2.0
+                        } else {
+                            0.0
+                        }
+                })
+                .collect();
+            let df = having.iter().filter(|count| **count > 0.0).count() as f32;
+            let idf = (1.0 + (servers - df + 0.5) / (df + 0.5)).ln();
+            for (score, count) in server.iter_mut().zip(&having) {
+                *score += idf * count / (count + 1.0);
+            }
+        }
         for term in &terms {
             for &(number, part) in &parts {
                 let mut add = |position: u32, tf: f32| {
@@ -217,6 +256,24 @@ impl SearchIndex {
                     found.push(position);
                 }
                 scores[at] += idf * tf * (K1 + 1.0) / (K1 + tf);
+            }
+        }
+        let best_server = server.iter().copied().fold(0f32, f32::max);
+        let best_tool = found
+            .iter()
+            .map(|at| scores[*at as usize])
+            .fold(0f32, f32::max);
+        if best_server > 0.0 {
+            // Per part number, its share of the routing lift.
+            let mut lift = vec![0f32; self.parts.len()];
+            for ((number, _), score) in parts.iter().zip(&server) {
+                if let Some(slot) = lift.get_mut(*number as usize) {
+                    *slot = ROUTING * best_tool * score / best_server;
+                }
+            }
+            for &position in &found {
+                let at = position as usize;
+                scores[at] += lift.get(part_of[at] as usize).copied().unwrap_or_default();
             }
         }
         let by_score = |a: &u32, b: &u32| {
