@@ -1,7 +1,8 @@
 //! plexus-bench: echo `tools/call` latency and throughput through plexus (HTTP
 //! front, stdio front, a 2026-07-28 client, `plexus connect`) against the fixture
 //! called directly over stdio and over streamable HTTP, the baseline of every ratio;
-//! then a daemon's start time and memory with 100 upstreams and per open session.
+//! then a daemon's start time and memory with 100 upstreams and per open session;
+//! then tool search quality and speed, measured in process.
 
 #[path = "../bench/load.rs"]
 mod load;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use plexus_tests::Client;
+use plexus_tests::{search_bench, Client};
 use rmcp::service::Peer;
 use rmcp::RoleClient;
 
@@ -86,6 +87,20 @@ struct Cli {
     /// per core). The scale figures keep the default.
     #[arg(long, value_name = "N")]
     worker_threads: Option<usize>,
+    /// Leave out the tool search figures.
+    #[arg(long)]
+    no_search: bool,
+    /// Only the tool search figures (quality and speed, measured in process).
+    #[arg(long, conflicts_with_all = ["no_search", "only_scale"])]
+    only_search: bool,
+    /// Where `scripts/search-bench-data` wrote `bfcl.json` and `mcp-servers.json`
+    /// (default `target/search-bench`); a file missing is reported as skipped.
+    #[arg(long, value_name = "DIR")]
+    search_data: Option<PathBuf>,
+    /// The hand-written tasks over `mcp-servers.json` (default
+    /// `tests/search-bench/mcp-tasks.json`).
+    #[arg(long, value_name = "FILE")]
+    search_tasks: Option<PathBuf>,
 }
 
 /// What one run measures.
@@ -209,6 +224,9 @@ async fn interrupted() -> std::io::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let plan = Plan::of(&cli)?;
+    if cli.only_search {
+        return search_figures(&cli);
+    }
     if cli.only_scale {
         return scale_figures(&plan, cli.quick).await;
     }
@@ -237,11 +255,62 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // A failed measurement still closes everything; its error is the one reported.
     let closed = close(sessions, rig).await;
     measured.and(closed)?;
-    if cli.no_scale {
+    if !cli.no_scale {
+        scale_figures(&plan, cli.quick).await?;
+    }
+    if cli.no_search {
         return Ok(());
     }
+    search_figures(&cli)
+}
 
-    scale_figures(&plan, cli.quick).await
+/// Tool search: quality on bfcl-eval and on hand-written tasks over real servers'
+/// catalogs, then speed and size on generated catalogs (`plexus_tests::search_bench`,
+/// the code `plexus-search-bench` runs). A quick run times 2,000 tools only.
+fn search_figures(cli: &Cli) -> anyhow::Result<()> {
+    println!();
+    println!("search");
+    let root = plexus_tests::workspace_root();
+    let data = cli
+        .search_data
+        .clone()
+        .unwrap_or_else(|| root.join("target/search-bench"));
+    let tasks = cli
+        .search_tasks
+        .clone()
+        .unwrap_or_else(|| root.join("tests/search-bench/mcp-tasks.json"));
+    let bfcl = data.join("bfcl.json");
+    if bfcl.exists() {
+        println!("search {}", search_bench::query_file(&bfcl)?);
+    } else {
+        println!(
+            "search quality bfcl: skipped, no {} (scripts/search-bench-data)",
+            bfcl.display()
+        );
+    }
+    let servers = data.join("mcp-servers.json");
+    if servers.exists() {
+        println!(
+            "search quality mcp tasks: {}",
+            search_bench::tasks(&servers, &tasks)?
+        );
+    } else {
+        println!(
+            "search quality mcp tasks: skipped, no {} (scripts/search-bench-data)",
+            servers.display()
+        );
+    }
+    let sizes: &[(usize, usize)] = if cli.quick {
+        &[(2_000, 200)]
+    } else {
+        &[(10_000, 2_000), (100_000, 2_000)]
+    };
+    for &(tools, queries) in sizes {
+        for line in search_bench::speed(tools, queries, tools <= 10_000) {
+            println!("search {line}");
+        }
+    }
+    Ok(())
 }
 
 async fn scale_figures(plan: &Plan, quick: bool) -> anyhow::Result<()> {

@@ -38,6 +38,7 @@ async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow:
         "p50 of plexus-http against its two legs",
         "one tools/list page of 10 from the middle",
         "walk and serialisation in turns",
+        "search speed 2000 tools: search p50",
     ] {
         ensure!(stdout.contains(section), "no {section:?} in the report");
     }
@@ -82,6 +83,71 @@ async fn the_bench_measures_another_build_beside_this_one() -> anyhow::Result<()
     ensure!(
         stdout.contains("plexus: worker_threads = 1"),
         "the daemons' worker threads are not reported:\n{stdout}"
+    );
+    Ok(())
+}
+
+/// The search section alone, quick, on a small catalog and tasks written here: its
+/// quality figures come from the same code as plexus-search-bench's, and a task
+/// whose steps name their tools plainly is found in full.
+#[tokio::test]
+async fn the_quick_bench_measures_tool_search_quality_and_speed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tool = |name: &str, description: &str| {
+        serde_json::json!({"name": name, "description": description,
+                           "inputSchema": {"type": "object", "properties": {}}})
+    };
+    let servers = serde_json::json!({"servers": [
+        {"upstream": "clock", "instructions": "Time zones.", "tools": [
+            tool("get_current_time", "The current time in a time zone."),
+            tool("convert_time", "Converts a time between zones.")]},
+        {"upstream": "files", "tools": [
+            tool("read_file", "Reads a file."),
+            tool("write_file", "Writes a file."),
+            tool("list_directory", "Lists a directory.")]},
+    ]});
+    let tasks = serde_json::json!({"tasks": [
+        {"task": "copy the current time into a file", "steps": [
+            {"query": "current time", "tools": ["clock/get_current_time"]},
+            {"query": "write a file", "tools": ["files/write_file"]}]},
+        {"task": "read a file", "steps": [
+            {"query": "read a file", "tools": ["files/read_file"]}]},
+    ]});
+    std::fs::write(dir.path().join("mcp-servers.json"), servers.to_string())?;
+    let tasks_file = dir.path().join("tasks.json");
+    std::fs::write(&tasks_file, tasks.to_string())?;
+    let args: Vec<&OsStr> = vec![
+        "--only-search".as_ref(),
+        "--quick".as_ref(),
+        "--search-data".as_ref(),
+        dir.path().as_os_str(),
+        "--search-tasks".as_ref(),
+        tasks_file.as_os_str(),
+    ];
+    let output = bench(&args).await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    println!("{stdout}");
+    ensure!(output.status.success(), "exited with {}", output.status);
+    ensure!(
+        stdout.contains("search quality bfcl: skipped"),
+        "no bfcl.json here, yet:\n{stdout}"
+    );
+    ensure!(
+        stdout.contains(
+            "search quality mcp tasks: 5 tools of 2 servers, 2 tasks, 3 steps: \
+             step coverage@5 1.000, task recall@10 1.000; per step recall@1 1.000"
+        ),
+        "{stdout}"
+    );
+    ensure!(
+        stdout.contains("search speed 2000 tools: search p50")
+            && stdout.contains("search rebuild at 2000 tools"),
+        "{stdout}"
+    );
+    ensure!(
+        !stdout.contains("echo"),
+        "the echo cells ran too:\n{stdout}"
     );
     Ok(())
 }
