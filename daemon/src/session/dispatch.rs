@@ -15,7 +15,7 @@ use super::audit_lines::RequestRecord;
 use super::forward::{expose_content_uris, with_string};
 use super::lists::list_kind;
 use super::routing::{unrouted, Router};
-use super::search::MetaCall;
+use super::search::{self, MetaCall};
 use super::{
     scoped, task_extension, ClientHello, Handled, Session, LATEST_VERSION, SUPPORTED_VERSIONS,
 };
@@ -164,14 +164,37 @@ impl<'a> Dispatch<'a> {
         let router = Router::new(&self.session.hub, self.session.view());
         // Under a search view, `search_tools` is answered and `call_tool` unwrapped here.
         let (mut params, arguments) = if method == "tools/call" {
-            match self.session.lister.found.meta_call(
+            let (mut params, mut arguments) = (params, arguments);
+            // `search_tools` is answered here, so it leaves its audit line here.
+            let record = if search::is_search(router.catalog(), params.as_ref())
+                && RequestRecord::wanted(method, self.session.hub.audit())
+            {
+                Some(RequestRecord::take(method, &mut params, arguments.take())?)
+            } else {
+                None
+            };
+            let meta = self.session.lister.found.meta_call(
                 router.catalog(),
                 params,
                 arguments,
                 &self.session.outbound,
-            )? {
-                MetaCall::Answered(reply) => return Ok(reply),
-                MetaCall::Call { params, arguments } => (params, arguments),
+            );
+            match (meta, record) {
+                (Ok(MetaCall::Call { params, arguments }), _) => (params, arguments),
+                (Ok(MetaCall::Answered(reply)), record) => {
+                    let reply = Ok(reply);
+                    if let Some(record) = record {
+                        record.write(&self.session.audit(), &reply);
+                    }
+                    return reply;
+                }
+                (Err(error), record) => {
+                    let reply = Err(error);
+                    if let Some(record) = record {
+                        record.write(&self.session.audit(), &reply);
+                    }
+                    return reply;
+                }
             }
         } else {
             (params, arguments)

@@ -53,6 +53,15 @@ impl FoundTools {
     }
 }
 
+/// Whether a `tools/call` with `params` is a `search_tools` call this catalog answers.
+pub(super) fn is_search(catalog: &Catalog, params: Option<&Value>) -> bool {
+    catalog.expose() != Expose::All
+        && params
+            .and_then(|params| params.get("name"))
+            .and_then(Value::as_str)
+            == Some(SEARCH_TOOLS)
+}
+
 /// What a `tools/call` under a search view turned out to be.
 pub(super) enum MetaCall {
     /// `search_tools`, answered.

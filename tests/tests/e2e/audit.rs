@@ -27,7 +27,7 @@ fn lines(path: &Path) -> Vec<Value> {
 }
 
 /// The trail's line for a request naming `name`, once it is there.
-async fn line_for(path: &Path, method: &str, name: &str) -> anyhow::Result<Value> {
+pub(crate) async fn line_for(path: &Path, method: &str, name: &str) -> anyhow::Result<Value> {
     let found = |lines: &[Value]| {
         lines
             .iter()

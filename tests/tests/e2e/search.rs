@@ -354,3 +354,67 @@ async fn the_python_sdk_searches_and_calls_through_call_tool_with_progress_and_e
     }
     Ok(())
 }
+
+/// `search_tools` is answered by plexus itself, yet leaves its audit line as any
+/// call does (arguments hashed, never written); `call_tool` leaves the line of the
+/// call it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_tools_and_call_tool_leave_audit_lines() -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .daemon("audit_log = \"audit.jsonl\"\nexpose = \"search\"")
+        .upstreams(fixture_upstream("fx", "prefix = \"fx\"", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let trail = daemon.dir.path().join("audit.jsonl");
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    let arguments = json!({"query": "sum of two secret-integers"});
+    let answer = session
+        .request("tools/call", search(arguments.clone()))
+        .await?;
+    ensure!(
+        found_names(&answer)?.contains(&"fx__add".to_string()),
+        "{answer}"
+    );
+    let line = crate::audit::line_for(&trail, "tools/call", "search_tools").await?;
+    ensure!(line["outcome"] == "ok", "{line}");
+    ensure!(
+        line["arguments_sha256"] == registry::fingerprint::security_hash(&arguments).as_str(),
+        "{line}"
+    );
+    // A refused search is a line too, with its error.
+    session
+        .request("tools/call", search(json!({"query": ""})))
+        .await?;
+    eventually(Duration::from_secs(10), async || {
+        let text = std::fs::read_to_string(&trail)?;
+        let refused = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|line| line["name"] == "search_tools")
+            .any(|line| line["outcome"] == -32602);
+        ensure!(refused, "no line for the refused search:\n{text}");
+        Ok(())
+    })
+    .await?;
+    session
+        .request(
+            "tools/call",
+            call(
+                "call_tool",
+                json!({"name": "fx__add", "arguments": {"a": 1, "b": 2}}),
+            ),
+        )
+        .await?;
+    let line = crate::audit::line_for(&trail, "tools/call", "fx__add").await?;
+    ensure!(
+        line["upstream"] == "fx" && line["outcome"] == "ok",
+        "{line}"
+    );
+    let text = std::fs::read_to_string(&trail)?;
+    ensure!(
+        !text.contains("secret-integers"),
+        "an argument reached the trail"
+    );
+    Ok(())
+}
