@@ -126,16 +126,37 @@ async fn search_found_lists_what_was_found_and_calls_run_every_check() -> anyhow
         .await?;
     ensure!(found_names(&held)?.is_empty(), "{held}");
 
-    // search+found: the list grew, and the client was told.
+    // search+found: the list grew.
     let listed = client.request("tools/list", json!({})).await?;
+    let names = listed_names(&listed);
+    ensure!(names[..2] == ["search_tools", "call_tool"], "{listed}");
+    ensure!(names.contains(&"fx__add".to_string()), "{listed}");
+    // Both upstreams have listed (the held one answered above), so the catalog's
+    // own list_changed are behind us: one heard from now on is the search's.
+    ensure!(!names.contains(&"fx__sleep".to_string()), "{listed}");
+    client.heard.clear();
+    let answer = client
+        .request(
+            "tools/call",
+            search(json!({"query": "sleep milliseconds", "limit": 1})),
+        )
+        .await?;
+    ensure!(found_names(&answer)? == ["fx__sleep"], "{answer}");
+    let listed = client.request("tools/list", json!({})).await?;
+    ensure!(
+        listed_names(&listed).contains(&"fx__sleep".to_string()),
+        "{listed}"
+    );
+    // Heard by the time the next answer is read.
     let told = client
         .heard
         .iter()
         .any(|message| message["method"] == "notifications/tools/list_changed");
-    ensure!(told, "no list_changed after a search: {:?}", client.heard);
-    let names = listed_names(&listed);
-    ensure!(names[..2] == ["search_tools", "call_tool"], "{listed}");
-    ensure!(names.contains(&"fx__add".to_string()), "{listed}");
+    ensure!(
+        told,
+        "no list_changed after a search found a new tool: {:?}",
+        client.heard
+    );
 
     // call_tool runs the named tool; progress comes back under the caller's token.
     let sum = client
