@@ -39,6 +39,12 @@ impl Lister {
             .then(|| self.found.listing(&catalog))
             .flatten()
         {
+            // One page that never issued a cursor: any cursor is not one of its own.
+            if cursor_of(&params).is_some() {
+                return Err(RelayError::InvalidParams(
+                    "this tools/list is one page (a search view); it issued no cursor".into(),
+                ));
+            }
             let result = json!({ "tools": tools });
             return Ok(jsonrpc::Answer::result_written(id, 1024, |out| {
                 let _ = serde_json::to_writer(out, &result);

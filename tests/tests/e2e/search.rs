@@ -247,6 +247,12 @@ async fn a_search_view_over_ten_thousand_tools_follows_a_reload_in_the_same_sess
         listed_names(&listed) == ["search_tools", "call_tool"],
         "{listed}"
     );
+    // One page, no cursor issued: a cursor is one the list never gave (-32602).
+    let paged = session
+        .request("tools/list", json!({"cursor": "bm90LW91cnM"}))
+        .await?;
+    let (code, message) = error_of(&paged);
+    ensure!(code == -32602 && message.contains("cursor"), "{paged}");
     // The whole catalog, for the context a search view saves.
     let mut whole = RawHttpSession::connect(&daemon.url).await?;
     let mut catalog_bytes = 0;
