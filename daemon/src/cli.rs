@@ -132,6 +132,10 @@ pub enum Command {
         /// List the hosted upstreams, which hold a login and which need one.
         #[arg(long, conflicts_with = "upstream")]
         status: bool,
+        /// Use the device grant (a URL and a code to enter on any device) when
+        /// the server offers it, as on a machine with no browser.
+        #[arg(long, conflicts_with = "status")]
+        device: bool,
         #[command(flatten)]
         config: ConfigArgs,
     },

@@ -162,6 +162,17 @@ pub async fn open(
     config_path: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Explored, ExploreError> {
+    open_with(target, config_path, environment, false).await
+}
+
+/// [`open`], where `device` says a login uses the device grant wherever the
+/// server offers it (`plexus login --device`).
+pub async fn open_with(
+    target: &str,
+    config_path: &Path,
+    environment: &dyn Fn(&str) -> Option<String>,
+    device: bool,
+) -> Result<Explored, ExploreError> {
     let (config, place) = target_config(target, config_path, environment)?;
     let name: Arc<str> = Arc::from(config.name.as_str());
     let (events, mut ignored) = mpsc::channel(256);
@@ -184,7 +195,7 @@ pub async fn open(
         upstream: config.name.clone(),
         reason,
     };
-    let mut oauth = match oauth_client(&config, &place, environment) {
+    let mut oauth = match oauth_client(&config, &place, environment, device) {
         Ok(oauth) => oauth,
         Err(error) => {
             connection.shutdown().await;
@@ -275,6 +286,7 @@ fn oauth_client(
     config: &UpstreamConfig,
     place: &OAuthPlace,
     environment: &dyn Fn(&str) -> Option<String>,
+    device: bool,
 ) -> Result<Option<OAuthClient>, ExploreError> {
     let Launch::Http(endpoint) = &config.launch else {
         return Ok(None);
@@ -288,8 +300,15 @@ fn oauth_client(
     }
     let settings = crate::upstreams::login::settings(config, place.client_metadata_url.clone())
         .map_err(ExploreError::Target)?;
+    let browser = environment("BROWSER").filter(|browser| !browser.trim().is_empty());
+    // No browser to start and no display to show one: a headless machine.
+    let headless = browser.is_none()
+        && ["DISPLAY", "WAYLAND_DISPLAY"]
+            .iter()
+            .all(|name| environment(name).is_none_or(|value| value.is_empty()));
     let interaction = Interaction {
-        browser: environment("BROWSER").filter(|browser| !browser.trim().is_empty()),
+        browser,
+        device: device || headless,
         prompt: Arc::new(|prompt: &Prompt<'_>| {
             let text = match prompt {
                 Prompt::Url(url) => {

@@ -96,9 +96,10 @@ pub fn run(command: Command) -> ExitCode {
         Command::Login {
             upstream,
             status,
+            device,
             config,
         } => match upstream {
-            Some(upstream) if !status => login_command::login(&upstream, &config.path),
+            Some(upstream) if !status => login_command::login(&upstream, &config.path, device),
             _ => login_command::status(&config.path),
         },
         Command::Logout { upstream, config } => login_command::logout(&upstream, &config.path),

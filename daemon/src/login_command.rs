@@ -90,8 +90,8 @@ fn report(name: &str, told: Told, what: &str) -> ExitCode {
     }
 }
 
-/// `plexus login NAME`.
-pub fn login(name: &str, config_path: &Path) -> ExitCode {
+/// `plexus login NAME [--device]`.
+pub fn login(name: &str, config_path: &Path, device: bool) -> ExitCode {
     let (config, _, url) = match hosted(config_path, name) {
         Ok(found) => found,
         Err(reason) => {
@@ -108,7 +108,7 @@ pub fn login(name: &str, config_path: &Path) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let told = runtime.block_on(async {
-        let explored = explore_command::open(name, config_path, &cli::environment)
+        let explored = explore_command::open_with(name, config_path, &cli::environment, device)
             .await
             .map_err(|error| error.to_string())?;
         explored.close().await;

@@ -55,6 +55,7 @@ const provider = new Provider(issuer, {
   features: {
     devInteractions: { enabled: false },
     registration: { enabled: true },
+    deviceFlow: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => audience,

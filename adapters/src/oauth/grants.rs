@@ -207,11 +207,19 @@ impl OAuthClient {
             .and_then(Value::as_u64)
             .unwrap_or(5)
             .max(1);
-        let deadline = tokio::time::Instant::now() + self.interaction.wait;
+        // The code dies at `expires_in`; the person's time to finish bounds it too.
+        let lifetime = answer
+            .json
+            .get("expires_in")
+            .and_then(Value::as_u64)
+            .map_or(self.interaction.wait, |seconds| {
+                self.interaction.wait.min(Duration::from_secs(seconds))
+            });
+        let deadline = tokio::time::Instant::now() + lifetime;
         loop {
             tokio::time::sleep(Duration::from_secs(interval)).await;
             if tokio::time::Instant::now() > deadline {
-                return Err(OAuthError::NoRedirect(self.interaction.wait));
+                return Err(OAuthError::NoRedirect(lifetime));
             }
             let form = vec![
                 ("grant_type", DEVICE_GRANT.to_string()),

@@ -144,6 +144,9 @@ pub enum Prompt<'a> {
 #[derive(Clone)]
 pub struct Interaction {
     pub browser: Option<String>,
+    /// No browser can be opened here (a headless machine, or `plexus login
+    /// --device`): the device grant is used wherever the server offers it.
+    pub device: bool,
     pub prompt: Arc<dyn Fn(&Prompt<'_>) + Send + Sync>,
     /// How long a person has to finish.
     pub wait: Duration,
@@ -275,9 +278,11 @@ impl OAuthClient {
             return Err(OAuthError::TooManyAttempts(MAX_AUTHORIZATIONS));
         }
         let scopes = self.scopes_for(challenge, &authority, held_here && step_up);
+        let device_offered = authority.metadata.device_authorization_endpoint.is_some();
         let tokens = match self.settings.grant {
             Grant::ClientCredentials => self.client_credentials(&authority, &scopes).await?,
-            Grant::DeviceCode if authority.metadata.device_authorization_endpoint.is_some() => {
+            Grant::DeviceCode if device_offered => self.device_code(&authority, &scopes).await?,
+            Grant::AuthorizationCode if device_offered && self.interaction.device => {
                 self.device_code(&authority, &scopes).await?
             }
             Grant::DeviceCode | Grant::AuthorizationCode => {
@@ -450,15 +455,16 @@ impl OAuthClient {
         } else {
             "client_secret_post"
         };
-        let grant_types: Vec<&str> = match self.settings.grant {
-            Grant::DeviceCode if redirect_uri.is_none() => vec![DEVICE_GRANT, "refresh_token"],
-            _ => vec!["authorization_code", "refresh_token"],
+        // No redirect URI: the device grant, which takes no authorization response.
+        let (grant_types, response_types): (Vec<&str>, Vec<&str>) = match redirect_uri {
+            None => (vec![DEVICE_GRANT, "refresh_token"], vec![]),
+            Some(_) => (vec!["authorization_code", "refresh_token"], vec!["code"]),
         };
         // RFC 8252 §7.3: a loopback redirect URI matches whatever port a later run gets.
         let mut body = json!({
             "client_name": "plexus",
             "grant_types": grant_types,
-            "response_types": ["code"],
+            "response_types": response_types,
             "token_endpoint_auth_method": requested_method,
             "application_type": "native",
         });

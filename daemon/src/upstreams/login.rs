@@ -119,6 +119,7 @@ impl Login {
     fn client(&self) -> Option<OAuthClient> {
         let interaction = Interaction {
             browser: None,
+            device: false,
             prompt: Arc::new(|_: &oauth::Prompt<'_>| {}),
             wait: std::time::Duration::ZERO,
         };

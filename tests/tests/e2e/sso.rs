@@ -47,7 +47,11 @@ pub(crate) struct Idp {
 }
 
 impl Idp {
-    async fn start(dir: &std::path::Path, port: u16, audience: &str) -> anyhow::Result<Idp> {
+    pub(crate) async fn start(
+        dir: &std::path::Path,
+        port: u16,
+        audience: &str,
+    ) -> anyhow::Result<Idp> {
         Idp::start_with(dir, port, audience, &[]).await
     }
 

@@ -6,7 +6,9 @@
 //! provider's form) stores encrypted tokens and brings the upstream up without
 //! a restart; 50 concurrent calls on a token due for refresh cause one refresh;
 //! `plexus logout` sends it back to `needs_login`, where calls get -33001 with
-//! `data.login` and the cached catalog is still listed.
+//! `data.login` and the cached catalog is still listed. `plexus login --device`
+//! prints a user code that a person enters at the provider's device page
+//! (`tests/python/oauth_device.py`), and the upstream comes up the same way.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -320,6 +322,125 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     ] {
         ensure!(!text.contains("eyJ"), "{what} holds a token");
     }
+    idp.stop().await?;
+    Ok(())
+}
+
+/// The user code and verification URI in `plexus login --device`'s prompt:
+/// `… enter code CODE at URI` (with `)` closing the complete form's aside).
+fn device_prompt(line: &str) -> Option<(String, String)> {
+    let (_, rest) = line.split_once("enter code ")?;
+    let (code, uri) = rest.split_once(" at ")?;
+    Some((
+        code.trim().to_string(),
+        uri.trim().trim_end_matches(')').to_string(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+    if !installed(true) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let port = restartable_port()?;
+    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
+    let a = Daemon::builder()
+        .listen(format!("127.0.0.1:{port}"))
+        .daemon(daemon_lines(&idp.issuer(), port, ""))
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    a.wait_ready(Duration::from_secs(60)).await?;
+    let b = Daemon::builder()
+        .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
+        .start()
+        .await?;
+    wait_for_state(&b, "hosted", "needs_login").await?;
+
+    // No browser: plexus prints the verification URI and the user code, and polls.
+    let started = Instant::now();
+    let mut login = Command::new(plexus_binary())
+        .args(["login", "hosted", "--device", "--config"])
+        .arg(b.dir.path().join("config.toml"))
+        .env_remove("BROWSER")
+        // A display is there: only `--device` asks for the device grant.
+        .env("DISPLAY", ":0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stderr = BufReader::new(login.stderr.take().context("no stderr")?).lines();
+    let mut shown = String::new();
+    let (code, uri) = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = stderr.next_line().await? {
+            shown.push_str(&line);
+            shown.push('\n');
+            if let Some(found) = device_prompt(&line) {
+                return Ok(found);
+            }
+        }
+        anyhow::bail!("plexus login printed no device code: {shown}")
+    })
+    .await
+    .context("no device code on stderr")??;
+    ensure!(
+        uri.starts_with(&idp.issuer()),
+        "the verification URI {uri} is not the provider's"
+    );
+    ensure!(
+        !shown.contains("open this URL"),
+        "an authorization URL was printed: {shown}"
+    );
+
+    // The person, on another device: enters the code, signs in and confirms.
+    let person = Command::new(venv_python())
+        .arg(workspace_root().join("tests/python/oauth_device.py"))
+        .args(["--login", "alice", "--code", &code, &uri])
+        .output()
+        .await?;
+    ensure!(
+        person.status.success(),
+        "the device page: {}{}\nprovider: {}",
+        String::from_utf8_lossy(&person.stdout),
+        String::from_utf8_lossy(&person.stderr),
+        std::fs::read_to_string(&idp.log).unwrap_or_default()
+    );
+    let rest = tokio::spawn(async move {
+        let mut text = String::new();
+        while let Ok(Some(line)) = stderr.next_line().await {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let status = tokio::time::timeout(Duration::from_secs(60), login.wait())
+        .await
+        .context("plexus login did not finish")??;
+    let rest = rest.await?;
+    ensure!(
+        status.success(),
+        "plexus login --device failed: {shown}{rest}\nB: {}\nprovider: {}",
+        b.log(),
+        std::fs::read_to_string(&idp.log).unwrap_or_default()
+    );
+    println!(
+        "plexus login --device (code shown, entered, polled, upstream up) took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (_, status) = b.admin_get("/status").await?;
+    assert_eq!(upstream_state(&status, "hosted")?, "ready");
+    let mut session = RawHttpSession::connect(&b.url).await?;
+    let called = session
+        .request(
+            "tools/call",
+            json!({"name": "hosted__fx__echo", "arguments": {"text": "headless"}}),
+        )
+        .await?;
+    ensure!(called["result"].is_object(), "the call failed: {called}");
     idp.stop().await?;
     Ok(())
 }
