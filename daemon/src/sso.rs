@@ -569,6 +569,112 @@ mod tests {
         );
     }
 
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A key set server on loopback: it serves an RSA key for each of `kids` and
+    /// counts its fetches. Each answer closes its connection.
+    async fn jwks_server(kids: Arc<Mutex<Vec<String>>>, fetches: Arc<AtomicUsize>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(read) => request.extend_from_slice(&buffer[..read]),
+                    }
+                }
+                fetches.fetch_add(1, Ordering::SeqCst);
+                let keys: Vec<Value> = kids
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|kid| serde_json::json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": "sXch", "e": "AQAB"}))
+                    .collect();
+                let body = serde_json::json!({ "keys": keys }).to_string();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        format!("http://{address}/jwks")
+    }
+
+    /// A token naming `kid`; its signature is not checked before its key is found.
+    fn token(kid: &str) -> String {
+        let part = |value: Value| URL_SAFE_NO_PAD.encode(value.to_string());
+        format!(
+            "{}.{}.{}",
+            part(serde_json::json!({"alg": "RS256", "kid": kid, "typ": "at+jwt"})),
+            part(serde_json::json!({"sub": "alice"})),
+            URL_SAFE_NO_PAD.encode(b"not a signature")
+        )
+    }
+
+    #[tokio::test]
+    async fn an_unknown_kid_refetches_the_keys_at_most_once_an_interval() {
+        let kids = Arc::new(Mutex::new(vec!["first".to_string()]));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let jwks_uri = jwks_server(kids.clone(), fetches.clone()).await;
+        let interval = Duration::from_secs(2);
+        let verifier = Verifier::with_refetch_interval(
+            FrontOAuth {
+                issuer: "http://idp.invalid".into(),
+                audience: "http://plexus.invalid".into(),
+                jwks_uri: Some(jwks_uri),
+                principal_claim: "sub".into(),
+                scopes: Vec::new(),
+                view_claims: Vec::new(),
+            },
+            interval,
+        )
+        .unwrap();
+        let fetched = || fetches.load(Ordering::SeqCst);
+
+        // The first token fetches the set; its key is found (the signature fails).
+        let refused = verifier.check(&token("first")).await.unwrap_err();
+        assert!(matches!(refused, TokenRefused::Invalid(_)), "{refused:?}");
+        assert_eq!(fetched(), 1);
+
+        // The provider rotates: an unknown kid refetches once and finds it.
+        kids.lock().unwrap().push("second".into());
+        let started = Instant::now();
+        let refused = verifier.check(&token("second")).await.unwrap_err();
+        assert!(matches!(refused, TokenRefused::Invalid(_)), "{refused:?}");
+        assert_eq!(fetched(), 2);
+
+        // Another unknown kid within the interval: no fetch, refused as unknown.
+        kids.lock().unwrap().push("third".into());
+        let refused = verifier.check(&token("third")).await.unwrap_err();
+        assert!(
+            started.elapsed() < interval,
+            "the machine took the whole interval"
+        );
+        assert!(matches!(refused, TokenRefused::UnknownKey), "{refused:?}");
+        let refused = verifier.check(&token("unheard-of")).await.unwrap_err();
+        assert!(matches!(refused, TokenRefused::UnknownKey), "{refused:?}");
+        assert_eq!(
+            fetched(),
+            2,
+            "a second unknown kid within the interval fetched"
+        );
+
+        // Past the interval an unknown kid may refetch again.
+        tokio::time::sleep(interval + Duration::from_millis(100)).await;
+        let refused = verifier.check(&token("third")).await.unwrap_err();
+        assert!(matches!(refused, TokenRefused::Invalid(_)), "{refused:?}");
+        assert_eq!(fetched(), 3);
+    }
+
     #[test]
     fn an_rsa_key_does_not_verify_another_family() {
         let jwk: Jwk = serde_json::from_value(serde_json::json!({
