@@ -13,7 +13,9 @@
 // Test-only routes: POST /test/mint signs a token with the current key from a JSON
 // body ({sub, aud, iss, exp_in, nbf_in, groups, kid}); GET /test/jwks-count says
 // how often the key set was fetched; POST /test/revoke-refresh destroys every
-// refresh token issued so far (their next use gets invalid_grant).
+// refresh token issued so far (their next use gets invalid_grant); POST
+// /test/token-audience ({audience}) sets the `aud` of the access tokens issued
+// from then on (the resource indicator asked for stays the same).
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { randomUUID } from 'node:crypto';
@@ -43,6 +45,8 @@ const jose = await load('jose');
 
 const issuer = `http://127.0.0.1:${port}`;
 const kid = randomUUID();
+// The `aud` of the access tokens issued for the resource (POST /test/token-audience).
+let tokenAudience = audience;
 const { privateKey } = await jose.generateKeyPair(alg, { extractable: true, crv: alg === 'EdDSA' ? 'Ed25519' : undefined });
 const privateJwk = { ...(await jose.exportJWK(privateKey)), kid, alg, use: 'sig' };
 
@@ -62,7 +66,7 @@ const provider = new Provider(issuer, {
       useGrantedResource: () => true,
       getResourceServerInfo: (ctx, resource) => {
         if (resource !== audience) throw new errors.InvalidTarget();
-        return { scope: 'mcp', audience, accessTokenFormat: 'jwt', accessTokenTTL: accessTtl, jwt: { sign: { alg } } };
+        return { scope: 'mcp', audience: tokenAudience, accessTokenFormat: 'jwt', accessTokenTTL: accessTtl, jwt: { sign: { alg } } };
       },
     },
   },
@@ -134,6 +138,11 @@ provider.use(async (ctx, next) => {
       }
     }
     ctx.body = { revoked };
+    return;
+  }
+  if (ctx.path === '/test/token-audience' && ctx.method === 'POST') {
+    tokenAudience = JSON.parse(await readBody(ctx.req)).audience;
+    ctx.body = { audience: tokenAudience };
     return;
   }
   if (ctx.path === '/test/jwks-count') {

@@ -104,116 +104,140 @@ impl Hub {
             // start has its own budget.
             let on_demand = upstream.on_demand() || instance.on_demand();
             let wait = if on_demand { config.init_timeout } else { base };
-            let connection = match instance.connection_for_call(on_demand, wait).await {
-                Ok(connection) => connection,
-                Err(error) => break 'call Err(error),
-            };
-            if let Some(login) = upstream.login() {
-                if login.before_call(&connection).await == BeforeCall::NeedsLogin {
-                    // Started again, the upstream finds no token and waits for a login.
-                    instance.retry();
-                    break 'call Err(RelayError::NeedsLogin {
-                        upstream: upstream.name().to_string(),
-                    });
-                }
-            }
-
-            // The one crossing into the upstream's era (`era::to_upstream`).
-            let relayed = connection
-                .is_per_request()
-                .then(|| self.fanout.relayable_capabilities(call.session));
-            crate::era::to_upstream(method, &mut params, relayed);
-            // The client's progress token never reaches a shared upstream: plexus's own does.
-            let progress = self.progress.register(
-                &mut params,
-                call.related,
-                upstream.name_arc(),
-                instance.owner(),
-            );
-            // The request gets its upstream-side id first, so whatever the upstream sends
-            // while serving it (over HTTP, on this request's own stream) is attributed
-            // to this call, and through it to this session.
-            let request = match call.arguments {
-                Some(arguments) => {
-                    connection.prepare_with_member(method, params, arguments.clone())
-                }
-                None => connection.prepare(method, params),
-            };
-            let mut request = request.with_headers(call.headers.to_vec());
-            if call.result_unread {
-                request = request.result_unread();
-            }
-            let _caller = instance.track_call(call.session, call.related.clone(), request.id());
-            let activity = progress.as_ref().map(|route| route.activity.clone());
-
-            let call_started = Instant::now();
-            let hard_deadline = call_started + base.max(config.max_call_timeout);
-            let mut deadline = call_started + base;
-            let request = request.send();
-            tokio::pin!(request);
-            let outcome = loop {
-                tokio::select! {
-                    outcome = &mut request => break Ok(outcome.and_then(Reply::checked)),
-                    _ = tokio::time::sleep_until(deadline) => break Err(false),
-                    _ = upstream.drained() => break Err(true),
-                    _ = wait_for(activity.as_deref()) => {
-                        // Progress shows the call is alive: give it another full deadline, up to the cap.
-                        deadline = (Instant::now() + base).min(hard_deadline);
-                    }
-                }
-            };
-            drop(progress);
-            match outcome {
-                Ok(Ok(reply)) => Ok(crate::era::answering_as_plexus(reply)),
-                Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
-                    upstream: upstream_name.to_string(),
-                    reason: "the upstream exited or its connection closed".into(),
-                }),
-                Ok(Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. })) => {
-                    Err(instance.unavailable())
-                }
-                Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
-                    upstream: upstream_name.to_string(),
-                    limit,
-                }),
-                Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
-                    let reason = adapters::error_chain(&error);
-                    tracing::warn!(upstream = upstream_name, method, error = %reason, "its call failed");
-                    Err(RelayError::FailedMidCall {
-                        upstream: upstream_name.to_string(),
-                        reason,
-                    })
-                }
-                Ok(Err(error)) if login::refuses_token(&error) && upstream.login().is_some() => {
-                    // The token stopped working before its expiry: a start refreshes
-                    // it once, else the upstream waits for a login.
-                    if upstream
-                        .login()
-                        .is_some_and(|login| login.refused_while_ready())
-                    {
+            // A call refused for its token (401: not executed) is sent once more
+            // when a refresh gives a new one.
+            let spare_params = upstream.login().map(|_| params.clone());
+            let mut resent = false;
+            loop {
+                let connection = match instance.connection_for_call(on_demand, wait).await {
+                    Ok(connection) => connection,
+                    Err(error) => break 'call Err(error),
+                };
+                if let Some(login) = upstream.login() {
+                    if login.before_call(&connection).await == BeforeCall::NeedsLogin {
+                        // Started again, the upstream finds no token and waits for a login.
                         instance.retry();
+                        break 'call Err(RelayError::NeedsLogin {
+                            upstream: upstream.name().to_string(),
+                        });
                     }
-                    Err(RelayError::FailedMidCall {
+                }
+                let sent_with = upstream.login().map_or(0, |login| login.token_generation());
+
+                // The one crossing into the upstream's era (`era::to_upstream`).
+                let relayed = connection
+                    .is_per_request()
+                    .then(|| self.fanout.relayable_capabilities(call.session));
+                crate::era::to_upstream(method, &mut params, relayed);
+                // The client's progress token never reaches a shared upstream: plexus's own does.
+                let progress = self.progress.register(
+                    &mut params,
+                    call.related,
+                    upstream.name_arc(),
+                    instance.owner(),
+                );
+                // The request gets its upstream-side id first, so whatever the upstream sends
+                // while serving it (over HTTP, on this request's own stream) is attributed
+                // to this call, and through it to this session.
+                let request = match call.arguments {
+                    Some(arguments) => {
+                        connection.prepare_with_member(method, params, arguments.clone())
+                    }
+                    None => connection.prepare(method, params),
+                };
+                let mut request = request.with_headers(call.headers.to_vec());
+                if call.result_unread {
+                    request = request.result_unread();
+                }
+                let _caller = instance.track_call(call.session, call.related.clone(), request.id());
+                let activity = progress.as_ref().map(|route| route.activity.clone());
+
+                let call_started = Instant::now();
+                let hard_deadline = call_started + base.max(config.max_call_timeout);
+                let mut deadline = call_started + base;
+                let request = request.send();
+                tokio::pin!(request);
+                let outcome = loop {
+                    tokio::select! {
+                        outcome = &mut request => break Ok(outcome.and_then(Reply::checked)),
+                        _ = tokio::time::sleep_until(deadline) => break Err(false),
+                        _ = upstream.drained() => break Err(true),
+                        _ = wait_for(activity.as_deref()) => {
+                            // Progress shows the call is alive: give it another full deadline, up to the cap.
+                            deadline = (Instant::now() + base).min(hard_deadline);
+                        }
+                    }
+                };
+                drop(progress);
+                let result = match outcome {
+                    Ok(Ok(reply)) => {
+                        if let (true, Some(login)) = (resent, upstream.login()) {
+                            login.refusal_answered();
+                        }
+                        Ok(crate::era::answering_as_plexus(reply))
+                    }
+                    Ok(Err(ConnectionError::Closed)) => Err(RelayError::FailedMidCall {
+                        upstream: upstream_name.to_string(),
+                        reason: "the upstream exited or its connection closed".into(),
+                    }),
+                    Ok(Err(ConnectionError::NotSent | ConnectionError::Unreachable { .. })) => {
+                        Err(instance.unavailable())
+                    }
+                    Ok(Err(ConnectionError::TooLarge { limit })) => Err(RelayError::TooLarge {
+                        upstream: upstream_name.to_string(),
+                        limit,
+                    }),
+                    Ok(Err(error @ ConnectionError::InvalidReply { .. })) => {
+                        let reason = adapters::error_chain(&error);
+                        tracing::warn!(upstream = upstream_name, method, error = %reason, "its call failed");
+                        Err(RelayError::FailedMidCall {
+                            upstream: upstream_name.to_string(),
+                            reason,
+                        })
+                    }
+                    Ok(Err(error))
+                        if login::refuses_token(&error) && upstream.login().is_some() =>
+                    {
+                        if let (false, Some(login), Some(again)) =
+                            (resent, upstream.login(), spare_params.clone())
+                        {
+                            if login.refresh_refused(&connection, sent_with).await {
+                                resent = true;
+                                params = again;
+                                continue;
+                            }
+                        }
+                        // The token stopped working before its expiry and a refresh did
+                        // not help: a start tries once more, else it waits for a login.
+                        if upstream
+                            .login()
+                            .is_some_and(|login| login.refused_while_ready())
+                        {
+                            instance.retry();
+                        }
+                        Err(RelayError::FailedMidCall {
+                            upstream: upstream_name.to_string(),
+                            reason: adapters::error_chain(&error),
+                        })
+                    }
+                    Ok(Err(
+                        error @ (ConnectionError::HttpStatus { .. }
+                        | ConnectionError::Broken { .. }
+                        | ConnectionError::Malformed { .. }),
+                    )) => Err(RelayError::FailedMidCall {
                         upstream: upstream_name.to_string(),
                         reason: adapters::error_chain(&error),
-                    })
-                }
-                Ok(Err(
-                    error @ (ConnectionError::HttpStatus { .. }
-                    | ConnectionError::Broken { .. }
-                    | ConnectionError::Malformed { .. }),
-                )) => Err(RelayError::FailedMidCall {
-                    upstream: upstream_name.to_string(),
-                    reason: adapters::error_chain(&error),
-                }),
-                // Dropping `request` (at the end of this scope) sends the cancel upstream.
-                Err(true) => Err(RelayError::Drained {
-                    upstream: upstream_name.to_string(),
-                }),
-                Err(false) => Err(RelayError::Timeout {
-                    upstream: upstream_name.to_string(),
-                    after: call_started.elapsed(),
-                }),
+                    }),
+                    // Dropping `request` (at the end of this scope) sends the cancel upstream.
+                    Err(true) => Err(RelayError::Drained {
+                        upstream: upstream_name.to_string(),
+                    }),
+                    Err(false) => Err(RelayError::Timeout {
+                        upstream: upstream_name.to_string(),
+                        after: call_started.elapsed(),
+                    }),
+                };
+                break result;
             }
         };
         let label = match &outcome {

@@ -60,6 +60,9 @@ pub struct Login {
     refused_once: AtomicBool,
     /// A call's refusal already asked for a start since the last one came up.
     restart_asked: AtomicBool,
+    /// Counts the tokens put on connections: a refused call's refresh is skipped
+    /// when another call already replaced the token it was sent with.
+    generation: AtomicU64,
 }
 
 /// What a call should do after [`Login::before_call`].
@@ -101,6 +104,7 @@ impl Login {
             due: AtomicU64::new(NEVER),
             refused_once: AtomicBool::new(false),
             restart_asked: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -149,6 +153,7 @@ impl Login {
             }
             if let Some(token) = client.access_token() {
                 connection.set_bearer_token(Some(token));
+                self.generation.fetch_add(1, Ordering::AcqRel);
             }
         }
         self.due.store(
@@ -172,6 +177,46 @@ impl Login {
     /// (its start refreshes the token once, else waits for a login).
     pub fn refused_while_ready(&self) -> bool {
         !self.restart_asked.swap(true, Ordering::AcqRel)
+    }
+
+    /// Which token a call is sent with, for [`Login::refresh_refused`].
+    pub fn token_generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A call sent with the token of `generation` was refused (401, a Bearer
+    /// challenge) while the upstream was ready: true when a newer token is on
+    /// `connection` (another call's refresh, or this one's), so the call may be
+    /// sent again; false when none is to be had. One refresh per refusal until a
+    /// call sent again gets through ([`Login::refusal_answered`]): a token
+    /// refused again waits for a login.
+    pub async fn refresh_refused(&self, connection: &UpstreamConnection, generation: u64) -> bool {
+        let mut held = self.client.lock().await;
+        if self.generation.load(Ordering::Acquire) != generation {
+            return true;
+        }
+        if self.refused_once.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let Some(client) = held.as_mut().filter(|client| client.has_tokens()) else {
+            return false;
+        };
+        let refreshed = client.refresh_now().await;
+        self.counted(&refreshed);
+        let Ok(token) = refreshed else {
+            return false;
+        };
+        connection.set_bearer_token(Some(&token));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.due
+            .store(client.refresh_due().unwrap_or(NEVER), Ordering::Release);
+        true
+    }
+
+    /// A call sent again with a refreshed token got through: a later refusal may
+    /// be answered with a refresh again.
+    pub fn refusal_answered(&self) {
+        self.refused_once.store(false, Ordering::Release);
     }
 
     /// A refusal at a start: true when a refresh got a new token (start again
@@ -208,6 +253,7 @@ impl Login {
         match refreshed {
             Ok(token) => {
                 connection.set_bearer_token(Some(&token));
+                self.generation.fetch_add(1, Ordering::AcqRel);
                 self.due
                     .store(client.refresh_due().unwrap_or(NEVER), Ordering::Release);
                 BeforeCall::Proceed

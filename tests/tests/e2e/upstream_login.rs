@@ -4,7 +4,8 @@
 //! fronting the fixture). plexus B lists A as an upstream with no headers: it
 //! waits in `needs_login`; `plexus login` (a `$BROWSER` that signs in on the
 //! provider's form) stores encrypted tokens and brings the upstream up without
-//! a restart; 50 concurrent calls on a token due for refresh cause one refresh;
+//! a restart; 50 concurrent calls on a token due for refresh cause one refresh; a
+//! call refused when A's audience moves is sent again after a refresh;
 //! `plexus logout` sends it back to `needs_login`, where calls get -33001 with
 //! `data.login` and the cached catalog is still listed. `plexus login --device`
 //! prints a user code that a person enters at the provider's device page
@@ -210,16 +211,52 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     }
     assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
 
-    // A stops accepting the token before it expires (its audience changed by a
-    // reload): the refused call makes B start the upstream again, which refreshes
-    // once, is refused again, and waits for a login.
+    // A's audience moves (a reload) and the provider's tokens follow: the call
+    // refused for its old token is sent again after one refresh, and its caller
+    // sees no error; then both move back, the same way.
     let a_config = a.dir.path().join("config.toml");
     let accepted = std::fs::read_to_string(&a_config)?;
-    let moved = accepted.replace(&audience(port), &format!("{}/moved", audience(port)));
+    let moved_audience = format!("{}/moved", audience(port));
+    let moved = accepted.replace(&audience(port), &moved_audience);
     ensure!(moved != accepted, "no audience in A's config");
+    let token_audience = |aud: String| {
+        reqwest::Client::new()
+            .post(format!("{}/test/token-audience", idp.issuer()))
+            .body(json!({ "audience": aud }).to_string())
+            .send()
+    };
+    let mut session = RawHttpSession::connect(&b.url).await?;
+    for (step, (config, aud)) in [
+        (&moved, moved_audience.clone()),
+        (&accepted, audience(port)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        std::fs::write(&a_config, config)?;
+        a.reload().await?;
+        token_audience(aud).await?.error_for_status()?;
+        let called = session
+            .request(
+                "tools/call",
+                json!({"name": "hosted__fx__echo", "arguments": {"text": "refreshed"}}),
+            )
+            .await?;
+        ensure!(
+            called["result"].is_object(),
+            "the refused call was not sent again with a new token: {called}\nB: {}",
+            b.log()
+        );
+        assert_eq!(b.metric(&refreshes("ok")).await?, Some(2.0 + step as f64));
+    }
+    let (_, status) = b.admin_get("/status").await?;
+    assert_eq!(upstream_state(&status, "hosted")?, "ready");
+
+    // A stops accepting the token before it expires (its audience changed by a
+    // reload, the provider's tokens not): the refused call is refreshed once and
+    // refused again, and the upstream waits for a login with no more refreshes.
     std::fs::write(&a_config, &moved)?;
     a.reload().await?;
-    let mut session = RawHttpSession::connect(&b.url).await?;
     let call = json!({"name": "hosted__fx__echo", "arguments": {"text": "moved"}});
     let refused = session.request("tools/call", call.clone()).await?;
     ensure!(refused["error"].is_object(), "A took the token: {refused}");
@@ -229,7 +266,7 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
         refused["error"]["data"]["state"], "needs_login",
         "{refused}"
     );
-    assert_eq!(b.metric(&refreshes("ok")).await?, Some(2.0));
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(4.0));
     std::fs::write(&a_config, &accepted)?;
     a.reload().await?;
     let back = plexus(&b, &["login", "hosted"]).await?;
@@ -298,7 +335,7 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(b.metric(&refreshes("invalid_grant")).await?, Some(1.0));
-    assert_eq!(b.metric(&refreshes("ok")).await?, Some(2.0));
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(4.0));
     wait_for_state(&b, "hosted", "needs_login").await?;
 
     let listing = plexus(&b, &["login", "--status"]).await?;
