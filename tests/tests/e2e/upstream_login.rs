@@ -374,42 +374,35 @@ fn device_prompt(line: &str) -> Option<(String, String)> {
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
+/// `plexus login hosted ARGS` with no `$BROWSER` (and `env` set, `unset`
+/// removed): reads the user code from its stderr, has alice enter it at the
+/// provider's device page, and waits for plexus to finish.
+async fn device_login(
+    b: &Daemon,
+    idp: &Idp,
+    args: &[&str],
+    env: &[(&str, &str)],
+    unset: &[&str],
+) -> anyhow::Result<()> {
     use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-    if !installed(true) {
-        return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
-    let a = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    a.wait_ready(Duration::from_secs(60)).await?;
-    let b = Daemon::builder()
-        .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
-        .start()
-        .await?;
-    wait_for_state(&b, "hosted", "needs_login").await?;
-
-    // No browser: plexus prints the verification URI and the user code, and polls.
     let started = Instant::now();
-    let mut login = Command::new(plexus_binary())
-        .args(["login", "hosted", "--device", "--config"])
+    let mut command = Command::new(plexus_binary());
+    command
+        .args(["login", "hosted"])
+        .args(args)
+        .arg("--config")
         .arg(b.dir.path().join("config.toml"))
         .env_remove("BROWSER")
-        // A display is there: only `--device` asks for the device grant.
-        .env("DISPLAY", ":0")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+        .kill_on_drop(true);
+    for name in unset {
+        command.env_remove(name);
+    }
+    let mut login = command.spawn()?;
     let mut stderr = BufReader::new(login.stderr.take().context("no stderr")?).lines();
     let mut shown = String::new();
     let (code, uri) = tokio::time::timeout(Duration::from_secs(60), async {
@@ -460,24 +453,66 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
     let rest = rest.await?;
     ensure!(
         status.success(),
-        "plexus login --device failed: {shown}{rest}\nB: {}\nprovider: {}",
+        "plexus login {args:?} failed: {shown}{rest}\nB: {}\nprovider: {}",
         b.log(),
         std::fs::read_to_string(&idp.log).unwrap_or_default()
     );
     println!(
-        "plexus login --device (code shown, entered, polled, upstream up) took {:.1} s",
+        "plexus login {args:?} (code shown, entered, polled, upstream up) took {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let (_, status) = b.admin_get("/status").await?;
-    assert_eq!(upstream_state(&status, "hosted")?, "ready");
+    Ok(())
+}
+
+async fn call_echo(b: &Daemon, text: &str) -> anyhow::Result<()> {
     let mut session = RawHttpSession::connect(&b.url).await?;
     let called = session
         .request(
             "tools/call",
-            json!({"name": "hosted__fx__echo", "arguments": {"text": "headless"}}),
+            json!({"name": "hosted__fx__echo", "arguments": {"text": text}}),
         )
         .await?;
     ensure!(called["result"].is_object(), "the call failed: {called}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
+    if !installed(true) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let port = restartable_port()?;
+    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
+    let a = Daemon::builder()
+        .listen(format!("127.0.0.1:{port}"))
+        .daemon(daemon_lines(&idp.issuer(), port, ""))
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    a.wait_ready(Duration::from_secs(60)).await?;
+    let b = Daemon::builder()
+        .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
+        .start()
+        .await?;
+    wait_for_state(&b, "hosted", "needs_login").await?;
+
+    // A display is there: only `--device` asks for the device grant. plexus
+    // prints the verification URI and the user code, and polls.
+    device_login(&b, &idp, &["--device"], &[("DISPLAY", ":0")], &[]).await?;
+    let (_, status) = b.admin_get("/status").await?;
+    assert_eq!(upstream_state(&status, "hosted")?, "ready");
+    call_echo(&b, "headless").await?;
+
+    // Logged out, then in again on a machine with no browser and no display: the
+    // device grant with no flag.
+    let logout = plexus(&b, &["logout", "hosted"]).await?;
+    ensure!(logout.status.success(), "plexus logout failed");
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    device_login(&b, &idp, &[], &[], &["DISPLAY", "WAYLAND_DISPLAY"]).await?;
+    let (_, status) = b.admin_get("/status").await?;
+    assert_eq!(upstream_state(&status, "hosted")?, "ready");
+    call_echo(&b, "headless again").await?;
     idp.stop().await?;
     Ok(())
 }
