@@ -456,8 +456,19 @@ impl OAuthClient {
             "client_secret_post"
         };
         // No redirect URI: the device grant, which takes no authorization response.
+        // With one, the device grant too where the server offers it: the
+        // registration is reused by a later login on a machine with no browser.
+        let offers_device = metadata.device_authorization_endpoint.is_some()
+            && metadata
+                .grant_types_supported
+                .as_ref()
+                .is_none_or(|grants| grants.iter().any(|g| g == DEVICE_GRANT));
         let (grant_types, response_types): (Vec<&str>, Vec<&str>) = match redirect_uri {
             None => (vec![DEVICE_GRANT, "refresh_token"], vec![]),
+            Some(_) if offers_device => (
+                vec!["authorization_code", DEVICE_GRANT, "refresh_token"],
+                vec!["code"],
+            ),
             Some(_) => (vec!["authorization_code", "refresh_token"], vec!["code"]),
         };
         // RFC 8252 §7.3: a loopback redirect URI matches whatever port a later run gets.

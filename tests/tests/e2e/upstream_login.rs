@@ -497,6 +497,18 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
         .await?;
     wait_for_state(&b, "hosted", "needs_login").await?;
 
+    // First a login in a browser, which registers plexus with the provider; the
+    // device logins below reuse that registration.
+    let login = plexus(&b, &["login", "hosted"]).await?;
+    ensure!(
+        login.status.success(),
+        "plexus login failed: {}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+    let logout = plexus(&b, &["logout", "hosted"]).await?;
+    ensure!(logout.status.success(), "plexus logout failed");
+    wait_for_state(&b, "hosted", "needs_login").await?;
+
     // A display is there: only `--device` asks for the device grant. plexus
     // prints the verification URI and the user code, and polls.
     device_login(&b, &idp, &["--device"], &[("DISPLAY", ":0")], &[]).await?;
