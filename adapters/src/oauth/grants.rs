@@ -165,7 +165,20 @@ impl OAuthClient {
                 "no device authorization endpoint".into(),
             ));
         };
-        let registration = self.registration(metadata, None).await?;
+        // A dynamic registration is kept for every later login, a browser's too:
+        // it gets a loopback redirect URI (any port matches, RFC 8252 §7.3) where
+        // the server also offers the code grant.
+        let code_grant = metadata.authorization_endpoint.is_some()
+            && metadata
+                .grant_types_supported
+                .as_ref()
+                .is_none_or(|grants| grants.iter().any(|g| g == "authorization_code"));
+        let redirect_uri = if code_grant {
+            Some(Loopback::bind().await?.redirect_uri)
+        } else {
+            None
+        };
+        let registration = self.registration(metadata, redirect_uri.as_deref()).await?;
         let mut form = vec![("resource", authority.resource.clone())];
         if !scopes.is_empty() {
             form.push(("scope", scopes.join(" ")));

@@ -464,6 +464,12 @@ async fn device_login(
     Ok(())
 }
 
+async fn logout(b: &Daemon) -> anyhow::Result<()> {
+    let logout = plexus(b, &["logout", "hosted"]).await?;
+    ensure!(logout.status.success(), "plexus logout failed");
+    wait_for_state(b, "hosted", "needs_login").await
+}
+
 async fn call_echo(b: &Daemon, text: &str) -> anyhow::Result<()> {
     let mut session = RawHttpSession::connect(&b.url).await?;
     let called = session
@@ -498,16 +504,14 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
     wait_for_state(&b, "hosted", "needs_login").await?;
 
     // First a login in a browser, which registers plexus with the provider; the
-    // device logins below reuse that registration.
+    // device login below reuses that registration.
     let login = plexus(&b, &["login", "hosted"]).await?;
     ensure!(
         login.status.success(),
         "plexus login failed: {}",
         String::from_utf8_lossy(&login.stderr)
     );
-    let logout = plexus(&b, &["logout", "hosted"]).await?;
-    ensure!(logout.status.success(), "plexus logout failed");
-    wait_for_state(&b, "hosted", "needs_login").await?;
+    logout(&b).await?;
 
     // A display is there: only `--device` asks for the device grant. plexus
     // prints the verification URI and the user code, and polls.
@@ -516,15 +520,30 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
     assert_eq!(upstream_state(&status, "hosted")?, "ready");
     call_echo(&b, "headless").await?;
 
-    // Logged out, then in again on a machine with no browser and no display: the
-    // device grant with no flag.
-    let logout = plexus(&b, &["logout", "hosted"]).await?;
-    ensure!(logout.status.success(), "plexus logout failed");
-    wait_for_state(&b, "hosted", "needs_login").await?;
+    // The registration forgotten, then a login on a machine with no browser and
+    // no display: the device grant with no flag, registering afresh.
+    logout(&b).await?;
+    for entry in std::fs::read_dir(b.dir.path().join("state/oauth"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            std::fs::remove_file(path)?;
+        }
+    }
     device_login(&b, &idp, &[], &[], &["DISPLAY", "WAYLAND_DISPLAY"]).await?;
     let (_, status) = b.admin_get("/status").await?;
     assert_eq!(upstream_state(&status, "hosted")?, "ready");
     call_echo(&b, "headless again").await?;
+
+    // That registration serves a browser login too.
+    logout(&b).await?;
+    let login = plexus(&b, &["login", "hosted"]).await?;
+    ensure!(
+        login.status.success(),
+        "a browser login with the device login's registration failed: {}\nbrowser: {}",
+        String::from_utf8_lossy(&login.stderr),
+        std::fs::read_to_string(b.dir.path().join("browser.log")).unwrap_or_default()
+    );
+    call_echo(&b, "in a browser").await?;
     idp.stop().await?;
     Ok(())
 }
