@@ -292,16 +292,23 @@ impl Fanout {
             .collect()
     }
 
-    /// A client's roots changed: tell the upstreams that asked it.
-    pub fn roots_changed(&self, session: u64) {
+    /// A client's roots changed: tell the upstreams that asked it, and those told
+    /// "no roots" while no client could answer (as when a client initializes), so
+    /// each asks again and can reach this one.
+    pub fn roots_changed(&self, session: &dyn Client) {
         let askers = self
             .roots_askers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&session)
+            .get(&session.id())
             .cloned()
             .unwrap_or_default();
-        for (_, connection) in askers {
+        let waiting = self.roots_waiters(session);
+        for connection in askers
+            .into_iter()
+            .map(|(_, connection)| connection)
+            .chain(waiting)
+        {
             self.tasks.spawn(async move {
                 let _ = connection
                     .notify("notifications/roots/list_changed", None)

@@ -517,7 +517,7 @@ impl Hub {
     }
 
     /// See `Fanout::roots_changed`.
-    pub fn roots_changed(&self, session: u64) {
+    pub fn roots_changed(&self, session: &dyn Client) {
         self.fanout.roots_changed(session);
     }
 

@@ -393,7 +393,7 @@ impl Session {
                 };
                 self.in_flight.cancel(&request_id.to_string());
             }
-            "notifications/roots/list_changed" => self.hub.roots_changed(self.id),
+            "notifications/roots/list_changed" => self.hub.roots_changed(self),
             other => tracing::debug!(method = other, "client notification ignored"),
         }
     }
