@@ -9,7 +9,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::loopback::Loopback;
-use super::{random_text, Authority, OAuthClient, OAuthError, Prompt, Tokens, DEVICE_GRANT};
+use super::{
+    random_text, Authority, OAuthClient, OAuthError, Prompt, Registration, Tokens, DEVICE_GRANT,
+};
 
 impl OAuthClient {
     pub(super) fn open(&self, url: &str) {
@@ -113,10 +115,22 @@ impl OAuthClient {
             ("redirect_uri", loopback.redirect_uri.clone()),
             ("code_verifier", verifier),
         ];
+        self.exchange(authority, &registration, scopes, form).await
+    }
+
+    /// A grant's token request to the authority it was discovered from.
+    async fn exchange(
+        &mut self,
+        authority: &Authority,
+        registration: &Registration,
+        scopes: &[String],
+        form: Vec<(&'static str, String)>,
+    ) -> Result<Tokens, OAuthError> {
+        let metadata = &authority.metadata;
         self.token_request(
             &metadata.issuer,
             metadata,
-            &registration,
+            registration,
             &authority.resource,
             scopes,
             form,
@@ -141,15 +155,7 @@ impl OAuthClient {
         if !scopes.is_empty() {
             form.push(("scope", scopes.join(" ")));
         }
-        self.token_request(
-            &metadata.issuer,
-            metadata,
-            &registration,
-            &authority.resource,
-            scopes,
-            form,
-        )
-        .await
+        self.exchange(authority, &registration, scopes, form).await
     }
 
     /// The device authorization grant (RFC 8628): a code the person enters on
@@ -238,17 +244,7 @@ impl OAuthClient {
                 ("grant_type", DEVICE_GRANT.to_string()),
                 ("device_code", device_code.clone()),
             ];
-            match self
-                .token_request(
-                    &metadata.issuer,
-                    metadata,
-                    &registration,
-                    &authority.resource,
-                    scopes,
-                    form,
-                )
-                .await
-            {
+            match self.exchange(authority, &registration, scopes, form).await {
                 Ok(tokens) => return Ok(tokens),
                 Err(OAuthError::Token {
                     code: Some(code), ..
