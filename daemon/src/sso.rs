@@ -12,7 +12,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use jsonwebtoken::jwk::{Jwk, JwkSet, KeyAlgorithm, PublicKeyUse};
@@ -96,7 +95,7 @@ pub struct Admitted {
     pub view: Option<String>,
 }
 
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+type Connector = adapters::remote::HttpsConnector;
 
 struct Keys {
     set: JwkSet,
@@ -460,27 +459,7 @@ pub fn challenge(settings: &FrontOAuth, presented: bool) -> String {
 }
 
 fn connector() -> Result<Connector, FetchError> {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(FETCH_TIMEOUT));
-    http.enforce_http(false);
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(provider.clone())
-    {
-        Ok(builder) => builder,
-        Err(error) => {
-            // A loopback provider over http must work on a machine without CA certificates.
-            tracing::warn!(%error, "no CA certificates found; an https identity provider cannot be verified");
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|error| FetchError::Tls(error.to_string()))?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth();
-            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
-        }
-    };
-    Ok(builder.https_or_http().enable_http1().wrap_connector(http))
+    adapters::remote::https_connector(FETCH_TIMEOUT).map_err(FetchError::Tls)
 }
 
 #[cfg(test)]

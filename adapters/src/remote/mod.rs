@@ -21,6 +21,10 @@ mod legacy;
 mod sse;
 mod streamable;
 mod tls;
+/// The TLS-capable connector remote upstreams use, for other HTTP clients of the
+/// daemon (the front's key set fetches).
+#[cfg(feature = "tls")]
+pub use tls::{connector as https_connector, Connector as HttpsConnector};
 
 use std::collections::HashMap;
 use std::fmt;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 #[cfg(feature = "tls")]
-pub(super) type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 #[cfg(not(feature = "tls"))]
 pub(super) type Connector = HttpConnector;
 
@@ -19,8 +19,10 @@ pub(super) const MISSING: &str = "";
 #[cfg(not(feature = "tls"))]
 pub(super) const MISSING: &str = "https needs plexus built with the `tls` feature";
 
+/// A client connector for `http://` and `https://` (the system's CA certificates, or
+/// none found: then https cannot be verified and says so once).
 #[cfg(feature = "tls")]
-pub(super) fn connector(connect_timeout: Duration) -> Result<Connector, String> {
+pub fn connector(connect_timeout: Duration) -> Result<Connector, String> {
     use std::sync::Arc;
 
     let mut http = plain_connector(connect_timeout);
