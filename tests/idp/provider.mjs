@@ -15,7 +15,16 @@
 // how often the key set was fetched; POST /test/revoke-refresh destroys every
 // refresh token issued so far (their next use gets invalid_grant); POST
 // /test/token-audience ({audience}) sets the `aud` of the access tokens issued
-// from then on (the resource indicator asked for stays the same).
+// from then on (the resource indicator asked for stays the same); GET
+// /test/token-requests counts the token endpoint's requests by grant_type.
+// The device grant's polling (RFC 8628 §3.5), which oidc-provider leaves to the
+// deployment: with IDP_DEVICE_INTERVAL (seconds) its answers carry that
+// `interval`, and a poll sooner than a code's interval after its last one gets
+// `slow_down`, which adds 5 s to that code's interval. POST /test/device
+// ({slow_down_first, complete}) applies to the codes issued from then on: their
+// first poll gets `slow_down` (a server under load), and `complete: false` leaves
+// out `verification_uri_complete`; GET /test/device-polls lists each code's polls
+// ({at_ms, answer}).
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { randomUUID } from 'node:crypto';
@@ -80,6 +89,11 @@ const provider = new Provider(issuer, {
 });
 
 let jwksCount = 0;
+const tokenRequests = {};
+const deviceInterval = Number(process.env.IDP_DEVICE_INTERVAL ?? 0);
+let deviceSettings = { slow_down_first: false, complete: true };
+// Per device code: its interval now, its last poll, and every poll's answer.
+const devicePolls = new Map();
 const refreshTokens = [];
 provider.on('refresh_token.saved', (token) => refreshTokens.push(token.jti));
 
@@ -143,6 +157,61 @@ provider.use(async (ctx, next) => {
   if (ctx.path === '/test/token-audience' && ctx.method === 'POST') {
     tokenAudience = JSON.parse(await readBody(ctx.req)).audience;
     ctx.body = { audience: tokenAudience };
+    return;
+  }
+  if (ctx.path === '/device/auth' && ctx.method === 'POST') {
+    await next();
+    const body = ctx.body;
+    if (ctx.status === 200 && body?.device_code) {
+      if (deviceInterval) body.interval = deviceInterval;
+      if (!deviceSettings.complete) delete body.verification_uri_complete;
+      devicePolls.set(body.device_code, {
+        interval: deviceInterval,
+        last: undefined,
+        slowDownFirst: deviceSettings.slow_down_first,
+        polls: [],
+      });
+    }
+    return;
+  }
+  if (ctx.path === '/token' && ctx.method === 'POST') {
+    // Read here, the form is handed on already parsed (oidc-provider takes it).
+    const raw = await readBody(ctx.req);
+    ctx.req.body = raw;
+    const form = new URLSearchParams(raw);
+    const grant = form.get('grant_type');
+    tokenRequests[grant] = (tokenRequests[grant] ?? 0) + 1;
+    const code = grant === 'urn:ietf:params:oauth:grant-type:device_code' ? devicePolls.get(form.get('device_code')) : undefined;
+    if (!code) {
+      await next();
+      return;
+    }
+    const now = Date.now();
+    const early = code.slowDownFirst || (code.last !== undefined && now - code.last < code.interval * 1000);
+    code.slowDownFirst = false;
+    code.last = now;
+    if (early) {
+      code.interval += 5;
+      code.polls.push({ at_ms: now, answer: 'slow_down' });
+      ctx.status = 400;
+      ctx.body = { error: 'slow_down', error_description: `poll at most every ${code.interval} s` };
+      return;
+    }
+    await next();
+    code.polls.push({ at_ms: now, answer: ctx.body?.error ?? 'token' });
+    return;
+  }
+  if (ctx.path === '/test/device' && ctx.method === 'POST') {
+    deviceSettings = { ...deviceSettings, ...JSON.parse(await readBody(ctx.req)) };
+    ctx.body = deviceSettings;
+    return;
+  }
+  if (ctx.path === '/test/device-polls') {
+    ctx.body = { codes: [...devicePolls.values()].map(({ polls, interval }) => ({ polls, interval })) };
+    return;
+  }
+  if (ctx.path === '/test/token-requests') {
+    ctx.body = tokenRequests;
     return;
   }
   if (ctx.path === '/test/jwks-count') {

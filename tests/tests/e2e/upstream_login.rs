@@ -374,22 +374,32 @@ fn device_prompt(line: &str) -> Option<(String, String)> {
     ))
 }
 
-/// `plexus login hosted ARGS` with no `$BROWSER` (and `env` set, `unset`
+/// What a device login showed and printed.
+struct DeviceLogin {
+    /// The stderr line that asked for the code.
+    prompt: String,
+    user_code: String,
+    /// The verification URI the person opened (the complete one when shown).
+    opened: String,
+    stdout: String,
+}
+
+/// `plexus ARGS --config B's config` with no `$BROWSER` (and `env` set, `unset`
 /// removed): reads the user code from its stderr, has alice enter it at the
-/// provider's device page, and waits for plexus to finish.
+/// provider's device page (the complete URI when one is shown), and waits for
+/// plexus to finish.
 async fn device_login(
     b: &Daemon,
     idp: &Idp,
     args: &[&str],
     env: &[(&str, &str)],
     unset: &[&str],
-) -> anyhow::Result<()> {
-    use tokio::io::{AsyncBufReadExt as _, BufReader};
+) -> anyhow::Result<DeviceLogin> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 
     let started = Instant::now();
     let mut command = Command::new(plexus_binary());
     command
-        .args(["login", "hosted"])
         .args(args)
         .arg("--config")
         .arg(b.dir.path().join("config.toml"))
@@ -403,17 +413,23 @@ async fn device_login(
         command.env_remove(name);
     }
     let mut login = command.spawn()?;
+    let mut stdout = login.stdout.take().context("no stdout")?;
+    let stdout = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text).await;
+        text
+    });
     let mut stderr = BufReader::new(login.stderr.take().context("no stderr")?).lines();
     let mut shown = String::new();
-    let (code, uri) = tokio::time::timeout(Duration::from_secs(60), async {
+    let (prompt, (code, uri)) = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = stderr.next_line().await? {
             shown.push_str(&line);
             shown.push('\n');
             if let Some(found) = device_prompt(&line) {
-                return Ok(found);
+                return Ok((line, found));
             }
         }
-        anyhow::bail!("plexus login printed no device code: {shown}")
+        anyhow::bail!("plexus {args:?} printed no device code: {shown}")
     })
     .await
     .context("no device code on stderr")??;
@@ -425,11 +441,16 @@ async fn device_login(
         !shown.contains("open this URL"),
         "an authorization URL was printed: {shown}"
     );
+    // `open COMPLETE (or enter code …)`: the complete form is the one a person opens.
+    let opened = prompt
+        .split_once(" open ")
+        .and_then(|(_, rest)| rest.split_once(" (or enter code"))
+        .map_or(uri.clone(), |(complete, _)| complete.to_string());
 
     // The person, on another device: enters the code, signs in and confirms.
     let person = Command::new(venv_python())
         .arg(workspace_root().join("tests/python/oauth_device.py"))
-        .args(["--login", "alice", "--code", &code, &uri])
+        .args(["--login", "alice", "--code", &code, &opened])
         .output()
         .await?;
     ensure!(
@@ -447,20 +468,66 @@ async fn device_login(
         }
         text
     });
-    let status = tokio::time::timeout(Duration::from_secs(60), login.wait())
-        .await
-        .context("plexus login did not finish")??;
+    let Ok(status) = tokio::time::timeout(Duration::from_secs(30), login.wait()).await else {
+        anyhow::bail!(
+            "plexus {args:?} did not finish; the provider's polls: {:?}",
+            device_polls(idp).await?
+        );
+    };
+    let status = status?;
     let rest = rest.await?;
+    let stdout = stdout.await?;
     ensure!(
         status.success(),
-        "plexus login {args:?} failed: {shown}{rest}\nB: {}\nprovider: {}",
+        "plexus {args:?} failed: {shown}{rest}{stdout}\nB: {}\nprovider: {}",
         b.log(),
         std::fs::read_to_string(&idp.log).unwrap_or_default()
     );
     println!(
-        "plexus login {args:?} (code shown, entered, polled, upstream up) took {:.1} s",
+        "plexus {args:?} (code shown, entered, polled, done) took {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    Ok(DeviceLogin {
+        prompt,
+        user_code: code,
+        opened,
+        stdout,
+    })
+}
+
+/// The provider's record of the device codes' polls: per code, each poll's
+/// answer and the gaps between polls in milliseconds.
+async fn device_polls(idp: &Idp) -> anyhow::Result<Vec<(Vec<String>, Vec<i64>)>> {
+    let record: Value = reqwest::get(format!("{}/test/device-polls", idp.issuer()))
+        .await?
+        .json()
+        .await?;
+    let codes = record["codes"].as_array().context("codes")?;
+    Ok(codes
+        .iter()
+        .map(|code| {
+            let polls = code["polls"].as_array().cloned().unwrap_or_default();
+            let answers = polls
+                .iter()
+                .map(|poll| poll["answer"].as_str().unwrap_or_default().to_string())
+                .collect();
+            let times: Vec<i64> = polls
+                .iter()
+                .filter_map(|poll| poll["at_ms"].as_i64())
+                .collect();
+            let gaps = times.windows(2).map(|pair| pair[1] - pair[0]).collect();
+            (answers, gaps)
+        })
+        .collect())
+}
+
+async fn device_settings(idp: &Idp, settings: Value) -> anyhow::Result<()> {
+    reqwest::Client::new()
+        .post(format!("{}/test/device", idp.issuer()))
+        .body(settings.to_string())
+        .send()
+        .await?
+        .error_for_status()?;
     Ok(())
 }
 
@@ -489,7 +556,13 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
     }
     let dir = tempfile::tempdir()?;
     let port = restartable_port()?;
-    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
+    let idp = Idp::start_with(
+        dir.path(),
+        restartable_port()?,
+        &audience(port),
+        &[("IDP_DEVICE_INTERVAL", "1")],
+    )
+    .await?;
     let a = Daemon::builder()
         .listen(format!("127.0.0.1:{port}"))
         .daemon(daemon_lines(&idp.issuer(), port, ""))
@@ -514,14 +587,49 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
     logout(&b).await?;
 
     // A display is there: only `--device` asks for the device grant. plexus
-    // prints the verification URI and the user code, and polls.
-    device_login(&b, &idp, &["--device"], &[("DISPLAY", ":0")], &[]).await?;
+    // prints the complete verification URI (with the code in it) beside the URI
+    // and the code, and polls every `interval` (1 s here). The provider answers
+    // the first poll with `slow_down`, and enforces it: a poll sooner than the
+    // raised interval (6 s) gets `slow_down` again.
+    device_settings(&idp, json!({"slow_down_first": true})).await?;
+    let shown = device_login(
+        &b,
+        &idp,
+        &["login", "hosted", "--device"],
+        &[("DISPLAY", ":0")],
+        &[],
+    )
+    .await?;
+    let device_page = format!("{}/device", idp.issuer());
+    assert_eq!(
+        shown.prompt,
+        format!(
+            "plexus: to authorize access, open {device_page}?user_code={code} (or enter code {code} at {device_page})",
+            code = shown.user_code
+        )
+    );
+    ensure!(shown.opened.contains("user_code="), "{}", shown.opened);
+    let polls = device_polls(&idp).await?;
+    let (answers, gaps) = polls.last().context("no device code polled")?;
+    println!("device polls: {answers:?}, {gaps:?} ms apart");
+    ensure!(
+        answers.first().map(String::as_str) == Some("slow_down")
+            && answers.last().map(String::as_str) == Some("token")
+            && answers.iter().filter(|a| *a == "slow_down").count() == 1,
+        "the client did not back off after slow_down: {answers:?}, {gaps:?} ms apart"
+    );
+    // 1 s, then 5 s more after the slow_down (a few ms of clock rounding).
+    ensure!(
+        gaps.first().is_some_and(|gap| *gap >= 5_990),
+        "the poll after slow_down came {gaps:?} ms later, not at least 6 s"
+    );
     let (_, status) = b.admin_get("/status").await?;
     assert_eq!(upstream_state(&status, "hosted")?, "ready");
     call_echo(&b, "headless").await?;
 
     // The registration forgotten, then a login on a machine with no browser and
-    // no display: the device grant with no flag, registering afresh.
+    // no display: the device grant with no flag, registering afresh. A server
+    // that gives no complete URI: the URI and the code alone.
     logout(&b).await?;
     for entry in std::fs::read_dir(b.dir.path().join("state/oauth"))? {
         let path = entry?.path();
@@ -529,10 +637,53 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
             std::fs::remove_file(path)?;
         }
     }
-    device_login(&b, &idp, &[], &[], &["DISPLAY", "WAYLAND_DISPLAY"]).await?;
+    device_settings(&idp, json!({"slow_down_first": false, "complete": false})).await?;
+    let shown = device_login(
+        &b,
+        &idp,
+        &["login", "hosted"],
+        &[],
+        &["DISPLAY", "WAYLAND_DISPLAY"],
+    )
+    .await?;
+    assert_eq!(
+        shown.prompt,
+        format!(
+            "plexus: to authorize access, enter code {} at {device_page}",
+            shown.user_code
+        )
+    );
     let (_, status) = b.admin_get("/status").await?;
     assert_eq!(upstream_state(&status, "hosted")?, "ready");
     call_echo(&b, "headless again").await?;
+
+    // A one-shot command with no login held logs in inline, headless: the
+    // device grant, its prompt in the complete form, then the call.
+    logout(&b).await?;
+    device_settings(&idp, json!({"complete": true})).await?;
+    let shown = device_login(
+        &b,
+        &idp,
+        &["call", "hosted", "fx__echo", r#"{"text":"inline"}"#],
+        &[],
+        &["DISPLAY", "WAYLAND_DISPLAY"],
+    )
+    .await?;
+    ensure!(
+        shown.prompt.starts_with(&format!(
+            "plexus: to authorize access, open {device_page}?user_code="
+        )),
+        "{}",
+        shown.prompt
+    );
+    ensure!(shown.stdout.contains("inline"), "{}", shown.stdout);
+    let polls = device_polls(&idp).await?;
+    ensure!(
+        polls
+            .iter()
+            .all(|(answers, _)| answers.iter().skip(1).all(|a| a != "slow_down")),
+        "a client polled sooner than its interval: {polls:?}"
+    );
 
     // That registration serves a browser login too.
     logout(&b).await?;
