@@ -4,8 +4,9 @@
 //! fronting the fixture). plexus B lists A as an upstream with no headers: it
 //! waits in `needs_login`; `plexus login` (a `$BROWSER` that signs in on the
 //! provider's form) stores encrypted tokens and brings the upstream up without
-//! a restart; 50 concurrent calls on a token due for refresh cause one refresh; a
-//! call refused when A's audience moves is sent again after a refresh;
+//! a restart; 50 concurrent calls on a token due for refresh cause one refresh;
+//! 50 concurrent calls refused when A's audience moves (the token revoked for A)
+//! cause one refresh grant at the provider and each is sent again once;
 //! `plexus logout` sends it back to `needs_login`, where calls get -33001 with
 //! `data.login` and the cached catalog is still listed. `plexus login --device`
 //! prints a user code that a person enters at the provider's device page
@@ -211,9 +212,11 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
     }
     assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
 
-    // A's audience moves (a reload) and the provider's tokens follow: the call
-    // refused for its old token is sent again after one refresh, and its caller
-    // sees no error; then both move back, the same way.
+    // A's audience moves (a reload) and the provider's tokens follow: A refuses
+    // the token B holds (401) long before it expires. 50 concurrent calls refused
+    // with it cause one refresh (B's count and the provider's own), each is sent
+    // again once, and none of their callers sees an error; then both move back,
+    // and one call refused the same way is sent again after one refresh.
     let a_config = a.dir.path().join("config.toml");
     let accepted = std::fs::read_to_string(&a_config)?;
     let moved_audience = format!("{}/moved", audience(port));
@@ -225,7 +228,27 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
             .body(json!({ "audience": aud }).to_string())
             .send()
     };
-    let mut session = RawHttpSession::connect(&b.url).await?;
+    let refresh_grants = async || -> anyhow::Result<u64> {
+        let counts: Value = reqwest::get(format!("{}/test/token-requests", idp.issuer()))
+            .await?
+            .json()
+            .await?;
+        Ok(counts["refresh_token"].as_u64().unwrap_or(0))
+    };
+    let a_executed = async || {
+        a.metric(r#"plexus_relay_requests_total{method="tools/call",outcome="ok",upstream="fx"}"#)
+            .await
+            .map(Option::unwrap_or_default)
+    };
+    let a_refused = async || {
+        a.metric(r#"plexus_http_refused_requests_total{reason="unauthorized"}"#)
+            .await
+            .map(Option::unwrap_or_default)
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..50 {
+        sessions.push(RawHttpSession::connect(&b.url).await?);
+    }
     for (step, (config, aud)) in [
         (&moved, moved_audience.clone()),
         (&accepted, audience(port)),
@@ -236,18 +259,46 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
         std::fs::write(&a_config, config)?;
         a.reload().await?;
         token_audience(aud).await?.error_for_status()?;
-        let called = session
-            .request(
+        let (grants, executed, refused) = (
+            refresh_grants().await?,
+            a_executed().await?,
+            a_refused().await?,
+        );
+        let callers = if step == 0 { 50 } else { 1 };
+        let calls = sessions.iter_mut().take(callers).map(|session| {
+            session.request(
                 "tools/call",
                 json!({"name": "hosted__fx__echo", "arguments": {"text": "refreshed"}}),
             )
-            .await?;
+        });
+        let began = Instant::now();
+        let answers = futures::future::join_all(calls).await;
+        let took = began.elapsed();
+        for called in answers {
+            let called = called?;
+            ensure!(
+                called["result"].is_object(),
+                "a refused call was not sent again with a new token: {called}\nB: {}",
+                b.log()
+            );
+        }
+        let refused = a_refused().await? - refused;
+        println!(
+            "{callers} calls refused with a revoked token ({refused} refusals at A), one refresh, sent again: {:.0} ms",
+            took.as_secs_f64() * 1000.0
+        );
         ensure!(
-            called["result"].is_object(),
-            "the refused call was not sent again with a new token: {called}\nB: {}",
-            b.log()
+            refused >= 1.0,
+            "A refused no call: the token was not revoked"
         );
         assert_eq!(b.metric(&refreshes("ok")).await?, Some(2.0 + step as f64));
+        assert_eq!(
+            refresh_grants().await? - grants,
+            1,
+            "refresh grants at the provider"
+        );
+        // Each call ran once at A: a refused call was not executed, and was sent again once.
+        assert_eq!(a_executed().await? - executed, callers as f64);
     }
     let (_, status) = b.admin_get("/status").await?;
     assert_eq!(upstream_state(&status, "hosted")?, "ready");
