@@ -237,7 +237,11 @@ async fn a_search_view_over_ten_thousand_tools_follows_a_reload_in_the_same_sess
         if beta {
             sections += &fixture_upstream("beta", "prefix = \"beta\"", &["--name", "beta"]);
         }
-        sections + "[views.found]\nexpose = \"search\"\ndeny_tools = [\"fx__echo\"]\n"
+        // `found` leaves out `extra_4242`, the one tool whose name and description
+        // hold "4242"; `everything` shows the whole catalog through search.
+        sections
+            + "[views.found]\nexpose = \"search\"\ndeny_tools = [\"fx__echo\", \"extra_4242\"]\n\n\
+               [views.everything]\nexpose = \"search\"\n"
     };
     let daemon = Daemon::builder().upstreams(sections(false)).start().await?;
     daemon.wait_ready(Duration::from_secs(60)).await?;
@@ -286,6 +290,45 @@ async fn a_search_view_over_ten_thousand_tools_follows_a_reload_in_the_same_sess
     // Out of the view: never found.
     ensure!(!found.contains(&"fx__echo".to_string()), "{answer}");
     ensure!(found.contains(&"echo".to_string()), "{answer}");
+
+    // A tool out of the view, the best match of its query: the whole catalog's
+    // search puts it first; the view's never returns it, and calling it through
+    // call_tool is refused exactly as calling it directly is.
+    let query = search(json!({"query": "shipments of collection 4242", "limit": 50}));
+    let mut everything = RawHttpSession::connect(&format!("{}/everything", daemon.url)).await?;
+    let best = everything.request("tools/call", query.clone()).await?;
+    ensure!(
+        found_names(&best)?.first().map(String::as_str) == Some("extra_4242"),
+        "extra_4242 is not the best match in the whole catalog: {best}"
+    );
+    for query in [
+        query,
+        search(json!({"query": "extra_4242", "limit": 50, "upstream": "big"})),
+    ] {
+        let answer = session.request("tools/call", query.clone()).await?;
+        let found = found_names(&answer)?;
+        ensure!(
+            !found.is_empty() && !found.contains(&"extra_4242".to_string()),
+            "{query}: the view's search returned a tool out of the view: {found:?}"
+        );
+    }
+    let direct = session
+        .request("tools/call", call("extra_4242", json!({"query": "x"})))
+        .await?;
+    let through = session
+        .request(
+            "tools/call",
+            call(
+                "call_tool",
+                json!({"name": "extra_4242", "arguments": {"query": "x"}}),
+            ),
+        )
+        .await?;
+    ensure!(direct["error"].is_object(), "{direct}");
+    ensure!(
+        through["error"] == direct["error"],
+        "call_tool on a tool out of the view: {through}, a direct call: {direct}"
+    );
     let started = Instant::now();
     let again = session
         .request(
