@@ -2,7 +2,8 @@
 //! the catalog; `"search+found"` adds what a session's searches found and says so
 //! with `list_changed`. Against real fixture processes (one with 10,000 generated
 //! tools, one held whole by `pin = "strict"`), over stdio and HTTP, with a reload in
-//! the middle of a session; and the Python SDK against server-everything,
+//! the middle of a session; a 2026-07-28 client calling what it found with no
+//! session to keep it; and the Python SDK against server-everything,
 //! mcp-server-time and the fixture, calling through `call_tool` with progress and an
 //! elicitation relayed.
 
@@ -486,5 +487,98 @@ async fn search_tools_and_call_tool_leave_audit_lines() -> anyhow::Result<()> {
         !text.contains("secret-integers"),
         "an argument reached the trail"
     );
+    Ok(())
+}
+
+/// A 2026-07-28 client under `expose = "search+found"`: every request stands
+/// alone, so no session keeps what its searches found, yet it calls a tool it
+/// found both through `call_tool` and by the tool's own name; a tool the view
+/// leaves out is refused either way with the same error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_calls_the_tools_it_found_under_search_found() -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .upstreams(
+            fixture_upstream("fx", "prefix = \"fx\"", &[])
+                + "[views.agent]\nexpose = \"search+found\"\ndeny_tools = [\"fx__echo\"]\n",
+        )
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let url = format!("{}/agent", daemon.url);
+    let client = reqwest::Client::new();
+    let mut id = 0;
+    let mut post = async |method: &str, params: Value| -> anyhow::Result<Value> {
+        id += 1;
+        let mut params = params;
+        params["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "0"},
+        });
+        let mut request = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method);
+        if let Some(name) = params["name"].as_str() {
+            request = request.header("mcp-name", name);
+        }
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let (status, answer, session) =
+            plexus_tests::answer_of(request.body(body.to_string()).send().await?).await?;
+        ensure!(session.is_none(), "a 2026-07-28 request got a session");
+        ensure!(status == 200, "{method}: {status} {answer}");
+        Ok(answer)
+    };
+
+    let listed = post("tools/list", json!({})).await?;
+    ensure!(
+        listed_names(&listed) == ["search_tools", "call_tool"],
+        "{listed}"
+    );
+    let answer = post(
+        "tools/call",
+        search(json!({"query": "sum of two integers", "limit": 3})),
+    )
+    .await?;
+    let found = found_names(&answer)?;
+    ensure!(
+        found.first().map(String::as_str) == Some("fx__add"),
+        "{answer}"
+    );
+    // Nothing is kept between requests: the list is the two tools again.
+    let listed = post("tools/list", json!({})).await?;
+    ensure!(
+        listed_names(&listed) == ["search_tools", "call_tool"],
+        "{listed}"
+    );
+
+    // What it found, called through call_tool and by its own name.
+    let through = post(
+        "tools/call",
+        call(
+            "call_tool",
+            json!({"name": "fx__add", "arguments": {"a": 2, "b": 3}}),
+        ),
+    )
+    .await?;
+    ensure!(through["result"]["content"][0]["text"] == "5", "{through}");
+    ensure!(through["result"]["resultType"] == "complete", "{through}");
+    let direct = post("tools/call", call("fx__add", json!({"a": 4, "b": 5}))).await?;
+    ensure!(direct["result"]["content"][0]["text"] == "9", "{direct}");
+
+    // Out of the view: refused either way, alike.
+    let direct = post("tools/call", call("fx__echo", json!({"text": "x"}))).await?;
+    let through = post(
+        "tools/call",
+        call(
+            "call_tool",
+            json!({"name": "fx__echo", "arguments": {"text": "x"}}),
+        ),
+    )
+    .await?;
+    ensure!(direct["error"]["code"] == -32602, "{direct}");
+    ensure!(through["error"] == direct["error"], "{through} / {direct}");
     Ok(())
 }
