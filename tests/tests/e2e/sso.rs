@@ -4,7 +4,8 @@
 //! with the authorization code flow and sees its group's view; expired, foreign
 //! and tampered tokens get 401 pointing to the resource metadata; a key rotation
 //! at the provider is picked up; ES256 and EdDSA tokens are admitted as RS256 ones;
-//! the client's token reaches no upstream, log, audit line or status.
+//! a provider that cannot be reached makes access tokens 503, not 401; the
+//! client's token reaches no upstream, log, audit line or status.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -520,5 +521,45 @@ async fn es256_and_eddsa_tokens_are_admitted() -> anyhow::Result<()> {
         drop(daemon);
         idp.stop().await?;
     }
+    Ok(())
+}
+
+/// A provider that cannot be reached is plexus's fault to report, not the
+/// token's: a request with an access token gets 503 (the client keeps its
+/// token), while the static token and requests with no token are answered as
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_provider_makes_access_tokens_503_not_401() -> anyhow::Result<()> {
+    if !installed(false) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let port = restartable_port()?;
+    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
+    let daemon = Daemon::builder()
+        .listen(format!("127.0.0.1:{port}"))
+        .daemon(daemon_lines(&idp.issuer(), port, ""))
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(60)).await?;
+    // Minted, then the provider stops before plexus has fetched its keys.
+    let valid = idp.mint(json!({"sub": "alice"})).await?;
+    idp.stop().await?;
+    let (status, challenge) = knock(&daemon.url, Some(&valid)).await?;
+    assert_eq!(
+        status, 503,
+        "a token whose keys cannot be fetched: {challenge}"
+    );
+    assert_eq!(knock(&daemon.url, Some(STATIC_TOKEN)).await?.0, 200);
+    assert_eq!(knock(&daemon.url, None).await?.0, 401);
+    assert_eq!(
+        daemon
+            .metric("plexus_http_refused_requests_total{reason=\"keys_unavailable\"}")
+            .await?,
+        Some(1.0),
+        "{}",
+        daemon.log()
+    );
     Ok(())
 }
