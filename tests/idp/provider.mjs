@@ -21,9 +21,10 @@
 // deployment: with IDP_DEVICE_INTERVAL (seconds) its answers carry that
 // `interval`, and a poll sooner than a code's interval after its last one gets
 // `slow_down`, which adds 5 s to that code's interval. POST /test/device
-// ({slow_down_first, complete}) applies to the codes issued from then on: their
-// first poll gets `slow_down` (a server under load), and `complete: false` leaves
-// out `verification_uri_complete`; GET /test/device-polls lists each code's polls
+// ({slow_down_first, complete, expires_in}) applies to the codes issued from then
+// on: their first poll gets `slow_down` (a server under load), `complete: false`
+// leaves out `verification_uri_complete`, and `expires_in` is the lifetime their
+// answer states; GET /test/device-polls lists each code's polls
 // ({at_ms, answer}).
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
@@ -165,6 +166,7 @@ provider.use(async (ctx, next) => {
     if (ctx.status === 200 && body?.device_code) {
       if (deviceInterval) body.interval = deviceInterval;
       if (!deviceSettings.complete) delete body.verification_uri_complete;
+      if (deviceSettings.expires_in) body.expires_in = deviceSettings.expires_in;
       devicePolls.set(body.device_code, {
         interval: deviceInterval,
         last: undefined,

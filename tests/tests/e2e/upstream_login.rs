@@ -9,8 +9,12 @@
 //! cause one refresh grant at the provider and each is sent again once;
 //! `plexus logout` sends it back to `needs_login`, where calls get -33001 with
 //! `data.login` and the cached catalog is still listed. `plexus login --device`
-//! prints a user code that a person enters at the provider's device page
-//! (`tests/python/oauth_device.py`), and the upstream comes up the same way.
+//! prints a user code (and the complete verification URI when the server gives
+//! one) that a person enters at the provider's device page
+//! (`tests/python/oauth_device.py`); plexus polls at the server's interval, 5 s
+//! more after a `slow_down`, gives up at the code's `expires_in`, and the
+//! upstream comes up the same way; `plexus call` with no login held runs the
+//! same grant inline.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -636,6 +640,23 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
         String::from_utf8_lossy(&login.stderr)
     );
     logout(&b).await?;
+
+    // A code no one enters: plexus polls until the code's `expires_in` (2 s),
+    // then gives up and says so, exit 1.
+    device_settings(&idp, json!({"expires_in": 2})).await?;
+    let began = Instant::now();
+    let expired = plexus(&b, &["login", "hosted", "--device"]).await?;
+    let stderr = String::from_utf8_lossy(&expired.stderr);
+    println!(
+        "a device code left unentered: plexus gave up after {:.1} s",
+        began.elapsed().as_secs_f64()
+    );
+    assert_eq!(expired.status.code(), Some(1), "{stderr}");
+    ensure!(
+        stderr.contains("enter code") && stderr.contains("no authorization arrived within 2 s"),
+        "{stderr}"
+    );
+    device_settings(&idp, json!({"expires_in": null})).await?;
 
     // A display is there: only `--device` asks for the device grant. plexus
     // prints the complete verification URI (with the code in it) beside the URI
