@@ -13,10 +13,19 @@ pub(crate) const EXIT_UNAVAILABLE: u8 = 69;
 /// EX_NOPERM: the daemon refused the credentials (`plexus connect`).
 pub(crate) const EXIT_NO_PERMISSION: u8 = 77;
 
+/// What `plexus --version` shows: the crate's version and the git commit it was
+/// built from (`build.rs`; "unknown" when built without git).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("PLEXUS_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "plexus",
-    version,
+    version = VERSION,
     about = "A multiplexing MCP proxy and aggregator daemon"
 )]
 pub struct Cli {

@@ -1,5 +1,6 @@
 //! The `plexus` command line: `check-config` on the shipped and on broken files;
-//! `--admin` as an address or a name and port, anything else a usage error.
+//! `--admin` as an address or a name and port, anything else a usage error;
+//! `--version` with the git commit.
 
 use std::process::Command;
 
@@ -137,5 +138,31 @@ async fn admin_is_an_address_or_a_name_and_port() -> anyhow::Result<()> {
         }
     }
     ensure!(daemon.stop().await?.success());
+    Ok(())
+}
+
+/// `plexus --version` names the version and the commit the binary was built from
+/// (the checkout's HEAD: `scripts/test` builds before it tests).
+#[test]
+fn version_shows_the_version_and_the_git_commit() -> anyhow::Result<()> {
+    let output = Command::new(plexus_binary()).arg("--version").output()?;
+    let shown = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    ensure!(output.status.success(), "exit {}: {shown}", output.status);
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string());
+    let expected = format!(
+        "plexus {} ({})",
+        env!("CARGO_PKG_VERSION"),
+        head.as_deref().unwrap_or("unknown")
+    );
+    ensure!(
+        shown == expected,
+        "`plexus --version` printed {shown:?}, expected {expected:?} (built before the last commit? cargo build --workspace --bins)"
+    );
     Ok(())
 }
