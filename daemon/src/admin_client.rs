@@ -1,5 +1,5 @@
-//! The client side of the admin listener: `plexus reload`, `plexus status` and
-//! `plexus restart` (one request each), and what `plexus pins` asks. The running
+//! The client side of the admin listener: `plexus reload`, `plexus status`,
+//! `plexus restart` and `plexus health` (one request each), and what `plexus pins` asks. The running
 //! daemon is found through the admin listener the config file names, or the
 //! `daemon.json` in its state directory.
 
@@ -30,11 +30,16 @@ pub enum AdminClientError {
 /// How long the daemon may take to answer: a changed upstream is warmed first.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// What `plexus reload`, `plexus status` and `plexus restart` ask the running daemon.
+/// How long `plexus health` waits: a health check must answer quickly or fail.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What `plexus reload`, `plexus status`, `plexus restart` and `plexus health` ask
+/// the running daemon.
 pub enum AdminCommand {
     Reload,
     Status { json: bool },
     Restart(String),
+    Health,
 }
 
 /// One request to the running daemon; its answer on stdout (a table for `status`
@@ -56,7 +61,18 @@ pub fn run(daemon: &AdminArgs, command: AdminCommand) -> ExitCode {
             AdminCommand::Restart(upstream) => {
                 (http::Method::POST, format!("/upstreams/{upstream}/restart"))
             }
+            AdminCommand::Health => (http::Method::GET, "/healthz".to_string()),
         };
+        if let AdminCommand::Health = command {
+            return tokio::time::timeout(HEALTH_TIMEOUT, request(&address, method, &path, None))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(AdminClientError::Unreachable {
+                        address,
+                        reason: format!("no answer within {HEALTH_TIMEOUT:?}"),
+                    })
+                });
+        }
         request(&address, method, &path, None).await
     };
     exit_after(runtime.block_on(exchange).map(|(status, body)| {

@@ -109,6 +109,13 @@ pub enum Command {
         #[arg(long)]
         view: Option<String>,
     },
+    /// Ask the running daemon's admin listener for `/healthz`: exit 0 when it answers
+    /// 200, 1 when it answers otherwise, 69 when no daemon answers within 5 s (a
+    /// container's health check: the image has no curl).
+    Health {
+        #[command(flatten)]
+        daemon: AdminArgs,
+    },
     /// Internal: kills the process groups the daemon names on stdin once that pipe
     /// closes (the daemon starts it; it outlives a crash of the daemon by a moment).
     #[command(hide = true)]
@@ -185,7 +192,8 @@ impl Command {
             | Command::Status { .. }
             | Command::Restart { .. }
             | Command::Login { .. }
-            | Command::Logout { .. } => Some("warn"),
+            | Command::Logout { .. }
+            | Command::Health { .. } => Some("warn"),
             Command::Serve { .. }
             | Command::CheckConfig { .. }
             | Command::Reload { .. }

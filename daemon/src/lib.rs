@@ -103,6 +103,7 @@ pub fn run(command: Command) -> ExitCode {
             _ => login_command::status(&config.path),
         },
         Command::Logout { upstream, config } => login_command::logout(&upstream, &config.path),
+        Command::Health { daemon } => admin_client::run(&daemon, AdminCommand::Health),
         Command::Keeper => {
             // No logging, no runtime: it only waits for its input to end.
             adapters::keeper::run_keeper(std::io::stdin().lock());

@@ -1,6 +1,6 @@
 //! The `plexus` command line: `check-config` on the shipped and on broken files;
 //! `--admin` as an address or a name and port, anything else a usage error;
-//! `--version` with the git commit.
+//! `--version` with the git commit; `plexus health`.
 
 use std::process::Command;
 
@@ -163,6 +163,38 @@ fn version_shows_the_version_and_the_git_commit() -> anyhow::Result<()> {
     ensure!(
         shown == expected,
         "`plexus --version` printed {shown:?}, expected {expected:?} (built before the last commit? cargo build --workspace --bins)"
+    );
+    Ok(())
+}
+
+/// `plexus health` (the container's health check) asks the admin listener the
+/// config names, here found through daemon.json as its port is 0: exit 0 and `ok`
+/// while the daemon runs, 69 once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_asks_healthz_and_exits_69_without_a_daemon() -> anyhow::Result<()> {
+    let daemon = Daemon::builder().start().await?;
+    let config = daemon.dir.path().join("config.toml");
+    let health = || {
+        tokio::process::Command::new(plexus_binary())
+            .args(["health", "--config"])
+            .arg(&config)
+            .output()
+    };
+    let output = health().await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.code() == Some(0) && stdout.trim() == "ok",
+        "with a daemon: {}: {stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(daemon.stop().await?.success());
+    let output = health().await?;
+    ensure!(
+        output.status.code() == Some(69),
+        "without a daemon: {}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
     );
     Ok(())
 }
