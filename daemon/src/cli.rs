@@ -116,6 +116,13 @@ pub enum Command {
         #[command(flatten)]
         daemon: AdminArgs,
     },
+    /// For packagers: shell completions or the man pages, generated from this
+    /// command line.
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generated,
+    },
     /// Internal: kills the process groups the daemon names on stdin once that pipe
     /// closes (the daemon starts it; it outlives a crash of the daemon by a moment).
     #[command(hide = true)]
@@ -193,7 +200,8 @@ impl Command {
             | Command::Restart { .. }
             | Command::Login { .. }
             | Command::Logout { .. }
-            | Command::Health { .. } => Some("warn"),
+            | Command::Health { .. }
+            | Command::Generate { .. } => Some("warn"),
             Command::Serve { .. }
             | Command::CheckConfig { .. }
             | Command::Reload { .. }
@@ -212,6 +220,20 @@ pub enum PinsAction {
     Approve { target: String },
     /// Forget an upstream's pin: its catalog is pinned afresh when next seen.
     Reset { upstream: String },
+}
+
+#[derive(Subcommand)]
+pub enum Generated {
+    /// A shell's completion script, on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The man pages: plexus.1 and one per command (plexus-serve.1, ...), into DIR.
+    Man {
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        out_dir: PathBuf,
+    },
 }
 
 /// `--config FILE`, `config.toml` unless given. Global, so that `plexus pins`

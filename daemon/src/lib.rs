@@ -17,6 +17,7 @@ mod descriptors;
 mod era;
 mod explore_command;
 mod fanout;
+mod generate_command;
 mod http_front;
 mod hub;
 mod jsonrpc;
@@ -104,6 +105,7 @@ pub fn run(command: Command) -> ExitCode {
         },
         Command::Logout { upstream, config } => login_command::logout(&upstream, &config.path),
         Command::Health { daemon } => admin_client::run(&daemon, AdminCommand::Health),
+        Command::Generate { what } => generate_command::run(what),
         Command::Keeper => {
             // No logging, no runtime: it only waits for its input to end.
             adapters::keeper::run_keeper(std::io::stdin().lock());
