@@ -16,6 +16,7 @@ mod front;
 mod instances;
 mod modern;
 mod one_state;
+mod packaging;
 mod pins;
 mod protocol;
 mod python_client;
