@@ -1,19 +1,20 @@
 //! plexus installed as a service: the .deb `packaging/deb/build` makes, installed
 //! with dpkg into a clean Debian root (files, modes, the `plexus` user, the
 //! conffile, `check-config` run as that user, `systemd-analyze verify` on the
-//! unit it installed, purge).
+//! unit it installed, purge); and the container image definition, checked against
+//! what plexus and the .deb provide (no container engine runs here).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use anyhow::{ensure, Context};
-use plexus_tests::plexus_binary;
+use anyhow::{bail, ensure, Context};
+use plexus_tests::{plexus_binary, Daemon};
 
-/// Where the service's configuration lives.
+/// Where the service's configuration lives, in the .deb and in the container.
 const CONFIG: &str = "/etc/plexus/config.toml";
-/// The state directory: the `plexus` user's home.
+/// The state directory: the .deb's `plexus` user's home, the container's volume.
 const STATE_DIR: &str = "/var/lib/plexus";
 
 fn repository() -> PathBuf {
@@ -293,5 +294,219 @@ fn verify_installed_unit(root: &Path) -> anyhow::Result<()> {
         .filter(|line| line.contains("plexus.service") || line.contains("Unknown"))
         .collect();
     ensure!(ours.is_empty(), "verify warned:\n{}", ours.join("\n"));
+    Ok(())
+}
+
+/// One instruction of a Containerfile: its keyword and the rest of its line
+/// (continuations joined), with the stage it belongs to.
+struct Instruction {
+    stage: usize,
+    keyword: String,
+    rest: String,
+}
+
+fn instructions(text: &str) -> Vec<Instruction> {
+    let mut joined = Vec::new();
+    let mut pending = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || (line.is_empty() && pending.is_empty()) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                pending.push_str(head);
+                pending.push(' ');
+            }
+            None => {
+                pending.push_str(line);
+                joined.push(std::mem::take(&mut pending));
+            }
+        }
+    }
+    let mut stage = 0;
+    joined
+        .into_iter()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            let (keyword, rest) = line.split_once(' ').unwrap_or((&line, ""));
+            let keyword = keyword.to_uppercase();
+            if keyword == "FROM" {
+                stage += 1;
+            }
+            Instruction {
+                stage,
+                keyword,
+                rest: rest.trim().to_string(),
+            }
+        })
+        .collect()
+}
+
+/// The exec form `["a", "b"]` at the end of `text`.
+fn exec_form(text: &str) -> anyhow::Result<Vec<String>> {
+    let start = text.find('[').context("not the exec form")?;
+    Ok(serde_json::from_str(&text[start..])?)
+}
+
+/// No engine runs here (and the base images are not in any package registry):
+/// every path, port, user and command the image definition names is checked
+/// against plexus and the .deb's layout, and its health check is run for real
+/// against a daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_containerfile_names_what_plexus_provides() -> anyhow::Result<()> {
+    let dir = repository().join("packaging/container");
+    let text = std::fs::read_to_string(dir.join("Containerfile"))?;
+    let all = instructions(&text);
+    let last_stage = all.iter().map(|i| i.stage).max().unwrap_or(0);
+    ensure!(last_stage >= 2, "not a multi-stage build");
+    let find = |stage: usize, keyword: &str| -> Vec<&Instruction> {
+        all.iter()
+            .filter(|i| i.stage == stage && i.keyword == keyword)
+            .collect()
+    };
+
+    // The builder: a Rust at least the workspace's rust-version, building the
+    // `plexus` package's binary from the lock file.
+    let builder = &find(1, "FROM")[0].rest;
+    let rust = builder
+        .split_once("rust:")
+        .and_then(|(_, tag)| tag.split('-').next())
+        .with_context(|| format!("the build stage is not a rust image: {builder}"))?;
+    let workspace = std::fs::read_to_string(repository().join("Cargo.toml"))?;
+    let wanted = workspace
+        .lines()
+        .find_map(|line| line.strip_prefix("rust-version = "))
+        .context("no rust-version")?
+        .trim_matches('"');
+    let numbers = |version: &str| -> Vec<u32> {
+        version
+            .split('.')
+            .filter_map(|part| part.parse().ok())
+            .collect()
+    };
+    ensure!(
+        numbers(rust) >= numbers(wanted),
+        "rust {rust} < rust-version {wanted}"
+    );
+    let build_stage = all
+        .iter()
+        .filter(|i| i.stage == 1 && i.keyword == "RUN")
+        .map(|i| i.rest.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
+    for expected in [
+        "cargo build --release --locked -p plexus --bin plexus",
+        "target/release/plexus /out/usr/bin/plexus",
+        "-o 65532 -g 65532 /out/var/lib/plexus",
+    ] {
+        ensure!(
+            build_stage.contains(expected),
+            "the build stage lacks `{expected}`"
+        );
+    }
+    let package = std::fs::read_to_string(repository().join("daemon/Cargo.toml"))?;
+    ensure!(package.contains("name = \"plexus\"") && repository().join("Cargo.lock").exists());
+    let ignored = std::fs::read_to_string(repository().join(".dockerignore"))?;
+    ensure!(ignored.lines().any(|line| line.trim() == "target/"));
+
+    // The image: distroless, not root, the binary where the .deb puts it.
+    let base = &find(last_stage, "FROM")[0].rest;
+    ensure!(
+        base.starts_with("gcr.io/distroless/"),
+        "not distroless: {base}"
+    );
+    let user = &find(last_stage, "USER")
+        .last()
+        .context("no USER: the image would run as root")?
+        .rest;
+    let (uid, gid) = user.split_once(':').unwrap_or((user, user));
+    ensure!(
+        uid.parse::<u32>().is_ok_and(|uid| uid != 0) && gid.parse::<u32>().is_ok(),
+        "USER {user}: not a numeric non-root user"
+    );
+    let copies: Vec<&str> = find(last_stage, "COPY")
+        .iter()
+        .map(|i| i.rest.as_str())
+        .collect();
+    ensure!(
+        copies
+            .iter()
+            .any(|copy| copy.ends_with("/out/usr/bin/plexus /usr/bin/plexus")),
+        "{copies:?}"
+    );
+    ensure!(
+        copies
+            .iter()
+            .any(|copy| copy.contains(&format!("--chown={uid}:{gid}"))
+                && copy.ends_with(&format!("/out{STATE_DIR} {STATE_DIR}"))),
+        "the state directory is not the user's: {copies:?}"
+    );
+    let volume = exec_form(&find(last_stage, "VOLUME")[0].rest)?;
+    ensure!(volume == [STATE_DIR], "VOLUME {volume:?}");
+
+    // The config the image expects: valid, listening on the exposed port, its
+    // state directory the volume, its admin listener where the health check asks.
+    let example = tempfile::tempdir()?;
+    let config = example.path().join("config.toml");
+    std::fs::copy(dir.join("config.toml"), &config)?;
+    std::fs::write(
+        example.path().join("client.token"),
+        "a-client-token-of-some-length",
+    )?;
+    let checked = run(Command::new(plexus_binary())
+        .args(["check-config", "--config"])
+        .arg(&config))?;
+    ensure!(stdout(&checked).contains("valid"));
+    let table: toml::Table = toml::from_str(&std::fs::read_to_string(&config)?)?;
+    let daemon = table.get("daemon").context("no [daemon]")?;
+    let key = |name: &str| daemon.get(name).and_then(|value| value.as_str());
+    let exposed = &find(last_stage, "EXPOSE")[0].rest;
+    ensure!(
+        key("listen").is_some_and(|listen| listen.ends_with(&format!(":{exposed}"))),
+        "listen {:?} is not on the exposed port {exposed}",
+        key("listen")
+    );
+    ensure!(key("state_dir") == Some(STATE_DIR));
+    ensure!(key("admin_listen").is_some_and(|admin| admin.starts_with("127.0.0.1:")));
+
+    // The command: the binary serving the mounted config (a missing file is a bad
+    // config, exit 64: the arguments themselves parse).
+    let entrypoint = exec_form(&find(last_stage, "ENTRYPOINT")[0].rest)?;
+    let command = exec_form(&find(last_stage, "CMD")[0].rest)?;
+    ensure!(entrypoint == ["/usr/bin/plexus"], "{entrypoint:?}");
+    ensure!(command == ["serve", "--config", CONFIG], "{command:?}");
+    let missing = example.path().join("missing.toml");
+    let served = Command::new(plexus_binary())
+        .args(&command[..2])
+        .arg(&missing)
+        .output()?;
+    ensure!(served.status.code() == Some(64), "{}", served.status);
+
+    // The health check: the image's binary asking /healthz of the mounted config's
+    // admin listener, run against a real daemon and against none.
+    let health = exec_form(&find(last_stage, "HEALTHCHECK")[0].rest)?;
+    ensure!(
+        health == ["/usr/bin/plexus", "health", "--config", CONFIG],
+        "{health:?}"
+    );
+    // As in the image, the config names the admin listener (here the daemon's).
+    let daemon = Daemon::builder().start().await?;
+    let mounted = example.path().join("mounted.toml");
+    let admin = daemon.admin.trim_start_matches("http://");
+    std::fs::write(&mounted, format!("[daemon]\nadmin_listen = \"{admin}\"\n"))?;
+    let probe = || {
+        tokio::process::Command::new(plexus_binary())
+            .args(&health[1..3])
+            .arg(&mounted)
+            .output()
+    };
+    let answered = probe().await?;
+    ensure!(answered.status.success(), "{}", answered.status);
+    ensure!(daemon.stop().await?.success());
+    let unanswered = probe().await?;
+    if unanswered.status.success() {
+        bail!("the health check passed with no daemon");
+    }
     Ok(())
 }
