@@ -297,6 +297,60 @@ fn verify_installed_unit(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cargo install --path daemon --locked` (the README's "From source"): the package
+/// there is `plexus`, with the `plexus` binary needing no feature, its siblings
+/// reached by path inside the repository, and the lock file current (`--locked`
+/// refuses to update it). The install itself compiles for minutes; it is not run here.
+#[test]
+fn cargo_install_path_daemon_finds_the_plexus_binary() -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let metadata = run(Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--locked",
+            "--offline",
+        ])
+        .current_dir(repository().join("daemon")))?;
+    let metadata: serde_json::Value = serde_json::from_slice(&metadata.stdout)?;
+    let manifest = std::fs::canonicalize(repository().join("daemon/Cargo.toml"))?;
+    let package = metadata["packages"]
+        .as_array()
+        .context("no packages")?
+        .iter()
+        .find(|package| package["manifest_path"].as_str() == manifest.to_str())
+        .context("no package at daemon/Cargo.toml")?;
+    ensure!(package["name"] == "plexus", "{}", package["name"]);
+    ensure!(package["rust_version"].is_string() && package["license"].is_string());
+    let binary = package["targets"]
+        .as_array()
+        .context("no targets")?
+        .iter()
+        .find(|target| target["kind"] == serde_json::json!(["bin"]) && target["name"] == "plexus")
+        .context("daemon/ has no `plexus` binary")?;
+    ensure!(
+        binary["required-features"].is_null(),
+        "the binary needs features: {}",
+        binary["required-features"]
+    );
+    let repository = std::fs::canonicalize(repository())?;
+    for dependency in package["dependencies"]
+        .as_array()
+        .context("no dependencies")?
+    {
+        if let Some(path) = dependency["path"].as_str() {
+            ensure!(
+                Path::new(path).starts_with(&repository),
+                "{} is outside the repository: {path}",
+                dependency["name"]
+            );
+        }
+    }
+    Ok(())
+}
+
 /// One instruction of a Containerfile: its keyword and the rest of its line
 /// (continuations joined), with the stage it belongs to.
 struct Instruction {
