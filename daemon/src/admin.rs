@@ -1,4 +1,4 @@
-//! The admin listener: `/` (a status page), `/status` (JSON), `/metrics`
+//! The admin listener: `/` (the console, `console/`), `/status` (JSON), `/metrics`
 //! (Prometheus text), `/healthz`, `/readyz`, the pins
 //! (`GET /pins`, `GET /pins/diff[?upstream=NAME]`), and the mutating endpoints
 //! `POST /reload`, `POST /upstreams/<name>/restart`, `POST /pins/approve` and
@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use crate::access;
 use crate::config::DaemonSettings;
+use crate::console;
 use crate::control::{Action, ControlHandle, ReloadCause, ReloadOutcome};
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
@@ -42,12 +43,28 @@ pub struct Admin {
 }
 
 pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
+    let mut response = route(admin, request).await;
+    console::secure(&mut response);
+    response
+}
+
+async fn route(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
     if let Some(refusal) = admin.refuse(&request) {
         return refusal;
     }
     let path = request.uri().path().to_string();
     let query = request.uri().query().unwrap_or_default().to_string();
     if request.method() == Method::POST {
+        if path == "/console/login" {
+            let tokens = admin.settings.borrow().auth_tokens.clone();
+            return match read_admin_body(&admin, request.into_body()).await {
+                Ok(body) => console::login(&body, &tokens),
+                Err(refusal) => refusal,
+            };
+        }
+        if path == "/console/logout" {
+            return console::logout();
+        }
         if path == "/pins/approve" || path == "/pins/reset" {
             return pins_action(&admin, &path, request.into_body()).await;
         }
@@ -105,19 +122,18 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
         );
     }
     let hub = &admin.hub;
+    if let Some(asset) = console::asset(&path) {
+        return asset;
+    }
     match path.as_str() {
-        "/" | "/status" => {
+        "/" => console::page(request.headers()),
+        "/console/state" => console::state_once(hub, &admin.front, admin.started),
+        "/console/events" => console::events(hub.clone(), admin.front.clone(), admin.started),
+        "/console/catalog" => console::catalog(hub, &query),
+        "/status" => {
             let status =
                 crate::status::status(hub, admin.front.sessions_by_principal(), admin.started);
-            if path == "/" {
-                text(
-                    StatusCode::OK,
-                    "text/html; charset=utf-8",
-                    crate::status::html(&status),
-                )
-            } else {
-                text(StatusCode::OK, "application/json", status.to_string())
-            }
+            text(StatusCode::OK, "application/json", status.to_string())
         }
         "/pins" => json_answer(hub.pins_status()),
         "/pins/diff" => {
@@ -142,14 +158,27 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<B
 
 impl Admin {
     /// The answer to a request this listener does not serve: a foreign or duplicated
-    /// `Host` or `Origin`; beyond loopback, no valid bearer token; and for a mutating
-    /// POST, any `Origin` or a `Host` that is not this listener's own (its port).
+    /// `Host` or `Origin`; beyond loopback, no valid bearer token or console sign-in
+    /// (a browser asking for `/` gets the login form); and for a mutating POST, an
+    /// `Origin` other than a page of this listener's own carrying its token, or a
+    /// `Host` that is not this listener's own (its port).
     fn refuse(&self, request: &Request<Incoming>) -> Option<Response<Body>> {
         let headers = request.headers();
+        let path = request.uri().path();
         let settings = self.settings.borrow();
         let mut checked = access::check_host_and_origin(headers, &settings);
-        if checked.is_ok() && !self.address.ip().is_loopback() {
+        let login = request.method() == Method::POST && path == "/console/login";
+        // The login form's style (and the script) hold nothing to protect.
+        let public = login || (request.method() == Method::GET && console::asset(path).is_some());
+        if checked.is_ok()
+            && !self.address.ip().is_loopback()
+            && !public
+            && !console::guard::signed_in(headers, &settings.auth_tokens)
+        {
             checked = access::authenticate(headers, &settings).map(drop);
+            if checked.is_err() && request.method() == Method::GET && path == "/" {
+                return Some(console::login_page(StatusCode::OK, false));
+            }
         }
         if let Err(refusal) = checked {
             let mut response = text(
@@ -168,8 +197,15 @@ impl Admin {
         if request.method() != Method::POST {
             return None;
         }
-        // A web page can send a cross-origin POST; an operator's tools send no Origin.
-        if headers.contains_key(header::ORIGIN) {
+        // A web page can send a cross-origin POST; an operator's tools send no Origin,
+        // the console's page its own with the token it was served (the login form
+        // has none yet: a cross-origin one still fails on its Origin).
+        let own_page = if login {
+            console::guard::own_origin(headers).is_some()
+        } else {
+            console::guard::from_own_page(headers)
+        };
+        if headers.contains_key(header::ORIGIN) && !own_page {
             return Some(text(
                 StatusCode::FORBIDDEN,
                 "text/plain",
@@ -195,15 +231,22 @@ impl Admin {
 /// The most an admin request body may hold.
 const ADMIN_BODY_LIMIT: usize = 64 * 1024;
 
+/// A request's body, up to [`ADMIN_BODY_LIMIT`], or the answer refusing it.
+async fn read_admin_body(admin: &Admin, body: Incoming) -> Result<Bytes, Response<Body>> {
+    let timeout = admin.settings.borrow().body_read_timeout;
+    crate::listener::read_body(body, ADMIN_BODY_LIMIT, timeout)
+        .await
+        .map_err(|error| {
+            error.closing(error_answer(error.status(), &adapters::error_chain(&error)))
+        })
+}
+
 /// `POST /pins/approve` (`{"upstream", "name"?}`) and `POST /pins/reset` (`{"upstream"}`),
 /// through the control path.
 async fn pins_action(admin: &Admin, path: &str, body: Incoming) -> Response<Body> {
-    let timeout = admin.settings.borrow().body_read_timeout;
-    let bytes = match crate::listener::read_body(body, ADMIN_BODY_LIMIT, timeout).await {
+    let bytes = match read_admin_body(admin, body).await {
         Ok(bytes) => bytes,
-        Err(error) => {
-            return error.closing(error_answer(error.status(), &adapters::error_chain(&error)))
-        }
+        Err(refusal) => return refusal,
     };
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(request) => request,

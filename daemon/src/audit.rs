@@ -6,16 +6,19 @@
 //! Lines go through a bounded channel to one writer thread, so a slow disk never
 //! blocks a call: when the channel is full the line is dropped, counted and noted in
 //! the log. The file is opened for appending with mode 0600, each line is written
-//! whole and flushed, and a reload reopens it (after logrotate moved it away).
+//! whole and flushed, and a reload reopens it (after logrotate moved it away). The
+//! last lines are also kept in memory, for the console's activity (the file stays
+//! the record).
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
@@ -23,6 +26,23 @@ use crate::metrics::Metrics;
 
 /// Lines that may wait for the writer; more are dropped (and counted).
 const QUEUE: usize = 4096;
+
+/// The last lines kept in memory for the console (the file stays the record).
+pub const RECENT: usize = 200;
+
+/// What the console shows of a line: never arguments, not even their hash.
+const SHOWN: [&str; 10] = [
+    "time",
+    "event",
+    "principal",
+    "view",
+    "upstream",
+    "method",
+    "name",
+    "original",
+    "outcome",
+    "duration_ms",
+];
 
 enum Message {
     /// A whole line, without its newline.
@@ -41,6 +61,8 @@ pub struct Audit {
     key: [u8; 32],
     dropped: AtomicU64,
     metrics: Arc<Metrics>,
+    /// The last [`RECENT`] lines, whole, newest last.
+    recent: Mutex<VecDeque<Arc<[u8]>>>,
 }
 
 impl Audit {
@@ -61,6 +83,7 @@ impl Audit {
             key: rand::random(),
             dropped: AtomicU64::new(0),
             metrics,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
         })
     }
 
@@ -107,6 +130,13 @@ impl Audit {
     pub fn write(&self, line: Line) {
         let mut bytes = line.0;
         bytes.push(b'}');
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(Arc::from(bytes.as_slice()));
+        }
         if self.sender.try_send(Message::Line(bytes)).is_err() {
             self.metrics.audit_dropped.inc();
             // A stuck disk does not flood the log.
@@ -114,6 +144,27 @@ impl Audit {
                 tracing::warn!(dropped, "the audit log is behind; lines were dropped");
             }
         }
+    }
+
+    /// The last lines recorded (newest first), each reduced to what the console
+    /// shows: who, which view, what, its outcome and duration; no arguments.
+    pub fn recent(&self) -> Vec<Value> {
+        let lines: Vec<Arc<[u8]>> = self
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .rev()
+            .cloned()
+            .collect();
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_slice::<Map<String, Value>>(line).ok())
+            .map(|mut line| {
+                line.retain(|key, _| SHOWN.contains(&key.as_str()));
+                Value::Object(line)
+            })
+            .collect()
     }
 
     /// Waits until every line recorded so far is written (at shutdown).

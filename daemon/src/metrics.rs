@@ -2,12 +2,15 @@
 //! names, method names and fixed outcome words, never arguments or session ids.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
+
+use crate::recent_calls::RecentCalls;
 
 pub struct Metrics {
     registry: Registry,
@@ -54,6 +57,10 @@ pub struct Metrics {
     /// Each listener's connection cap (set at start from the descriptor budget).
     pub listener_max_connections: IntGaugeVec,
     pub listener_connections: IntGaugeVec,
+    /// Each upstream's last 15 minutes of calls, for the console.
+    pub recent: RecentCalls,
+    /// The last reload's outcome and when it finished (Unix time), for the console.
+    last_reload: Mutex<Option<(String, f64)>>,
 }
 
 impl Metrics {
@@ -327,6 +334,8 @@ impl Metrics {
             http_refused_requests,
             listener_max_connections,
             listener_connections,
+            recent: RecentCalls::default(),
+            last_reload: Mutex::new(None),
         })
     }
 
@@ -348,6 +357,7 @@ impl Metrics {
         forget(&self.quarantined_entries, name);
         forget(&self.upstream_stderr_lines, name);
         forget(&self.upstream_stderr_suppressed, name);
+        self.recent.forget(name);
     }
 
     /// The one fingerprint series of `upstream`: its current catalog's.
@@ -370,6 +380,18 @@ impl Metrics {
         self.config_last_reload_successful
             .set(i64::from(outcome == "applied"));
         self.config_last_reload_timestamp.set(now_seconds);
+        *self
+            .last_reload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((outcome.to_string(), now_seconds));
+    }
+
+    /// The last reload's outcome (`applied`, `partial`, `rejected`) and its Unix time.
+    pub fn last_reload(&self) -> Option<(String, f64)> {
+        self.last_reload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The Prometheus text exposition of every metric.

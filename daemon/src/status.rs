@@ -1,4 +1,4 @@
-//! What `GET /status`, the admin listener's page and `plexus status` show: each
+//! What `GET /status`, the console and `plexus status` show: each
 //! upstream's state, process, uptime, restarts, last exit with its stderr tail,
 //! calls in flight and waiting, entries by kind, protocol and pin; the sessions
 //! by front and principal; the
@@ -166,90 +166,6 @@ pub fn text(status: &Value) -> String {
         sessions["stdio"]
     ));
     out
-}
-
-/// The same facts as a small page: server-rendered, no script, no external asset.
-pub fn html(status: &Value) -> String {
-    let escape = |text: &str| {
-        text.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-    };
-    let daemon = &status["daemon"];
-    let mut rows = String::new();
-    for upstream in status["upstreams"].as_array().into_iter().flatten() {
-        let state = upstream["state"].as_str().unwrap_or("?");
-        let class = match state {
-            "ready" => "ok",
-            "starting" | "idle" | "disabled" => "wait",
-            _ => "bad",
-        };
-        let tail: Vec<String> = upstream["stderr_tail"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .rev()
-            .take(5)
-            .filter_map(|line| line.as_str().map(&escape))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        let last = upstream["last_error"]
-            .as_str()
-            .or_else(|| upstream["last_exit"].as_str())
-            .map(&escape)
-            .unwrap_or_default();
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td>\
-             <td>{} tools · {} prompts · {} resources · {} templates</td><td>{}</td><td>{} ({} held)</td>\
-             <td>{}<pre>{}</pre></td></tr>\n",
-            escape(upstream["name"].as_str().unwrap_or("?")),
-            escape(state),
-            upstream["pid"].as_u64().map_or("-".into(), |pid| pid.to_string()),
-            duration(upstream["uptime_s"].as_f64()),
-            upstream["restarts"],
-            upstream["in_flight"],
-            upstream["pending"],
-            upstream["entries"]["tools"],
-            upstream["entries"]["prompts"],
-            upstream["entries"]["resources"],
-            upstream["entries"]["resource_templates"],
-            escape(upstream["protocol"].as_str().unwrap_or("-")),
-            escape(upstream["pin"]["state"].as_str().unwrap_or("-")),
-            upstream["pin"]["held"],
-            last,
-            tail.join("\n"),
-        ));
-    }
-    let sessions: Vec<String> = status["sessions"]["http"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(principal, count)| format!("{}: {count}", escape(principal)))
-        .collect();
-    format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>plexus status</title>\
-         <meta http-equiv=\"refresh\" content=\"5\"><style>\
-         body{{font:14px system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}\
-         td,th{{border-bottom:1px solid #ddd;padding:.4em .8em;text-align:left;vertical-align:top}}\
-         .ok{{color:#17702b}}.wait{{color:#8a6d00}}.bad{{color:#b00020;font-weight:bold}}\
-         pre{{margin:.3em 0 0;font-size:12px;color:#555;white-space:pre-wrap}}</style></head><body>\n\
-         <h1>plexus {}</h1>\n<p>pid {} · up {} · config <code>{}</code> · sha256 <code>{}</code></p>\n\
-         <table><tr><th>upstream</th><th>state</th><th>pid</th><th>uptime</th><th>restarts</th>\
-         <th>calls (in flight/waiting)</th><th>entries</th><th>protocol</th><th>pin</th><th>last exit</th></tr>\n\
-         {rows}</table>\n<p>sessions: http {} · stdio {}</p>\n\
-         <p><a href=\"/status\">JSON</a> · <a href=\"/metrics\">metrics</a> · <a href=\"/pins\">pins</a></p>\n\
-         </body></html>\n",
-        escape(daemon["version"].as_str().unwrap_or("?")),
-        daemon["pid"],
-        duration(daemon["uptime_s"].as_f64()),
-        escape(daemon["config"].as_str().unwrap_or("?")),
-        escape(daemon["config_sha256"].as_str().unwrap_or("?")),
-        if sessions.is_empty() { "0".to_string() } else { sessions.join(", ") },
-        status["sessions"]["stdio"],
-    )
 }
 
 fn duration(seconds: Option<f64>) -> String {

@@ -256,6 +256,10 @@ impl Hub {
                 .relay_duration
                 .with_label_values(&[upstream_name, method])
                 .observe(started.elapsed().as_secs_f64());
+            let failed = label != "ok";
+            self.metrics
+                .recent
+                .record(upstream_name, failed, started.elapsed());
         }
         outcome
     }

@@ -1,4 +1,4 @@
-//! `plexus status`, `GET /status`, the status page and the process metrics, against
+//! `plexus status`, `GET /status`, the console's state and the process metrics, against
 //! a daemon with a ready, a backing-off and a failed upstream, and with upstreams
 //! of both eras (one process each); `plexus restart`; the runtime's worker threads.
 
@@ -129,13 +129,21 @@ async fn status_shows_ready_backing_off_and_failed_upstreams() -> anyhow::Result
         !table.contains(['\u{1b}', '\u{7}']),
         "terminal escapes reached the table:\n{table:?}"
     );
-    // The page, and the metrics operators expect.
+    // The console (its page, and the state it renders), and the metrics operators expect.
     let (status_code, page) = daemon.admin_get("/").await?;
     ensure!(
-        status_code == 200 && page.contains("<table") && page.contains("broken"),
+        status_code == 200 && page.contains("<script src=\"/console/app.js\" defer></script>"),
         "{page}"
     );
-    ensure!(!page.contains("<script"), "the page carries a script");
+    ensure!(
+        page.matches("<script").count() == 1,
+        "the page carries an inline script: {page}"
+    );
+    let (_, state) = daemon.admin_get("/console/state").await?;
+    ensure!(
+        state.contains("\"broken\"") && state.contains("broken is broken"),
+        "{state}"
+    );
     let (_, metrics) = daemon.admin_get("/metrics").await?;
     for needle in [
         "process_resident_memory_bytes",

@@ -128,10 +128,10 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
             .await?,
         Some(1.0)
     );
-    let (_, text) = b.admin_get("/").await?;
+    let (_, text) = b.admin_get("/console/state").await?;
     ensure!(
         text.contains("needs_login"),
-        "the page shows no needs_login: {text}"
+        "the console shows no needs_login: {text}"
     );
 
     // plexus login: the browser signs in, the tokens are stored encrypted, and the

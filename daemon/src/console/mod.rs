@@ -1,0 +1,206 @@
+//! The console at `/` of the admin listener: one page, its script and style
+//! embedded in the binary (no build step, nothing fetched from elsewhere), fed by
+//! `GET /console/events` (server-sent events: the state every second) and `GET
+//! /console/catalog[?view=NAME]`; its buttons call the admin endpoints the CLI
+//! calls, with the page's token (`guard.rs`). Beyond loopback, `/` is a login form
+//! until the admin token is given (`POST /console/login` sets the cookie).
+
+pub mod guard;
+pub mod state;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+#[allow(clippy::disallowed_types)] // the daemon's uptime is real elapsed time
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::Response;
+
+use crate::config::AuthTokens;
+use crate::http_front::HttpFront;
+use crate::hub::Hub;
+use crate::listener::Body;
+
+const PAGE: &str = include_str!("page.html");
+const LOGIN: &str = include_str!("login.html");
+const SCRIPT: &str = include_str!("app.js");
+const STYLE: &str = include_str!("style.css");
+
+/// How often the event stream sends the state: a crash shows within this and a
+/// little more.
+pub const STATE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// No script but our own file, no inline style, nothing from elsewhere, no frames.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; \
+     frame-ancestors 'none'; base-uri 'none'";
+
+/// Adds the headers every answer of the admin listener carries.
+pub fn secure(response: &mut Response<Body>) {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+}
+
+fn answer(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
+    let mut response = Response::new(Full::new(body.into()).boxed_unsync());
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The page, with a fresh token for its own requests.
+pub fn page(headers: &HeaderMap) -> Response<Body> {
+    let token = guard::page_token(headers);
+    answer(
+        StatusCode::OK,
+        "text/html; charset=utf-8",
+        PAGE.replace("{{TOKEN}}", &token),
+    )
+}
+
+/// The login form, saying why it is shown again when a token was refused.
+pub fn login_page(status: StatusCode, refused: bool) -> Response<Body> {
+    let note = if refused {
+        "<p class=\"bad\" role=\"alert\">That is not an admin token.</p>"
+    } else {
+        ""
+    };
+    answer(
+        status,
+        "text/html; charset=utf-8",
+        LOGIN.replace("{{NOTE}}", note),
+    )
+}
+
+/// The script and the style, or None for another path.
+pub fn asset(path: &str) -> Option<Response<Body>> {
+    let (content_type, body) = match path {
+        "/console/app.js" => ("text/javascript; charset=utf-8", SCRIPT),
+        "/console/style.css" => ("text/css; charset=utf-8", STYLE),
+        _ => return None,
+    };
+    Some(answer(StatusCode::OK, content_type, body))
+}
+
+/// `POST /console/login` (a form: `token=…`): a cookie and back to `/`, or the form again.
+pub fn login(body: &[u8], tokens: &AuthTokens) -> Response<Body> {
+    let token = url::form_urlencoded::parse(body)
+        .find(|(key, _)| key == "token")
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_default();
+    let Some(cookie) = guard::sign_in(token.trim(), tokens) else {
+        return login_page(StatusCode::UNAUTHORIZED, true);
+    };
+    let mut response = answer(StatusCode::SEE_OTHER, "text/plain", "signed in\n");
+    let headers = response.headers_mut();
+    headers.insert(header::LOCATION, HeaderValue::from_static("/"));
+    if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+        headers.insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// `POST /console/logout`: the cookie cleared, back to `/`.
+pub fn logout() -> Response<Body> {
+    let mut response = answer(StatusCode::SEE_OTHER, "text/plain", "signed out\n");
+    let headers = response.headers_mut();
+    headers.insert(header::LOCATION, HeaderValue::from_static("/"));
+    if let Ok(cookie) = HeaderValue::from_str(&guard::sign_out()) {
+        headers.insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// `GET /console/state`: the state once, as JSON.
+#[allow(clippy::disallowed_types)] // `started`: see the import
+pub fn state_once(hub: &Hub, front: &HttpFront, started: Instant) -> Response<Body> {
+    let state = state::state(hub, front.sessions_by_principal(), started);
+    answer(StatusCode::OK, "application/json", state.to_string())
+}
+
+/// `GET /console/catalog[?view=NAME]`.
+pub fn catalog(hub: &Hub, query: &str) -> Response<Body> {
+    let view = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == "view")
+        .map(|(_, value)| value.into_owned())
+        .filter(|view| !view.is_empty());
+    match state::catalog(hub, view.as_deref()) {
+        Ok(catalog) => answer(StatusCode::OK, "application/json", catalog.to_string()),
+        Err(error) => answer(
+            StatusCode::NOT_FOUND,
+            "application/json",
+            serde_json::json!({ "error": error }).to_string(),
+        ),
+    }
+}
+
+/// `GET /console/events`: the state now and every [`STATE_INTERVAL`], until the
+/// page goes away (the stream is dropped with its connection) or plexus stops. No
+/// task: the body is polled by its connection, which its listener tracks.
+#[allow(clippy::disallowed_types)] // `started`: see the import
+pub fn events(hub: Arc<Hub>, front: Arc<HttpFront>, started: Instant) -> Response<Body> {
+    let mut ticks = tokio::time::interval(STATE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let first = Bytes::from_static(b"retry: 1000\n\n");
+    let stream = futures::stream::unfold(
+        (hub, front, ticks, Some(first)),
+        move |(hub, front, mut ticks, first)| async move {
+            if let Some(first) = first {
+                return Some((Ok(Frame::data(first)), (hub, front, ticks, None)));
+            }
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = hub.stopping() => return None,
+            }
+            let state = state::state(&hub, front.sessions_by_principal(), started);
+            let frame = Bytes::from(format!("event: state\ndata: {state}\n\n"));
+            Some((
+                Ok::<_, Infallible>(Frame::data(frame)),
+                (hub, front, ticks, None),
+            ))
+        },
+    );
+    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The console's whole weight, uncompressed, stays small enough to open on a phone.
+    #[test]
+    fn the_page_weighs_at_most_150_kb() {
+        let weight = PAGE.len() + SCRIPT.len() + STYLE.len();
+        println!("console weight: {weight} bytes");
+        assert!(weight <= 150 * 1024, "{weight} bytes");
+    }
+}
