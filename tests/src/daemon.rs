@@ -26,6 +26,7 @@ pub struct DaemonBuilder {
     binary: Option<PathBuf>,
     dir: Option<tempfile::TempDir>,
     listen: Option<String>,
+    admin_listen: Option<String>,
     daemon: String,
     upstreams: String,
     env: Vec<(String, String)>,
@@ -58,6 +59,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// Where the admin listener binds (`127.0.0.1:0` by default): `0.0.0.0:0` puts it
+    /// beyond loopback, where it asks for a token.
+    pub fn admin_listen(mut self, admin_listen: impl Into<String>) -> Self {
+        self.admin_listen = Some(admin_listen.into());
+        self
+    }
+
     /// Variables added to the daemon's environment (what `${NAME}` in its config
     /// expands to).
     pub fn env(mut self, env: &[(&str, &str)]) -> Self {
@@ -81,11 +89,12 @@ impl DaemonBuilder {
             None => tempfile::tempdir()?,
         };
         let listen = self.listen.as_deref().unwrap_or("127.0.0.1:0");
+        let admin_listen = self.admin_listen.as_deref().unwrap_or("127.0.0.1:0");
         let (daemon_extra, sections) = (&self.daemon, &self.upstreams);
         let _ = std::fs::remove_file(dir.path().join("state").join("daemon.json"));
         let state = dir.path().join("state");
         let config = format!(
-            "[daemon]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{daemon_extra}\n\n{sections}",
+            "[daemon]\nlisten = \"{listen}\"\nadmin_listen = \"{admin_listen}\"\nstate_dir = {:?}\n{daemon_extra}\n\n{sections}",
             state.display().to_string()
         );
         let config_path = dir.path().join("config.toml");

@@ -9,6 +9,7 @@ mod catalog;
 mod cli;
 mod conformance;
 mod connect;
+mod console;
 mod explore;
 mod faults;
 mod fixture_modern;
