@@ -40,6 +40,9 @@ pub struct Admin {
     /// When the daemon started, for the status's uptime: real elapsed time.
     #[allow(clippy::disallowed_types)]
     pub started: std::time::Instant,
+    /// Cancelled when plexus starts to stop: the console's event streams end then,
+    /// so they never hold up the listener's drain.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> {
@@ -128,7 +131,12 @@ async fn route(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> 
     match path.as_str() {
         "/" => console::page(request.headers()),
         "/console/state" => console::state_once(hub, &admin.front, admin.started),
-        "/console/events" => console::events(hub.clone(), admin.front.clone(), admin.started),
+        "/console/events" => console::events(
+            hub.clone(),
+            admin.front.clone(),
+            admin.started,
+            admin.shutdown.clone(),
+        ),
         "/console/catalog" => console::catalog(hub, &query),
         "/status" => {
             let status =

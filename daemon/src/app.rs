@@ -294,6 +294,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
             address: admin_address,
             front: front.clone(),
             started: std::time::Instant::now(),
+            shutdown: shutdown.clone(),
         });
         daemon.tasks.spawn(listener::serve(
             admin_listener,

@@ -19,6 +19,7 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::Response;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::AuthTokens;
 use crate::http_front::HttpFront;
@@ -157,29 +158,38 @@ pub fn catalog(hub: &Hub, query: &str) -> Response<Body> {
 }
 
 /// `GET /console/events`: the state now and every [`STATE_INTERVAL`], until the
-/// page goes away (the stream is dropped with its connection) or plexus stops. No
+/// page goes away (the stream is dropped with its connection) or `stopping` is
+/// cancelled (plexus starts to stop: the listener's drain is not held up). No
 /// task: the body is polled by its connection, which its listener tracks.
 #[allow(clippy::disallowed_types)] // `started`: see the import
-pub fn events(hub: Arc<Hub>, front: Arc<HttpFront>, started: Instant) -> Response<Body> {
+pub fn events(
+    hub: Arc<Hub>,
+    front: Arc<HttpFront>,
+    started: Instant,
+    stopping: CancellationToken,
+) -> Response<Body> {
     let mut ticks = tokio::time::interval(STATE_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let first = Bytes::from_static(b"retry: 1000\n\n");
     let stream = futures::stream::unfold(
         (hub, front, ticks, Some(first)),
-        move |(hub, front, mut ticks, first)| async move {
-            if let Some(first) = first {
-                return Some((Ok(Frame::data(first)), (hub, front, ticks, None)));
+        move |(hub, front, mut ticks, first)| {
+            let stopping = stopping.clone();
+            async move {
+                if let Some(first) = first {
+                    return Some((Ok(Frame::data(first)), (hub, front, ticks, None)));
+                }
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    () = stopping.cancelled() => return None,
+                }
+                let state = state::state(&hub, front.sessions_by_principal(), started);
+                let frame = Bytes::from(format!("event: state\ndata: {state}\n\n"));
+                Some((
+                    Ok::<_, Infallible>(Frame::data(frame)),
+                    (hub, front, ticks, None),
+                ))
             }
-            tokio::select! {
-                _ = ticks.tick() => {}
-                () = hub.stopping() => return None,
-            }
-            let state = state::state(&hub, front.sessions_by_principal(), started);
-            let frame = Bytes::from(format!("event: state\ndata: {state}\n\n"));
-            Some((
-                Ok::<_, Infallible>(Frame::data(frame)),
-                (hub, front, ticks, None),
-            ))
         },
     );
     let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
