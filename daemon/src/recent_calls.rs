@@ -48,7 +48,7 @@ impl Slot {
             seen += u64::from(*count);
             if seen >= rank {
                 let micros = 2f64.powf((bin as f64 + 1.0) / 4.0);
-                return Some((micros / 1000.0 * 1000.0).round() / 1000.0);
+                return Some(micros.round() / 1000.0);
             }
         }
         None

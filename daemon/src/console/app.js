@@ -112,14 +112,24 @@ function sparkline(series) {
     if (series.errors[i]) bar(series.errors[i], "#b00020");
   });
   const slowest = Math.max(0.001, ...series.p99_ms.filter((v) => v !== null));
+  // Latency as steps, one per slot: a single slot with calls still shows.
   for (const [values, color] of [[series.p50_ms, "#17702b"], [series.p99_ms, "#8a6d00"]]) {
-    const points = values.map((v, i) => v === null ? null : `${i * step + step / 2},${height - 2 - v / slowest * (height - 6)}`).filter(Boolean);
-    if (!points.length) continue;
-    const line = document.createElementNS(SVG, "polyline");
-    line.setAttribute("points", points.length === 1 ? points[0] + " " + points[0] : points.join(" "));
-    line.setAttribute("fill", "none"); line.setAttribute("stroke", color); line.setAttribute("stroke-width", "2");
-    line.setAttribute("vector-effect", "non-scaling-stroke");
-    svg.append(line);
+    let run = [];
+    const flush = () => {
+      if (!run.length) return;
+      const line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("points", run.join(" "));
+      line.setAttribute("fill", "none"); line.setAttribute("stroke", color); line.setAttribute("stroke-width", "2");
+      line.setAttribute("vector-effect", "non-scaling-stroke");
+      svg.append(line);
+      run = [];
+    };
+    values.forEach((v, i) => {
+      if (v === null) return flush();
+      const y = height - 2 - v / slowest * (height - 6);
+      run.push(`${i * step},${y}`, `${(i + 1) * step},${y}`);
+    });
+    flush();
   }
   const legend = el("div", { class: "legend" },
     el("b", { class: "calls" }, `■ ${total} calls`), " ",
@@ -265,7 +275,7 @@ function renderCatalog() {
   // What is held is what an operator has to decide on: it comes first.
   matching.sort((a, b) => (b.held ? 1 : 0) - (a.held ? 1 : 0));
   $("catalog-count").textContent = `${matching.length} of ${catalog.entries.length}`;
-  $("catalog-entries").replaceChildren(...matching.slice(0, 500).map((entry) => el("li", { "data-name": entry.name, "data-held": entry.held ? "true" : null },
+  $("catalog-entries").replaceChildren(...matching.slice(0, 500).map((entry) => el("li", { "data-name": entry.name, "data-kind": entry.kind, "data-held": entry.held ? "true" : null },
     el("span", { class: "name" }, entry.name),
     el("span", { class: "kind" }, entry.kind.replace("_", " ")),
     el("span", { class: "tag" }, `from ${entry.upstream}` + (entry.original && entry.original !== entry.name ? ` as ${entry.original}` : "")),
