@@ -27,6 +27,7 @@ parser.add_argument("--mcp", required=True, help="the daemon's MCP URL")
 parser.add_argument("--drift-file", required=True, help="the drifting fixture's drift file")
 parser.add_argument("--secure-admin", required=True, help="an admin listener bound beyond loopback")
 parser.add_argument("--token", required=True, help="the admin token of --secure-admin")
+parser.add_argument("--secure-pid", required=True, type=int, help="the process of --secure-admin's daemon")
 parser.add_argument("--shots", required=True, help="where screenshots go")
 args = parser.parse_args()
 os.makedirs(args.shots, exist_ok=True)
@@ -248,6 +249,23 @@ try:
     shot("06-approved")
     ok("approve_releases", f"held with -33006, then {json.dumps(released['result'])[:80]}")
 
+    # ---- a view selector shows the catalog as that view sees it
+    driver.execute_script("document.getElementById('catalog').scrollIntoView()")
+    driver.find_element(By.CSS_SELECTOR, "#catalog-view option[value='small']").click()
+    until("the view's tools", lambda: [li.get_attribute("data-name") for li in
+                                       driver.find_elements(By.CSS_SELECTOR, "#catalog-entries li[data-kind='tools']")] == ["alpha__echo"])
+    shot("06b-view")
+    driver.find_element(By.CSS_SELECTOR, "#catalog-view option[value='']").click()
+    until("the whole catalog", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#catalog-entries li[data-kind='tools']")) > 1)
+    ok("view_selector", "view small shows the tool alpha__echo alone")
+
+    # ---- Reload config goes through the control path and says how it went
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.find_element(By.ID, "reload").click()
+    until("the reload's outcome", lambda: "reload applied" in driver.find_element(By.ID, "reload-outcome").text, 20)
+    until("the last reload in the header", lambda: "applied at" in driver.find_element(By.ID, "daemon").text)
+    ok("reload_button", repr(driver.find_element(By.ID, "reload-outcome").text))
+
     # ---- the activity shows the calls, never their arguments
     until("the activity rows", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#activity-rows tr")) >= 3)
     activity = driver.find_element(By.ID, "activity-rows").text
@@ -332,6 +350,28 @@ try:
     assert not errors, f"console errors: {errors}"
     shot("11-signed-in")
     ok("login_required_beyond_loopback", f"cookie {cookie['name']} httpOnly sameSite={cookie['sameSite']}")
+
+    # ---- a lost connection shows as such; the open stream does not hold the daemon up
+    stopping = time.monotonic()
+    os.kill(args.secure_pid, signal.SIGTERM)
+
+    def exited():
+        try:
+            with open(f"/proc/{args.secure_pid}/stat") as stat:
+                return stat.read().split(")")[-1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    until("the daemon's exit", exited, 15)
+    exit_s = time.monotonic() - stopping
+    figure("daemon_exit_with_console_open_ms", round(exit_s * 1000))
+    # A stream holding the admin listener's drain costs its 1 s deadline and the
+    # connection's 1 s grace, and more (3 s measured); the daemon alone exits in ms.
+    assert exit_s < 2.5, f"the daemon took {exit_s:.2f} s to exit with a console open"
+
+    until("the lost connection on the page", lambda: driver.find_element(By.ID, "link").get_attribute("data-live") == "false", 5)
+    shot("12-connection-lost")
+    ok("lost_connection_shows", repr(driver.find_element(By.ID, "link").text))
 except BaseException:
     shot("failure")
     raise

@@ -63,6 +63,7 @@ async fn the_console_shows_health_pins_catalog_and_activity_and_acts_in_a_real_b
         .start()
         .await?;
     let secure_admin = secure.admin.replace("0.0.0.0", "127.0.0.1");
+    let secure_pid = secure.pid().context("the second daemon's pid")?.to_string();
     let shots = workspace_root().join("target/console-screenshots");
 
     let started = Instant::now();
@@ -72,6 +73,7 @@ async fn the_console_shows_health_pins_catalog_and_activity_and_acts_in_a_real_b
         .arg("--drift-file")
         .arg(&drift_file)
         .args(["--secure-admin", &secure_admin, "--token", ADMIN_TOKEN])
+        .args(["--secure-pid", &secure_pid])
         .arg("--shots")
         .arg(&shots)
         .env("PYTHONUNBUFFERED", "1")
@@ -105,10 +107,14 @@ async fn the_console_shows_health_pins_catalog_and_activity_and_acts_in_a_real_b
         "crash_shows",
         "restart_button",
         "approve_releases",
+        "view_selector",
+        "reload_button",
+        "sparkline",
         "activity",
         "forged_form_refused",
         "phone_width",
         "login_required_beyond_loopback",
+        "lost_connection_shows",
     ] {
         ensure!(
             stdout
