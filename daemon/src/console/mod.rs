@@ -19,20 +19,22 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::Response;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AuthTokens;
 use crate::http_front::HttpFront;
 use crate::hub::Hub;
 use crate::listener::Body;
+use crate::upstreams::UpstreamState;
 
 const PAGE: &str = include_str!("page.html");
 const LOGIN: &str = include_str!("login.html");
 const SCRIPT: &str = include_str!("app.js");
 const STYLE: &str = include_str!("style.css");
 
-/// How often the event stream sends the state: a crash shows within this and a
-/// little more.
+/// How often the event stream sends the state: what is not a change of an
+/// upstream's state (calls, pins, activity) shows within this.
 pub const STATE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// No script but our own file, no inline style, nothing from elsewhere, no frames.
@@ -157,10 +159,11 @@ pub fn catalog(hub: &Hub, query: &str) -> Response<Body> {
     }
 }
 
-/// `GET /console/events`: the state now and every [`STATE_INTERVAL`], until the
-/// page goes away (the stream is dropped with its connection) or `stopping` is
-/// cancelled (plexus starts to stop: the listener's drain is not held up). No
-/// task: the body is polled by its connection, which its listener tracks.
+/// `GET /console/events`: the state now, at every upstream's change of state (so a
+/// crash followed by a quick restart is still seen), and every [`STATE_INTERVAL`];
+/// until the page goes away (the stream is dropped with its connection) or
+/// `stopping` is cancelled (plexus starts to stop: the listener's drain is not held
+/// up). No task: the body is polled by its connection, which its listener tracks.
 #[allow(clippy::disallowed_types)] // `started`: see the import
 pub fn events(
     hub: Arc<Hub>,
@@ -170,29 +173,43 @@ pub fn events(
 ) -> Response<Body> {
     let mut ticks = tokio::time::interval(STATE_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let first = Bytes::from_static(b"retry: 1000\n\n");
-    let stream = futures::stream::unfold(
-        (hub, front, ticks, Some(first)),
-        move |(hub, front, mut ticks, first)| {
-            let stopping = stopping.clone();
-            async move {
-                if let Some(first) = first {
-                    return Some((Ok(Frame::data(first)), (hub, front, ticks, None)));
-                }
-                tokio::select! {
-                    _ = ticks.tick() => {}
-                    () = stopping.cancelled() => return None,
-                }
-                let state = state::state(&hub, front.sessions_by_principal(), started);
-                let frame = Bytes::from(format!("event: state\ndata: {state}\n\n"));
-                Some((
-                    Ok::<_, Infallible>(Frame::data(frame)),
-                    (hub, front, ticks, None),
-                ))
+    let stream = Stream {
+        hub,
+        front,
+        started,
+        ticks,
+        states: Vec::new(),
+        first: true,
+    };
+    let frames = futures::stream::unfold(stream, move |mut stream| {
+        let stopping = stopping.clone();
+        async move {
+            if std::mem::take(&mut stream.first) {
+                return Some((frame(Bytes::from_static(b"retry: 1000\n\n")), stream));
             }
-        },
-    );
-    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
+            tokio::select! {
+                _ = stream.ticks.tick() => {}
+                _ = changed(&mut stream.states) => {}
+                () = stopping.cancelled() => return None,
+            }
+            // Watched before the state is read: a change while it is built is
+            // sent next, not lost.
+            stream.states = stream
+                .hub
+                .upstreams()
+                .values()
+                .map(|upstream| upstream.shared.state_changes())
+                .collect();
+            let state = state::state(
+                &stream.hub,
+                stream.front.sessions_by_principal(),
+                stream.started,
+            );
+            let data = Bytes::from(format!("event: state\ndata: {state}\n\n"));
+            Some((frame(data), stream))
+        }
+    });
+    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -200,6 +217,32 @@ pub fn events(
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// What one event stream keeps between its events.
+struct Stream {
+    hub: Arc<Hub>,
+    front: Arc<HttpFront>,
+    #[allow(clippy::disallowed_types)] // see the import
+    started: Instant,
+    ticks: tokio::time::Interval,
+    /// Each upstream's state, as of the last event.
+    states: Vec<watch::Receiver<UpstreamState>>,
+    first: bool,
+}
+
+fn frame(data: Bytes) -> Result<Frame<Bytes>, Infallible> {
+    Ok(Frame::data(data))
+}
+
+/// Resolves when any of `states` changes (never, when there are none).
+async fn changed(states: &mut [watch::Receiver<UpstreamState>]) {
+    if states.is_empty() {
+        return std::future::pending().await;
+    }
+    let changes = states.iter_mut().map(|state| Box::pin(state.changed()));
+    // An error is an instance gone (a reload replaced it): the event re-reads the set.
+    let _ = futures::future::select_all(changes).await;
 }
 
 #[cfg(test)]
