@@ -129,7 +129,13 @@ async fn route(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> 
         return asset;
     }
     match path.as_str() {
-        "/" => console::page(request.headers()),
+        "/" => {
+            let tokens = &admin.settings.borrow().auth_tokens;
+            console::page(
+                request.headers(),
+                console::guard::signed_in(request.headers(), tokens),
+            )
+        }
         "/console/state" => console::state_once(hub, &admin.front, admin.started),
         "/console/events" => console::events(
             hub.clone(),

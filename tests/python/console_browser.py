@@ -351,6 +351,16 @@ try:
     shot("11-signed-in")
     ok("login_required_beyond_loopback", f"cookie {cookie['name']} httpOnly sameSite={cookie['sameSite']}")
 
+    # ---- Sign out ends the sign-in; the token signs in again
+    driver.find_element(By.ID, "sign-out").click()
+    until("the login form again", lambda: driver.find_elements(By.ID, "login"))
+    assert not [c for c in driver.get_cookies() if c["name"] == "plexus_admin" and c["value"]]
+    driver.find_element(By.ID, "token").send_keys(args.token)
+    driver.find_element(By.CSS_SELECTOR, "#login button").click()
+    until("the console again", lambda: driver.find_elements(By.ID, "upstreams"))
+    until("its stream again", lambda: driver.find_element(By.ID, "link").get_attribute("data-live") == "true")
+    ok("sign_out")
+
     # ---- a lost connection shows as such; the open stream does not hold the daemon up
     stopping = time.monotonic()
     os.kill(args.secure_pid, signal.SIGTERM)

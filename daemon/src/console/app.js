@@ -380,6 +380,13 @@ $("reload").addEventListener("click", async () => {
   $("reload-outcome").textContent = (data.outcome ? `reload ${data.outcome}` : `reload failed: ${data.error || answer.status}`) +
     (errors ? `: ${errors}` : "") + " · " + new Date().toLocaleTimeString();
 });
+if (document.querySelector('meta[name="plexus-signed-in"]').content === "true") {
+  $("sign-out").hidden = false;
+  $("sign-out").addEventListener("click", async () => {
+    await post("/console/logout");
+    location.reload();
+  });
+}
 $("catalog-view").addEventListener("change", loadCatalog);
 $("catalog-upstream").addEventListener("change", renderCatalog);
 $("catalog-search").addEventListener("input", renderCatalog);

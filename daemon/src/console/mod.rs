@@ -73,13 +73,15 @@ fn answer(
     response
 }
 
-/// The page, with a fresh token for its own requests.
-pub fn page(headers: &HeaderMap) -> Response<Body> {
+/// The page, with a fresh token for its own requests; `signed_in` when it was
+/// reached with a sign-in cookie (it then offers to sign out).
+pub fn page(headers: &HeaderMap, signed_in: bool) -> Response<Body> {
     let token = guard::page_token(headers);
     answer(
         StatusCode::OK,
         "text/html; charset=utf-8",
-        PAGE.replace("{{TOKEN}}", &token),
+        PAGE.replace("{{TOKEN}}", &token)
+            .replace("{{SIGNED_IN}}", if signed_in { "true" } else { "false" }),
     )
 }
 

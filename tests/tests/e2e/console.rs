@@ -114,6 +114,7 @@ async fn the_console_shows_health_pins_catalog_and_activity_and_acts_in_a_real_b
         "forged_form_refused",
         "phone_width",
         "login_required_beyond_loopback",
+        "sign_out",
         "lost_connection_shows",
     ] {
         ensure!(
