@@ -136,3 +136,91 @@ async fn the_console_shows_health_pins_catalog_and_activity_and_acts_in_a_real_b
     }
     Ok(())
 }
+
+/// The page's token, over plain HTTP (no browser needed): the page's own origin
+/// with the token it was served may change the daemon; the same origin without it,
+/// another origin with it, or a token served under another host may not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_consoles_own_page_with_its_token_may_change_the_daemon() -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("alpha", "", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(20)).await?;
+    let client = reqwest::Client::new();
+    let page = client.get(format!("{}/", daemon.admin)).send().await?;
+    for (header, expected) in [
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "no-referrer"),
+    ] {
+        ensure!(
+            page.headers()[header] == expected,
+            "{header}: {:?}",
+            page.headers()
+        );
+    }
+    let policy = page.headers()["content-security-policy"]
+        .to_str()?
+        .to_string();
+    ensure!(
+        policy.contains("script-src 'self'") && !policy.contains("unsafe"),
+        "{policy}"
+    );
+    let page = page.text().await?;
+    let token = page
+        .split("name=\"plexus-token\" content=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .context("no token in the page")?
+        .to_string();
+    let own = daemon.admin.clone();
+    // Another loopback origin: allowed to read, never to change.
+    let other_port = "http://127.0.0.1:1".to_string();
+    let reload = |origin: &str, token: Option<&str>| {
+        let mut request = client
+            .post(format!("{}/reload", daemon.admin))
+            .header("origin", origin.to_string());
+        if let Some(token) = token {
+            request = request.header("x-plexus-console", token.to_string());
+        }
+        request.send()
+    };
+    let refused = [
+        ("own origin, no token", reload(&own, None).await?.status()),
+        (
+            "own origin, a forged token",
+            reload(&own, Some("00.00")).await?.status(),
+        ),
+        (
+            "another origin, the page's token",
+            reload(&other_port, Some(&token)).await?.status(),
+        ),
+    ];
+    for (case, status) in refused {
+        ensure!(status == 403, "{case}: {status}");
+    }
+    let admitted = reload(&own, Some(&token)).await?;
+    let status = admitted.status();
+    let body = admitted.text().await?;
+    ensure!(
+        status == 200 && body.contains("\"outcome\":\"applied\""),
+        "{status} {body}"
+    );
+    // A token served for `localhost:PORT` is no good under `127.0.0.1:PORT`.
+    let port = own.rsplit(':').next().unwrap_or_default();
+    let elsewhere = client
+        .get(format!("{}/", daemon.admin))
+        .header("host", format!("localhost:{port}"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let foreign_token = elsewhere
+        .split("name=\"plexus-token\" content=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .context("no token in the page")?
+        .to_string();
+    ensure!(reload(&own, Some(&foreign_token)).await?.status() == 403);
+    Ok(())
+}
