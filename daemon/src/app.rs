@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::cli::{self, EXIT_BAD_CONFIG};
+use crate::cluster::Cluster;
 use crate::config::{self, Config, DaemonSettings};
 use crate::control::{self, ControlHandle, ControlLoop};
 use crate::descriptors;
@@ -225,11 +226,21 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     let admin_address = local_address(&admin_listener, daemon_settings.admin_listen);
     write_runtime_file(&daemon_settings.state_dir, mcp_address, admin_address).await?;
     let upstreams = loaded.config.upstreams.len();
+    let cluster = loaded
+        .config
+        .cluster
+        .as_ref()
+        .map(|config| Arc::new(Cluster::new(config)));
 
     let daemon = Daemon::start(loaded, notifier.clone(), signals).await?;
     let hub = daemon.hub.clone();
     let shutdown = daemon.shutdown.clone();
-    let front = HttpFront::new(hub.clone(), daemon.settings.clone(), shutdown.clone());
+    let front = HttpFront::new(
+        hub.clone(),
+        daemon.settings.clone(),
+        shutdown.clone(),
+        cluster.clone(),
+    );
     tracing::info!(%mcp_address, %admin_address, upstreams, "plexus serving on http://{mcp_address}/mcp");
     if let Some(notifier) = &notifier {
         // The listeners are bound and daemon.json is written: clients can connect.

@@ -10,6 +10,7 @@ mod audit;
 mod catalog_host;
 pub mod cli;
 mod client_message;
+mod cluster;
 mod config;
 mod connect_command;
 mod console;

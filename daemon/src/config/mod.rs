@@ -65,6 +65,36 @@ pub struct Config {
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     /// Named subsets of the catalog, served at `/mcp/<name>`.
     pub views: BTreeMap<String, ViewConfig>,
+    /// `[cluster]`: this node and its peers; None: one node alone.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: plexus nodes behind one balancer. Read at start only: a node
+/// cannot change its name or keys under the sessions it sealed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This node's name, sealed into the ids of the sessions it holds.
+    pub node: String,
+    /// Peers by name: `http://host:port`, their MCP listener (this node may be listed).
+    pub peers: BTreeMap<String, String>,
+    /// `host:port` whose A records are the peers (a Kubernetes headless Service);
+    /// a peer found so is named by its address.
+    pub dns: Option<String>,
+    /// The key ring: the current secret first, then `previous_secrets` (still
+    /// accepted, never used to seal).
+    pub secrets: Vec<String>,
+}
+
+impl fmt::Debug for ClusterConfig {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("ClusterConfig")
+            .field("node", &self.node)
+            .field("peers", &self.peers)
+            .field("dns", &self.dns)
+            .field("secrets", &self.secrets.len())
+            .finish()
+    }
 }
 
 /// One view: what it shows, and the tokens (or access tokens' claims) whose

@@ -50,6 +50,19 @@ pub(super) struct RawDaemon {
     pub expose: Option<registry::search::Expose>,
 }
 
+/// `[cluster]`: this node, its peers and the secret they share.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCluster {
+    pub node: Option<String>,
+    #[serde(default)]
+    pub peers: BTreeMap<String, String>,
+    pub dns: Option<String>,
+    pub secret: Option<String>,
+    #[serde(default)]
+    pub previous_secrets: Vec<String>,
+}
+
 /// `[daemon.oauth]`: the identity provider whose access tokens the front accepts.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -57,6 +57,10 @@ pub trait Scope: Send + Sync {
 
 type Outcome = Result<Reply, RelayError>;
 
+/// Names a paused round's `requestState` (starting with `plexus.`): in a cluster,
+/// one naming this node, sealed, so the retry finds its way back here.
+pub type StateNamer = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// Requests paused on input from a 2026-07-28 client, by `requestState`; each
 /// is dropped (and its upstream call cancelled) when not retried within
 /// [`CONTINUATION_TTL`].
@@ -67,6 +71,8 @@ pub struct PausedCalls {
     /// Where the expiry timers, the work of paused calls and the answers to their
     /// abandoned questions run: the owner's, closed and awaited at shutdown.
     tasks: TaskTracker,
+    /// Set once by a front in a cluster; otherwise states are random.
+    namer: std::sync::OnceLock<StateNamer>,
 }
 
 impl PausedCalls {
@@ -75,7 +81,13 @@ impl PausedCalls {
             paused: DashMap::new(),
             closed: CancellationToken::new(),
             tasks,
+            namer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// How `requestState`s are named from now on (set once).
+    pub fn name_states(&self, namer: StateNamer) {
+        let _ = self.namer.set(namer);
     }
 
     fn take(&self, state: &str) -> Option<Continuation> {
@@ -355,8 +367,13 @@ impl Continuation {
             }
             requests.insert(key.clone(), Value::Object(request));
         }
-        let bits: u128 = rand::random();
-        let state = format!("{STATE_PREFIX}{bits:032x}");
+        let state = match paused.namer.get() {
+            Some(namer) => namer(),
+            None => {
+                let bits: u128 = rand::random();
+                format!("{STATE_PREFIX}{bits:032x}")
+            }
+        };
         paused.keep(state.clone(), self, true);
         Reply::Result(json!({
             "resultType": "input_required",

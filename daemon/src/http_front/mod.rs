@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Credential, Refusal};
 use crate::client_message::{ClientMessage, KnownCapabilities};
+use crate::cluster::{Cluster, ForwardError, Owner};
 use crate::config::{DaemonSettings, FrontOAuth};
 use crate::era;
 use crate::hub::Hub;
@@ -59,6 +60,8 @@ pub struct HttpFront {
     /// Checks access tokens for the `[daemon.oauth]` in force; replaced when it
     /// changes, so a reload applies a new issuer at once.
     verifier: std::sync::Mutex<Option<Arc<Verifier>>>,
+    /// `[cluster]`: this node's name and keys, and the way to its peers.
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl HttpFront {
@@ -66,8 +69,15 @@ impl HttpFront {
         hub: Arc<Hub>,
         settings: watch::Receiver<DaemonSettings>,
         shutdown: CancellationToken,
+        cluster: Option<Arc<Cluster>>,
     ) -> Arc<HttpFront> {
         let paused = Arc::new(Continuations::new(&hub));
+        if let Some(cluster) = &cluster {
+            let cluster = cluster.clone();
+            paused
+                .calls
+                .name_states(Arc::new(move || cluster.new_state()));
+        }
         let front = Arc::new(HttpFront {
             hub,
             sessions: DashMap::new(),
@@ -80,6 +90,7 @@ impl HttpFront {
             nowhere: mpsc::channel(1).0,
             known: KnownCapabilities::default(),
             verifier: std::sync::Mutex::new(None),
+            cluster,
         });
         front
             .hub
@@ -141,6 +152,10 @@ impl HttpFront {
             Ok(admitted) => admitted,
             Err(response) => return response,
         };
+        let (request, forwarded) = match self.clustered(request, &principal).await {
+            Ok(admitted) => admitted,
+            Err(response) => return response,
+        };
         // A POST's answer echoes its request's id, so the body is read first.
         if request.method() != Method::POST {
             if let Err(error) = check_version_header(request.headers()) {
@@ -148,7 +163,7 @@ impl HttpFront {
             }
         }
         match *request.method() {
-            Method::POST => self.post(request, principal, view).await,
+            Method::POST => self.post(request, principal, view, forwarded).await,
             Method::GET => self.get(request.headers(), &principal),
             Method::DELETE => self.delete(request.headers(), &principal),
             _ => {
@@ -270,6 +285,7 @@ impl HttpFront {
         request: Request<Incoming>,
         principal: Arc<str>,
         view: Option<Arc<str>>,
+        forwarded: bool,
     ) -> Response<Body> {
         if self.shutdown.is_cancelled() {
             return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
@@ -306,6 +322,8 @@ impl HttpFront {
                 return error.closing(json_error(error.status(), &relayed));
             }
         };
+        // Kept (a reference, not a copy) in case a paused round's retry goes to its node.
+        let raw = self.cluster.as_ref().map(|_| body.clone());
         let received = match ClientMessage::read_served(body, &self.known) {
             Ok(received) => received,
             Err(error) => {
@@ -331,6 +349,32 @@ impl HttpFront {
         // A 2026-07-28 request is served that way whatever its method: `initialize`
         // sent so is an unknown method of that revision, not a handshake.
         if modern_header || era::declared_version(message.get("params")).is_some() {
+            if let (Some(cluster), Some(raw)) = (&self.cluster, raw) {
+                let state = message
+                    .get("params")
+                    .and_then(|p| p.get("requestState"))
+                    .and_then(Value::as_str);
+                match state.and_then(|state| cluster.owner_of_state(state)) {
+                    None | Some(Ok(Owner::Here)) => {}
+                    Some(Err(refused)) => {
+                        // Edited, or sealed under a key no longer in the ring.
+                        let id = message.get("id").cloned().unwrap_or(Value::Null);
+                        let error = RelayError::InvalidParams(format!(
+                            "`requestState` is not one plexus issued: {refused}"
+                        ));
+                        return json_response(
+                            StatusCode::BAD_REQUEST,
+                            &jsonrpc::error_response(id, &error),
+                        );
+                    }
+                    Some(Ok(Owner::Peer(node))) if !forwarded => {
+                        return self.forward(cluster, &node, parts, Full::new(raw)).await;
+                    }
+                    Some(Ok(Owner::Peer(node))) => {
+                        return misrouted(&node);
+                    }
+                }
+            }
             return self
                 .post_modern(&parts.headers, received, Identity { principal, view })
                 .await;
@@ -338,6 +382,107 @@ impl HttpFront {
         self.post_in_session(&parts.headers, received, principal, view, is_initialize)
             .await
     }
+}
+
+impl HttpFront {
+    /// In a cluster: a request forwarded by a peer must carry the cluster's
+    /// signature; one naming a session another node holds goes there, once. Gives
+    /// back the request to serve here and whether a peer sent it.
+    async fn clustered(
+        &self,
+        request: Request<Incoming>,
+        principal: &str,
+    ) -> Result<(Request<Incoming>, bool), Response<Body>> {
+        let Some(cluster) = &self.cluster else {
+            return Ok((request, false));
+        };
+        let forwarded = match cluster.forwarded_by(
+            request.headers(),
+            request.method().as_str(),
+            request.uri().path(),
+        ) {
+            Ok(forwarded) => forwarded.is_some(),
+            Err(forged) => {
+                tracing::warn!(error = %forged, "refused a request claiming to come from a peer");
+                return Err(json_error(
+                    StatusCode::FORBIDDEN,
+                    &RelayError::InvalidRequest(forged.to_string()),
+                ));
+            }
+        };
+        let Some(id) = request
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return Ok((request, forwarded));
+        };
+        match cluster.owner_of_session(id, principal) {
+            Ok(Owner::Here) => Ok((request, forwarded)),
+            // Garbage, another principal's, or sealed under a retired key: the
+            // spec's answer to a session it does not know, so the client starts over.
+            Err(refused) => {
+                tracing::debug!(reason = %refused, "a session id of no node");
+                Err(unknown_session())
+            }
+            Ok(Owner::Peer(node)) if forwarded => Err(misrouted(&node)),
+            Ok(Owner::Peer(node)) => {
+                let (parts, body) = request.into_parts();
+                Err(self.forward(cluster, &node, parts, body).await)
+            }
+        }
+    }
+
+    async fn forward<B>(
+        &self,
+        cluster: &Cluster,
+        node: &str,
+        parts: http::request::Parts,
+        body: B,
+    ) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let outcome = match cluster.forward(node, parts, body).await {
+            Ok(response) => return response,
+            Err(error) => error,
+        };
+        let reason = adapters::error_chain(&outcome);
+        tracing::info!(node, error = %reason, "a forward to the owner failed");
+        let (status, message) = match outcome {
+            // What the owner held is gone with it: like any unknown session.
+            ForwardError::UnknownNode(_)
+            | ForwardError::Resolve(..)
+            | ForwardError::Unreachable { .. } => (
+                StatusCode::NOT_FOUND,
+                format!(
+                    "unknown or ended session: the node holding it, {reason}; start a new session"
+                ),
+            ),
+            ForwardError::Failed { .. } | ForwardError::Request(_) => {
+                (StatusCode::BAD_GATEWAY, reason)
+            }
+        };
+        json_error(status, &RelayError::InvalidRequest(message))
+    }
+}
+
+fn unknown_session() -> Response<Body> {
+    json_error(
+        StatusCode::NOT_FOUND,
+        &RelayError::InvalidRequest("unknown or ended session".into()),
+    )
+}
+
+/// A peer sent a request for a third node: forwarded once only, never onwards.
+fn misrouted(node: &str) -> Response<Body> {
+    json_error(
+        StatusCode::NOT_FOUND,
+        &RelayError::InvalidRequest(format!(
+            "unknown or ended session: it belongs to node `{node}`, and a forwarded request is not forwarded again"
+        )),
+    )
 }
 
 /// Why a request is refused before it reaches a session.

@@ -216,7 +216,11 @@ impl HttpFront {
             events: Mutex::new(Some(events)),
             last_seen: Mutex::new(tokio::time::Instant::now()),
         });
-        self.sessions.insert(new_session_id(), http_session.clone());
+        let id = match &self.cluster {
+            Some(cluster) => cluster.new_session_id(&http_session.principal),
+            None => new_session_id(),
+        };
+        self.sessions.insert(id, http_session.clone());
         self.hub
             .metrics()
             .sessions_active

@@ -7,6 +7,7 @@ mod audit;
 mod bench_smoke;
 mod catalog;
 mod cli;
+mod cluster;
 mod conformance;
 mod connect;
 mod console;

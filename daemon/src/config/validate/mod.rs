@@ -2,6 +2,7 @@
 //! `upstream`, the views here, which name both), shared value checks in `values`;
 //! every problem collected with its key.
 
+mod cluster;
 mod daemon;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -67,12 +68,15 @@ pub fn parse(
             toml::Table::new()
         }
     };
+    let raw_cluster = document.remove("cluster");
     for key in document.keys() {
         issues.push(issue(
             key,
-            "unknown section (expected `daemon`, `upstreams` or `views`)".into(),
+            "unknown section (expected `daemon`, `upstreams`, `views` or `cluster`)".into(),
         ));
     }
+    let cluster =
+        raw_cluster.and_then(|raw| cluster::validate_cluster(raw, base, environment, &mut issues));
 
     let mut daemon = validate_daemon(raw_daemon, base, environment, &mut issues);
     let mut upstreams = BTreeMap::new();
@@ -108,6 +112,7 @@ pub fn parse(
             daemon,
             upstreams,
             views,
+            cluster,
         })
     } else {
         Err(issues)

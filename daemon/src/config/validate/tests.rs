@@ -514,3 +514,40 @@ fn daemon_oauth_guards_a_front_beyond_loopback_and_binds_views_to_claims() {
         )]
     );
 }
+
+#[test]
+fn a_cluster_needs_a_node_a_long_secret_and_http_peers() {
+    let environment = |name: &str| match name {
+        "SECRET" => Some("0123456789abcdef0123456789abcdef".to_string()),
+        "NODE" => Some("n1".to_string()),
+        _ => None,
+    };
+    let config = parse(
+        "[cluster]\nnode = \"${NODE}\"\nsecret = \"${SECRET}\"\npeers = { n1 = \"http://127.0.0.1:1\", n2 = \"http://127.0.0.1:2/\" }\ndns = \"plexus.svc:7464\"\n",
+        Path::new("/"),
+        &environment,
+    )
+    .unwrap();
+    let cluster = config.cluster.unwrap();
+    assert_eq!(cluster.node, "n1");
+    assert_eq!(cluster.peers["n2"], "http://127.0.0.1:2");
+    assert_eq!(cluster.dns.as_deref(), Some("plexus.svc:7464"));
+    assert!(!format!("{cluster:?}").contains("0123456789"));
+    let issues = parse(
+        "[cluster]\nsecret = \"short\"\npeers = { n2 = \"https://x/mcp\" }\ndns = \"nope\"\n",
+        Path::new("/"),
+        &environment,
+    )
+    .unwrap_err();
+    let keys: Vec<&str> = issues.iter().map(|issue| issue.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "cluster.node",
+            "cluster.peers.n2",
+            "cluster.dns",
+            "cluster.secret"
+        ]
+    );
+    assert!(issues.iter().all(|issue| !issue.message.contains("short")));
+}

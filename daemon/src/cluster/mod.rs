@@ -1,0 +1,191 @@
+//! More than one node behind a plain balancer (`[cluster]`). A handshake-era
+//! session lives on the node that opened it, and its id names that node, sealed
+//! (`seal`) so it can be neither forged nor used by another principal; a request
+//! arriving elsewhere is forwarded once, over HTTP, to the owner (`forward`). A
+//! 2026-07-28 request runs where it lands; only a paused round's `requestState`
+//! names its node the same way. No shared store: what a node holds, only it serves.
+
+mod forward;
+mod seal;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+
+use crate::config::ClusterConfig;
+pub use forward::ForwardError;
+pub use seal::Unsealed;
+use seal::{KeyRing, Purpose};
+
+/// Marks a request one node forwards to another: the sender's name and a token
+/// over the request line signed with the cluster secret.
+pub const FORWARDED_BY_HEADER: &str = "plexus-forwarded-by";
+pub const PEER_AUTH_HEADER: &str = "plexus-cluster-auth";
+/// Set on an answer a peer gave: the node that served it.
+pub const SERVED_BY_HEADER: &str = "plexus-served-by";
+/// Prefix of the `requestState` of a paused round (the bridge's own states).
+pub const STATE_PREFIX: &str = "plexus.";
+/// How far apart two nodes' clocks may be for a forwarded request to be taken.
+const PEER_CLOCK_SKEW: u64 = 60;
+/// How long a forward may wait for a connection to the owner.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where a token says its session or round lives.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Owner {
+    Here,
+    Peer(String),
+}
+
+/// A forwarded request that does not carry the cluster's signature.
+#[derive(Debug, thiserror::Error)]
+#[error("a request forwarded by `{from}` is not signed with the cluster secret: {reason}")]
+pub struct ForgedPeer {
+    pub from: String,
+    reason: &'static str,
+}
+
+pub struct Cluster {
+    node: String,
+    ring: KeyRing,
+    peers: BTreeMap<String, String>,
+    dns: Option<String>,
+    client: forward::PeerClient,
+}
+
+impl Cluster {
+    pub fn new(config: &ClusterConfig) -> Cluster {
+        Cluster {
+            node: config.node.clone(),
+            ring: KeyRing::new(&config.secrets),
+            peers: config.peers.clone(),
+            dns: config.dns.clone(),
+            client: forward::PeerClient::new(),
+        }
+    }
+
+    /// A new session's id, naming this node, valid for `principal` only.
+    pub fn new_session_id(&self, principal: &str) -> String {
+        self.ring.seal(Purpose::Session, &self.node, principal)
+    }
+
+    /// The node a session id names, if this cluster sealed it for `principal`.
+    pub fn owner_of_session(&self, id: &str, principal: &str) -> Result<Owner, Unsealed> {
+        self.ring
+            .open(Purpose::Session, id, principal)
+            .map(|node| self.owner(node))
+    }
+
+    /// A paused round's `requestState`, naming this node.
+    pub fn new_state(&self) -> String {
+        format!(
+            "{STATE_PREFIX}{}",
+            self.ring.seal(Purpose::State, &self.node, "")
+        )
+    }
+
+    /// The node a `requestState` of plexus's names; None: not one of plexus's (an
+    /// upstream's, passed through), served where it lands.
+    pub fn owner_of_state(&self, state: &str) -> Option<Result<Owner, Unsealed>> {
+        let token = state.strip_prefix(STATE_PREFIX)?;
+        Some(
+            self.ring
+                .open(Purpose::State, token, "")
+                .map(|node| self.owner(node)),
+        )
+    }
+
+    fn owner(&self, node: String) -> Owner {
+        if node == self.node {
+            Owner::Here
+        } else {
+            Owner::Peer(node)
+        }
+    }
+
+    /// The peer a request was forwarded by, or None if it came from a client. A
+    /// request claiming a peer without the cluster's signature is refused.
+    pub fn forwarded_by(
+        &self,
+        headers: &HeaderMap,
+        method: &str,
+        path: &str,
+    ) -> Result<Option<String>, ForgedPeer> {
+        let Some(from) = headers.get(FORWARDED_BY_HEADER) else {
+            return Ok(None);
+        };
+        let from = from.to_str().unwrap_or_default().to_string();
+        let forged = |reason| ForgedPeer {
+            from: from.clone(),
+            reason,
+        };
+        let auth = headers
+            .get(PEER_AUTH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| forged("no signature"))?;
+        let (at, token) = auth.split_once('.').ok_or_else(|| forged("malformed"))?;
+        let at: u64 = at.parse().map_err(|_| forged("malformed"))?;
+        if now_secs().abs_diff(at) > PEER_CLOCK_SKEW {
+            return Err(forged(
+                "too old, or the clocks differ by more than a minute",
+            ));
+        }
+        let signer = self
+            .ring
+            .open(Purpose::Peer, token, &peer_bound(at, method, path))
+            .map_err(|_| forged("signature does not match"))?;
+        if signer != from {
+            return Err(forged("signed by another node"));
+        }
+        Ok(Some(from))
+    }
+
+    /// The headers marking a request this node forwards.
+    fn peer_auth(&self, method: &str, path: &str) -> String {
+        let at = now_secs();
+        let token = self
+            .ring
+            .seal(Purpose::Peer, &self.node, &peer_bound(at, method, path));
+        format!("{at}.{token}")
+    }
+
+    /// Where `node` listens: its `peers` entry, or, under `dns`, its address when
+    /// it is one of the name's A records (never any address a token names).
+    async fn address_of(&self, node: &str) -> Result<String, ForwardError> {
+        if let Some(address) = self.peers.get(node) {
+            return Ok(address.clone());
+        }
+        let unknown = || ForwardError::UnknownNode(node.to_string());
+        let (Some(dns), Ok(ip)) = (&self.dns, node.parse::<IpAddr>()) else {
+            return Err(unknown());
+        };
+        let port = dns
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse::<u16>().ok())
+            .ok_or_else(unknown)?;
+        let records = tokio::net::lookup_host(dns.as_str())
+            .await
+            .map_err(|error| ForwardError::Resolve(dns.clone(), error))?;
+        let listed = records.into_iter().any(|record| record.ip() == ip);
+        if !listed {
+            return Err(unknown());
+        }
+        Ok(match ip {
+            IpAddr::V4(ip) => format!("http://{ip}:{port}"),
+            IpAddr::V6(ip) => format!("http://[{ip}]:{port}"),
+        })
+    }
+}
+
+fn peer_bound(at: u64, method: &str, path: &str) -> String {
+    format!("{at}\0{method}\0{path}")
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
