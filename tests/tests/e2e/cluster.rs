@@ -300,3 +300,112 @@ async fn foreign_forged_and_retired_session_ids_are_unknown_sessions() -> anyhow
     );
     Ok(())
 }
+
+/// A 2026-07-28 request: no session, its version and capabilities in `_meta`.
+async fn modern_call(
+    client: &reqwest::Client,
+    url: &str,
+    id: u64,
+    params: Value,
+) -> anyhow::Result<Answer> {
+    let name = params["name"].as_str().unwrap_or_default().to_string();
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    let response = client
+        .post(url)
+        .bearer_auth(ALICE)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", name)
+        .body(serde_json::to_vec(&body)?)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let served_by = response
+        .headers()
+        .get("plexus-served-by")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = response.text().await?;
+    let json = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .next_back()
+        .unwrap_or(&text);
+    Ok(Answer {
+        status,
+        served_by,
+        session: None,
+        body: serde_json::from_str(json).unwrap_or(Value::String(text.clone())),
+    })
+}
+
+#[tokio::test]
+async fn a_paused_rounds_retry_finds_its_node_and_an_edited_state_is_refused() -> anyhow::Result<()>
+{
+    let cluster = TestCluster::start(2, &tokens(), "").await?;
+    let client = reqwest::Client::new();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let call = json!({"name": "fx__ask", "arguments": {"kind": "sampling"}, "_meta": meta});
+    let first = modern_call(&client, &cluster.url(0), 1, call.clone()).await?;
+    let result = &first.body["result"];
+    ensure!(
+        result["resultType"] == "input_required",
+        "{}\n{}",
+        first.body,
+        cluster.logs()
+    );
+    let state = result["requestState"]
+        .as_str()
+        .context("requestState")?
+        .to_string();
+    ensure!(state.starts_with("plexus.") && state.len() > 40, "{state}");
+    let key = result["inputRequests"]
+        .as_object()
+        .and_then(|requests| requests.keys().next())
+        .context("an input request")?
+        .clone();
+    let mut retry = call.clone();
+    retry["requestState"] = json!(state);
+    retry["inputResponses"] = json!({ key: {"role": "assistant", "model": "m",
+        "content": {"type": "text", "text": "sampled on n1"}} });
+
+    // Edited by the client: refused (400) wherever it lands, and never forwarded.
+    let mut edited = retry.clone();
+    let mut bytes = state.clone().into_bytes();
+    let last = bytes.len() - 2;
+    bytes[last] = if bytes[last] == b'A' { b'B' } else { b'A' };
+    edited["requestState"] = json!(String::from_utf8(bytes)?);
+    for node in 0..2 {
+        let answer = modern_call(&client, &cluster.url(node), 2, edited.clone()).await?;
+        ensure!(
+            answer.status == 400,
+            "edited via {node}: {} {}",
+            answer.status,
+            answer.body
+        );
+        ensure!(answer.served_by.is_none(), "an edited state was forwarded");
+    }
+
+    // The retry lands on the other node, which sends it to the round's own.
+    let done = modern_call(&client, &cluster.url(1), 3, retry).await?;
+    ensure!(
+        done.served_by.as_deref() == Some("n1"),
+        "{:?}: {}",
+        done.served_by,
+        done.body
+    );
+    ensure!(
+        done.body["result"]["resultType"] == "complete"
+            && done.body.to_string().contains("sampled on n1"),
+        "{}\n{}",
+        done.body,
+        cluster.logs()
+    );
+    Ok(())
+}
