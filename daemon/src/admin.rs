@@ -182,8 +182,12 @@ impl Admin {
         let settings = self.settings.borrow();
         let mut checked = access::check_host_and_origin(headers, &settings);
         let login = request.method() == Method::POST && path == "/console/login";
-        // The login form's style (and the script) hold nothing to protect.
-        let public = login || (request.method() == Method::GET && console::asset(path).is_some());
+        // The login form's style (and the script) hold nothing to protect; a
+        // balancer's or the kubelet's probes carry no token and learn only whether
+        // this node takes requests.
+        let probe = request.method() == Method::GET && matches!(path, "/healthz" | "/readyz");
+        let public =
+            login || probe || (request.method() == Method::GET && console::asset(path).is_some());
         if checked.is_ok()
             && !self.address.ip().is_loopback()
             && !public

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub recent: RecentCalls,
     /// The last reload's outcome and when it finished (Unix time), for the console.
     last_reload: Mutex<Option<(String, f64)>>,
+    /// Requests this node sent to the node holding their session or paused round.
+    pub cluster_forwarded: IntCounterVec,
 }
 
 impl Metrics {
@@ -251,6 +253,14 @@ impl Metrics {
             &["listener"],
         )?;
         registry.register(Box::new(listener_max_connections.clone()))?;
+        let cluster_forwarded = IntCounterVec::new(
+            Opts::new(
+                "plexus_cluster_forwarded_requests_total",
+                "Requests sent on to the [cluster] node holding their session or paused round, by outcome (`ok`, `unreachable`, `failed`).",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(cluster_forwarded.clone()))?;
         let listener_connections = IntGaugeVec::new(
             Opts::new(
                 "plexus_listener_connections",
@@ -336,6 +346,7 @@ impl Metrics {
             listener_connections,
             recent: RecentCalls::default(),
             last_reload: Mutex::new(None),
+            cluster_forwarded,
         })
     }
 

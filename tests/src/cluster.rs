@@ -13,6 +13,8 @@ pub const CLUSTER_SECRET: &str = "a cluster secret of at least 32 characters";
 pub struct Node {
     pub name: String,
     pub port: u16,
+    /// Its admin listener's port, where `/readyz` is.
+    pub admin_port: u16,
     pub daemon: Option<Daemon>,
     /// Kept across restarts: its state directory.
     dir: Option<tempfile::TempDir>,
@@ -34,10 +36,12 @@ impl TestCluster {
         extra: &str,
     ) -> anyhow::Result<TestCluster> {
         let mut nodes = Vec::new();
+        let mut taken = Vec::new();
         for index in 0..count {
             nodes.push(Node {
                 name: format!("n{}", index + 1),
-                port: restartable_port()?,
+                port: fresh_port(&mut taken)?,
+                admin_port: fresh_port(&mut taken)?,
                 daemon: None,
                 dir: None,
             });
@@ -72,6 +76,7 @@ impl TestCluster {
             .daemon(self.daemon_lines.clone())
             .upstreams(self.sections.clone())
             .listen(format!("127.0.0.1:{}", node.port))
+            .admin_listen(format!("127.0.0.1:{}", node.admin_port))
             .env(&[
                 ("PLEXUS_NODE", node.name.as_str()),
                 ("PLEXUS_CLUSTER_SECRET", CLUSTER_SECRET),
@@ -121,4 +126,16 @@ impl Node {
             .as_ref()
             .with_context(|| format!("{} is not running", self.name))
     }
+}
+
+/// A restartable port none of `taken` is.
+pub fn fresh_port(taken: &mut Vec<u16>) -> anyhow::Result<u16> {
+    for _ in 0..100 {
+        let port = restartable_port()?;
+        if !taken.contains(&port) {
+            taken.push(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no fresh port")
 }

@@ -2,6 +2,7 @@
 //! real daemon on `127.0.0.1:0`, and talk to it with real MCP clients.
 
 pub mod answering;
+pub mod balancer;
 pub mod cluster;
 mod daemon;
 pub mod search_bench;

@@ -444,8 +444,12 @@ impl HttpFront {
         B: hyper::body::Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let forwarded = &self.hub.metrics().cluster_forwarded;
         let outcome = match cluster.forward(node, parts, body).await {
-            Ok(response) => return response,
+            Ok(response) => {
+                forwarded.with_label_values(&["ok"]).inc();
+                return response;
+            }
             Err(error) => error,
         };
         let reason = adapters::error_chain(&outcome);
@@ -454,13 +458,17 @@ impl HttpFront {
             // What the owner held is gone with it: like any unknown session.
             ForwardError::UnknownNode(_)
             | ForwardError::Resolve(..)
-            | ForwardError::Unreachable { .. } => (
-                StatusCode::NOT_FOUND,
-                format!(
+            | ForwardError::Unreachable { .. } => {
+                forwarded.with_label_values(&["unreachable"]).inc();
+                (
+                    StatusCode::NOT_FOUND,
+                    format!(
                     "unknown or ended session: the node holding it, {reason}; start a new session"
                 ),
-            ),
+                )
+            }
             ForwardError::Failed { .. } | ForwardError::Request(_) => {
+                forwarded.with_label_values(&["failed"]).inc();
                 (StatusCode::BAD_GATEWAY, reason)
             }
         };

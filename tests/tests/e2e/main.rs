@@ -4,6 +4,7 @@
 
 mod architecture;
 mod audit;
+mod balancer;
 mod bench_smoke;
 mod catalog;
 mod cli;
