@@ -165,7 +165,7 @@ async fn route(admin: Arc<Admin>, request: Request<Incoming>) -> Response<Body> 
             )
         }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" => readiness(hub),
+        "/readyz" => readiness(hub, admin.front.draining()),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
@@ -381,9 +381,10 @@ const LOGIN_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Ready when every enabled upstream is serving or startable on demand; the body
 /// says where each one is.
-fn readiness(hub: &Hub) -> Response<Body> {
+/// Ready: every upstream serves, and this node is not draining out of its cluster.
+fn readiness(hub: &Hub, draining: bool) -> Response<Body> {
     let mut upstreams = Map::new();
-    let mut ready = true;
+    let mut ready = !draining;
     for (name, state) in hub.states() {
         if !matches!(
             state,
@@ -393,7 +394,11 @@ fn readiness(hub: &Hub) -> Response<Body> {
         }
         upstreams.insert(name, Value::from(state.label()));
     }
-    let body = json!({"ready": ready, "upstreams": upstreams}).to_string();
+    let mut body = json!({"ready": ready, "upstreams": upstreams});
+    if draining {
+        body["draining"] = Value::Bool(true);
+    }
+    let body = body.to_string();
     let status = if ready {
         StatusCode::OK
     } else {

@@ -235,10 +235,16 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     let daemon = Daemon::start(loaded, notifier.clone(), signals).await?;
     let hub = daemon.hub.clone();
     let shutdown = daemon.shutdown.clone();
+    // In a cluster a shutdown signal first drains (`leave_cluster`): the listeners
+    // and sessions serve on until `serving` ends. Alone, they stop at once.
+    let serving = match cluster {
+        Some(_) => CancellationToken::new(),
+        None => shutdown.clone(),
+    };
     let front = HttpFront::new(
         hub.clone(),
         daemon.settings.clone(),
-        shutdown.clone(),
+        serving.clone(),
         cluster.clone(),
     );
     tracing::info!(%mcp_address, %admin_address, upstreams, "plexus serving on http://{mcp_address}/mcp");
@@ -289,7 +295,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
             mcp_listener,
             move |request| front.clone().handle(request),
             limits,
-            shutdown.clone(),
+            serving.clone(),
             daemon.drain_timeout(),
             // Calls still running at the deadline get their -33007 answer.
             move || expired.close_all(),
@@ -311,7 +317,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
             admin_listener,
             move |request| admin::handle(admin.clone(), request),
             admin_limits,
-            shutdown.clone(),
+            serving.clone(),
             || Duration::from_secs(1),
             || {},
         ))
@@ -319,6 +325,10 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     shutdown.cancelled().await;
     if let Some(notifier) = &notifier {
         notifier.stopping();
+    }
+    if let Some(cluster) = &cluster {
+        leave_cluster(cluster, &front, daemon.drain_timeout()()).await;
+        serving.cancel();
     }
     tracing::info!("shutting down: draining HTTP exchanges");
     let _ = mcp_front.await;
@@ -329,6 +339,27 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     let _ = tokio::fs::remove_file(state_dir.join(RUNTIME_FILE)).await;
     tracing::info!("plexus stopped");
     Ok(())
+}
+
+/// A node of a cluster stopping: `/readyz` turns 503 and new sessions are refused
+/// (the balancer sends them elsewhere) while the sessions held here are served,
+/// until they end or `drain_timeout` passes; then the fronts drain as alone.
+async fn leave_cluster(cluster: &Cluster, front: &HttpFront, drain_timeout: Duration) {
+    cluster.start_draining();
+    let open = front.session_count();
+    tracing::info!(
+        sessions = open,
+        drain_timeout_ms = drain_timeout.as_millis() as u64,
+        "draining: /readyz answers 503 and new sessions go to other nodes"
+    );
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    while front.session_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::info!(
+        sessions = front.session_count(),
+        "drained: the sessions still open end now"
+    );
 }
 
 /// Runs the daemon for one client on stdin/stdout, until its input ends or a

@@ -46,9 +46,16 @@ impl TestCluster {
                 dir: None,
             });
         }
+        // From the environment, so one node can be given another address for a peer.
         let peers: Vec<String> = nodes
             .iter()
-            .map(|node| format!("{} = \"http://127.0.0.1:{}\"", node.name, node.port))
+            .map(|node| {
+                format!(
+                    "{} = \"${{PLEXUS_PEER_{}}}\"",
+                    node.name,
+                    node.name.to_uppercase()
+                )
+            })
             .collect();
         let sections = format!(
             "{}\n{extra}\n[cluster]\nnode = \"${{PLEXUS_NODE}}\"\nsecret = \"${{PLEXUS_CLUSTER_SECRET}}\"\npeers = {{ {} }}\n",
@@ -71,6 +78,20 @@ impl TestCluster {
 
     /// Starts node `index` (again), with `env` besides its name and the secret.
     pub async fn boot(&mut self, index: usize, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        let peers: Vec<(String, String)> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                (
+                    format!("PLEXUS_PEER_{}", node.name.to_uppercase()),
+                    format!("http://127.0.0.1:{}", node.port),
+                )
+            })
+            .collect();
+        let peers: Vec<(&str, &str)> = peers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let node = &mut self.nodes[index];
         let mut builder = Daemon::builder()
             .daemon(self.daemon_lines.clone())
@@ -81,6 +102,7 @@ impl TestCluster {
                 ("PLEXUS_NODE", node.name.as_str()),
                 ("PLEXUS_CLUSTER_SECRET", CLUSTER_SECRET),
             ])
+            .env(&peers)
             .env(env);
         if let Some(dir) = node.dir.take() {
             builder = builder.dir(dir);
@@ -91,6 +113,16 @@ impl TestCluster {
 
     pub fn url(&self, index: usize) -> String {
         format!("http://127.0.0.1:{}/mcp", self.nodes[index].port)
+    }
+
+    /// SIGTERM without waiting: the node starts draining.
+    pub fn signal_stop(&self, index: usize) -> anyhow::Result<()> {
+        let pid = self.nodes[index].daemon()?.pid().context("no pid")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        Ok(())
     }
 
     /// SIGKILL: the node vanishes with every session it held.

@@ -1,15 +1,16 @@
 //! A request for a session or paused round another node holds, passed to that
 //! node once over HTTP and its answer (a JSON body or an event stream) streamed
 //! back as it comes. Only the connection is bounded ([`CONNECT_TIMEOUT`]): a call
-//! may rightly run for minutes once the owner has it.
+//! may rightly run for minutes once the owner has it. The body is held, so a
+//! pooled connection the owner closed as the request went out (it is stopping)
+//! costs one more try on a new connection, not the call.
 
 use std::convert::Infallible;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderValue, Request, Response};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -17,9 +18,6 @@ use hyper_util::rt::TokioExecutor;
 
 use super::{Cluster, CONNECT_TIMEOUT, FORWARDED_BY_HEADER, PEER_AUTH_HEADER, SERVED_BY_HEADER};
 use crate::listener::Body;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type PeerBody = BoxBody<Bytes, BoxError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -45,7 +43,7 @@ pub enum ForwardError {
 
 /// Pooled connections to the peers: a forwarded request costs no handshake.
 pub(super) struct PeerClient {
-    client: Client<HttpConnector, PeerBody>,
+    client: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl PeerClient {
@@ -61,54 +59,63 @@ impl PeerClient {
 
 impl Cluster {
     /// Sends a request to `node`, which holds what it names, and returns its answer.
-    pub async fn forward<B>(
+    pub async fn forward(
         &self,
         node: &str,
-        parts: http::request::Parts,
-        body: B,
-    ) -> Result<Response<Body>, ForwardError>
-    where
-        B: hyper::body::Body<Data = Bytes> + Send + Sync + 'static,
-        B::Error: Into<BoxError>,
-    {
+        parts: &http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response<Body>, ForwardError> {
         let base = self.address_of(node).await?;
         let path = parts.uri.path();
         let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
-        let mut builder = Request::builder()
-            .method(parts.method.clone())
-            .uri(format!("{base}{path_and_query}"));
+        let uri = format!("{base}{path_and_query}");
+        let mut headers = http::HeaderMap::new();
         for (name, value) in &parts.headers {
             if !is_hop_by_hop(name) && name != FORWARDED_BY_HEADER && name != PEER_AUTH_HEADER {
                 // The client's Host stays: the owner checks it as this node did.
-                builder = builder.header(name, value);
+                headers.append(name, value.clone());
             }
         }
-        let request = builder
-            .header(FORWARDED_BY_HEADER, &self.node)
-            .header(
-                PEER_AUTH_HEADER,
-                self.peer_auth(parts.method.as_str(), path),
-            )
-            .body(body.map_err(Into::into).boxed())
-            .map_err(ForwardError::Request)?;
-        let response = self
-            .client
-            .client
-            .request(request)
-            .await
-            .map_err(|source| {
-                if source.is_connect() {
-                    ForwardError::Unreachable {
+        if let Ok(value) = HeaderValue::from_str(&self.node) {
+            headers.insert(FORWARDED_BY_HEADER, value);
+        }
+        let mut retried = false;
+        let response = loop {
+            let mut request = Request::builder()
+                .method(parts.method.clone())
+                .uri(&uri)
+                .body(Full::new(body.clone()))
+                .map_err(ForwardError::Request)?;
+            *request.headers_mut() = headers.clone();
+            // Signed per try: the signature carries its time.
+            if let Ok(value) = HeaderValue::from_str(&self.peer_auth(parts.method.as_str(), path)) {
+                request.headers_mut().insert(PEER_AUTH_HEADER, value);
+            }
+            match self.client.client.request(request).await {
+                Ok(response) => break response,
+                Err(source) if source.is_connect() => {
+                    return Err(ForwardError::Unreachable {
                         node: node.to_string(),
                         source,
-                    }
-                } else {
-                    ForwardError::Failed {
-                        node: node.to_string(),
-                        source,
-                    }
+                    })
                 }
-            })?;
+                // Closed unanswered: an idle pooled connection the owner closed as
+                // the request went out, or an owner gone (the new try is refused).
+                Err(source) if !retried && closed_unanswered(&source) => {
+                    tracing::debug!(
+                        node,
+                        "a pooled connection to a peer was closed; trying a new one"
+                    );
+                    retried = true;
+                }
+                Err(source) => {
+                    return Err(ForwardError::Failed {
+                        node: node.to_string(),
+                        source,
+                    })
+                }
+            }
+        };
         let (mut parts, incoming) = response.into_parts();
         let hop: Vec<HeaderName> = parts
             .headers
@@ -140,6 +147,13 @@ fn relayed(incoming: Incoming) -> Body {
         }
     });
     BodyExt::boxed_unsync(StreamBody::new(frames))
+}
+
+/// A connection closed with the request unanswered (hyper's incomplete message).
+fn closed_unanswered(error: &hyper_util::client::legacy::Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<hyper::Error>())
+        .is_some_and(hyper::Error::is_incomplete_message)
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {

@@ -10,6 +10,7 @@ mod seal;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::HeaderMap;
@@ -53,6 +54,8 @@ pub struct Cluster {
     peers: BTreeMap<String, String>,
     dns: Option<String>,
     client: forward::PeerClient,
+    /// Set by a shutdown signal: no new sessions here, `/readyz` answers 503.
+    draining: AtomicBool,
 }
 
 impl Cluster {
@@ -63,6 +66,7 @@ impl Cluster {
             peers: config.peers.clone(),
             dns: config.dns.clone(),
             client: forward::PeerClient::new(),
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -176,6 +180,18 @@ impl Cluster {
             IpAddr::V4(ip) => format!("http://{ip}:{port}"),
             IpAddr::V6(ip) => format!("http://[{ip}]:{port}"),
         })
+    }
+}
+
+impl Cluster {
+    /// Stops taking new sessions (a shutdown signal): `/readyz` turns 503 so the
+    /// balancer sends no more, while the sessions held here are still served.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 }
 

@@ -98,6 +98,18 @@ impl HttpFront {
         front
     }
 
+    /// Whether this node is draining out of its cluster (then `/readyz` is 503).
+    pub fn draining(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|cluster| cluster.draining())
+    }
+
+    /// Handshake-era sessions open now.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
     /// Open sessions by principal (for status).
     pub fn sessions_by_principal(&self) -> std::collections::BTreeMap<String, usize> {
         let mut counts = std::collections::BTreeMap::new();
@@ -368,7 +380,7 @@ impl HttpFront {
                         );
                     }
                     Some(Ok(Owner::Peer(node))) if !forwarded => {
-                        return self.forward(cluster, &node, parts, Full::new(raw)).await;
+                        return self.forward(cluster, &node, &parts, raw).await;
                     }
                     Some(Ok(Owner::Peer(node))) => {
                         return misrouted(&node);
@@ -428,22 +440,27 @@ impl HttpFront {
             Ok(Owner::Peer(node)) if forwarded => Err(misrouted(&node)),
             Ok(Owner::Peer(node)) => {
                 let (parts, body) = request.into_parts();
-                Err(self.forward(cluster, &node, parts, body).await)
+                // Held whole (within the body limit), so a try can be made again.
+                let timeout = self.settings.borrow().body_read_timeout;
+                let body = match listener::read_body(body, self.max_body_bytes, timeout).await {
+                    Ok(body) => body,
+                    Err(error) => {
+                        let relayed = RelayError::InvalidRequest(adapters::error_chain(&error));
+                        return Err(error.closing(json_error(error.status(), &relayed)));
+                    }
+                };
+                Err(self.forward(cluster, &node, &parts, body).await)
             }
         }
     }
 
-    async fn forward<B>(
+    async fn forward(
         &self,
         cluster: &Cluster,
         node: &str,
-        parts: http::request::Parts,
-        body: B,
-    ) -> Response<Body>
-    where
-        B: hyper::body::Body<Data = Bytes> + Send + Sync + 'static,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
+        parts: &http::request::Parts,
+        body: Bytes,
+    ) -> Response<Body> {
         let forwarded = &self.hub.metrics().cluster_forwarded;
         let outcome = match cluster.forward(node, parts, body).await {
             Ok(response) => {

@@ -98,6 +98,10 @@ impl HttpFront {
         is_initialize: bool,
     ) -> Response<Body> {
         let http_session = if is_initialize && !headers.contains_key(SESSION_HEADER) {
+            if self.draining() {
+                // Nothing ran: a balancer may send it to another node (HAProxy's `retry-on 503`).
+                return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
+            }
             match self.open_session(principal, view) {
                 Ok(session) => session,
                 Err(error) => return json_error(StatusCode::TOO_MANY_REQUESTS, &error),

@@ -275,7 +275,7 @@ async fn a_killed_node_loses_only_its_own_sessions_and_comes_back() -> anyhow::R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_load_loses_no_call() -> anyhow::Result<()> {
-    let Some((mut cluster, balancer, _dir)) = balanced(3, false, "drain_timeout = \"5s\"").await?
+    let Some((mut cluster, balancer, _dir)) = balanced(3, false, "drain_timeout = \"2s\"").await?
     else {
         return Ok(());
     };

@@ -409,3 +409,119 @@ async fn a_paused_rounds_retry_finds_its_node_and_an_edited_state_is_refused() -
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_draining_node_turns_unready_first_refuses_new_sessions_and_serves_its_own(
+) -> anyhow::Result<()> {
+    let mut cluster =
+        TestCluster::start(2, &format!("{}\ndrain_timeout = \"20s\"", tokens()), "").await?;
+    let client = reqwest::Client::new();
+    let post = reqwest::Method::POST;
+    let session = initialize(&client, &cluster.url(0), ALICE).await?;
+    let signalled = std::time::Instant::now();
+    cluster.signal_stop(0)?;
+    let readyz = format!("http://127.0.0.1:{}/readyz", cluster.nodes[0].admin_port);
+    plexus_tests::eventually(Duration::from_secs(5), async || {
+        let status = client.get(&readyz).send().await?.status();
+        ensure!(status == 503, "/readyz still {status}");
+        Ok(())
+    })
+    .await?;
+    println!("/readyz 503 {:?} after SIGTERM", signalled.elapsed());
+    // No new session here: 503, answered before anything ran.
+    let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let refused = send(
+        &client,
+        post.clone(),
+        &cluster.url(0),
+        ALICE,
+        None,
+        Some(hello),
+    )
+    .await?;
+    ensure!(
+        refused.status == 503,
+        "a new session on a draining node: {} {}",
+        refused.status,
+        refused.body
+    );
+    // Its own session is served, directly and through the other node.
+    for (id, node) in [(1, 0), (2, 1), (3, 0)] {
+        let answer = send(
+            &client,
+            post.clone(),
+            &cluster.url(node),
+            ALICE,
+            Some(&session),
+            Some(call_add(id, 1, 1)),
+        )
+        .await?;
+        ensure!(
+            answer.body["result"]["structuredContent"]["sum"] == 2,
+            "during the drain via {node}: {}",
+            answer.body
+        );
+    }
+    // Its last session ended, it stops without waiting out drain_timeout.
+    let deleted = send(
+        &client,
+        reqwest::Method::DELETE,
+        &cluster.url(1),
+        ALICE,
+        Some(&session),
+        None,
+    )
+    .await?;
+    ensure!(deleted.status == 204, "{}", deleted.status);
+    let status = cluster.stop(0).await?;
+    let drained = signalled.elapsed();
+    ensure!(status.success(), "exit {status}");
+    ensure!(
+        drained < Duration::from_secs(15),
+        "took {drained:?}: waited out drain_timeout"
+    );
+    println!("SIGTERM to exit with its last session deleted: {drained:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_owner_is_a_bounded_clear_404() -> anyhow::Result<()> {
+    let mut cluster = TestCluster::start(2, &tokens(), "").await?;
+    let client = reqwest::Client::new();
+    let session = initialize(&client, &cluster.url(0), ALICE).await?;
+    // n2 knows n1 by an address where nothing answers (TEST-NET-1: packets go nowhere).
+    cluster.stop(1).await?;
+    cluster
+        .boot(1, &[("PLEXUS_PEER_N1", "http://192.0.2.1:7464")])
+        .await?;
+    cluster.nodes[1]
+        .daemon()?
+        .wait_ready(Duration::from_secs(30))
+        .await?;
+    let started = std::time::Instant::now();
+    let answer = send(
+        &client,
+        reqwest::Method::POST,
+        &cluster.url(1),
+        ALICE,
+        Some(&session),
+        Some(call_add(1, 1, 1)),
+    )
+    .await?;
+    let took = started.elapsed();
+    println!(
+        "an unreachable owner answered in {took:?}: {}",
+        answer.body["error"]["message"]
+    );
+    ensure!(answer.status == 404, "{} {}", answer.status, answer.body);
+    ensure!(
+        answer.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`n1` cannot be reached")),
+        "{}",
+        answer.body
+    );
+    ensure!(took < Duration::from_secs(5), "took {took:?}");
+    Ok(())
+}
