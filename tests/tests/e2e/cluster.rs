@@ -525,3 +525,80 @@ async fn an_unreachable_owner_is_a_bounded_clear_404() -> anyhow::Result<()> {
     ensure!(took < Duration::from_secs(5), "took {took:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn peers_found_through_dns_are_named_by_their_addresses_and_only_those_are_reached(
+) -> anyhow::Result<()> {
+    use plexus_tests::cluster::{fresh_port, CLUSTER_SECRET};
+    use plexus_tests::{fixture_upstream, Daemon};
+    // `localhost` stands for a headless Service: its A record (127.0.0.1) is the
+    // one peer it lists. A second node on [::1] is not among its records.
+    let mut taken = Vec::new();
+    let port = fresh_port(&mut taken)?;
+    let other = fresh_port(&mut taken)?;
+    let start = |node: &'static str, listen: String| {
+        Daemon::builder()
+            .daemon(tokens())
+            .upstreams(format!(
+                "{}\n[cluster]\nnode = \"{node}\"\nsecret = \"${{SECRET}}\"\ndns = \"localhost:{port}\"\n",
+                fixture_upstream("fx", "", &[])
+            ))
+            .listen(listen)
+            .env(&[("SECRET", CLUSTER_SECRET)])
+            .start()
+    };
+    let listed = start("127.0.0.1", format!("127.0.0.1:{port}")).await?;
+    let unlisted = start("::1", format!("[::1]:{other}")).await?;
+    for daemon in [&listed, &unlisted] {
+        daemon.wait_ready(Duration::from_secs(30)).await?;
+    }
+    let client = reqwest::Client::new();
+    let post = reqwest::Method::POST;
+    let session = initialize(&client, &listed.url, ALICE).await?;
+    let answer = send(
+        &client,
+        post.clone(),
+        &unlisted.url,
+        ALICE,
+        Some(&session),
+        Some(call_add(1, 2, 3)),
+    )
+    .await?;
+    ensure!(
+        answer.served_by.as_deref() == Some("127.0.0.1"),
+        "{:?} {}\n{}",
+        answer.served_by,
+        answer.body,
+        unlisted.log()
+    );
+    ensure!(
+        answer.body["result"]["structuredContent"]["sum"] == 5,
+        "{}",
+        answer.body
+    );
+    // A node the name does not list is not reached, whatever its (genuine) id says.
+    let session = initialize(&client, &unlisted.url, ALICE).await?;
+    let answer = send(
+        &client,
+        post,
+        &listed.url,
+        ALICE,
+        Some(&session),
+        Some(call_add(2, 2, 3)),
+    )
+    .await?;
+    ensure!(
+        answer.status == 404 && answer.served_by.is_none(),
+        "{} {}",
+        answer.status,
+        answer.body
+    );
+    ensure!(
+        answer.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not a peer")),
+        "{}",
+        answer.body
+    );
+    Ok(())
+}
