@@ -17,6 +17,7 @@ mod faults;
 mod fixture_modern;
 mod front;
 mod instances;
+mod kubernetes;
 mod modern;
 mod one_state;
 mod packaging;

@@ -6,12 +6,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::values::{duration_where, is_host_entry, is_origin_entry, secret_value, Zero};
+use super::values::{
+    duration_where, expand_variables, is_host_entry, is_origin_entry, secret_value, Zero,
+};
 use crate::config::raw::{RawDaemon, RawFrontOAuth};
 use crate::config::*;
 
 pub(super) fn validate_daemon(
-    raw: RawDaemon,
+    mut raw: RawDaemon,
     base: &Path,
     environment: &dyn Fn(&str) -> Option<String>,
     issues: &mut Vec<ConfigIssue>,
@@ -126,6 +128,16 @@ pub(super) fn validate_daemon(
                      allowed_hosts), or listen on 127.0.0.1"
                 ),
             });
+        }
+    }
+    // `${POD_IP}`: a pod's own address, as a scraper or a peer names it.
+    for host in &mut raw.allowed_hosts {
+        match expand_variables(host, environment) {
+            Ok(expanded) => *host = expanded,
+            Err(message) => issues.push(ConfigIssue {
+                key: "daemon.allowed_hosts".into(),
+                message,
+            }),
         }
     }
     for (key, values) in [
