@@ -14,13 +14,18 @@ use crate::eventually;
 
 /// The configuration `packaging/haproxy/haproxy.cfg` ships, for `servers` and a
 /// front port; `affinity` keeps its stick lines.
-pub fn haproxy_config(port: u16, cluster: &TestCluster, affinity: bool) -> anyhow::Result<String> {
+pub fn haproxy_config(
+    port: u16,
+    cluster: &TestCluster,
+    nodes: &[usize],
+    affinity: bool,
+) -> anyhow::Result<String> {
     let shipped =
         std::fs::read_to_string(crate::workspace_root().join("packaging/haproxy/haproxy.cfg"))?;
-    let servers: String = cluster
-        .nodes
+    let servers: String = nodes
         .iter()
-        .map(|node| {
+        .map(|&index| {
+            let node = &cluster.nodes[index];
             format!(
                 "    server {} 127.0.0.1:{} check port {} inter 200ms fall 1 rise 1\n",
                 node.name, node.port, node.admin_port
@@ -66,6 +71,17 @@ impl Balancer {
         affinity: bool,
         dir: &Path,
     ) -> anyhow::Result<Option<Balancer>> {
+        let all: Vec<usize> = (0..cluster.nodes.len()).collect();
+        Balancer::start_with(cluster, &all, affinity, dir).await
+    }
+
+    /// In front of the nodes `nodes` (indices) alone.
+    pub async fn start_with(
+        cluster: &TestCluster,
+        nodes: &[usize],
+        affinity: bool,
+        dir: &Path,
+    ) -> anyhow::Result<Option<Balancer>> {
         let Some(haproxy) = which_haproxy() else {
             return Ok(None);
         };
@@ -75,7 +91,7 @@ impl Balancer {
             .flat_map(|n| [n.port, n.admin_port])
             .collect();
         let port = fresh_port(&mut taken)?;
-        let config = haproxy_config(port, cluster, affinity)?;
+        let config = haproxy_config(port, cluster, nodes, affinity)?;
         let path = dir.join(format!("haproxy-{port}.cfg"));
         std::fs::write(&path, &config)?;
         let child = Command::new(haproxy)

@@ -325,3 +325,122 @@ async fn a_rolling_restart_under_load_loses_no_call() -> anyhow::Result<()> {
     ensure!(calls > 50, "only {calls} calls");
     Ok(())
 }
+
+/// The median of `samples`.
+fn p50(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Pins a node and its upstream's processes to CPU 0, so that every cluster size
+/// gets the same CPU, and HAProxy and the load the other one.
+fn pin_to_cpu0(pid: u32) -> anyhow::Result<()> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for pid in
+        std::iter::once(pid.to_string()).chain(children.split_whitespace().map(str::to_string))
+    {
+        let status = std::process::Command::new("taskset")
+            .args(["-a", "-c", "-p", "0", &pid])
+            .stdout(std::process::Stdio::null())
+            .status()?;
+        ensure!(status.success(), "taskset {pid}");
+    }
+    Ok(())
+}
+
+/// Calls per second from `clients` sessions through `url` for `during`.
+async fn throughput(url: &str, clients: usize, during: Duration) -> anyhow::Result<f64> {
+    let mut set = tokio::task::JoinSet::new();
+    let until = Instant::now() + during;
+    for _ in 0..clients {
+        let url = url.to_string();
+        set.spawn(async move {
+            let mut client = Steady::new(url);
+            client.open().await?;
+            let mut calls = 0usize;
+            while Instant::now() < until {
+                client.call().await?;
+                calls += 1;
+            }
+            anyhow::Ok(calls)
+        });
+    }
+    let mut calls = 0;
+    while let Some(done) = set.join_next().await {
+        calls += done??;
+    }
+    Ok(calls as f64 / during.as_secs_f64())
+}
+
+/// The figures: printed, never asserted (a loaded 2-core machine varies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figures_forwarded_share_forwarding_latency_and_throughput_by_node_count(
+) -> anyhow::Result<()> {
+    let Some((cluster, _, dir)) = balanced(3, false, "worker_threads = 1").await? else {
+        return Ok(());
+    };
+    let all = [0, 1, 2];
+    // Forwarded share: 12 sessions of 10 calls each, with and without affinity.
+    for affinity in [false, true] {
+        let balancer = Balancer::start_with(&cluster, &all, affinity, dir.path())
+            .await?
+            .context("haproxy")?;
+        let before = forwarded(&cluster, "ok").await?;
+        let mut requests = 0;
+        for _ in 0..12 {
+            let mut client = Steady::new(balancer.url());
+            client.open().await?;
+            for _ in 0..10 {
+                ensure!(client.call().await? == Outcome::Done);
+            }
+            requests += 12;
+        }
+        let share = (forwarded(&cluster, "ok").await? - before) / requests as f64;
+        println!(
+            "figure: forwarded share through HAProxy round robin, {} affinity: {:.1}% of {requests} requests",
+            if affinity { "with" } else { "without" },
+            share * 100.0
+        );
+    }
+    // A forwarded request's added latency: one session's calls at its own node, then through another.
+    let mut client = Steady::new(cluster.url(0));
+    client.open().await?;
+    let (mut direct, mut via) = (Vec::with_capacity(300), Vec::with_capacity(300));
+    for round in 0..600 {
+        client.url = cluster.url(if round % 2 == 0 { 0 } else { 1 });
+        let started = Instant::now();
+        ensure!(client.call().await? == Outcome::Done);
+        if round % 2 == 0 {
+            &mut direct
+        } else {
+            &mut via
+        }
+        .push(started.elapsed());
+    }
+    let (direct, via) = (p50(&mut direct), p50(&mut via));
+    println!(
+        "figure: tools/call p50 at the session's node {direct:?}, forwarded from another {via:?}: +{:?}, x{:.2}",
+        via.saturating_sub(direct),
+        via.as_secs_f64() / direct.as_secs_f64()
+    );
+    // Throughput with 1, 2 and 3 nodes, all on CPU 0 (one worker thread each):
+    // equal total CPU; HAProxy and the 8 clients on CPU 1.
+    for node in &cluster.nodes {
+        pin_to_cpu0(node.daemon()?.pid().context("pid")?)?;
+    }
+    for count in 1..=3 {
+        let balancer = Balancer::start_with(&cluster, &all[..count], true, dir.path())
+            .await?
+            .context("haproxy")?;
+        if let Some(pid) = balancer.pid() {
+            let _ = std::process::Command::new("taskset")
+                .args(["-a", "-c", "-p", "1", &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .status();
+        }
+        let rate = throughput(&balancer.url(), 8, Duration::from_secs(2)).await?;
+        println!("figure: throughput with {count} node(s) on one CPU, 8 clients through HAProxy with affinity: {rate:.0} calls/s");
+    }
+    Ok(())
+}
