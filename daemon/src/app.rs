@@ -82,6 +82,10 @@ impl Daemon {
         let metrics = Arc::new(Metrics::new()?);
         let root = CancellationToken::new();
         let hub = Hub::new(&loaded.config, metrics, root.child_token());
+        if let Some(cluster) = &loaded.config.cluster {
+            // Before any upstream starts: its first audit lines name the node too.
+            hub.audit().set_node(&cluster.node);
+        }
         let shutdown = root.child_token();
         let tasks = TaskTracker::new();
         let (control, inbox) = control::channel();

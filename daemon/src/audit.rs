@@ -63,6 +63,8 @@ pub struct Audit {
     metrics: Arc<Metrics>,
     /// The last [`RECENT`] lines, whole, newest last.
     recent: Mutex<VecDeque<Arc<[u8]>>>,
+    /// In a `[cluster]`: this node's name, on every line (set once, at start).
+    node: std::sync::OnceLock<String>,
 }
 
 impl Audit {
@@ -84,6 +86,7 @@ impl Audit {
             dropped: AtomicU64::new(0),
             metrics,
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            node: std::sync::OnceLock::new(),
         })
     }
 
@@ -94,6 +97,11 @@ impl Audit {
         if self.sender.send(Message::Reopen(path)).await.is_err() {
             tracing::error!("the audit writer is gone");
         }
+    }
+
+    /// Names this node on every line from now on (a `[cluster]` node, at start).
+    pub fn set_node(&self, node: &str) {
+        let _ = self.node.set(node.to_string());
     }
 
     pub fn enabled(&self) -> bool {
@@ -122,6 +130,9 @@ impl Audit {
             humantime::format_rfc3339_millis(SystemTime::now())
         );
         let mut line = Line(bytes);
+        if let Some(node) = self.node.get() {
+            line.field("node", node);
+        }
         line.field("event", event);
         Some(line)
     }

@@ -602,3 +602,39 @@ async fn peers_found_through_dns_are_named_by_their_addresses_and_only_those_are
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn audit_lines_name_the_node_that_served_the_call() -> anyhow::Result<()> {
+    let daemon_lines = format!("{}\naudit_log = \"audit.jsonl\"", tokens());
+    let cluster = TestCluster::start(2, &daemon_lines, "").await?;
+    let client = reqwest::Client::new();
+    let session = initialize(&client, &cluster.url(0), ALICE).await?;
+    // Through n2: the call runs on n1, whose trail says so.
+    let answer = send(
+        &client,
+        reqwest::Method::POST,
+        &cluster.url(1),
+        ALICE,
+        Some(&session),
+        Some(call_add(1, 20, 22)),
+    )
+    .await?;
+    ensure!(
+        answer.body["result"]["structuredContent"]["sum"] == 42,
+        "{}",
+        answer.body
+    );
+    let trail = cluster.nodes[0].daemon()?.dir.path().join("audit.jsonl");
+    let line = plexus_tests::eventually(Duration::from_secs(5), async || {
+        let text = std::fs::read_to_string(&trail).unwrap_or_default();
+        let line = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|line| line["method"] == "tools/call")
+            .with_context(|| format!("no tools/call line in {text}"))?;
+        Ok(line)
+    })
+    .await?;
+    ensure!(line["node"] == "n1", "{line}");
+    Ok(())
+}
