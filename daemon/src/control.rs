@@ -410,6 +410,8 @@ impl ControlLoop {
         };
         // The watcher hears every change in the directory; only new bytes matter.
         if cause == ReloadCause::FileChanged && (sha256.is_empty() || sha256 == *last_read) {
+            // The pin file may sit beside the config (a ConfigMap): its change alone counts.
+            self.hub.recheck_pins();
             return None;
         }
         last_read.clone_from(&sha256);

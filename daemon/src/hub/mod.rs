@@ -143,10 +143,10 @@ impl Hub {
     /// Brings the upstreams to a new configuration (see `UpstreamSet::apply`), and
     /// judges every upstream's catalog again under its (possibly new) pin policy (but
     /// those it added, judged as they entered, unless the pin file was read again); a
-    /// pin file that could not be read is read again.
+    /// pin file that could not be read, or that another writer changed, is read again.
     pub async fn apply(&self, diff: ConfigDiff, drain_timeout: Duration) -> ApplyReport {
         let report = self.upstreams.apply(diff, self, drain_timeout).await;
-        let reread = self.pins.reread_if_unreadable();
+        let reread = self.pins.reread_if_changed();
         let pins_reread = reread.is_some();
         for (name, snapshot) in reread.unwrap_or_default() {
             self.pins.observe(&name, &snapshot, self.policy(&name));
@@ -161,6 +161,21 @@ impl Hub {
         }
         self.report_status();
         report
+    }
+
+    /// Reads the pin file again if another writer changed it (a peer sharing it, a
+    /// ConfigMap updated beside an unchanged config), and judges every upstream again.
+    pub fn recheck_pins(&self) {
+        let Some(reread) = self.pins.reread_if_changed() else {
+            return;
+        };
+        for (name, snapshot) in reread {
+            self.pins.observe(&name, &snapshot, self.policy(&name));
+        }
+        for name in self.upstreams().keys() {
+            self.requarantine(name);
+        }
+        self.report_status();
     }
 
     /// The pin policy of the upstream `name` (the default one if it is gone).

@@ -82,6 +82,32 @@ struct Saves {
     tasks: TaskTracker,
     /// Cancelled by [`Pins::flush`]: a write waiting for more changes goes at once.
     flushing: CancellationToken,
+    /// The file as last read or written here: another writer's change (a node of
+    /// the same cluster, a ConfigMap update) shows as a different stamp.
+    stamp: Mutex<Option<FileStamp>>,
+}
+
+/// What tells one version of the file from another without reading it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct FileStamp {
+    device: u64,
+    inode: u64,
+    length: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl FileStamp {
+    /// Follows symbolic links: a ConfigMap's file is a link swapped on update.
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            length: metadata.len(),
+            modified: metadata.modified().ok(),
+        })
+    }
 }
 
 impl Saves {
@@ -94,7 +120,10 @@ impl Saves {
             return;
         }
         match write_atomically_with(path, 0o600, |out| file.write_to(out)) {
-            Ok(()) => *written = number,
+            Ok(()) => {
+                *written = number;
+                *self.stamp.lock().unwrap_or_else(PoisonError::into_inner) = FileStamp::of(path);
+            }
             Err(error) => {
                 tracing::error!(path = %path.display(), %error, "cannot write the pin file")
             }
@@ -173,14 +202,17 @@ struct State {
 impl Pins {
     /// Reads the pin file; a missing one is empty.
     pub fn load(path: &Path, metrics: Arc<Metrics>, audit: Arc<crate::audit::Audit>) -> Pins {
+        let stamp = FileStamp::of(path);
         let file = read(path);
+        let saves = Saves::default();
+        *saves.stamp.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
         Pins {
             path: path.to_path_buf(),
             state: Arc::new(Mutex::new(State {
                 file,
                 observed: HashMap::new(),
             })),
-            saves: Arc::new(Saves::default()),
+            saves: Arc::new(saves),
             metrics,
             audit,
         }
@@ -338,16 +370,71 @@ impl Pins {
             return None;
         }
         tracing::info!(path = %self.path.display(), "the pin file reads again");
-        Some(
-            state
-                .observed
-                .iter()
-                .filter_map(|(name, observed)| {
-                    let record = record_of(&state.file, name);
-                    Some((name.clone(), observed.snapshot(record)?))
-                })
-                .collect(),
-        )
+        *self
+            .saves
+            .stamp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = FileStamp::of(&self.path);
+        Some(Self::to_judge(&state))
+    }
+
+    /// Reads the file again if another writer changed it since this node last
+    /// read or wrote it (nodes sharing one file, a ConfigMap updated), or if it
+    /// could not be read before: returns the upstreams to judge again. A change
+    /// that does not read keeps what was read before.
+    pub fn reread_if_changed(&self) -> Option<Vec<(String, ListingSnapshot)>> {
+        if self.lock().file.is_err() {
+            return self.reread_if_unreadable();
+        }
+        let file = {
+            // Held so that no write of this node's lands meanwhile (released before
+            // the state is taken: a write is made with the state held).
+            let _written = self
+                .saves
+                .written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if self.saves.scheduled.load(Ordering::Acquire) {
+                // Changes of this node's own are on their way to the file: the next
+                // reload looks again.
+                return None;
+            }
+            let now = FileStamp::of(&self.path);
+            let mut stamp = self
+                .saves
+                .stamp
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if now.is_none() || now == *stamp {
+                return None;
+            }
+            match PinFile::read(&self.path) {
+                Ok(file) => {
+                    *stamp = now;
+                    file
+                }
+                Err(error) => {
+                    tracing::error!(error = %error, "the pin file changed and does not read; the pins read before stay");
+                    return None;
+                }
+            }
+        };
+        tracing::info!(path = %self.path.display(), "the pin file changed on disk; its pins are in force");
+        let mut state = self.lock();
+        state.file = Ok(file);
+        Some(Self::to_judge(&state))
+    }
+
+    /// The upstreams seen in this run, with their listings, to be judged again.
+    fn to_judge(state: &State) -> Vec<(String, ListingSnapshot)> {
+        state
+            .observed
+            .iter()
+            .filter_map(|(name, observed)| {
+                let record = record_of(&state.file, name);
+                Some((name.clone(), observed.snapshot(record)?))
+            })
+            .collect()
     }
 
     /// A removed upstream's listing is no longer kept (its pin stays in the file).

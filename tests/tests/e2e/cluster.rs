@@ -638,3 +638,123 @@ async fn audit_lines_name_the_node_that_served_the_call() -> anyhow::Result<()> 
     ensure!(line["node"] == "n1", "{line}");
     Ok(())
 }
+
+async fn tool_listed(client: &reqwest::Client, url: &str, tool: &str) -> anyhow::Result<bool> {
+    let session = initialize(client, url, ALICE).await?;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    let answer = send(
+        client,
+        reqwest::Method::POST,
+        url,
+        ALICE,
+        Some(&session),
+        Some(list),
+    )
+    .await?;
+    let tools = answer.body["result"]["tools"].as_array().context("tools")?;
+    Ok(tools.iter().any(|t| t["name"] == tool))
+}
+
+#[tokio::test]
+async fn an_approval_holds_on_every_node_sharing_the_pin_file() -> anyhow::Result<()> {
+    let shared = tempfile::tempdir()?;
+    let lock = shared.path().join("plexus.lock");
+    let daemon_lines = format!("{}\npins = {:?}", tokens(), lock.display().to_string());
+    let cluster = TestCluster::start(2, &daemon_lines, "pin = \"strict\"").await?;
+    let client = reqwest::Client::new();
+    for node in 0..2 {
+        ensure!(
+            !tool_listed(&client, &cluster.url(node), "fx__add").await?,
+            "n{} shows an unapproved tool",
+            node + 1
+        );
+    }
+    // Each node has written what it saw (pending approval) by now; the file's
+    // writes settle (250 ms coalescing) before the approval, whose write is then
+    // the last: nodes sharing a writable file each write it whole.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Approved on n1, which writes the shared file.
+    let approved = client
+        .post(format!("{}/pins/approve", cluster.nodes[0].daemon()?.admin))
+        .header("content-type", "application/json")
+        .body(json!({"upstream": "fx"}).to_string())
+        .send()
+        .await?;
+    ensure!(
+        approved.status() == 200,
+        "approve: {} {}",
+        approved.status(),
+        approved.text().await?
+    );
+    ensure!(
+        tool_listed(&client, &cluster.url(0), "fx__add").await?,
+        "not on n1 after its approval"
+    );
+    // n2 reads it at its next reload (at once when the file sits beside its
+    // config, as a ConfigMap's does: its watcher sees the change).
+    let n2 = cluster.nodes[1].daemon()?;
+    n2.reload().await?;
+    plexus_tests::eventually(Duration::from_secs(5), async || {
+        ensure!(
+            tool_listed(&client, &cluster.url(1), "fx__add").await?,
+            "not on n2\n{}\n{}",
+            n2.log(),
+            std::fs::read_to_string(&lock)
+                .unwrap_or_default()
+                .chars()
+                .take(600)
+                .collect::<String>()
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        n2.log().contains("the pin file changed on disk"),
+        "{}",
+        n2.log()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_committed_approval_reaches_a_node_through_its_watcher() -> anyhow::Result<()> {
+    // Each node's pin file beside its config, as a ConfigMap mounts both.
+    let daemon_lines = format!("{}\npins = \"plexus.lock\"", tokens());
+    let cluster = TestCluster::start(2, &daemon_lines, "pin = \"strict\"").await?;
+    let client = reqwest::Client::new();
+    let n1 = cluster.nodes[0].daemon()?;
+    let n2 = cluster.nodes[1].daemon()?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let approved = client
+        .post(format!("{}/pins/approve", n1.admin))
+        .header("content-type", "application/json")
+        .body(json!({"upstream": "fx"}).to_string())
+        .send()
+        .await?;
+    ensure!(approved.status() == 200, "approve: {}", approved.status());
+    ensure!(
+        !tool_listed(&client, &cluster.url(1), "fx__add").await?,
+        "n2 shows an unapproved tool"
+    );
+    // The approved file, committed and delivered to n2 (replaced whole, as a
+    // ConfigMap update does); its config is unchanged, and nothing asks it to reload.
+    let approved_file = plexus_tests::eventually(Duration::from_secs(5), async || {
+        let text = std::fs::read_to_string(n1.dir.path().join("plexus.lock"))?;
+        ensure!(text.contains("\"pinned\""), "not written yet");
+        Ok(text)
+    })
+    .await?;
+    let staged = n2.dir.path().join(".plexus.lock.new");
+    std::fs::write(&staged, approved_file)?;
+    std::fs::rename(&staged, n2.dir.path().join("plexus.lock"))?;
+    plexus_tests::eventually(Duration::from_secs(5), async || {
+        ensure!(
+            tool_listed(&client, &cluster.url(1), "fx__add").await?,
+            "not on n2\n{}",
+            n2.log()
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
