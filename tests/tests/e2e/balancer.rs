@@ -444,3 +444,55 @@ async fn figures_forwarded_share_forwarding_latency_and_throughput_by_node_count
     }
     Ok(())
 }
+
+/// The official Python SDK's client (`tests/python/plexus_client.py`, both eras)
+/// passes through the balancer as it does against one node; but for the
+/// 2026-07-28 subscription check: its `subscriptions/listen` stream and the call
+/// that makes the upstream send updates land on different nodes, each with its
+/// own `everything` process, and updates do not cross nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_client_passes_through_round_robin() -> anyhow::Result<()> {
+    use plexus_tests::{venv_python, workspace_root};
+    if !venv_python().exists() {
+        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+        return Ok(());
+    }
+    let everything = "[upstreams.everything]\nnpx = \"@modelcontextprotocol/server-everything@2026.8.31\"\ninit_timeout = \"180s\"\n";
+    let cluster = TestCluster::start(3, "", everything).await?;
+    let dir = tempfile::tempdir()?;
+    let Some(balancer) = Balancer::start(&cluster, false, dir.path()).await? else {
+        println!("skipped: haproxy is not installed; run scripts/ensure-haproxy");
+        return Ok(());
+    };
+    for mode in ["legacy", "auto"] {
+        let started = Instant::now();
+        let output = tokio::process::Command::new(venv_python())
+            .arg(workspace_root().join("tests/python/plexus_client.py"))
+            .args(["--mode", mode, "--url", &balancer.url()])
+            .args(if mode == "auto" {
+                &["--skip", "subscription"][..]
+            } else {
+                &[]
+            })
+            .env("PYTHONUNBUFFERED", "1")
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(600), output).await??;
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ensure!(
+            output.status.success(),
+            "python client ({mode}) through HAProxy:\n{report}\n{}",
+            cluster.logs()
+        );
+        println!(
+            "python client ({mode}) through HAProxy round robin, 3 nodes: passed in {:.1} s, {} forwarded",
+            started.elapsed().as_secs_f64(),
+            forwarded(&cluster, "ok").await?
+        );
+    }
+    Ok(())
+}
