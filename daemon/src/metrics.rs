@@ -256,7 +256,7 @@ impl Metrics {
         let cluster_forwarded = IntCounterVec::new(
             Opts::new(
                 "plexus_cluster_forwarded_requests_total",
-                "Requests sent on to the [cluster] node holding their session or paused round, by outcome (`ok`, `unreachable`, `failed`).",
+                "Requests sent on to the [cluster] node holding their session or paused round, by outcome (`ok`, `unreachable`, `unresponsive`, `failed`).",
             ),
             &["outcome"],
         )?;

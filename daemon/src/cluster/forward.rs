@@ -37,9 +37,18 @@ pub enum ForwardError {
         #[source]
         source: hyper_util::client::legacy::Error,
     },
+    #[error("node `{node}` has stopped answering (no reply to a probe within {}s)", PROBE_TIMEOUT.as_secs())]
+    Unresponsive { node: String },
     #[error("the request cannot be forwarded")]
     Request(#[source] http::Error),
 }
+
+/// While a forwarded request waits for its answer (a call may rightly take
+/// minutes), the owner is asked every so often for any answer at all: a node that
+/// holds the connection but answers nothing (frozen, overloaded beyond reply) ends
+/// the wait with a clear error instead of a hang.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Pooled connections to the peers: a forwarded request costs no handshake.
 pub(super) struct PeerClient {
@@ -91,7 +100,13 @@ impl Cluster {
             if let Ok(value) = HeaderValue::from_str(&self.peer_auth(parts.method.as_str(), path)) {
                 request.headers_mut().insert(PEER_AUTH_HEADER, value);
             }
-            match self.client.client.request(request).await {
+            let answered = tokio::select! {
+                answered = self.client.client.request(request) => answered,
+                () = self.stops_answering(&base) => {
+                    return Err(ForwardError::Unresponsive { node: node.to_string() });
+                }
+            };
+            match answered {
                 Ok(response) => break response,
                 Err(source) if source.is_connect() => {
                     return Err(ForwardError::Unreachable {
@@ -133,6 +148,26 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Ends only when the node at `base` fails to answer a probe in time (any HTTP
+    /// answer to `GET /` counts: it is a 404 from a live plexus). A refused probe
+    /// does not: a node finishing its last exchanges takes no new connection, and
+    /// one that died breaks the forwarded request's own.
+    async fn stops_answering(&self, base: &str) {
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            let Ok(probe) = Request::get(format!("{base}/")).body(Full::new(Bytes::new())) else {
+                continue;
+            };
+            match tokio::time::timeout(PROBE_TIMEOUT, self.client.client.request(probe)).await {
+                Ok(Err(error)) if timed_out(&error) => return,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 /// The owner's body as it arrives (an event stream included); a broken one ends
 /// the client's, as the owner's going away would.
 fn relayed(incoming: Incoming) -> Body {
@@ -147,6 +182,21 @@ fn relayed(incoming: Incoming) -> Body {
         }
     });
     BodyExt::boxed_unsync(StreamBody::new(frames))
+}
+
+/// Whether an error comes of a connection attempt that timed out.
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// A connection closed with the request unanswered (hyper's incomplete message).

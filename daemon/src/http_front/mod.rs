@@ -484,6 +484,10 @@ impl HttpFront {
                 ),
                 )
             }
+            ForwardError::Unresponsive { .. } => {
+                forwarded.with_label_values(&["unresponsive"]).inc();
+                (StatusCode::GATEWAY_TIMEOUT, reason)
+            }
             ForwardError::Failed { .. } | ForwardError::Request(_) => {
                 forwarded.with_label_values(&["failed"]).inc();
                 (StatusCode::BAD_GATEWAY, reason)

@@ -758,3 +758,56 @@ async fn a_committed_approval_reaches_a_node_through_its_watcher() -> anyhow::Re
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_owner_that_stops_answering_ends_the_wait_with_a_clear_error() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(2, &tokens(), "").await?;
+    let client = reqwest::Client::new();
+    let session = initialize(&client, &cluster.url(0), ALICE).await?;
+    // n1 frozen: its socket still takes connections, nothing answers them.
+    let pid = nix::unistd::Pid::from_raw(cluster.nodes[0].daemon()?.pid().context("pid")? as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)?;
+    let started = std::time::Instant::now();
+    let answer = send(
+        &client,
+        reqwest::Method::POST,
+        &cluster.url(1),
+        ALICE,
+        Some(&session),
+        Some(call_add(1, 1, 1)),
+    )
+    .await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT)?;
+    let answer = answer?;
+    let took = started.elapsed();
+    println!(
+        "a frozen owner: {} in {took:?}: {}",
+        answer.status, answer.body["error"]["message"]
+    );
+    ensure!(answer.status == 504, "{} {}", answer.status, answer.body);
+    ensure!(
+        answer.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("stopped answering")),
+        "{}",
+        answer.body
+    );
+    // Probed every 5 s, given 5 s to answer: within 10 s, with headroom.
+    ensure!(took < Duration::from_secs(20), "took {took:?}");
+    // Thawed, it serves its session again.
+    let answer = send(
+        &client,
+        reqwest::Method::POST,
+        &cluster.url(1),
+        ALICE,
+        Some(&session),
+        Some(call_add(2, 2, 2)),
+    )
+    .await?;
+    ensure!(
+        answer.body["result"]["structuredContent"]["sum"] == 4,
+        "{}",
+        answer.body
+    );
+    Ok(())
+}
