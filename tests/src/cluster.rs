@@ -35,6 +35,16 @@ impl TestCluster {
         daemon_lines: &str,
         extra: &str,
     ) -> anyhow::Result<TestCluster> {
+        TestCluster::start_with(count, daemon_lines, &[], extra).await
+    }
+
+    /// [`TestCluster::start`] with the fixture run with `fixture_args`.
+    pub async fn start_with(
+        count: usize,
+        daemon_lines: &str,
+        fixture_args: &[&str],
+        extra: &str,
+    ) -> anyhow::Result<TestCluster> {
         let mut nodes = Vec::new();
         let mut taken = Vec::new();
         for index in 0..count {
@@ -59,7 +69,7 @@ impl TestCluster {
             .collect();
         let sections = format!(
             "{}\n{extra}\n[cluster]\nnode = \"${{PLEXUS_NODE}}\"\nsecret = \"${{PLEXUS_CLUSTER_SECRET}}\"\npeers = {{ {} }}\n",
-            fixture_upstream("fx", "", &[]),
+            fixture_upstream("fx", "", fixture_args),
             peers.join(", ")
         );
         let mut cluster = TestCluster {

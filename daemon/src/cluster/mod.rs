@@ -13,9 +13,13 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 use http::HeaderMap;
+use serde_json::Value;
 
 use crate::config::ClusterConfig;
+use crate::jsonrpc::Answer;
 pub use forward::ForwardError;
 pub use seal::Unsealed;
 use seal::{KeyRing, Purpose};
@@ -90,15 +94,57 @@ impl Cluster {
         )
     }
 
-    /// The node a `requestState` of plexus's names; None: not one of plexus's (an
-    /// upstream's, passed through), served where it lands.
-    pub fn owner_of_state(&self, state: &str) -> Option<Result<Owner, Unsealed>> {
-        let token = state.strip_prefix(STATE_PREFIX)?;
+    /// The node a `requestState` plexus handed out names, and for a 2026-07-28
+    /// upstream's own state that plexus sealed on its way out, that state as the
+    /// upstream wrote it; None: not one plexus handed out, served where it lands.
+    pub fn owner_of_state(&self, state: &str) -> Option<Result<(Owner, Option<String>), Unsealed>> {
+        let sealed = state.strip_prefix(STATE_PREFIX)?;
+        let (token, upstream) = match sealed.split_once('.') {
+            None => (sealed, None),
+            Some((token, carried)) => match URL_SAFE_NO_PAD
+                .decode(carried)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+            {
+                Some(upstream) => (token, Some(upstream)),
+                None => return Some(Err(Unsealed::Malformed)),
+            },
+        };
         Some(
             self.ring
-                .open(Purpose::State, token, "")
-                .map(|node| self.owner(node)),
+                .open(
+                    Purpose::State,
+                    token,
+                    upstream.as_deref().unwrap_or_default(),
+                )
+                .map(|node| (self.owner(node), upstream)),
         )
+    }
+
+    /// An answer for a 2026-07-28 client with the upstream's own `requestState`
+    /// (kept by the upstream process of this node) sealed to name this node, so a
+    /// retry landing elsewhere is forwarded here; other answers pass unread but for
+    /// a search for the member.
+    pub fn seal_upstream_state(&self, answer: Answer) -> Answer {
+        if let Answer::Serialized(bytes) = &answer {
+            if memchr::memmem::find(bytes, b"\"requestState\"").is_none() {
+                return answer;
+            }
+        }
+        let mut value = answer.into_value();
+        let state = value
+            .get_mut("result")
+            .and_then(|result| result.get_mut("requestState"));
+        if let Some(Value::String(state)) = state {
+            if !state.starts_with(STATE_PREFIX) {
+                let token = self.ring.seal(Purpose::State, &self.node, state);
+                *state = format!(
+                    "{STATE_PREFIX}{token}.{}",
+                    URL_SAFE_NO_PAD.encode(state.as_bytes())
+                );
+            }
+        }
+        Answer::Value(value)
     }
 
     fn owner(&self, node: String) -> Owner {

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::{answer_response, empty, modern_status};
 use crate::client_message::ClientMessage;
+use crate::cluster::Cluster;
 use crate::era::Era;
 use crate::jsonrpc::Answer;
 use crate::listener::Body;
@@ -30,6 +31,7 @@ pub(super) async fn answer_on_stream(
     session: Arc<Session>,
     message: ClientMessage,
     era: Era,
+    cluster: Option<Arc<Cluster>>,
 ) -> Response<Body> {
     let modern = era == Era::Modern;
     let hub = session.hub().clone();
@@ -37,7 +39,13 @@ pub(super) async fn answer_on_stream(
     let mut handling = Box::pin(async move {
         // A session made for this one request ends with it.
         let _closing = modern.then(|| CloseOnDrop(session.clone()));
-        session.handle(message, era, Some(&related)).await
+        match (session.handle(message, era, Some(&related)).await, cluster) {
+            // An upstream's paused round names this node (in a cluster).
+            (Handled::Respond(answer), Some(cluster)) if modern => {
+                Handled::Respond(cluster.seal_upstream_state(answer))
+            }
+            (handled, _) => handled,
+        }
     });
     let (first, done) = tokio::select! {
         biased;

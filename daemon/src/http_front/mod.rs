@@ -336,7 +336,7 @@ impl HttpFront {
         };
         // Kept (a reference, not a copy) in case a paused round's retry goes to its node.
         let raw = self.cluster.as_ref().map(|_| body.clone());
-        let received = match ClientMessage::read_served(body, &self.known) {
+        let mut received = match ClientMessage::read_served(body, &self.known) {
             Ok(received) => received,
             Err(error) => {
                 return json_error(
@@ -367,7 +367,11 @@ impl HttpFront {
                     .and_then(|p| p.get("requestState"))
                     .and_then(Value::as_str);
                 match state.and_then(|state| cluster.owner_of_state(state)) {
-                    None | Some(Ok(Owner::Here)) => {}
+                    None | Some(Ok((Owner::Here, None))) => {}
+                    Some(Ok((Owner::Here, Some(upstream)))) => {
+                        // The upstream's own state, as it wrote it.
+                        received.message["params"]["requestState"] = Value::String(upstream);
+                    }
                     Some(Err(refused)) => {
                         // Edited, or sealed under a key no longer in the ring.
                         let id = message.get("id").cloned().unwrap_or(Value::Null);
@@ -379,10 +383,10 @@ impl HttpFront {
                             &jsonrpc::error_response(id, &error),
                         );
                     }
-                    Some(Ok(Owner::Peer(node))) if !forwarded => {
+                    Some(Ok((Owner::Peer(node), _))) if !forwarded => {
                         return self.forward(cluster, &node, &parts, raw).await;
                     }
-                    Some(Ok(Owner::Peer(node))) => {
+                    Some(Ok((Owner::Peer(node), _))) => {
                         return misrouted(&node);
                     }
                 }

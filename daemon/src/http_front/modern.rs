@@ -74,11 +74,18 @@ impl HttpFront {
         self.stateless
             .insert(session.id(), Arc::downgrade(&session));
         if accepts_event_stream(headers) {
-            return answer_on_stream(session, received, Era::Modern).await;
+            return answer_on_stream(session, received, Era::Modern, self.cluster.clone()).await;
         }
         let _closing = CloseOnDrop(session.clone());
         match session.handle(received, Era::Modern, None).await {
-            Handled::Respond(response) => answer_response(modern_status(&response), response),
+            Handled::Respond(response) => {
+                // An upstream's paused round names this node (in a cluster).
+                let response = match &self.cluster {
+                    Some(cluster) => cluster.seal_upstream_state(response),
+                    None => response,
+                };
+                answer_response(modern_status(&response), response)
+            }
             Handled::Nothing => empty(StatusCode::ACCEPTED),
         }
     }

@@ -811,3 +811,70 @@ async fn an_owner_that_stops_answering_ends_the_wait_with_a_clear_error() -> any
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn an_upstreams_own_paused_round_names_its_node_and_its_retry_goes_there(
+) -> anyhow::Result<()> {
+    // A 2026-07-28 upstream: its input-required results carry its own requestState.
+    let cluster = TestCluster::start_with(2, &tokens(), &["--modern"], "").await?;
+    let client = reqwest::Client::new();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let call = json!({"name": "fx__ask", "arguments": {"kind": "sampling"}, "_meta": meta});
+    let first = modern_call(&client, &cluster.url(0), 1, call.clone()).await?;
+    let result = &first.body["result"];
+    ensure!(
+        result["resultType"] == "input_required",
+        "{}\n{}",
+        first.body,
+        cluster.logs()
+    );
+    let state = result["requestState"]
+        .as_str()
+        .context("requestState")?
+        .to_string();
+    // Sealed to name n1, the upstream's own state carried inside.
+    ensure!(
+        state.starts_with("plexus.") && state.matches('.').count() == 2,
+        "{state}"
+    );
+    let key = result["inputRequests"]
+        .as_object()
+        .and_then(|requests| requests.keys().next())
+        .context("an input request")?
+        .clone();
+    let mut retry = call.clone();
+    retry["requestState"] = json!(state);
+    retry["inputResponses"] = json!({ key: {"role": "assistant", "model": "m",
+        "content": {"type": "text", "text": "sampled for n1's upstream"}} });
+    // The carried state edited: refused.
+    let mut edited = retry.clone();
+    let (head, _) = state.rsplit_once('.').context("carried")?;
+    edited["requestState"] = json!(format!("{head}.{}", "YXNrOnNhbXBsaW5nOjI"));
+    let answer = modern_call(&client, &cluster.url(1), 2, edited).await?;
+    ensure!(
+        answer.status == 400 && answer.served_by.is_none(),
+        "{} {}",
+        answer.status,
+        answer.body
+    );
+    // The retry lands on n2 and is served by n1, whose upstream gets its state back.
+    let done = modern_call(&client, &cluster.url(1), 3, retry).await?;
+    ensure!(
+        done.served_by.as_deref() == Some("n1"),
+        "{:?}: {}",
+        done.served_by,
+        done.body
+    );
+    ensure!(
+        done.body["result"]["resultType"] == "complete"
+            && done.body.to_string().contains("sampled for n1's upstream"),
+        "{}\n{}",
+        done.body,
+        cluster.logs()
+    );
+    Ok(())
+}
