@@ -451,9 +451,11 @@ def main() -> int:
     target.add_argument("--stdio", action="store_true", help="launch the command after `--` and talk over its stdio")
     parser.add_argument("--mode", choices=["auto", "legacy"], default="auto", help="the SDK's connect mode")
     parser.add_argument("--skip", action="append", default=[], help="a check not to run (subscription)")
+    parser.add_argument("--connect-budget", type=float, default=CONNECT_BUDGET_S, help="seconds the connect may take")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="with --stdio: -- PROGRAM ARGS...")
     args = parser.parse_args()
     SKIPPED.update(args.skip)
+    globals()["CONNECT_BUDGET_S"] = args.connect_budget
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.stdio:
         if not command:

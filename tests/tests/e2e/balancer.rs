@@ -469,6 +469,9 @@ async fn the_python_sdk_client_passes_through_round_robin() -> anyhow::Result<()
         let output = tokio::process::Command::new(venv_python())
             .arg(workspace_root().join("tests/python/plexus_client.py"))
             .args(["--mode", mode, "--url", &balancer.url()])
+            // Three nodes, each with its own npx upstream, on a loaded 2-core
+            // machine: the connect's 1 s budget for one node is left room here.
+            .args(["--connect-budget", "5"])
             .args(if mode == "auto" {
                 &["--skip", "subscription"][..]
             } else {
