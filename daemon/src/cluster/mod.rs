@@ -98,52 +98,76 @@ impl Cluster {
     /// upstream's own state that plexus sealed on its way out, that state as the
     /// upstream wrote it; None: not one plexus handed out, served where it lands.
     pub fn owner_of_state(&self, state: &str) -> Option<Result<(Owner, Option<String>), Unsealed>> {
-        let sealed = state.strip_prefix(STATE_PREFIX)?;
-        let (token, upstream) = match sealed.split_once('.') {
+        self.open_carried(Purpose::State, state)
+    }
+
+    /// The node a task id names (one a 2026-07-28 upstream's task on that node had,
+    /// sealed on its way out), and the id as plexus knows it there.
+    pub fn owner_of_task(&self, task: &str) -> Option<Result<(Owner, String), Unsealed>> {
+        Some(match self.open_carried(Purpose::Task, task)? {
+            Ok((owner, Some(task))) => Ok((owner, task)),
+            Ok((_, None)) => Err(Unsealed::Malformed),
+            Err(refused) => Err(refused),
+        })
+    }
+
+    /// `plexus.<token>` or `plexus.<token>.<carried, base64url>`, the carried text
+    /// bound into the token.
+    fn open_carried(
+        &self,
+        purpose: Purpose,
+        text: &str,
+    ) -> Option<Result<(Owner, Option<String>), Unsealed>> {
+        let sealed = text.strip_prefix(STATE_PREFIX)?;
+        let (token, carried) = match sealed.split_once('.') {
             None => (sealed, None),
             Some((token, carried)) => match URL_SAFE_NO_PAD
                 .decode(carried)
                 .ok()
                 .and_then(|bytes| String::from_utf8(bytes).ok())
             {
-                Some(upstream) => (token, Some(upstream)),
+                Some(carried) => (token, Some(carried)),
                 None => return Some(Err(Unsealed::Malformed)),
             },
         };
         Some(
             self.ring
-                .open(
-                    Purpose::State,
-                    token,
-                    upstream.as_deref().unwrap_or_default(),
-                )
-                .map(|node| (self.owner(node), upstream)),
+                .open(purpose, token, carried.as_deref().unwrap_or_default())
+                .map(|node| (self.owner(node), carried)),
         )
     }
 
-    /// An answer for a 2026-07-28 client with the upstream's own `requestState`
-    /// (kept by the upstream process of this node) sealed to name this node, so a
-    /// retry landing elsewhere is forwarded here; other answers pass unread but for
-    /// a search for the member.
+    fn seal_carried(&self, purpose: Purpose, carried: &str) -> String {
+        let token = self.ring.seal_stable(purpose, &self.node, carried);
+        format!(
+            "{STATE_PREFIX}{token}.{}",
+            URL_SAFE_NO_PAD.encode(carried.as_bytes())
+        )
+    }
+
+    /// An answer for a 2026-07-28 client with what the upstream process of this
+    /// node holds sealed to name it: the upstream's own `requestState` and its
+    /// tasks' ids, so a retry or a `tasks/*` request landing elsewhere is forwarded
+    /// here. Other answers pass unread but for a search for those members.
     pub fn seal_upstream_state(&self, answer: Answer) -> Answer {
         if let Answer::Serialized(bytes) = &answer {
-            if memchr::memmem::find(bytes, b"\"requestState\"").is_none() {
+            let finds = |member: &[u8]| memchr::memmem::find(bytes, member).is_some();
+            if !finds(b"\"requestState\"") && !finds(b"\"taskId\"") {
                 return answer;
             }
         }
         let mut value = answer.into_value();
-        let state = value
-            .get_mut("result")
-            .and_then(|result| result.get_mut("requestState"));
-        if let Some(Value::String(state)) = state {
+        let Some(result) = value.get_mut("result") else {
+            return Answer::Value(value);
+        };
+        if let Some(Value::String(state)) = result.get_mut("requestState") {
             if !state.starts_with(STATE_PREFIX) {
-                let token = self.ring.seal(Purpose::State, &self.node, state);
-                *state = format!(
-                    "{STATE_PREFIX}{token}.{}",
-                    URL_SAFE_NO_PAD.encode(state.as_bytes())
-                );
+                *state = self.seal_carried(Purpose::State, state);
             }
         }
+        crate::tasks::rewrite_task_ids(result, &|task| {
+            (!task.starts_with(STATE_PREFIX)).then(|| self.seal_carried(Purpose::Task, task))
+        });
         Answer::Value(value)
     }
 

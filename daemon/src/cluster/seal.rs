@@ -20,6 +20,7 @@ const TAG: usize = 16;
 pub enum Purpose {
     Session,
     State,
+    Task,
     Peer,
 }
 
@@ -28,6 +29,7 @@ impl Purpose {
         match self {
             Purpose::Session => b"plexus session id",
             Purpose::State => b"plexus request state",
+            Purpose::Task => b"plexus task id",
             Purpose::Peer => b"plexus peer request",
         }
     }
@@ -79,7 +81,26 @@ impl KeyRing {
     /// A fresh token naming `node`, bound to `bound` (a principal, a request line):
     /// base64url of version, key id, 128 random bits, the node, the tag.
     pub fn seal(&self, purpose: Purpose, node: &str, bound: &str) -> String {
-        let nonce: [u8; NONCE] = rand::random();
+        self.seal_with(rand::random(), purpose, node, bound)
+    }
+
+    /// The same token each time for the same node and `bound` (under the same
+    /// key): a name the client compares with one it saw before (a task id in
+    /// `tasks/get`'s answer) stays equal.
+    pub fn seal_stable(&self, purpose: Purpose, node: &str, bound: &str) -> String {
+        let digest = Sha256::new()
+            .chain_update(purpose.label())
+            .chain_update([0])
+            .chain_update(node.as_bytes())
+            .chain_update([0])
+            .chain_update(bound.as_bytes())
+            .finalize();
+        let mut nonce = [0u8; NONCE];
+        nonce.copy_from_slice(&digest[..NONCE]);
+        self.seal_with(nonce, purpose, node, bound)
+    }
+
+    fn seal_with(&self, nonce: [u8; NONCE], purpose: Purpose, node: &str, bound: &str) -> String {
         let Some(key) = self.keys.first() else {
             // Unreachable with a validated config; an unsigned token opens nowhere.
             return URL_SAFE_NO_PAD.encode(nonce);

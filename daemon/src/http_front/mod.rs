@@ -302,7 +302,7 @@ impl HttpFront {
         if self.shutdown.is_cancelled() {
             return json_error(StatusCode::SERVICE_UNAVAILABLE, &RelayError::ShuttingDown);
         }
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let declared_length = parts
             .headers
             .get(header::CONTENT_LENGTH)
@@ -362,33 +362,12 @@ impl HttpFront {
         // sent so is an unknown method of that revision, not a handshake.
         if modern_header || era::declared_version(message.get("params")).is_some() {
             if let (Some(cluster), Some(raw)) = (&self.cluster, raw) {
-                let state = message
-                    .get("params")
-                    .and_then(|p| p.get("requestState"))
-                    .and_then(Value::as_str);
-                match state.and_then(|state| cluster.owner_of_state(state)) {
-                    None | Some(Ok((Owner::Here, None))) => {}
-                    Some(Ok((Owner::Here, Some(upstream)))) => {
-                        // The upstream's own state, as it wrote it.
-                        received.message["params"]["requestState"] = Value::String(upstream);
-                    }
-                    Some(Err(refused)) => {
-                        // Edited, or sealed under a key no longer in the ring.
-                        let id = message.get("id").cloned().unwrap_or(Value::Null);
-                        let error = RelayError::InvalidParams(format!(
-                            "`requestState` is not one plexus issued: {refused}"
-                        ));
-                        return json_response(
-                            StatusCode::BAD_REQUEST,
-                            &jsonrpc::error_response(id, &error),
-                        );
-                    }
-                    Some(Ok((Owner::Peer(node), _))) if !forwarded => {
+                match clustered_modern(cluster, &mut received, &mut parts.headers, forwarded) {
+                    Ok(()) => {}
+                    Err(ModernRoute::Forward(node)) => {
                         return self.forward(cluster, &node, &parts, raw).await;
                     }
-                    Some(Ok((Owner::Peer(node), _))) => {
-                        return misrouted(&node);
-                    }
+                    Err(ModernRoute::Respond(response)) => return *response,
                 }
             }
             return self
@@ -499,6 +478,79 @@ impl HttpFront {
         };
         json_error(status, &RelayError::InvalidRequest(message))
     }
+}
+
+/// Where a 2026-07-28 request goes in a cluster, when not served here.
+enum ModernRoute {
+    Forward(String),
+    Respond(Box<Response<Body>>),
+}
+
+/// A 2026-07-28 request naming a paused round or a task another node holds goes
+/// there (once); one naming this node's gets back the names its upstream gave.
+/// A name plexus sealed and the client edited is refused (400).
+fn clustered_modern(
+    cluster: &Cluster,
+    received: &mut ClientMessage,
+    headers: &mut HeaderMap,
+    forwarded: bool,
+) -> Result<(), ModernRoute> {
+    let message = &received.message;
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    let by_task = matches!(
+        message.get("method").and_then(Value::as_str),
+        Some("tasks/get" | "tasks/update" | "tasks/cancel")
+    );
+    for key in ["requestState", "taskId"] {
+        let message = &received.message;
+        let Some(name) = message
+            .get("params")
+            .and_then(|p| p.get(key))
+            .and_then(Value::as_str)
+        else {
+            continue;
+        };
+        let decided = match key {
+            "requestState" => cluster.owner_of_state(name),
+            _ if by_task => cluster
+                .owner_of_task(name)
+                .map(|owned| owned.map(|(owner, task)| (owner, Some(task)))),
+            _ => None,
+        };
+        match decided {
+            None | Some(Ok((Owner::Here, None))) => {}
+            Some(Ok((Owner::Here, Some(original)))) => {
+                // The name as the upstream gave it, in the body and the header mirroring it.
+                // (A header naming something else is left for the mirror check to refuse.)
+                let mirrored = headers
+                    .get(NAME_HEADER)
+                    .is_some_and(|v| v.as_bytes() == name.as_bytes());
+                if key == "taskId" && mirrored {
+                    if let Ok(value) = HeaderValue::from_str(&original) {
+                        headers.insert(NAME_HEADER, value);
+                    }
+                }
+                received.message["params"][key] = Value::String(original);
+            }
+            Some(Err(refused)) => {
+                // Edited, or sealed under a key no longer in the ring.
+                let error = RelayError::InvalidParams(format!(
+                    "`{key}` is not one plexus issued: {refused}"
+                ));
+                return Err(ModernRoute::Respond(Box::new(json_response(
+                    StatusCode::BAD_REQUEST,
+                    &jsonrpc::error_response(id, &error),
+                ))));
+            }
+            Some(Ok((Owner::Peer(node), _))) if !forwarded => {
+                return Err(ModernRoute::Forward(node))
+            }
+            Some(Ok((Owner::Peer(node), _))) => {
+                return Err(ModernRoute::Respond(Box::new(misrouted(&node))))
+            }
+        }
+    }
+    Ok(())
 }
 
 fn unknown_session() -> Response<Body> {

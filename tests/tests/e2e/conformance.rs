@@ -1,8 +1,8 @@
 //! The official MCP conformance suite through plexus: `scripts/conformance` runs the
 //! server scenarios of two pinned releases (0.1.16; 0.2.0-alpha.12 with `--suite all`
 //! and `--requirements 2026-07-28`) against servers directly and through plexus, and
-//! fails if plexus loses one a server passes (and once more through HAProxy in
-//! front of three nodes of one `[cluster]`, its known gaps printed); then the client scenarios (OAuth's
+//! fails if plexus loses one a server passes (the dual-era run once more through
+//! HAProxy round robin in front of three nodes of one `[cluster]`); then the client scenarios (OAuth's
 //! aside) with plexus as the client, and fails if plexus loses one the official
 //! Python SDK's client passes on its own.
 //!
