@@ -17,6 +17,9 @@
 // /test/token-audience ({audience}) sets the `aud` of the access tokens issued
 // from then on (the resource indicator asked for stays the same); GET
 // /test/token-requests counts the token endpoint's requests by grant_type.
+// GET /test/registrations counts the dynamic client registrations; POST
+// /test/forget-clients deletes every client registered so far (its next token
+// request gets invalid_client).
 // The device grant's polling (RFC 8628 §3.5), which oidc-provider leaves to the
 // deployment: with IDP_DEVICE_INTERVAL (seconds) its answers carry that
 // `interval`, and a poll sooner than a code's interval after its last one gets
@@ -97,6 +100,12 @@ let deviceSettings = { slow_down_first: false, complete: true };
 const devicePolls = new Map();
 const refreshTokens = [];
 provider.on('refresh_token.saved', (token) => refreshTokens.push(token.jti));
+const registeredClients = [];
+let registrations = 0;
+provider.on('registration_create.success', (ctx, client) => {
+  registrations += 1;
+  registeredClients.push(client.clientId);
+});
 
 const readBody = (req) =>
   new Promise((resolve, reject) => {
@@ -210,6 +219,19 @@ provider.use(async (ctx, next) => {
   }
   if (ctx.path === '/test/device-polls') {
     ctx.body = { codes: [...devicePolls.values()].map(({ polls, interval }) => ({ polls, interval })) };
+    return;
+  }
+  if (ctx.path === '/test/registrations') {
+    ctx.body = { count: registrations };
+    return;
+  }
+  if (ctx.path === '/test/forget-clients' && ctx.method === 'POST') {
+    let forgotten = 0;
+    for (const id of registeredClients.splice(0)) {
+      await provider.Client.adapter.destroy(id);
+      forgotten += 1;
+    }
+    ctx.body = { forgotten };
     return;
   }
   if (ctx.path === '/test/token-requests') {

@@ -36,4 +36,5 @@ mod status;
 mod systemd;
 mod task_bridge;
 mod upstream_login;
+mod upstream_tokens;
 mod views;

@@ -32,7 +32,7 @@ use crate::sso::{audience, daemon_lines, installed, Idp};
 /// The access tokens' lifetime at the provider: due for a refresh at half of it.
 const ACCESS_TTL_S: u64 = 20;
 
-fn upstream_state(status: &str, name: &str) -> anyhow::Result<String> {
+pub(crate) fn upstream_state(status: &str, name: &str) -> anyhow::Result<String> {
     let status: Value = serde_json::from_str(status)?;
     status["upstreams"]
         .as_array()
@@ -44,7 +44,11 @@ fn upstream_state(status: &str, name: &str) -> anyhow::Result<String> {
         .with_context(|| format!("no upstream {name} in {status}"))
 }
 
-async fn wait_for_state(daemon: &Daemon, name: &str, wanted: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_for_state(
+    daemon: &Daemon,
+    name: &str,
+    wanted: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, status) = daemon.admin_get("/status").await?;
@@ -62,21 +66,30 @@ async fn wait_for_state(daemon: &Daemon, name: &str, wanted: &str) -> anyhow::Re
 }
 
 /// `plexus ARGS --config B's config` with `$BROWSER` signing in as alice.
-async fn plexus(b: &Daemon, args: &[&str]) -> anyhow::Result<std::process::Output> {
+pub(crate) async fn plexus(b: &Daemon, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    plexus_in(b.dir.path(), args).await
+}
+
+/// `plexus ARGS --config DIR/config.toml` with `$BROWSER` signing in as alice:
+/// the daemon of that config need not be running.
+pub(crate) async fn plexus_in(
+    dir: &std::path::Path,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
     let browser = format!(
         "{} {} --login alice --log {}",
         venv_python().display(),
         workspace_root()
             .join("tests/python/oauth_browser.py")
             .display(),
-        b.dir.path().join("browser.log").display()
+        dir.join("browser.log").display()
     );
     let output = tokio::time::timeout(
         Duration::from_secs(120),
         Command::new(plexus_binary())
             .args(args)
             .arg("--config")
-            .arg(b.dir.path().join("config.toml"))
+            .arg(dir.join("config.toml"))
             .env("BROWSER", browser)
             .stdin(Stdio::null())
             .kill_on_drop(true)
@@ -87,7 +100,7 @@ async fn plexus(b: &Daemon, args: &[&str]) -> anyhow::Result<std::process::Outpu
     Ok(output)
 }
 
-fn refreshes(outcome: &str) -> String {
+pub(crate) fn refreshes(outcome: &str) -> String {
     format!("plexus_oauth_refresh_total{{outcome=\"{outcome}\",upstream=\"hosted\"}}")
 }
 
@@ -592,7 +605,7 @@ async fn logout(b: &Daemon) -> anyhow::Result<()> {
     wait_for_state(b, "hosted", "needs_login").await
 }
 
-async fn call_echo(b: &Daemon, text: &str) -> anyhow::Result<()> {
+pub(crate) async fn call_echo(b: &Daemon, text: &str) -> anyhow::Result<()> {
     let mut session = RawHttpSession::connect(&b.url).await?;
     let called = session
         .request(
