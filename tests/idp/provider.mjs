@@ -19,7 +19,9 @@
 // /test/token-requests counts the token endpoint's requests by grant_type.
 // GET /test/registrations counts the dynamic client registrations; POST
 // /test/forget-clients deletes every client registered so far (its next token
-// request gets invalid_client).
+// request gets invalid_client). POST /test/token-fail ({grant_type, count,
+// status, error}) makes the next `count` token requests of that grant type
+// answer `status` with `{error}` (a plain-text body when `error` is absent).
 // The device grant's polling (RFC 8628 §3.5), which oidc-provider leaves to the
 // deployment: with IDP_DEVICE_INTERVAL (seconds) its answers carry that
 // `interval`, and a poll sooner than a code's interval after its last one gets
@@ -106,6 +108,8 @@ provider.on('registration_create.success', (ctx, client) => {
   registrations += 1;
   registeredClients.push(client.clientId);
 });
+// Per grant type: how many token requests still get a forced failure, and which.
+const tokenFailures = {};
 
 const readBody = (req) =>
   new Promise((resolve, reject) => {
@@ -192,6 +196,17 @@ provider.use(async (ctx, next) => {
     const form = new URLSearchParams(raw);
     const grant = form.get('grant_type');
     tokenRequests[grant] = (tokenRequests[grant] ?? 0) + 1;
+    const failure = tokenFailures[grant];
+    if (failure?.count > 0) {
+      failure.count -= 1;
+      ctx.status = failure.status ?? 500;
+      if (failure.error) ctx.body = { error: failure.error, error_description: 'forced by /test/token-fail' };
+      else {
+        ctx.type = 'text';
+        ctx.body = 'the token service is down';
+      }
+      return;
+    }
     const code = grant === 'urn:ietf:params:oauth:grant-type:device_code' ? devicePolls.get(form.get('device_code')) : undefined;
     if (!code) {
       await next();
@@ -219,6 +234,12 @@ provider.use(async (ctx, next) => {
   }
   if (ctx.path === '/test/device-polls') {
     ctx.body = { codes: [...devicePolls.values()].map(({ polls, interval }) => ({ polls, interval })) };
+    return;
+  }
+  if (ctx.path === '/test/token-fail' && ctx.method === 'POST') {
+    const failure = JSON.parse(await readBody(ctx.req));
+    tokenFailures[failure.grant_type] = failure;
+    ctx.body = failure;
     return;
   }
   if (ctx.path === '/test/registrations') {

@@ -97,6 +97,22 @@ impl Hosted {
             .as_u64()
             .unwrap_or(0))
     }
+
+    /// The next token request of `grant_type` answers `status` (with `{error}`
+    /// when given, else a plain-text body).
+    async fn fail_next(
+        &self,
+        grant_type: &str,
+        status: u16,
+        error: Option<&str>,
+    ) -> anyhow::Result<()> {
+        self.post(
+            "/test/token-fail",
+            json!({"grant_type": grant_type, "count": 1, "status": status, "error": error}),
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 /// `plexus login hosted` for B, which must succeed.
@@ -180,6 +196,70 @@ async fn the_registration_is_reused_by_every_run_and_made_again_only_for_invalid
     login(&b, &hosted.idp).await?;
     assert_eq!(hosted.registrations().await?, 2);
     call_echo(&b, "reused").await?;
+    hosted.idp.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_failing_otherwise_than_invalid_grant_keeps_the_token_and_is_tried_again(
+) -> anyhow::Result<()> {
+    if !installed(true) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let hosted = Hosted::start(dir.path(), ACCESS_TTL_S).await?;
+    let b = hosted.b(None).await?;
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    login(&b, &hosted.idp).await?;
+    let obtained = Instant::now();
+
+    // The token endpoint fails twice, each time otherwise than with invalid_grant:
+    // a 500 with a plain-text body, then `temporarily_unavailable`. Each due refresh
+    // is counted as an error, the call goes on with the token held, calls within
+    // the next 5 s try no refresh, and the upstream stays ready.
+    let failures = [
+        (500, None, "failed: HTTP 500"),
+        (
+            400,
+            Some("temporarily_unavailable"),
+            "temporarily_unavailable",
+        ),
+    ];
+    until_due(obtained).await;
+    for (n, (status, error, logged)) in failures.into_iter().enumerate() {
+        let failed_at = Instant::now();
+        hosted.fail_next("refresh_token", status, error).await?;
+        call_echo(&b, "due").await?;
+        let tried = n as u64 + 1;
+        assert_eq!(hosted.token_requests("refresh_token").await?, tried);
+        assert_eq!(b.metric(&refreshes("error")).await?, Some(tried as f64));
+        call_echo(&b, "not again yet").await?;
+        assert_eq!(
+            hosted.token_requests("refresh_token").await?,
+            tried,
+            "a refresh was tried again at once"
+        );
+        assert_eq!(state_of(&b).await?, "ready");
+        ensure!(
+            b.log().contains(logged),
+            "B's log lacks {logged}: {}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(5_500).saturating_sub(failed_at.elapsed())).await;
+    }
+
+    // 5 s after the last failure, a call tries again: a new token.
+    call_echo(&b, "refreshed").await?;
+    assert_eq!(hosted.token_requests("refresh_token").await?, 3);
+    assert_eq!(b.metric(&refreshes("ok")).await?, Some(1.0));
+    assert_eq!(b.metric(&refreshes("error")).await?, Some(2.0));
+    assert_eq!(b.metric(&refreshes("invalid_grant")).await?, None);
+    assert_eq!(state_of(&b).await?, "ready");
+    assert_eq!(
+        b.metric("plexus_upstream_state{state=\"needs_login\",upstream=\"hosted\"}")
+            .await?,
+        Some(0.0)
+    );
     hosted.idp.stop().await?;
     Ok(())
 }
