@@ -15,7 +15,9 @@ use plexus_tests::{fixture_upstream, restartable_port, Daemon};
 use serde_json::{json, Value};
 
 use crate::sso::{audience, daemon_lines, installed, Idp};
-use crate::upstream_login::{call_echo, plexus, refreshes, upstream_state, wait_for_state};
+use crate::upstream_login::{
+    call_echo, plexus, plexus_in, refreshes, upstream_state, wait_for_state,
+};
 
 /// The access tokens' lifetime at the provider: due for a refresh at half of it.
 /// A admits a token for 60 s past its expiry (its leeway), so a call sent with
@@ -259,6 +261,54 @@ async fn a_refresh_failing_otherwise_than_invalid_grant_keeps_the_token_and_is_t
         b.metric("plexus_upstream_state{state=\"needs_login\",upstream=\"hosted\"}")
             .await?,
         Some(0.0)
+    );
+    hosted.idp.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_with_no_daemon_running_is_used_by_the_next_serve() -> anyhow::Result<()> {
+    if !installed(true) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let hosted = Hosted::start(dir.path(), 600).await?;
+    let b = hosted.b(None).await?;
+    wait_for_state(&b, "hosted", "needs_login").await?;
+    let (_, state) = b.stop_keeping_state().await?;
+
+    // No daemon answers: the tokens are stored for its next start, exit 0.
+    let login = plexus_in(state.path(), &["login", "hosted"]).await?;
+    let stderr = String::from_utf8_lossy(&login.stderr);
+    ensure!(
+        login.status.success() && stderr.contains("no daemon answered"),
+        "plexus login with no daemon: {stderr}\nbrowser: {}",
+        std::fs::read_to_string(state.path().join("browser.log")).unwrap_or_default()
+    );
+    let held = plexus_in(state.path(), &["login", "--status"]).await?;
+    let held = String::from_utf8_lossy(&held.stdout).to_string();
+    ensure!(
+        held.lines()
+            .any(|line| line.starts_with("hosted\theld\t") && line.ends_with("\t-")),
+        "login --status: {held}"
+    );
+
+    // The next serve starts the upstream with them: ready, no login, no refresh.
+    let started = Instant::now();
+    let b = hosted.b(Some(state)).await?;
+    wait_for_state(&b, "hosted", "ready").await?;
+    println!(
+        "the next serve came up ready with the stored tokens in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    call_echo(&b, "stored").await?;
+    assert_eq!(hosted.token_requests("authorization_code").await?, 1);
+    assert_eq!(hosted.token_requests("refresh_token").await?, 0);
+    assert_eq!(hosted.registrations().await?, 1);
+    ensure!(
+        !b.log().contains("needs a login"),
+        "B waited for a login: {}",
+        b.log()
     );
     hosted.idp.stop().await?;
     Ok(())
