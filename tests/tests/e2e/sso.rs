@@ -4,8 +4,9 @@
 //! with the authorization code flow and sees its group's view; expired, foreign
 //! and tampered tokens get 401 pointing to the resource metadata; a key rotation
 //! at the provider is picked up; ES256 and EdDSA tokens are admitted as RS256 ones;
-//! a provider that cannot be reached makes access tokens 503, not 401; the
-//! client's token reaches no upstream, log, audit line or status.
+//! a provider that cannot be reached makes access tokens 503, not 401; a reload
+//! that changes `[daemon.oauth]` applies to the next request, in an open session
+//! too; the client's token reaches no upstream, log, audit line or status.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -561,5 +562,85 @@ async fn an_unreachable_provider_makes_access_tokens_503_not_401() -> anyhow::Re
         "{}",
         daemon.log()
     );
+    Ok(())
+}
+
+/// A `tools/list` in the session `session_id` with `token`: its HTTP status.
+async fn list_in_session(url: &str, session_id: &str, token: &str) -> anyhow::Result<u16> {
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session_id)
+        .bearer_auth(token)
+        .body(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}).to_string())
+        .send()
+        .await?;
+    Ok(response.status().as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changing_the_oauth_table_applies_to_the_next_request() -> anyhow::Result<()> {
+    if !installed(false) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let port = restartable_port()?;
+    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
+    let daemon = Daemon::builder()
+        .listen(format!("127.0.0.1:{port}"))
+        .daemon(daemon_lines(&idp.issuer(), port, ""))
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let moved = format!("{}/moved", audience(port));
+    let old = idp.mint(json!({"sub": "alice"})).await?;
+    let new = idp.mint(json!({"sub": "alice", "aud": moved})).await?;
+    assert_eq!(knock(&daemon.url, Some(&old)).await?.0, 200);
+    assert_eq!(knock(&daemon.url, Some(&new)).await?.0, 401);
+    let bearer = format!("Bearer {old}");
+    let session = RawHttpSession::connect_with(&daemon.url, &[("authorization", &bearer)]).await?;
+    let session_id = session.session_id().context("no session id")?;
+    assert_eq!(list_in_session(&daemon.url, &session_id, &old).await?, 200);
+
+    // The audience and the scopes change; the reload's answer is the moment it
+    // applies: no wait, no retry after it.
+    let config = daemon.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&config)?;
+    let changed = text
+        .replace(
+            &format!("audience = \"{}\"", audience(port)),
+            &format!("audience = \"{moved}\""),
+        )
+        .replace("scopes = [\"mcp\"]", "scopes = [\"mcp\", \"mcp:admin\"]");
+    ensure!(changed != text, "no [daemon.oauth] to change: {text}");
+    std::fs::write(&config, changed)?;
+    let began = Instant::now();
+    daemon.reload().await?;
+    let (status, challenge) = knock(&daemon.url, Some(&old)).await?;
+    let took = began.elapsed();
+    assert_eq!(status, 401, "a token for the old audience was admitted");
+    assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+    assert_eq!(
+        knock(&daemon.url, Some(&new)).await?.0,
+        200,
+        "a token for the new audience was refused"
+    );
+    // A session opened with the old token: its next request is refused too.
+    assert_eq!(list_in_session(&daemon.url, &session_id, &old).await?, 401);
+    let document: Value = reqwest::get(format!(
+        "http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp"
+    ))
+    .await?
+    .json()
+    .await?;
+    assert_eq!(document["resource"], moved, "{document}");
+    assert_eq!(document["scopes_supported"], json!(["mcp", "mcp:admin"]));
+    println!(
+        "reload to the first request refused under the new audience: {:.0} ms",
+        took.as_secs_f64() * 1000.0
+    );
+    idp.stop().await?;
     Ok(())
 }
