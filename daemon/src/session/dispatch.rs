@@ -159,6 +159,13 @@ impl<'a> Dispatch<'a> {
         params: Option<Value>,
         arguments: Option<WrittenMember>,
     ) -> Result<Reply, RelayError> {
+        if method == "tools/call" && search::names_meta_tool(params.as_ref()) {
+            // A session's first request may be a search, before any upstream has
+            // listed: until then the snapshot is empty and no search view's, so it
+            // waits as a first list does.
+            let hub = &self.session.hub;
+            self.session.lister.wait_for_first_list(hub).await;
+        }
         // The one snapshot a routed request is routed in, audited in, and has the
         // URIs in its result exposed from.
         let router = Router::new(&self.session.hub, self.session.view());

@@ -69,8 +69,8 @@ impl Lister {
         }))
     }
 
-    /// Only a session's first list waits for upstreams still starting.
-    async fn wait_for_first_list(&self, hub: &Hub) {
+    /// Only a session's first list (or search) waits for upstreams still starting.
+    pub(super) async fn wait_for_first_list(&self, hub: &Hub) {
         if !self.listed.swap(true, Ordering::Relaxed) {
             hub.wait_for_first_listings().await;
         }

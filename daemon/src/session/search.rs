@@ -62,6 +62,14 @@ pub(super) fn is_search(catalog: &Catalog, params: Option<&Value>) -> bool {
             == Some(SEARCH_TOOLS)
 }
 
+/// Whether a `tools/call` with `params` names `search_tools` or `call_tool`.
+pub(super) fn names_meta_tool(params: Option<&Value>) -> bool {
+    let name = params
+        .and_then(|params| params.get("name"))
+        .and_then(Value::as_str);
+    matches!(name, Some(SEARCH_TOOLS | CALL_TOOL))
+}
+
 /// What a `tools/call` under a search view turned out to be.
 pub(super) enum MetaCall {
     /// `search_tools`, answered.
