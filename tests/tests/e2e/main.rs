@@ -30,6 +30,7 @@ mod remote;
 mod restart;
 mod roundtrip;
 mod search;
+mod search_sessions;
 mod sso;
 mod startup;
 mod status;

@@ -17,16 +17,16 @@ use plexus_tests::{
 };
 use serde_json::{json, Value};
 
-fn call(name: &str, arguments: Value) -> Value {
+pub(crate) fn call(name: &str, arguments: Value) -> Value {
     json!({"name": name, "arguments": arguments})
 }
 
-fn search(arguments: Value) -> Value {
+pub(crate) fn search(arguments: Value) -> Value {
     call("search_tools", arguments)
 }
 
 /// The exposed names a `search_tools` answer found, checking its two forms agree.
-fn found_names(answer: &Value) -> anyhow::Result<Vec<String>> {
+pub(crate) fn found_names(answer: &Value) -> anyhow::Result<Vec<String>> {
     let result = answer.get("result").with_context(|| format!("{answer}"))?;
     let structured = &result["structuredContent"];
     let text = result["content"][0]["text"]
@@ -55,7 +55,7 @@ fn found_names(answer: &Value) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-fn listed_names(answer: &Value) -> Vec<String> {
+pub(crate) fn listed_names(answer: &Value) -> Vec<String> {
     answer["result"]["tools"]
         .as_array()
         .into_iter()
