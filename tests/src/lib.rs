@@ -429,6 +429,8 @@ pub struct RawStdioSession {
     pub asked: Vec<Value>,
     /// Notifications the server sent while a request ran, whole, as they arrived.
     pub heard: Vec<Value>,
+    /// Responses read while waiting for another message, as they arrived.
+    pub responses: Vec<Value>,
 }
 
 impl RawStdioSession {
@@ -461,6 +463,7 @@ impl RawStdioSession {
             next_id: 0,
             asked: Vec::new(),
             heard: Vec::new(),
+            responses: Vec::new(),
         })
     }
 
@@ -522,6 +525,53 @@ impl RawStdioSession {
         self.answer_to(&id, answer).await
     }
 
+    /// Sends a request without waiting for its response; returns its id (for
+    /// [`RawStdioSession::response_to`] or a `notifications/cancelled`).
+    pub async fn send_request(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let id = Value::from(self.next_id);
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .await?;
+        Ok(id)
+    }
+
+    /// Sends a notification.
+    pub async fn send_notification(&mut self, method: &str, params: Value) -> anyhow::Result<()> {
+        self.send(&serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}))
+            .await
+    }
+
+    /// Reads messages until the first notification `method`, which is returned
+    /// (others are kept in `heard`; the server's requests get an empty result).
+    pub async fn notification(&mut self, method: &str) -> anyhow::Result<Value> {
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+                .await
+                .with_context(|| format!("no {method} within 60 s"))??
+                .context("the server closed stdout")?;
+            let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            match (
+                message.get("method").and_then(Value::as_str),
+                message.get("id"),
+            ) {
+                (Some(asked), Some(asked_id)) => {
+                    self.asked.push(
+                        serde_json::json!({"method": asked, "params": message.get("params")}),
+                    );
+                    let reply = serde_json::json!({"jsonrpc": "2.0", "id": asked_id, "result": {}});
+                    self.send(&reply).await?;
+                }
+                (Some(heard), None) if heard == method => return Ok(message),
+                (Some(_), None) => self.heard.push(message),
+                _ => self.responses.push(message),
+            }
+        }
+    }
+
     /// Sends `line` as it is (a request whose id is the string `id`, written by the
     /// caller: text no `Value` holds), and returns the response message; requests
     /// the server sends meanwhile get an empty result.
@@ -560,7 +610,7 @@ impl RawStdioSession {
                 }
                 (None, Some(answered)) if answered == id => return Ok(message),
                 (Some(_), None) => self.heard.push(message),
-                _ => {}
+                _ => self.responses.push(message),
             }
         }
     }
