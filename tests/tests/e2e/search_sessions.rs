@@ -8,7 +8,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
-use plexus_tests::{eventually, fixture_upstream, plexus_binary, RawStdioSession};
+use plexus_tests::{
+    eventually, fixture_upstream, plexus_binary, Daemon, RawHttpSession, RawStdioSession,
+};
 use serde_json::json;
 
 use crate::search::{call, found_names, listed_names, search};
@@ -162,5 +164,100 @@ async fn a_call_tool_the_client_cancels_is_cancelled_at_the_upstream() -> anyhow
         client.responses
     );
     client.close().await;
+    Ok(())
+}
+
+/// `plexus pins ARGS --config DIR/config.toml`: exit code and output.
+async fn pins(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<(i32, String)> {
+    let output = tokio::process::Command::new(plexus_binary())
+        .arg("pins")
+        .args(args)
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .output()
+        .await?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drifted_tool_held_by_its_pin_is_found_once_approved() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "")?;
+    let daemon = Daemon::builder()
+        .daemon("expose = \"search+found\"")
+        .upstreams(fixture_upstream(
+            "alpha",
+            "",
+            &["--drift-file", &drift_file.display().to_string()],
+        ))
+        .start()
+        .await?;
+    let mut client = RawHttpSession::connect(&daemon.url).await?;
+    let query = search(json!({"query": "ssh id_rsa private key", "upstream": "alpha"}));
+    let found = client.request("tools/call", query.clone()).await?;
+    ensure!(
+        !found_names(&found)?.contains(&"alpha__echo".to_string()),
+        "{found}"
+    );
+
+    // echo's description turns into a rug pull: held by its pin, it is found by no
+    // search, not even for its new words, nor listed, nor called.
+    std::fs::write(&drift_file, "description")?;
+    let echo = call(
+        "call_tool",
+        json!({"name": "alpha__echo", "arguments": {"text": "hi"}}),
+    );
+    eventually(Duration::from_secs(20), async || {
+        let answer = client.request("tools/call", echo.clone()).await?;
+        ensure!(
+            answer["error"]["code"] == -33006,
+            "echo was never held: {answer}"
+        );
+        Ok(())
+    })
+    .await?;
+    for query in [
+        query.clone(),
+        search(json!({"query": "returns text unchanged"})),
+    ] {
+        let found = client.request("tools/call", query.clone()).await?;
+        ensure!(
+            !found_names(&found)?.contains(&"alpha__echo".to_string()),
+            "{query}: a held tool was found: {found}"
+        );
+    }
+    let listed = listed_names(&client.request("tools/list", json!({})).await?);
+    ensure!(!listed.contains(&"alpha__echo".to_string()), "{listed:?}");
+
+    // Approved, live: the same session finds it at once, with the new description.
+    let (code, out) = pins(daemon.dir.path(), &["approve", "alpha/echo"]).await?;
+    ensure!(
+        code == 0 && out.contains("listed to connected clients now"),
+        "{out}"
+    );
+    let found = client.request("tools/call", query).await?;
+    let names = found_names(&found)?;
+    ensure!(
+        names.first().map(String::as_str) == Some("alpha__echo"),
+        "approved but not found first: {found}"
+    );
+    ensure!(
+        found["result"]["structuredContent"]["tools"][0]["description"]
+            .as_str()
+            .is_some_and(|text| text.contains("id_rsa")),
+        "{found}"
+    );
+    let listed = listed_names(&client.request("tools/list", json!({})).await?);
+    ensure!(listed.contains(&"alpha__echo".to_string()), "{listed:?}");
+    let echoed = client.request("tools/call", echo).await?;
+    ensure!(echoed["result"]["content"][0]["text"] == "hi", "{echoed}");
     Ok(())
 }
