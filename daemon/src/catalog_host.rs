@@ -75,9 +75,11 @@ struct Listings {
     floor: BTreeMap<String, u64>,
     /// Warnings already logged, so each is logged once, not at every rebuild.
     reported: HashSet<String>,
-    /// While a reload changes several upstreams, one snapshot is published at the
-    /// end, so each session hears one `list_changed` per kind.
-    held: bool,
+    /// While a reload changes several upstreams, or the pump works through listings
+    /// that arrived together, one snapshot is published at the end (each session
+    /// hears one `list_changed` per kind, and a start of N upstreams assembles the
+    /// catalog a few times, not N). Counts the holders.
+    held: u32,
     dirty: bool,
 }
 
@@ -90,7 +92,7 @@ impl CatalogHost {
                 by_upstream: BTreeMap::new(),
                 floor: BTreeMap::new(),
                 reported: HashSet::new(),
-                held: false,
+                held: 0,
                 dirty: false,
             }),
             catalog: watch::channel(Arc::new(Snapshot::default())).0,
@@ -295,20 +297,20 @@ impl CatalogHost {
 
     /// Defers publishing until [`CatalogHost::release`].
     pub fn hold(&self) {
-        self.lock().held = true;
+        self.lock().held += 1;
     }
 
-    /// Publishes what changed while held, as one snapshot.
+    /// Publishes what changed while held, as one snapshot, once no holder is left.
     pub fn release(&self) {
         let mut state = self.lock();
-        state.held = false;
-        if std::mem::take(&mut state.dirty) {
+        state.held = state.held.saturating_sub(1);
+        if state.held == 0 && std::mem::take(&mut state.dirty) {
             self.rebuild(&mut state);
         }
     }
 
     fn rebuild(&self, state: &mut Listings) {
-        if state.held {
+        if state.held > 0 {
             state.dirty = true;
             return;
         }

@@ -8,7 +8,7 @@ use adapters::handshake::ServerHello;
 use registry::fingerprint::ListingSnapshot;
 use registry::{ToolFilter, UpstreamListing};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Hub;
 use crate::pins::Policy;
@@ -27,8 +27,9 @@ impl Hub {
         self.report_status();
     }
 
-    /// One supervisor event, in the order supervisors sent them.
-    fn handle(self: &Arc<Self>, event: SupervisorEvent) {
+    /// One supervisor event, in the order supervisors sent them. A listing's
+    /// acknowledgement is returned, to be sent once the catalog that shows it is out.
+    fn handle(self: &Arc<Self>, event: SupervisorEvent) -> Option<oneshot::Sender<()>> {
         match event {
             SupervisorEvent::State {
                 upstream,
@@ -58,7 +59,7 @@ impl Hub {
                     });
                     self.share_pinned_texts(&name);
                 }
-                let _ = installed.send(());
+                return Some(installed);
             }
             SupervisorEvent::Notification {
                 upstream,
@@ -99,6 +100,7 @@ impl Hub {
                 }
             }
         }
+        None
     }
 }
 
@@ -137,11 +139,18 @@ pub(super) fn judged<T>(
     judgement
 }
 
-/// Hands supervisor events to the hub until shutdown.
+/// Most events handled as one batch.
+const MOST_IN_A_BATCH: usize = 256;
+
+/// Hands supervisor events to the hub until shutdown. Events that queued up while
+/// the last were handled go as one batch under one catalog hold: many upstreams
+/// listing at once (a start, a reload) cost a few assemblies of the catalog rather
+/// than one per upstream, each over everything listed before it.
 pub(super) async fn pump(hub: Weak<Hub>, mut events: mpsc::Receiver<SupervisorEvent>) {
     let Some(stopping) = hub.upgrade().map(|hub| hub.shutdown.clone()) else {
         return;
     };
+    let mut acknowledgements = Vec::new();
     loop {
         let event = tokio::select! {
             event = events.recv() => event,
@@ -150,7 +159,18 @@ pub(super) async fn pump(hub: Weak<Hub>, mut events: mpsc::Receiver<SupervisorEv
         let (Some(event), Some(hub)) = (event, hub.upgrade()) else {
             return;
         };
-        hub.handle(event);
+        hub.catalog.hold();
+        acknowledgements.extend(hub.handle(event));
+        for _ in 1..MOST_IN_A_BATCH {
+            let Ok(event) = events.try_recv() else {
+                break;
+            };
+            acknowledgements.extend(hub.handle(event));
+        }
+        hub.catalog.release();
+        for installed in acknowledgements.drain(..) {
+            let _ = installed.send(());
+        }
     }
 }
 
