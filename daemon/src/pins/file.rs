@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::SystemTime;
 
-use registry::fingerprint::{self, Change, ListingSnapshot};
+use registry::fingerprint::{self, Change, ListingSnapshot, SecurityDigests};
 use registry::{EntryText, Kind};
 use serde_json::Value;
 
@@ -117,17 +117,18 @@ impl PinFile {
         snapshot: &ListingSnapshot,
         strict: bool,
     ) -> (Observation, bool) {
-        let current = fingerprint::catalog_fingerprint(snapshot);
-        self.observe_fingerprinted(upstream, snapshot, current, strict)
+        let security = fingerprint::security_digests(snapshot);
+        let current = fingerprint::catalog_fingerprint_with(snapshot, &security);
+        self.observe_fingerprinted(upstream, snapshot, (current, &security), strict)
     }
 
-    /// [`PinFile::observe`] of a snapshot whose catalog fingerprint is `current`
-    /// (every entry hashed: the caller has it already).
+    /// [`PinFile::observe`] of a snapshot whose catalog fingerprint and entries'
+    /// security digests the caller has already.
     pub fn observe_fingerprinted(
         &mut self,
         upstream: &str,
         snapshot: &ListingSnapshot,
-        current: String,
+        (current, security): (String, &SecurityDigests),
         strict: bool,
     ) -> (Observation, bool) {
         let record = self.upstreams.entry(upstream.to_string()).or_default();
@@ -140,7 +141,7 @@ impl PinFile {
                 }
                 return (Observation::Unapproved, dirty);
             }
-            record.pinned = Some(Pinned::of(snapshot, current, &now()));
+            record.pinned = Some(Pinned::of(snapshot, current, &now(), Some(security)));
             record.pending = None;
             return (Observation::PinnedOnFirstSight, true);
         };
@@ -176,7 +177,12 @@ impl PinFile {
         let pending_snapshot = pending.snapshot();
         let (pinned, approved, changes) = match name {
             None => (
-                Pinned::of(&pending_snapshot, pending.catalog_fingerprint.clone(), &at),
+                Pinned::of(
+                    &pending_snapshot,
+                    pending.catalog_fingerprint.clone(),
+                    &at,
+                    None,
+                ),
                 "*".to_string(),
                 all_changes,
             ),
@@ -213,7 +219,7 @@ impl PinFile {
                 let stamp = Stamp::new(&at);
                 for (key, definition) in seen {
                     let Some(pin) = key.kind().and_then(|kind| {
-                        EntryPin::of(kind, &definition, &stamp, Definition::of(&definition))
+                        EntryPin::of(kind, &definition, &stamp, Definition::of(&definition), None)
                     }) else {
                         continue;
                     };

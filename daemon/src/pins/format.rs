@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use registry::fingerprint::{self, Change, ChangeClass, ListingSnapshot};
+use registry::fingerprint::{self, Change, ChangeClass, ListingSnapshot, SecurityDigests};
 use registry::Kind;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -139,14 +139,18 @@ impl Server {
 
 /// The entries of a snapshot by key (each key's text its own until it is made a
 /// view of its definition's).
-fn keyed(snapshot: &ListingSnapshot) -> PinMap<(Kind, &Value)> {
+fn keyed(snapshot: &ListingSnapshot) -> PinMap<(Kind, usize, &Value)> {
     Kind::ALL
         .into_iter()
         .flat_map(|kind| {
-            snapshot.entries(kind).iter().filter_map(move |entry| {
-                let identity = fingerprint::identity(kind, entry)?;
-                Some((PinKey::of(kind, identity), (kind, entry)))
-            })
+            snapshot
+                .entries(kind)
+                .iter()
+                .enumerate()
+                .filter_map(move |(place, entry)| {
+                    let identity = fingerprint::identity(kind, entry)?;
+                    Some((PinKey::of(kind, identity), (kind, place, entry)))
+                })
         })
         .collect::<PinMap<_>>()
 }
@@ -183,18 +187,25 @@ impl Pinned {
         )
     }
 
-    /// `snapshot`, whose catalog fingerprint is `fingerprint`, pinned `at`.
-    pub(super) fn of(snapshot: &ListingSnapshot, fingerprint: String, at: &str) -> Pinned {
+    /// `snapshot`, whose catalog fingerprint is `fingerprint`, pinned `at`; its
+    /// entries' security digests are `security`, if the caller took them already.
+    pub(super) fn of(
+        snapshot: &ListingSnapshot,
+        fingerprint: String,
+        at: &str,
+        security: Option<&SecurityDigests>,
+    ) -> Pinned {
         let stamp = Stamp::new(at);
         // Collected in key order, so the map is built with full nodes (inserted one
         // by one, its nodes would be half empty).
         let keyed = keyed(snapshot);
-        let definitions = Definition::packed(keyed.values().map(|(_, entry)| *entry));
+        let definitions = Definition::packed(keyed.values().map(|(_, _, entry)| *entry));
         let mut entries: PinMap<EntryPin> = keyed
             .into_iter()
             .zip(definitions)
-            .filter_map(|((key, (kind, entry)), definition)| {
-                Some((key, EntryPin::of(kind, entry, &stamp, definition)?))
+            .filter_map(|((key, (kind, place, entry)), definition)| {
+                let digest = security.and_then(|all| all[kind.index()].get(place).copied());
+                Some((key, EntryPin::of(kind, entry, &stamp, definition, digest)?))
             })
             .collect();
         entries.key_into(|pin| &pin.definition.0);
@@ -215,7 +226,7 @@ impl Seen {
 
     pub(super) fn of(snapshot: &ListingSnapshot, fingerprint: String, at: &str) -> Seen {
         let keyed = keyed(snapshot);
-        let definitions = Definition::packed(keyed.values().map(|(_, entry)| *entry));
+        let definitions = Definition::packed(keyed.values().map(|(_, _, entry)| *entry));
         let mut entries: PinMap<Definition> = keyed
             .into_iter()
             .zip(definitions)
@@ -348,6 +359,7 @@ mod v1 {
                             &pin.listing,
                             registry::fingerprint::catalog_fingerprint(&pin.listing),
                             &at,
+                            None,
                         )),
                         pending: None,
                         history: Vec::new(),

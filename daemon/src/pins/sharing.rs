@@ -1,8 +1,8 @@
 //! What a pinned entry holds, kept small: its definition is the catalog's own text
 //! where the catalog lists the same entry (`share_texts`, a `registry::EntryText`),
 //! the definitions read from the file share one buffer, entries pinned at one time
-//! share one `Stamp`, and the digests are not held but written from the definition
-//! (`with_digests`).
+//! share one `Stamp`, and the digests are held as bytes once taken (the security
+//! digest when the catalog fingerprint is, the compatibility digest from the file).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,24 +15,52 @@ use serde_json::Value;
 use super::keyed::PinMap;
 
 /// An entry as pinned. The file gives each its compatibility and security digests
-/// too; they are a function of the definition, written from it (`with_digests`)
-/// and not held: nothing here reads them, and they were half of a catalog's pins.
+/// too, a function of the definition: the security digest is kept from the catalog
+/// fingerprint and both are read back from the file, so a write hashes only what was
+/// pinned since the file was read (hashing every entry at each write of a large
+/// file cost more than the rest of a start).
 #[derive(Clone, Debug, Deserialize)]
 pub struct EntryPin {
     /// RFC 3339: when this definition was pinned.
     pub pinned_at: Stamp,
     /// The entry exactly as the upstream sent it, so a change can be shown field by field.
     pub definition: Definition,
+    /// SHA-256 digests; `None` where the file's were missing or not hex (then they
+    /// are taken from the definition when written).
+    #[serde(default, deserialize_with = "digest")]
+    compatibility: Option<[u8; 32]>,
+    #[serde(default, deserialize_with = "digest")]
+    security: Option<[u8; 32]>,
+}
+
+/// A digest as the file writes it (64 hex digits), or `None` for anything else.
+fn digest<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<[u8; 32]>, D::Error> {
+    let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+    let mut bytes = [0u8; 32];
+    Ok(hex::decode_to_slice(text.as_bytes(), &mut bytes)
+        .ok()
+        .map(|()| bytes))
 }
 
 impl EntryPin {
     /// `entry`, whose definition is `definition`, pinned `at`; `None` for an entry
-    /// without a name (nothing to pin it by).
-    pub fn of(kind: Kind, entry: &Value, at: &Stamp, definition: Definition) -> Option<EntryPin> {
+    /// without a name (nothing to pin it by). `security` is its security digest if
+    /// the caller took it already.
+    pub fn of(
+        kind: Kind,
+        entry: &Value,
+        at: &Stamp,
+        definition: Definition,
+        security: Option<[u8; 32]>,
+    ) -> Option<EntryPin> {
         fingerprint::identity(kind, entry)?;
         Some(EntryPin {
             pinned_at: at.clone(),
             definition,
+            // Taken by the writer of the file when missing, off the path that
+            // brings an upstream up.
+            compatibility: None,
+            security,
         })
     }
 }
@@ -54,15 +82,19 @@ pub fn with_digests<S: serde::Serializer>(
     let mut map = serializer.serialize_map(Some(entries.len()))?;
     for (key, pin) in entries {
         let definition = pin.definition.value();
-        let print = key
-            .kind()
-            .and_then(|kind| fingerprint::fingerprint(kind, &definition));
-        let (compatibility, security) = print.as_ref().map_or(("", ""), |print| {
-            (print.compatibility.as_str(), print.security.as_str())
-        });
+        let (compatibility, security) = match key.kind() {
+            Some(kind) if fingerprint::identity(kind, &definition).is_some() => (
+                pin.compatibility
+                    .unwrap_or_else(|| fingerprint::compatibility_digest(kind, &definition)),
+                pin.security
+                    .unwrap_or_else(|| fingerprint::security_digest(&definition)),
+            ),
+            _ => ([0; 32], [0; 32]),
+        };
+        let (compatibility, security) = (hex::encode(compatibility), hex::encode(security));
         let written = Written {
-            compatibility,
-            security,
+            compatibility: &compatibility,
+            security: &security,
             pinned_at: &pin.pinned_at,
             definition: &definition,
         };

@@ -112,6 +112,16 @@ pub fn fingerprint(kind: Kind, entry: &Value) -> Option<EntryFingerprint> {
     })
 }
 
+/// The compatibility hash of an entry as bytes.
+pub fn compatibility_digest(kind: Kind, entry: &Value) -> [u8; 32] {
+    sha256(&canonical(&compatibility_summary(kind, entry)))
+}
+
+/// The security hash of an entry as bytes.
+pub fn security_digest(entry: &Value) -> [u8; 32] {
+    sha256(&canonical(entry))
+}
+
 /// SHA-256 of the entry in RFC 8785 canonical JSON: key order and whitespace do
 /// not count, every member and every value does.
 pub fn security_hash(entry: &Value) -> String {
@@ -148,12 +158,31 @@ pub fn compatibility_summary(kind: Kind, entry: &Value) -> Value {
 /// security hash, and the server's name, version and instructions. A rename or a
 /// removed entry changes it.
 pub fn catalog_fingerprint(snapshot: &ListingSnapshot) -> String {
+    catalog_fingerprint_with(snapshot, &security_digests(snapshot))
+}
+
+/// The security digest of each entry of a snapshot, by kind (`Kind::index`) and place.
+pub type SecurityDigests = [Vec<[u8; 32]>; 4];
+
+/// Every entry's security digest, for [`catalog_fingerprint_with`] and whoever pins
+/// the entries, so each is hashed once.
+pub fn security_digests(snapshot: &ListingSnapshot) -> SecurityDigests {
+    Kind::ALL.map(|kind| snapshot.entries(kind).iter().map(security_digest).collect())
+}
+
+/// [`catalog_fingerprint`] of a snapshot whose entries' security digests are `digests`.
+pub fn catalog_fingerprint_with(snapshot: &ListingSnapshot, digests: &SecurityDigests) -> String {
     let mut entries = BTreeSet::new();
     for kind in Kind::ALL {
-        for entry in snapshot.entries(kind) {
+        let kind_digests = &digests[kind.index()];
+        for (place, entry) in snapshot.entries(kind).iter().enumerate() {
             // The security hash alone: the compatibility hash is not part of it.
             if let Some(name) = identity(kind, entry) {
-                entries.insert((kind.label(), name.to_string(), security_hash(entry)));
+                let security = match kind_digests.get(place) {
+                    Some(digest) => hex::encode(digest),
+                    None => security_hash(entry),
+                };
+                entries.insert((kind.label(), name.to_string(), security));
             }
         }
     }
@@ -193,7 +222,11 @@ fn canonical(value: &Value) -> Vec<u8> {
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    hex::encode(sha256(bytes))
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
 }
 
 #[cfg(test)]
