@@ -2,10 +2,16 @@
 //! front, stdio front, a 2026-07-28 client, `plexus connect`) against the fixture
 //! called directly over stdio and over streamable HTTP, the baseline of every ratio;
 //! then a daemon's start time and memory with 100 upstreams and per open session;
-//! then tool search quality and speed, measured in process.
+//! then tool search quality and speed, measured in process. First of all, the
+//! comparison a user makes (`ratio`): a minimal rmcp server called directly and
+//! through plexus by the same client, with plexus's allocations per call.
 
+#[path = "../bench/allocations.rs"]
+mod allocations;
 #[path = "../bench/load.rs"]
 mod load;
+#[path = "../bench/ratio.rs"]
+mod ratio;
 #[path = "../bench/report.rs"]
 mod report;
 #[path = "../bench/scale.rs"]
@@ -25,6 +31,10 @@ use rmcp::RoleClient;
 use load::Payload;
 use report::{Cell, CellResult, Sessions};
 use targets::{Rig, Target};
+
+/// Counts the allocations of the daemon served in this process (`ratio`).
+#[global_allocator]
+static ALLOCATOR: allocations::Counting = allocations::Counting;
 
 /// Tasks (and, per worker, sessions) in the concurrent cells.
 const HIGH_CONCURRENCY: usize = 16;
@@ -90,6 +100,12 @@ struct Cli {
     /// Leave out the tool search figures.
     #[arg(long)]
     no_search: bool,
+    /// Leave out the comparison with `plexus-echo` called directly (`ratio`).
+    #[arg(long)]
+    no_ratio: bool,
+    /// Only that comparison.
+    #[arg(long, conflicts_with_all = ["no_ratio", "only_search", "only_scale"])]
+    only_ratio: bool,
     /// Only the tool search figures (quality and speed, measured in process).
     #[arg(long, conflicts_with_all = ["no_search", "only_scale"])]
     only_search: bool,
@@ -183,9 +199,27 @@ fn cells(payloads: &[usize], calls: impl Fn(usize, usize) -> usize) -> Vec<Cell>
 }
 
 fn main() -> anyhow::Result<()> {
+    // The daemon served in this process starts its keeper as this binary.
+    if std::env::args().nth(1).as_deref() == Some("keeper") {
+        let _ = plexus::run(plexus::cli::Command::Keeper);
+        return Ok(());
+    }
     let cli = Cli::parse();
     if cli.client_threads == 0 {
         bail!("--client-threads must be at least 1");
+    }
+    // Before the other cells: its daemon runs in this process, on runtimes of its own.
+    let ratio_asked = !(cli.no_ratio
+        || cli.only_search
+        || cli.only_scale
+        || cli.against.is_some()
+        || !cli.targets.is_empty());
+    if cli.only_ratio || ratio_asked {
+        let calls = if cli.quick { 50 } else { cli.calls };
+        ratio::run(calls)?;
+        if cli.only_ratio {
+            return Ok(());
+        }
     }
     let runtime = if cli.client_threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -216,9 +250,16 @@ fn main() -> anyhow::Result<()> {
 async fn interrupted() -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        outcome = tokio::signal::ctrl_c() => outcome,
-        _ = terminate.recv() => Ok(()),
+    loop {
+        tokio::select! {
+            outcome = tokio::signal::ctrl_c() => return outcome,
+            _ = terminate.recv() => {
+                // The one this process sent to stop the daemon it served.
+                if !ratio::STOPPING_OWN_DAEMON.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    return Ok(());
+                }
+            }
+        }
     }
 }
 

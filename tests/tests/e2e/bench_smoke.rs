@@ -39,6 +39,10 @@ async fn the_quick_bench_runs_every_target_and_verifies_every_reply() -> anyhow:
         "one tools/list page of 10 from the middle",
         "walk and serialisation in turns",
         "search speed 2000 tools: search p50",
+        "ratio (plexus-echo, rmcp client",
+        "throughput c=16 x direct-http",
+        "throughput c=16 x direct-stdio",
+        "plexus allocations per call, c=16:",
     ] {
         ensure!(stdout.contains(section), "no {section:?} in the report");
     }
