@@ -198,6 +198,9 @@ impl Shared {
         let mut request = self.request(Method::POST, target, body);
         let headers = request.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(traceparent) = head.and_then(|head| head.traceparent.clone()) {
+            headers.insert("traceparent", traceparent);
+        }
         if streamable {
             headers.insert(
                 ACCEPT,

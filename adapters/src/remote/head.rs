@@ -19,6 +19,9 @@ pub(super) struct Head {
     pub(super) name: Option<HeaderValue>,
     pub(super) params: Vec<(HeaderName, HeaderValue)>,
     pub(super) initialize: bool,
+    /// The W3C `traceparent` of the request's `_meta`, mirrored into a header in
+    /// either era (SEP-414), for HTTP middle boxes that read only headers.
+    pub(super) traceparent: Option<HeaderValue>,
 }
 
 impl Head {
@@ -30,12 +33,16 @@ impl Head {
         meta: Option<&MetaFields>,
     ) -> Head {
         let initialize = method == "initialize";
+        let traceparent = params
+            .and_then(|params| params.get("_meta")?.get("traceparent")?.as_str())
+            .and_then(|value| HeaderValue::from_str(value).ok());
         let modern_version = meta_field(params, meta, PROTOCOL_VERSION_META)
             .and_then(Value::as_str)
             .and_then(|version| HeaderValue::from_str(version).ok());
         if modern_version.is_none() {
             return Head {
                 initialize,
+                traceparent,
                 ..Head::default()
             };
         }
@@ -54,6 +61,7 @@ impl Head {
             name,
             params: Vec::new(),
             initialize,
+            traceparent,
         }
     }
 

@@ -11,6 +11,7 @@ use http_body_util::BodyExt as _;
 
 use super::client::SendFailure;
 use super::endpoint::{display_url, resolve_endpoint};
+use super::head::Head;
 use super::inbound::Pumped;
 use super::sse::{SseDecoder, SseItem};
 use super::{authorization_hint, content_type_is, read_small, Shared, EVENT_STREAM};
@@ -118,8 +119,14 @@ impl Shared {
 
     /// Posts request `id` to the HTTP+SSE endpoint; its reply comes on the event
     /// stream, so only a refusal completes it here.
-    pub(super) async fn legacy_request(self: &Arc<Self>, id: u64, endpoint: &Uri, body: Bytes) {
-        match self.post(endpoint, None, body, false).await {
+    pub(super) async fn legacy_request(
+        self: &Arc<Self>,
+        id: u64,
+        endpoint: &Uri,
+        head: &Head,
+        body: Bytes,
+    ) {
+        match self.post(endpoint, Some(head), body, false).await {
             Ok(response) => {
                 let status = response.status();
                 let hint = authorization_hint(&response);

@@ -616,7 +616,9 @@ impl Shared {
     async fn exchange(self: &Arc<Self>, id: u64, head: Head, body: Bytes) {
         loop {
             match self.mode() {
-                Mode::Legacy { endpoint } => return self.legacy_request(id, &endpoint, body).await,
+                Mode::Legacy { endpoint } => {
+                    return self.legacy_request(id, &endpoint, &head, body).await
+                }
                 Mode::Streamable => {
                     let response = self.post(&self.url, Some(&head), body, true).await;
                     return self.answer(id, &head, response).await;
