@@ -47,6 +47,8 @@ pub enum ServeError {
     Metrics(#[from] prometheus::Error),
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
 }
 
 /// The configuration the daemon starts with, and where it came from.
@@ -200,11 +202,19 @@ pub fn serve(config: PathBuf, stdio: bool, view: Option<String>) -> ExitCode {
         environment: cli::environment,
     };
     let outcome = runtime.block_on(async move {
-        if stdio {
+        let exporting = match crate::telemetry::start(&loaded.config.daemon.tracing) {
+            Ok(exporting) => exporting,
+            Err(error) => return Err(ServeError::Telemetry(error)),
+        };
+        let outcome = if stdio {
             serve_stdio(loaded, view).await
         } else {
             serve_http(loaded, notifier).await
+        };
+        if let Some(exporting) = exporting {
+            exporting.finish().await;
         }
+        outcome
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -40,6 +40,7 @@ mod status;
 mod stdio_front;
 mod systemd;
 mod tasks;
+mod telemetry;
 mod upstreams;
 
 use std::process::ExitCode;

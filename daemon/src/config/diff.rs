@@ -106,6 +106,10 @@ pub fn daemon_keys_needing_restart(
     if old.worker_threads != new.worker_threads {
         keys.push("daemon.worker_threads");
     }
+    // The exporter is set up once, as the daemon starts.
+    if old.tracing != new.tracing {
+        keys.push("daemon.tracing");
+    }
     keys
 }
 

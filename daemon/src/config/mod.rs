@@ -152,6 +152,37 @@ pub struct DaemonSettings {
     /// A Client ID Metadata Document the user hosts: plexus's OAuth `client_id`
     /// wherever an authorization server supports them.
     pub oauth_client_metadata_url: Option<String>,
+    /// OpenTelemetry export (`[daemon.tracing]` over the `OTEL_*` variables).
+    pub tracing: TracingSettings,
+}
+
+/// Where and what plexus exports over OTLP/HTTP; no traces endpoint: off.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TracingSettings {
+    /// The full URL spans are posted to (`…/v1/traces`).
+    pub traces_endpoint: Option<String>,
+    /// The full URL the `mcp.*.operation.duration` histograms go to; None: not exported.
+    pub metrics_endpoint: Option<String>,
+    pub service_name: String,
+    pub sampler: Sampler,
+}
+
+/// `OTEL_TRACES_SAMPLER` and its argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sampler {
+    AlwaysOn,
+    AlwaysOff,
+    TraceIdRatio(f64),
+    ParentBasedAlwaysOn,
+    ParentBasedAlwaysOff,
+    ParentBasedTraceIdRatio(f64),
+}
+
+impl Default for Sampler {
+    /// The specification's default.
+    fn default() -> Sampler {
+        Sampler::ParentBasedAlwaysOn
+    }
 }
 
 /// The claim naming a principal unless `principal_claim` names another.

@@ -46,6 +46,8 @@ pub(super) struct RawDaemon {
     pub worker_threads: Option<usize>,
     /// `[daemon.oauth]`, read on its own so that its errors name its keys.
     pub oauth: Option<toml::Table>,
+    /// `[daemon.tracing]`, read on its own so that its errors name its keys.
+    pub tracing: Option<toml::Table>,
     pub oauth_client_metadata_url: Option<String>,
     pub expose: Option<registry::search::Expose>,
 }
@@ -61,6 +63,20 @@ pub(super) struct RawCluster {
     pub secret: Option<String>,
     #[serde(default)]
     pub previous_secrets: Vec<String>,
+}
+
+/// `[daemon.tracing]`: what the `OTEL_*` variables say, in the config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTracing {
+    pub endpoint: Option<String>,
+    pub traces_endpoint: Option<String>,
+    pub metrics_endpoint: Option<String>,
+    pub protocol: Option<String>,
+    pub service_name: Option<String>,
+    pub sampler: Option<String>,
+    pub sampler_arg: Option<f64>,
+    pub metrics: Option<bool>,
 }
 
 /// `[daemon.oauth]`: the identity provider whose access tokens the front accepts.

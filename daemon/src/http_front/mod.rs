@@ -30,6 +30,7 @@ use crate::jsonrpc::{self, Answer, RelayError};
 use crate::listener::{self, Body, BodyError};
 use crate::session::{Continuations, Identity, Session};
 use crate::sso::{self, Verifier};
+use crate::telemetry;
 use sessions::{expire_idle_sessions, HttpSession};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -175,7 +176,11 @@ impl HttpFront {
             }
         }
         match *request.method() {
-            Method::POST => self.post(request, principal, view, forwarded).await,
+            Method::POST => {
+                // A client's trace context in the header parents its request's span.
+                let parent = telemetry::http_parent(request.headers());
+                telemetry::within(parent, self.post(request, principal, view, forwarded)).await
+            }
             Method::GET => self.get(request.headers(), &principal),
             Method::DELETE => self.delete(request.headers(), &principal),
             _ => {

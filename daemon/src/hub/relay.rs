@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::Hub;
 use crate::jsonrpc::RelayError;
+use crate::telemetry::{self, Wait};
 use crate::upstreams::login::{self, BeforeCall};
 use crate::upstreams::Upstream;
 
@@ -73,7 +74,11 @@ impl Hub {
             }
             let _permit = loop {
                 let config = upstream.config();
-                let Some(permit) = upstream.limiter().acquire().await else {
+                let limiter = upstream.limiter();
+                let acquire = limiter.acquire();
+                let Some(permit) =
+                    telemetry::waited(Wait::Queue, Some(upstream_name), acquire).await
+                else {
                     break 'call Err(RelayError::Overloaded {
                         upstream: upstream_name.to_string(),
                         in_flight: config.max_in_flight,
@@ -109,7 +114,9 @@ impl Hub {
             let spare_params = upstream.login().map(|_| params.clone());
             let mut resent = false;
             loop {
-                let connection = match instance.connection_for_call(on_demand, wait).await {
+                let ready = instance.connection_for_call(on_demand, wait);
+                let ready = telemetry::waited(Wait::UpstreamStart, Some(upstream_name), ready);
+                let connection = match ready.await {
                     Ok(connection) => connection,
                     Err(error) => break 'call Err(error),
                 };
@@ -136,6 +143,7 @@ impl Hub {
                     upstream.name_arc(),
                     instance.owner(),
                 );
+                let traced = telemetry::client_span(upstream_name, method, &mut params);
                 // The request gets its upstream-side id first, so whatever the upstream sends
                 // while serving it (over HTTP, on this request's own stream) is attributed
                 // to this call, and through it to this session.
@@ -148,6 +156,9 @@ impl Hub {
                 let mut request = request.with_headers(call.headers.to_vec());
                 if call.result_unread {
                     request = request.result_unread();
+                }
+                if let Some(traced) = &traced {
+                    traced.request_id(request.id());
                 }
                 let _caller = instance.track_call(call.session, call.related.clone(), request.id());
                 let activity = progress.as_ref().map(|route| route.activity.clone());
@@ -237,6 +248,9 @@ impl Hub {
                         after: call_started.elapsed(),
                     }),
                 };
+                if let Some(traced) = traced {
+                    traced.end(&result);
+                }
                 break result;
             }
         };

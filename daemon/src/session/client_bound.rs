@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::audit_lines::SessionAudit;
 use super::MAX_CLIENT_BOUND;
 use crate::jsonrpc::RelayError;
+use crate::telemetry::{self, Wait};
 
 /// Requests refused for `MAX_CLIENT_BOUND`, in this run.
 static REFUSED: AtomicU64 = AtomicU64::new(0);
@@ -177,7 +178,8 @@ impl ClientBoundRequests {
             .ok_or_else(|| {
                 RelayError::InvalidRequest("the client's queue is full or closed".into())
             })?;
-        match tokio::time::timeout(CLIENT_ANSWER_TIMEOUT, answered).await {
+        let answered = tokio::time::timeout(CLIENT_ANSWER_TIMEOUT, answered);
+        match telemetry::waited(Wait::ClientRound, None, answered).await {
             Ok(Ok(reply)) => Ok(reply),
             _ => {
                 self.lock().remove(&id);

@@ -12,6 +12,7 @@ use super::search::FoundTools;
 use crate::era::Era;
 use crate::hub::Hub;
 use crate::jsonrpc::{self, RelayError};
+use crate::telemetry::{self, Wait};
 
 /// A session's lists: pages of its view of the catalog.
 #[derive(Default)]
@@ -72,7 +73,7 @@ impl Lister {
     /// Only a session's first list (or search) waits for upstreams still starting.
     pub(super) async fn wait_for_first_list(&self, hub: &Hub) {
         if !self.listed.swap(true, Ordering::Relaxed) {
-            hub.wait_for_first_listings().await;
+            telemetry::waited(Wait::FirstList, None, hub.wait_for_first_listings()).await;
         }
     }
 

@@ -40,6 +40,7 @@ use crate::fanout::Client;
 use crate::hub::{CallContext, Hub};
 use crate::jsonrpc::{self, Envelope, RelayError};
 use crate::logging::LogLevel;
+use crate::telemetry;
 
 /// Protocol revisions plexus serves to clients, oldest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -367,9 +368,20 @@ impl Session {
         match jsonrpc::Envelope::of(message) {
             Ok(Envelope::Request { id, method, params }) => {
                 let related = related.unwrap_or(&self.outbound);
-                Dispatch::new(self, related)
-                    .request(id, method, params, arguments, capabilities, era)
-                    .await
+                let traced = telemetry::server_call(&method, params.as_ref(), &id, self.id, || {
+                    self.protocol_version()
+                });
+                let dispatcher = Dispatch::new(self, related);
+                let dispatch = dispatcher.request(id, method, params, arguments, capabilities, era);
+                let Some(traced) = traced else {
+                    return dispatch.await;
+                };
+                let handled = telemetry::within(Some(traced.context()), dispatch).await;
+                traced.end(match &handled {
+                    Handled::Respond(answer) => Some(answer),
+                    Handled::Nothing => None,
+                });
+                handled
             }
             Ok(Envelope::Notification { method, params }) => {
                 self.notification(&method, params);

@@ -9,6 +9,7 @@ use registry::{Catalog, Kind, Route};
 
 use crate::hub::Hub;
 use crate::jsonrpc::RelayError;
+use crate::telemetry::{self, Wait};
 use crate::upstreams::UpstreamState;
 
 /// Routes one request: it holds the snapshot the request is routed in, audited in,
@@ -98,9 +99,11 @@ impl<'a> Router<'a> {
             self.catalog = current;
             return route(&self.catalog, key);
         }
-        self.hub
-            .wait_for_first_listings_of(|upstream| starting.contains(&upstream))
-            .await;
+        let listed = self
+            .hub
+            .wait_for_first_listings_of(|upstream| starting.contains(&upstream));
+        let named = (starting.len() == 1).then(|| starting[0]);
+        telemetry::waited(Wait::UpstreamStart, named, listed).await;
         self.catalog = self.hub.catalog_for(self.view);
         route(&self.catalog, key)
     }

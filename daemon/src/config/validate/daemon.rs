@@ -1,6 +1,6 @@
 //! `[daemon]` checked into [`DaemonSettings`]: addresses, budgets, timeouts, the
 //! state directory, `auth_tokens`, `allowed_hosts` and `allowed_origins`, the limits,
-//! `[daemon.oauth]`.
+//! `[daemon.oauth]`; `[daemon.tracing]` in `tracing.rs`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -116,6 +116,7 @@ pub(super) fn validate_daemon(
     }
     let auth_tokens = AuthTokens(tokens);
     let oauth = raw.oauth.map(|table| validate_oauth(table, issues));
+    let tracing = super::tracing::validate_tracing(raw.tracing, environment, issues);
     for (key, address) in [("listen", listen), ("admin_listen", admin_listen)] {
         // The admin listener takes static tokens only.
         let guarded = !auth_tokens.is_empty() || (key == "listen" && oauth.is_some());
@@ -236,6 +237,7 @@ pub(super) fn validate_daemon(
     DaemonSettings {
         oauth,
         oauth_client_metadata_url,
+        tracing,
         start_concurrency,
         worker_threads,
         auth_tokens,

@@ -7,6 +7,7 @@ mod daemon;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests;
+mod tracing;
 mod upstream;
 mod values;
 

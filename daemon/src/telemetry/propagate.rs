@@ -1,0 +1,135 @@
+//! W3C trace context (SEP-414): read from a request's `params._meta` or its HTTP
+//! `traceparent` header, written into `params._meta` of the request sent
+//! upstream (the HTTP transport mirrors it into a header). Only `traceparent`
+//! and `tracestate` are ever written; every other `_meta` key stays as it came.
+
+use std::future::Future;
+
+use http::HeaderMap;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::Context;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use serde_json::{Map, Value};
+
+/// The context a client's HTTP request names in its `traceparent` header, when
+/// exporting (None otherwise: the header is not even looked at).
+pub fn http_parent(headers: &HeaderMap) -> Option<Context> {
+    super::active()?.tracer.as_ref()?;
+    let header = headers.get("traceparent")?;
+    let _ = header.to_str().ok()?;
+    let context = TraceContextPropagator::new().extract(&Headers(headers));
+    context.has_active_span().then_some(context)
+}
+
+/// Runs `work` under `parent` when there is one.
+pub async fn within<F: Future>(parent: Option<Context>, work: F) -> F::Output {
+    match parent {
+        Some(parent) => opentelemetry::context::FutureExt::with_context(work, parent).await,
+        None => work.await,
+    }
+}
+
+/// The context a request's `_meta` names, if it names a valid one.
+pub(super) fn meta_parent(params: Option<&Value>) -> Option<Context> {
+    let meta = params?.get("_meta")?.as_object()?;
+    meta.get("traceparent")?.as_str()?;
+    let context = TraceContextPropagator::new().extract(&Meta(meta));
+    context.has_active_span().then_some(context)
+}
+
+/// Writes `context`'s span into `params._meta` (made an object if there were no params).
+pub(super) fn inject(context: &Context, params: &mut Option<Value>) {
+    let params = params.get_or_insert_with(|| Value::Object(Map::new()));
+    let Some(params) = params.as_object_mut() else {
+        return;
+    };
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(meta) = meta.as_object_mut() else {
+        return;
+    };
+    let span = context.span();
+    let span = span.span_context();
+    if !span.is_valid() {
+        return;
+    }
+    meta.insert(
+        "traceparent".into(),
+        Value::String(format!(
+            "00-{}-{}-{:02x}",
+            span.trace_id(),
+            span.span_id(),
+            span.trace_flags().to_u8()
+        )),
+    );
+    // An empty `tracestate` is not written: a client's own stays as it sent it.
+    let state = span.trace_state().header();
+    if !state.is_empty() {
+        meta.insert("tracestate".into(), Value::String(state));
+    }
+}
+
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key)?.to_str().ok()
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|name| name.as_str()).collect()
+    }
+}
+
+struct Meta<'a>(&'a Map<String, Value>);
+
+impl Extractor for Meta<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key)?.as_str()
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use serde_json::json;
+
+    #[test]
+    fn a_meta_traceparent_is_read_and_written_leaving_other_keys_alone() {
+        let params = json!({"_meta": {
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "progressToken": 7,
+            "baggage": "k=v"
+        }});
+        let parent = meta_parent(Some(&params)).unwrap();
+        let span = parent.span();
+        assert_eq!(
+            span.span_context().trace_id(),
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()
+        );
+        let child = Context::new().with_remote_span_context(SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            SpanId::from_hex("1111111111111111").unwrap(),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        ));
+        let mut params = Some(params);
+        inject(&child, &mut params);
+        assert_eq!(
+            params.unwrap()["_meta"],
+            json!({
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01",
+                "progressToken": 7,
+                "baggage": "k=v"
+            })
+        );
+        assert!(meta_parent(Some(&json!({"_meta": {"traceparent": "nonsense"}}))).is_none());
+    }
+}

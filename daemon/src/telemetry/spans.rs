@@ -1,0 +1,266 @@
+//! The spans, named and attributed per the OpenTelemetry MCP conventions: a
+//! SERVER span per client request ([`server_call`], begun and ended in
+//! `Session::handle`), a CLIENT span per request sent upstream ([`client_span`],
+//! in `Hub::forward_to`, its context written into the request), and INTERNAL
+//! spans for waits that did not finish at once ([`waited`]).
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use tokio::time::Instant;
+
+use adapters::Reply;
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
+use serde_json::Value;
+
+use super::{active, propagate};
+use crate::jsonrpc::{Answer, RelayError};
+
+/// Set by a CLIENT span whose result had `isError`, read by its SERVER span.
+#[derive(Clone, Default)]
+struct ToolError(Arc<AtomicBool>);
+
+/// A client's request being served: its SERVER span and its start.
+pub struct ServerCall {
+    context: Context,
+    started: Instant,
+    facts: Vec<KeyValue>,
+    tool_error: ToolError,
+}
+
+/// Begins the SERVER span of a client's request, a child of the context its
+/// `_meta.traceparent` names, else of the one current (an HTTP `traceparent`).
+pub fn server_call(
+    method: &str,
+    params: Option<&Value>,
+    id: &Value,
+    session: u64,
+    protocol: impl FnOnce() -> Option<String>,
+) -> Option<ServerCall> {
+    let telemetry = active()?;
+    let started = Instant::now();
+    let (name, mut facts) = described(method, params);
+    if let Some(version) = protocol() {
+        facts.push(KeyValue::new("mcp.protocol.version", version));
+    }
+    let tool_error = ToolError::default();
+    let parent = propagate::meta_parent(params).unwrap_or_else(Context::current);
+    let context = match &telemetry.tracer {
+        Some(tracer) => {
+            let mut attributes = facts.clone();
+            attributes.push(KeyValue::new("mcp.session.id", session.to_string()));
+            attributes.push(KeyValue::new("jsonrpc.request.id", request_id(id)));
+            let span = tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Server)
+                .with_attributes(attributes)
+                .start_with_context(tracer, &parent);
+            parent.with_span(span)
+        }
+        None => parent,
+    }
+    .with_value(tool_error.clone());
+    Some(ServerCall {
+        context,
+        started,
+        facts,
+        tool_error,
+    })
+}
+
+impl ServerCall {
+    /// The context the request is served under (its span the parent of what follows).
+    pub fn context(&self) -> Context {
+        self.context.clone()
+    }
+
+    /// Ends the span with the answer's outcome: a JSON-RPC error, or a tool's `isError`.
+    pub fn end(self, answer: Option<&Answer>) {
+        let error = match answer.and_then(Answer::error_code) {
+            Some(code) => Some(code.to_string()),
+            None => self
+                .tool_error
+                .0
+                .load(Ordering::Relaxed)
+                .then(|| "tool_error".to_string()),
+        };
+        let span = self.context.span();
+        let mut facts = self.facts;
+        if let Some(error) = error {
+            if answer.and_then(Answer::error_code).is_some() {
+                span.set_attribute(KeyValue::new("rpc.response.status_code", error.clone()));
+            }
+            span.set_status(Status::error(error.clone()));
+            span.set_attribute(KeyValue::new("error.type", error.clone()));
+            facts.push(KeyValue::new("error.type", error));
+        }
+        span.end();
+        if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
+            facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
+            histograms
+                .server
+                .record(self.started.elapsed().as_secs_f64(), &facts);
+        }
+    }
+}
+
+/// A request sent upstream: its CLIENT span and its start.
+pub struct ClientSpan {
+    context: Context,
+    started: Instant,
+    facts: Vec<KeyValue>,
+}
+
+/// Begins the CLIENT span of a request to `upstream`, a child of the current
+/// context, and writes its context into the request's `_meta`.
+pub fn client_span(upstream: &str, method: &str, params: &mut Option<Value>) -> Option<ClientSpan> {
+    let telemetry = active()?;
+    let started = Instant::now();
+    let (name, mut facts) = described(method, params.as_ref());
+    facts.push(KeyValue::new("plexus.upstream", upstream.to_string()));
+    let parent = Context::current();
+    let context = match &telemetry.tracer {
+        Some(tracer) => {
+            let span = tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Client)
+                .with_attributes(facts.clone())
+                .start_with_context(tracer, &parent);
+            let context = parent.with_span(span);
+            propagate::inject(&context, params);
+            context
+        }
+        None => parent,
+    };
+    Some(ClientSpan {
+        context,
+        started,
+        facts,
+    })
+}
+
+impl ClientSpan {
+    /// plexus's id of the request, as the upstream sees it.
+    pub fn request_id(&self, id: u64) {
+        self.context
+            .span()
+            .set_attribute(KeyValue::new("jsonrpc.request.id", id.to_string()));
+    }
+
+    /// Ends the span with the reply's outcome; an `isError` result marks the
+    /// SERVER span too.
+    pub fn end(self, outcome: &Result<Reply, RelayError>) {
+        let error = match outcome {
+            Ok(Reply::Error(error)) => error
+                .get("code")
+                .and_then(Value::as_i64)
+                .map(|code| code.to_string()),
+            Ok(Reply::Result(result)) => (result.get("isError") == Some(&Value::Bool(true)))
+                .then(|| "tool_error".to_string()),
+            Ok(Reply::Unread(result)) => (result.member("isError") == Some(b"true".as_slice()))
+                .then(|| "tool_error".to_string()),
+            Err(error) => Some(error.kind().to_string()),
+        };
+        let span = self.context.span();
+        let mut facts = self.facts;
+        if let Some(error) = error {
+            if error == "tool_error" {
+                if let Some(mark) = Context::current().get::<ToolError>() {
+                    mark.0.store(true, Ordering::Relaxed);
+                }
+            }
+            span.set_status(Status::error(error.clone()));
+            span.set_attribute(KeyValue::new("error.type", error.clone()));
+            facts.push(KeyValue::new("error.type", error));
+        }
+        span.end();
+        if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
+            // A URI per series would be unbounded.
+            facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
+            histograms
+                .client
+                .record(self.started.elapsed().as_secs_f64(), &facts);
+        }
+    }
+}
+
+/// A wait worth a span of its own when it does not end at once.
+#[derive(Clone, Copy)]
+pub enum Wait {
+    /// For a slot under the upstream's `max_in_flight`.
+    Queue,
+    /// For a starting (or on-demand) upstream to be ready.
+    UpstreamStart,
+    /// For a session's first list, while upstreams are still starting.
+    FirstList,
+    /// For the client's answer to a request plexus sent it (sampling, elicitation, roots).
+    ClientRound,
+}
+
+impl Wait {
+    fn name(self) -> &'static str {
+        match self {
+            Wait::Queue => "plexus.queue",
+            Wait::UpstreamStart => "plexus.upstream_start",
+            Wait::FirstList => "plexus.first_list",
+            Wait::ClientRound => "plexus.client_request",
+        }
+    }
+}
+
+/// Awaits `work`; when exporting spans and it does not finish at its first poll,
+/// under an INTERNAL span named for the wait.
+pub async fn waited<F: Future>(wait: Wait, upstream: Option<&str>, work: F) -> F::Output {
+    let Some(tracer) = active().and_then(|telemetry| telemetry.tracer.as_ref()) else {
+        return work.await;
+    };
+    let mut work = pin!(work);
+    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    if let Poll::Ready(output) = first {
+        return output;
+    }
+    let mut builder = tracer
+        .span_builder(wait.name())
+        .with_kind(SpanKind::Internal);
+    if let Some(upstream) = upstream {
+        builder = builder.with_attributes([KeyValue::new("plexus.upstream", upstream.to_string())]);
+    }
+    let span = builder.start_with_context(tracer, &Context::current());
+    let output = work.await;
+    drop(span);
+    output
+}
+
+/// The span name and the attributes the conventions give a request of `method`.
+fn described(method: &str, params: Option<&Value>) -> (String, Vec<KeyValue>) {
+    let mut facts = vec![KeyValue::new("mcp.method.name", method.to_string())];
+    let text = |key: &str| params.and_then(|p| p.get(key)).and_then(Value::as_str);
+    let name = match method {
+        "tools/call" => text("name").map(|tool| {
+            facts.push(KeyValue::new("gen_ai.tool.name", tool.to_string()));
+            facts.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+            format!("{method} {tool}")
+        }),
+        "prompts/get" => text("name").map(|prompt| {
+            facts.push(KeyValue::new("gen_ai.prompt.name", prompt.to_string()));
+            format!("{method} {prompt}")
+        }),
+        _ => {
+            if let Some(uri) = text("uri") {
+                facts.push(KeyValue::new("mcp.resource.uri", uri.to_string()));
+            }
+            None
+        }
+    };
+    (name.unwrap_or_else(|| method.to_string()), facts)
+}
+
+fn request_id(id: &Value) -> String {
+    match id {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
