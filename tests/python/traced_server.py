@@ -1,0 +1,51 @@
+"""An MCP upstream on stdio, built on the official Python SDK 2.x, that exports its
+own OpenTelemetry spans (the SDK's server middleware makes one per request, parented
+by the request's `_meta.traceparent`) over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`,
+and answers with the `_meta` it received.
+
+    target/python-venv/bin/python tests/python/traced_server.py
+
+Tools: `meta` (the request's `_meta` as JSON text), `fail` (an `isError` result).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, TextContent
+
+warnings.simplefilter("ignore")
+
+# Each span is posted as it ends: the test reads them while this process still runs.
+provider = TracerProvider(resource=Resource.create({"service.name": "traced-upstream"}))
+provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+trace.set_tracer_provider(provider)
+
+server = MCPServer("traced-upstream")
+
+
+@server.tool()
+def meta(ctx: Context) -> str:
+    """Returns the `_meta` of this request as JSON."""
+    received = ctx.request_context.meta
+    if hasattr(received, "model_dump"):
+        received = received.model_dump(by_alias=True, exclude_none=True)
+    return json.dumps(dict(received or {}), sort_keys=True)
+
+
+@server.tool()
+def fail() -> CallToolResult:
+    """Fails as a tool does: an `isError` result."""
+    return CallToolResult(content=[TextContent(type="text", text="it failed")], is_error=True)
+
+
+if __name__ == "__main__":
+    server.run("stdio")

@@ -1,0 +1,343 @@
+//! OpenTelemetry across the hop, with real parts only: a Python SDK client with
+//! OpenTelemetry on (`tests/python/traced_client.py`), plexus exporting over
+//! OTLP/HTTP, a Python SDK upstream that exports its own spans and reports the
+//! `_meta` it received (`tests/python/traced_server.py`), and an OTLP/HTTP receiver
+//! on loopback built on `opentelemetry-proto` (`tests/python/otlp_receiver.py`;
+//! the Collector ships in no package this machine reaches). All of it installed
+//! into `target/python-venv` by `scripts/ensure-python-sdk`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use plexus_tests::{venv_python, workspace_root, Daemon};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A receiver writing what it decodes to `out`, one JSON line per span or series.
+struct Receiver {
+    _child: Child,
+    endpoint: String,
+    out: PathBuf,
+}
+
+impl Receiver {
+    async fn start(dir: &Path) -> anyhow::Result<Receiver> {
+        let out = dir.join("otlp.jsonl");
+        let mut child = Command::new(venv_python())
+            .arg(workspace_root().join("tests/python/otlp_receiver.py"))
+            .arg(&out)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().context("receiver stdout")?;
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            BufReader::new(stdout).read_line(&mut line),
+        )
+        .await??;
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .context("receiver did not say its port")?;
+        Ok(Receiver {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            _child: child,
+            out,
+        })
+    }
+
+    fn received(&self, kind: &str) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|line| line["kind"] == kind)
+            .collect()
+    }
+}
+
+fn upstreams(endpoint: Option<&str>) -> String {
+    let python = venv_python().display().to_string();
+    let script = workspace_root()
+        .join("tests/python/traced_server.py")
+        .display()
+        .to_string();
+    let env = match endpoint {
+        Some(endpoint) => format!(
+            "env = {{ OTEL_EXPORTER_OTLP_ENDPOINT = {endpoint:?}, PYTHONUNBUFFERED = \"1\" }}"
+        ),
+        None => "env = { OTEL_SDK_DISABLED = \"true\" }".into(),
+    };
+    // `lazy` speaks the handshake era and stops after 1 s idle: the client's call
+    // to it, made later than that, waits for its start.
+    format!(
+        "[upstreams.tr]\ncommand = {python:?}\nargs = [{script:?}]\n{env}\n\n\
+         [upstreams.lazy]\ncommand = {python:?}\nargs = [{script:?}]\n{env}\n\
+         start = \"lazy\"\nidle_timeout = \"1s\"\nprotocol = \"handshake\"\n"
+    )
+}
+
+async fn run_client(url: &str, mode: &str, endpoint: &str) -> anyhow::Result<Value> {
+    let mut command = Command::new(venv_python());
+    command
+        .arg(workspace_root().join("tests/python/traced_client.py"))
+        .args(["--url", url, "--mode", mode])
+        .env("PYTHONUNBUFFERED", "1")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(120), command.output()).await??;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!(
+            "traced_client.py failed: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let last = stdout.lines().last().context("no output")?;
+    Ok(serde_json::from_str(last)?)
+}
+
+fn span<'a>(
+    spans: &'a [Value],
+    service: &str,
+    name: &str,
+    trace: &str,
+) -> anyhow::Result<&'a Value> {
+    spans
+        .iter()
+        .find(|span| {
+            span["service"] == service && span["name"] == name && span["trace_id"] == trace
+        })
+        .with_context(|| {
+            let seen: Vec<String> = spans
+                .iter()
+                .map(|span| format!("{} {} {}", span["service"], span["name"], span["span_kind"]))
+                .collect();
+            format!("no span `{name}` of {service} in trace {trace}; seen: {seen:#?}")
+        })
+}
+
+fn children<'a>(spans: &'a [Value], parent: &Value) -> Vec<&'a Value> {
+    spans
+        .iter()
+        .filter(|span| span["parent_span_id"] == parent["span_id"])
+        .collect()
+}
+
+/// The `traceparent` naming `span`, but for its flags (the W3C level 2 random bit may be set).
+fn traceparent_of(span: &Value) -> String {
+    format!(
+        "00-{}-{}-",
+        span["trace_id"].as_str().unwrap_or_default(),
+        span["span_id"].as_str().unwrap_or_default()
+    )
+}
+
+/// Whether `meta.traceparent` names `span`.
+fn parent_in(meta: &Value, span: &Value) -> bool {
+    meta["traceparent"]
+        .as_str()
+        .is_some_and(|traceparent| traceparent.starts_with(&traceparent_of(span)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyhow::Result<()> {
+    if !venv_python().exists() {
+        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let receiver = Receiver::start(dir.path()).await?;
+    let endpoint = receiver.endpoint.as_str();
+    let daemon = Daemon::builder()
+        .env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "plexus-under-test"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+        ])
+        .upstreams(upstreams(Some(endpoint)))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let started = std::time::Instant::now();
+    let seen = run_client(&daemon.url, "auto", endpoint).await?;
+    println!("client run: {:.2} s", started.elapsed().as_secs_f64());
+    // A stop flushes plexus's batch of spans and its histograms.
+    daemon.stop().await?;
+    let trace = seen["trace_id"].as_str().context("trace id")?.to_string();
+    ensure!(
+        seen["fail_is_error"] == true,
+        "fail was not an error: {seen}"
+    );
+
+    let spans = receiver.received("span");
+    let plexus = "plexus-under-test";
+    // The call: client CLIENT → plexus SERVER → plexus CLIENT → upstream SERVER, one trace.
+    let sent = span(
+        &spans,
+        "traced-client",
+        "MCP send tools/call tr__meta",
+        &trace,
+    )?;
+    let served = span(&spans, plexus, "tools/call tr__meta", &trace)?;
+    ensure!(served["span_kind"] == "SERVER", "{served}");
+    ensure!(
+        served["parent_span_id"] == sent["span_id"],
+        "{served} not under {sent}"
+    );
+    let attributes = &served["attributes"];
+    ensure!(attributes["mcp.method.name"] == "tools/call", "{served}");
+    ensure!(attributes["gen_ai.tool.name"] == "tr__meta", "{served}");
+    ensure!(
+        attributes["gen_ai.operation.name"] == "execute_tool",
+        "{served}"
+    );
+    ensure!(
+        attributes["mcp.protocol.version"] == "2026-07-28",
+        "{served}"
+    );
+    ensure!(attributes["jsonrpc.request.id"].is_string(), "{served}");
+    ensure!(attributes["mcp.session.id"].is_string(), "{served}");
+    let relayed = children(&spans, served);
+    ensure!(
+        relayed.len() == 1,
+        "one CLIENT span under the call: {relayed:#?}"
+    );
+    let relayed = relayed[0];
+    ensure!(
+        relayed["span_kind"] == "CLIENT" && relayed["name"] == "tools/call meta",
+        "{relayed}"
+    );
+    ensure!(
+        relayed["attributes"]["gen_ai.tool.name"] == "meta",
+        "{relayed}"
+    );
+    ensure!(
+        relayed["attributes"]["plexus.upstream"] == "tr",
+        "{relayed}"
+    );
+    ensure!(
+        relayed["attributes"]["jsonrpc.request.id"].is_string(),
+        "{relayed}"
+    );
+    // The upstream got plexus's CLIENT span as its parent, in `_meta` and in its own span.
+    ensure!(
+        parent_in(&seen["meta"], relayed),
+        "upstream's _meta {} is not under {relayed}",
+        seen["meta"]
+    );
+    let upstream = span(&spans, "traced-upstream", "tools/call meta", &trace)?;
+    ensure!(
+        upstream["parent_span_id"] == relayed["span_id"],
+        "{upstream}"
+    );
+
+    // A list is served from the catalog: a SERVER span in the trace, nothing upstream.
+    let listed = span(&spans, plexus, "tools/list", &trace)?;
+    ensure!(
+        children(&spans, listed)
+            .iter()
+            .all(|span| span["span_kind"] != "CLIENT"),
+        "tools/list asked an upstream"
+    );
+
+    // An `isError` result: error status and `error.type = tool_error` on both spans.
+    let failed = span(&spans, plexus, "tools/call tr__fail", &trace)?;
+    let failed_upstream = span(&spans, plexus, "tools/call fail", &trace)?;
+    for span in [failed, failed_upstream] {
+        ensure!(span["status"] == "ERROR", "{span}");
+        ensure!(span["attributes"]["error.type"] == "tool_error", "{span}");
+    }
+
+    // The lazy upstream's call waited for its start under a span of its own, and its
+    // (handshake-era) request carried the trace too.
+    let woke = span(&spans, plexus, "tools/call lazy__meta", &trace)?;
+    let under: Vec<&Value> = children(&spans, woke);
+    let waited = under
+        .iter()
+        .find(|span| span["name"] == "plexus.upstream_start")
+        .with_context(|| format!("no start wait under {woke}: {under:#?}"))?;
+    ensure!(
+        waited["attributes"]["plexus.upstream"] == "lazy",
+        "{waited}"
+    );
+    let lazy_call = under
+        .iter()
+        .find(|span| span["span_kind"] == "CLIENT")
+        .context("no CLIENT span under the lazy call")?;
+    ensure!(
+        waited["end"].as_u64() <= lazy_call["start"].as_u64(),
+        "{waited} {lazy_call}"
+    );
+    ensure!(
+        parent_in(&seen["lazy_meta"], lazy_call),
+        "{}",
+        seen["lazy_meta"]
+    );
+
+    // The conventions' histograms, on the same exporter.
+    let metrics = receiver.received("metric");
+    for name in [
+        "mcp.server.operation.duration",
+        "mcp.client.operation.duration",
+    ] {
+        let series = metrics
+            .iter()
+            .find(|metric| {
+                metric["name"] == name
+                    && metric["service"] == plexus
+                    && metric["attributes"]["gen_ai.tool.name"].is_string()
+            })
+            .with_context(|| format!("no {name}: {metrics:#?}"))?;
+        ensure!(
+            series["unit"] == "s" && series["count"].as_u64() >= Some(1),
+            "{series}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyhow::Result<()> {
+    if !venv_python().exists() {
+        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let receiver = Receiver::start(dir.path()).await?;
+    let daemon = Daemon::builder().upstreams(upstreams(None)).start().await?;
+    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let seen = run_client(&daemon.url, "legacy", &receiver.endpoint).await?;
+    let trace = seen["trace_id"].as_str().context("trace id")?;
+    let spans = receiver.received("span");
+    // The client's own CLIENT span is the upstream's parent: plexus, exporting
+    // nothing, made no span and rewrote no `_meta`.
+    let sent = span(
+        &spans,
+        "traced-client",
+        "MCP send tools/call tr__meta",
+        trace,
+    )?;
+    ensure!(
+        parent_in(&seen["meta"], sent),
+        "{} is not the client's {sent}",
+        seen["meta"]
+    );
+    ensure!(
+        spans.iter().all(|span| span["service"] == "traced-client"),
+        "{spans:#?}"
+    );
+    ensure!(
+        !daemon.log().contains("OpenTelemetry export on"),
+        "{}",
+        daemon.log()
+    );
+    Ok(())
+}
