@@ -368,9 +368,11 @@ impl Session {
         match jsonrpc::Envelope::of(message) {
             Ok(Envelope::Request { id, method, params }) => {
                 let related = related.unwrap_or(&self.outbound);
-                let traced = telemetry::server_call(&method, params.as_ref(), &id, self.id, || {
-                    self.protocol_version()
-                });
+                let traced =
+                    telemetry::server_call(&method, params.as_ref(), &id, self.id, || match era {
+                        Era::Modern => Some(era::MODERN_VERSION.to_string()),
+                        _ => self.protocol_version(),
+                    });
                 let dispatcher = Dispatch::new(self, related);
                 let dispatch = dispatcher.request(id, method, params, arguments, capabilities, era);
                 let Some(traced) = traced else {

@@ -38,6 +38,7 @@ pub fn server_call(
     params: Option<&Value>,
     id: &Value,
     session: u64,
+    // The version of the request's era: asked for only when exporting.
     protocol: impl FnOnce() -> Option<String>,
 ) -> Option<ServerCall> {
     let telemetry = active()?;

@@ -11,8 +11,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use plexus_tests::{venv_python, workspace_root, Daemon};
-use serde_json::Value;
+use plexus_tests::{venv_python, workspace_root, Daemon, RawHttpSession};
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -139,6 +139,13 @@ fn traceparent_of(span: &Value) -> String {
     )
 }
 
+/// A client's trace context, as a W3C `traceparent` header.
+const HEADER_PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+fn attributes_say(span: &Value, key: &str, value: &str) -> bool {
+    span["attributes"][key] == value
+}
+
 /// Whether `meta.traceparent` names `span`.
 fn parent_in(meta: &Value, span: &Value) -> bool {
     meta["traceparent"]
@@ -169,6 +176,16 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
     let started = std::time::Instant::now();
     let seen = run_client(&daemon.url, "auto", endpoint).await?;
     println!("client run: {:.2} s", started.elapsed().as_secs_f64());
+    // A client that sends its trace context only in the HTTP `traceparent` header.
+    let mut raw =
+        RawHttpSession::connect_with(&daemon.url, &[("traceparent", HEADER_PARENT)]).await?;
+    let answer = raw
+        .request("tools/call", json!({"name": "tr__meta", "arguments": {}}))
+        .await?;
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .context("no text")?;
+    let header_meta: Value = serde_json::from_str(text)?;
     // A stop flushes plexus's batch of spans and its histograms.
     daemon.stop().await?;
     let trace = seen["trace_id"].as_str().context("trace id")?.to_string();
@@ -280,6 +297,23 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         parent_in(&seen["lazy_meta"], lazy_call),
         "{}",
         seen["lazy_meta"]
+    );
+
+    // The header's context parents the SERVER span; the upstream's `_meta` names plexus's CLIENT span.
+    let header_trace = &HEADER_PARENT[3..35];
+    let served = span(&spans, plexus, "tools/call tr__meta", header_trace)?;
+    ensure!(
+        served["parent_span_id"] == HEADER_PARENT[36..52],
+        "{served}"
+    );
+    ensure!(
+        attributes_say(served, "mcp.protocol.version", "2025-11-25"),
+        "{served}"
+    );
+    let relayed = children(&spans, served);
+    ensure!(
+        relayed.len() == 1 && parent_in(&header_meta, relayed[0]),
+        "{header_meta} {relayed:#?}"
     );
 
     // The conventions' histograms, on the same exporter.
