@@ -260,6 +260,40 @@ pub fn print_overheads(results: &[CellResult]) {
     }
 }
 
+/// What OpenTelemetry costs: plexus-http-traced (every request sampled, exported
+/// over OTLP/HTTP) over plexus-http (tracing off), per cell. Printed when both were measured.
+pub fn print_tracing_cost(results: &[CellResult]) {
+    let measured =
+        |result: &CellResult, wanted: Target| result.rows.iter().any(|(t, _)| *t == wanted);
+    if !results.first().is_some_and(|first| {
+        measured(first, Target::PlexusTraced) && measured(first, Target::PlexusHttp)
+    }) {
+        return;
+    }
+    println!();
+    println!(
+        "tracing on (100 % sampled, OTLP/HTTP) / off: plexus-http-traced / plexus-http, every cell"
+    );
+    let mut header = vec![String::new()];
+    header.extend(results.iter().map(|r| r.cell.short_label()));
+    let mut table = vec![header];
+    let metrics: [(&str, Metric); 3] = [
+        ("throughput", |s| s.throughput),
+        ("p50 latency", |s| s.p50),
+        ("cpu per call", |s| s.cpu_served),
+    ];
+    for (name, metric) in metrics {
+        let mut row = vec![name.to_string()];
+        row.extend(
+            results
+                .iter()
+                .map(|r| r.ratio_to(Target::PlexusTraced, Target::PlexusHttp, metric)),
+        );
+        table.push(row);
+    }
+    print_table(&table);
+}
+
 /// What plexus adds to a call beyond the two legs it chains: plexus-http is an
 /// HTTP exchange with the client plus a stdio round trip to the server, so
 /// direct-http's p50 plus direct-stdio's is what a relay that cost nothing itself

@@ -15,7 +15,12 @@ use plexus_tests::{
 use rmcp::model::ProtocolVersion;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
+use tokio::task::JoinSet;
 
 /// How long a process or session may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,14 +49,18 @@ pub enum Target {
     /// plexus-http again, served by another build (`--against`): a change and what
     /// it replaced, measured in the same rounds.
     PlexusHttpAgainst,
+    /// plexus-http again, with OpenTelemetry on: every request sampled, spans and
+    /// histograms posted over OTLP/HTTP to an endpoint that discards them.
+    PlexusTraced,
 }
 
 impl Target {
     /// The order of a round: direct and plexus cells alternate, so drift on a
     /// noisy machine lands on both sides of a comparison alike.
-    pub const ALL: [Target; 9] = [
+    pub const ALL: [Target; 10] = [
         Target::DirectHttp,
         Target::PlexusHttp,
+        Target::PlexusTraced,
         Target::PlexusHttpAgainst,
         Target::PlexusRemote,
         Target::DirectStdio,
@@ -75,6 +84,7 @@ impl Target {
             Target::Plexus2026 => "plexus-2026",
             Target::PlexusConnect => "plexus-connect",
             Target::PlexusHttpAgainst => "plexus-http-against",
+            Target::PlexusTraced => "plexus-http-traced",
         }
     }
 
@@ -84,9 +94,10 @@ impl Target {
     pub fn direct_counterpart(self) -> Option<Target> {
         match self {
             Target::DirectStdio | Target::DirectHttp | Target::DirectHttp2026 => None,
-            Target::PlexusHttp | Target::PlexusRemote | Target::PlexusHttpAgainst => {
-                Some(Target::DirectHttp)
-            }
+            Target::PlexusHttp
+            | Target::PlexusRemote
+            | Target::PlexusHttpAgainst
+            | Target::PlexusTraced => Some(Target::DirectHttp),
             Target::PlexusStdio | Target::PlexusConnect => Some(Target::DirectStdio),
             Target::Plexus2026 => Some(Target::DirectHttp2026),
         }
@@ -101,7 +112,8 @@ impl Target {
             Target::PlexusHttp
             | Target::PlexusStdio
             | Target::PlexusConnect
-            | Target::PlexusHttpAgainst => "bench__echo",
+            | Target::PlexusHttpAgainst
+            | Target::PlexusTraced => "bench__echo",
         }
     }
 }
@@ -117,6 +129,8 @@ pub struct Rig {
     daemon: Daemon,
     /// The same daemon from another build, when one is compared (`--against`).
     against: Option<Daemon>,
+    /// The same daemon with OpenTelemetry on, and where it exports (`plexus-http-traced`).
+    traced: Option<(Daemon, Discard)>,
     /// Lines every daemon's `[daemon]` section gets (stdio fronts started later too).
     daemon_extra: String,
     /// The HTTP fixtures' logs, beside no daemon's: they start first.
@@ -126,8 +140,13 @@ pub struct Rig {
 
 impl Rig {
     /// `against`: another build of plexus, run as a second daemon like the first;
-    /// `daemon_extra`: lines for every daemon's `[daemon]` section, stdio fronts too.
-    pub async fn start(against: Option<&Path>, daemon_extra: &str) -> anyhow::Result<Rig> {
+    /// `daemon_extra`: lines for every daemon's `[daemon]` section, stdio fronts too;
+    /// `traced`: a third daemon, exporting OpenTelemetry data.
+    pub async fn start(
+        against: Option<&Path>,
+        daemon_extra: &str,
+        traced: bool,
+    ) -> anyhow::Result<Rig> {
         let fixture_dir = tempfile::tempdir().context("creating the HTTP fixture's directory")?;
         let http_fixture = HttpFixture::start(
             fixture_dir.path(),
@@ -177,11 +196,34 @@ impl Rig {
             }
             None => None,
         };
+        let traced = match traced {
+            true => {
+                let discard = Discard::start().await?;
+                let endpoint = discard.endpoint();
+                let traced = Daemon::builder()
+                    .daemon(daemon_extra)
+                    .upstreams(&sections)
+                    .env(&[
+                        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                        ("OTEL_TRACES_SAMPLER", "always_on"),
+                    ])
+                    .start()
+                    .await
+                    .context("starting plexus with tracing on")?;
+                traced
+                    .wait_ready(START_TIMEOUT)
+                    .await
+                    .context("waiting for the traced daemon's upstreams")?;
+                Some((traced, discard))
+            }
+            false => None,
+        };
         Ok(Rig {
             http_fixture,
             modern_fixture,
             daemon,
             against,
+            traced,
             daemon_extra: daemon_extra.to_string(),
             _fixture_dir: fixture_dir,
             _modern_dir: modern_dir,
@@ -231,6 +273,13 @@ impl Rig {
                     .as_ref()
                     .context("plexus-http-against needs --against")?;
                 http_client(&other.url, client).await?
+            }
+            Target::PlexusTraced => {
+                let (traced, _) = self
+                    .traced
+                    .as_ref()
+                    .context("the rig was started without its traced daemon")?;
+                http_client(&traced.url, client).await?
             }
             Target::PlexusStdio => {
                 // A state directory per daemon: they share nothing, as separate hosts would.
@@ -290,7 +339,93 @@ impl Rig {
         if let Some(other) = self.against {
             stop_cleanly(other, "the other build").await?;
         }
+        if let Some((traced, discard)) = self.traced {
+            stop_cleanly(traced, "plexus with tracing on").await?;
+            println!(
+                "\nplexus-http-traced exported {} OTLP requests ({} bytes)",
+                discard.requests(),
+                discard.bytes()
+            );
+        }
         Ok(())
+    }
+}
+
+/// An OTLP/HTTP endpoint on loopback that reads each POST and answers 200 with
+/// an empty body (an empty export response), keeping nothing.
+struct Discard {
+    address: SocketAddr,
+    counts: Arc<(AtomicU64, AtomicU64)>,
+    _tasks: JoinSet<()>,
+}
+
+impl Discard {
+    async fn start() -> anyhow::Result<Discard> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let address = listener.local_addr()?;
+        let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let mut tasks = JoinSet::new();
+        let seen = counts.clone();
+        tasks.spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                connections.spawn(discard_requests(stream, seen.clone()));
+                while connections.try_join_next().is_some() {}
+            }
+        });
+        Ok(Discard {
+            address,
+            counts,
+            _tasks: tasks,
+        })
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    fn requests(&self) -> u64 {
+        self.counts.0.load(Ordering::Relaxed)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.counts.1.load(Ordering::Relaxed)
+    }
+}
+
+/// Serves one keep-alive connection: each request's head, then its
+/// `content-length` bytes of body, then `200`.
+async fn discard_requests(stream: TcpStream, counts: Arc<(AtomicU64, AtomicU64)>) {
+    let mut stream = BufReader::new(stream);
+    loop {
+        let mut length = 0u64;
+        loop {
+            let mut line = String::new();
+            match stream.read_line(&mut line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let copied = tokio::io::copy(&mut (&mut stream).take(length), &mut tokio::io::sink()).await;
+        if copied.is_err() {
+            return;
+        }
+        counts.0.fetch_add(1, Ordering::Relaxed);
+        counts.1.fetch_add(length, Ordering::Relaxed);
+        let answer =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if stream.get_mut().write_all(answer).await.is_err() {
+            return;
+        }
     }
 }
 

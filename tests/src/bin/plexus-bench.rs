@@ -284,7 +284,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if !daemon_extra.is_empty() {
         println!("plexus: {daemon_extra}");
     }
-    let rig = Rig::start(cli.against.as_deref(), &daemon_extra).await?;
+    let traced = targets.contains(&Target::PlexusTraced);
+    let rig = Rig::start(cli.against.as_deref(), &daemon_extra, traced).await?;
     // Every target gets its sessions up front: the first serves the shared cells.
     let mut sessions: Vec<(Target, Vec<Client>)> = Vec::new();
     for target in targets {
@@ -447,6 +448,7 @@ async fn measure_all(plan: &Plan, sessions: &[(Target, Vec<Client>)]) -> anyhow:
     report::print_overview(&cells);
     report::print_overheads(&cells);
     report::print_hop_floor(&cells);
+    report::print_tracing_cost(&cells);
     Ok(())
 }
 
