@@ -5,6 +5,10 @@ trace context into its `_meta.traceparent` (SEP-414). Under one root span it cal
 to have stopped, started again by that call), and prints one JSON object: the root's trace id and what it saw.
 
     target/python-venv/bin/python tests/python/traced_client.py --url URL [--mode legacy]
+        [--connect PLEXUS]
+
+`--connect PLEXUS` reaches the daemon through `PLEXUS connect URL` (stdio) and calls
+`tr__meta` only.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 warnings.simplefilter("ignore")
 
@@ -30,14 +34,17 @@ trace.set_tracer_provider(provider)
 tracer = trace.get_tracer("traced-client")
 
 
-async def run(url: str, mode: str) -> dict:
+async def run(url: str, mode: str, connect: str | None) -> dict:
     seen: dict = {}
+    server = url if connect is None else StdioServerParameters(command=connect, args=["connect", url])
     with anyio.fail_after(60):
-        async with Client(url, mode=mode, cache=None) as client:
+        async with Client(server, mode=mode, cache=None) as client:
             with tracer.start_as_current_span("agent turn") as root:
                 seen["trace_id"] = format(root.get_span_context().trace_id, "032x")
                 result = await client.call_tool("tr__meta", {})
                 seen["meta"] = json.loads(result.content[0].text)
+                if connect is not None:
+                    return seen
                 tools = await client.list_tools()
                 seen["tools"] = sorted(tool.name for tool in tools.tools)
                 failed = await client.call_tool("tr__fail", {})
@@ -53,8 +60,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--mode", default="auto")
+    parser.add_argument("--connect")
     args = parser.parse_args()
-    seen = anyio.run(run, args.url, args.mode)
+    seen = anyio.run(run, args.url, args.mode, args.connect)
     provider.shutdown()
     print(json.dumps(seen), flush=True)
 

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use plexus_tests::{venv_python, workspace_root, Daemon, RawHttpSession};
+use plexus_tests::{plexus_binary, venv_python, workspace_root, Daemon, RawHttpSession};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -82,11 +82,15 @@ fn upstreams(endpoint: Option<&str>) -> String {
     )
 }
 
-async fn run_client(url: &str, mode: &str, endpoint: &str) -> anyhow::Result<Value> {
+async fn run_client(url: &str, mode: &str, endpoint: &str, connect: bool) -> anyhow::Result<Value> {
     let mut command = Command::new(venv_python());
     command
         .arg(workspace_root().join("tests/python/traced_client.py"))
-        .args(["--url", url, "--mode", mode])
+        .args(["--url", url, "--mode", mode]);
+    if connect {
+        command.arg("--connect").arg(plexus_binary());
+    }
+    command
         .env("PYTHONUNBUFFERED", "1")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .stdin(Stdio::null())
@@ -174,7 +178,7 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         .await?;
     daemon.wait_ready(Duration::from_secs(60)).await?;
     let started = std::time::Instant::now();
-    let seen = run_client(&daemon.url, "auto", endpoint).await?;
+    let seen = run_client(&daemon.url, "auto", endpoint, false).await?;
     println!("client run: {:.2} s", started.elapsed().as_secs_f64());
     // A client that sends its trace context only in the HTTP `traceparent` header.
     let mut raw =
@@ -186,6 +190,8 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         .as_str()
         .context("no text")?;
     let header_meta: Value = serde_json::from_str(text)?;
+    // A client behind `plexus connect`: its `_meta` crosses the bridge as it is.
+    let bridged = run_client(&daemon.url, "legacy", endpoint, true).await?;
     // A stop flushes plexus's batch of spans and its histograms.
     daemon.stop().await?;
     let trace = seen["trace_id"].as_str().context("trace id")?.to_string();
@@ -316,6 +322,20 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         "{header_meta} {relayed:#?}"
     );
 
+    // Through `plexus connect`, the client's CLIENT span still parents the daemon's SERVER span.
+    let bridged_trace = bridged["trace_id"].as_str().context("trace id")?;
+    let sent = span(
+        &spans,
+        "traced-client",
+        "MCP send tools/call tr__meta",
+        bridged_trace,
+    )?;
+    let served = span(&spans, plexus, "tools/call tr__meta", bridged_trace)?;
+    ensure!(
+        served["parent_span_id"] == sent["span_id"],
+        "{served} not under {sent}"
+    );
+
     // The conventions' histograms, on the same exporter.
     let metrics = receiver.received("metric");
     for name in [
@@ -348,7 +368,7 @@ async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyh
     let receiver = Receiver::start(dir.path()).await?;
     let daemon = Daemon::builder().upstreams(upstreams(None)).start().await?;
     daemon.wait_ready(Duration::from_secs(60)).await?;
-    let seen = run_client(&daemon.url, "legacy", &receiver.endpoint).await?;
+    let seen = run_client(&daemon.url, "legacy", &receiver.endpoint, false).await?;
     let trace = seen["trace_id"].as_str().context("trace id")?;
     let spans = receiver.received("span");
     // The client's own CLIENT span is the upstream's parent: plexus, exporting
