@@ -176,11 +176,18 @@ impl HttpFront {
             }
         }
         match *request.method() {
-            Method::POST => {
-                // A client's trace context in the header parents its request's span.
-                let parent = telemetry::http_parent(request.headers());
-                telemetry::within(parent, self.post(request, principal, view, forwarded)).await
-            }
+            // A client's trace context in the header parents its request's span (boxed:
+            // the untraced request's future stays the size it was).
+            Method::POST => match telemetry::http_parent(request.headers()) {
+                None => self.post(request, principal, view, forwarded).await,
+                Some(parent) => {
+                    Box::pin(telemetry::within(
+                        Some(parent),
+                        self.post(request, principal, view, forwarded),
+                    ))
+                    .await
+                }
+            },
             Method::GET => self.get(request.headers(), &principal),
             Method::DELETE => self.delete(request.headers(), &principal),
             _ => {

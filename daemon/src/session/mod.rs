@@ -373,17 +373,24 @@ impl Session {
                         Era::Modern => Some(era::MODERN_VERSION.to_string()),
                         _ => self.protocol_version(),
                     });
-                let dispatcher = Dispatch::new(self, related);
-                let dispatch = dispatcher.request(id, method, params, arguments, capabilities, era);
-                let Some(traced) = traced else {
-                    return dispatch.await;
-                };
-                let handled = telemetry::within(Some(traced.context()), dispatch).await;
-                traced.end(match &handled {
-                    Handled::Respond(answer) => Some(answer),
-                    Handled::Nothing => None,
-                });
-                handled
+                if let Some(traced) = traced {
+                    // Boxed: the untraced request's future stays the size it was.
+                    return Box::pin(async move {
+                        let dispatcher = Dispatch::new(self, related);
+                        let dispatch =
+                            dispatcher.request(id, method, params, arguments, capabilities, era);
+                        let handled = telemetry::within(Some(traced.context()), dispatch).await;
+                        traced.end(match &handled {
+                            Handled::Respond(answer) => Some(answer),
+                            Handled::Nothing => None,
+                        });
+                        handled
+                    })
+                    .await;
+                }
+                Dispatch::new(self, related)
+                    .request(id, method, params, arguments, capabilities, era)
+                    .await
             }
             Ok(Envelope::Notification { method, params }) => {
                 self.notification(&method, params);

@@ -12,6 +12,7 @@ use std::task::Poll;
 use tokio::time::Instant;
 
 use adapters::Reply;
+use futures::future::{BoxFuture, Either};
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use serde_json::Value;
@@ -212,27 +213,39 @@ impl Wait {
     }
 }
 
-/// Awaits `work`; when exporting spans and it does not finish at its first poll,
-/// under an INTERNAL span named for the wait.
-pub async fn waited<F: Future>(wait: Wait, upstream: Option<&str>, work: F) -> F::Output {
+/// `work`, as it is when not exporting spans; else boxed (so an untraced caller's
+/// future does not grow by a second copy of `work`), under an INTERNAL span named
+/// for the wait once it does not finish at its first poll.
+pub fn waited<'a, F>(
+    wait: Wait,
+    upstream: Option<&'a str>,
+    work: F,
+) -> Either<F, BoxFuture<'a, F::Output>>
+where
+    F: Future + Send + 'a,
+    F::Output: Send,
+{
     let Some(tracer) = active().and_then(|telemetry| telemetry.tracer.as_ref()) else {
-        return work.await;
+        return Either::Left(work);
     };
-    let mut work = pin!(work);
-    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
-    if let Poll::Ready(output) = first {
-        return output;
-    }
-    let mut builder = tracer
-        .span_builder(wait.name())
-        .with_kind(SpanKind::Internal);
-    if let Some(upstream) = upstream {
-        builder = builder.with_attributes([KeyValue::new("plexus.upstream", upstream.to_string())]);
-    }
-    let span = builder.start_with_context(tracer, &Context::current());
-    let output = work.await;
-    drop(span);
-    output
+    Either::Right(Box::pin(async move {
+        let mut work = pin!(work);
+        let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+        if let Poll::Ready(output) = first {
+            return output;
+        }
+        let mut builder = tracer
+            .span_builder(wait.name())
+            .with_kind(SpanKind::Internal);
+        if let Some(upstream) = upstream {
+            builder =
+                builder.with_attributes([KeyValue::new("plexus.upstream", upstream.to_string())]);
+        }
+        let span = builder.start_with_context(tracer, &Context::current());
+        let output = work.await;
+        drop(span);
+        output
+    }))
 }
 
 /// The span name and the attributes the conventions give a request of `method`.
