@@ -43,6 +43,7 @@ impl Hub {
             SupervisorEvent::Listing {
                 generation,
                 listing,
+                security,
                 capabilities,
                 hello,
                 installed,
@@ -54,7 +55,8 @@ impl Hub {
                     self.catalog.save(&listing, &capabilities);
                     self.catalog.install(generation, *listing, |listing| {
                         judged(listing, Some(&hello), |snapshot| {
-                            self.pins.observe(&name, snapshot, policy)
+                            self.pins
+                                .observe_hashed(&name, snapshot, policy, Some(*security))
                         })
                     });
                     self.share_pinned_texts(&name);

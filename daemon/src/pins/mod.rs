@@ -241,7 +241,27 @@ impl Pins {
         snapshot: &ListingSnapshot,
         policy: Policy,
     ) -> Quarantine {
-        let security = fingerprint::security_digests(snapshot);
+        self.observe_hashed(upstream, snapshot, policy, None)
+    }
+
+    /// [`Pins::observe`] of a snapshot whose entries' security digests were taken
+    /// already (`hashed`, by kind and place; taken here if they do not match it).
+    pub fn observe_hashed(
+        &self,
+        upstream: &str,
+        snapshot: &ListingSnapshot,
+        policy: Policy,
+        hashed: Option<fingerprint::SecurityDigests>,
+    ) -> Quarantine {
+        let matches = |digests: &fingerprint::SecurityDigests| {
+            Kind::ALL
+                .iter()
+                .all(|kind| digests[kind.index()].len() == snapshot.entries(*kind).len())
+        };
+        let security = match hashed {
+            Some(digests) if matches(&digests) => digests,
+            _ => fingerprint::security_digests(snapshot),
+        };
         let current = fingerprint::catalog_fingerprint_with(snapshot, &security);
         self.metrics.catalog_fingerprint(upstream, &current);
         let mut guard = self.lock();

@@ -52,6 +52,9 @@ pub enum SupervisorEvent {
     Listing {
         generation: u64,
         listing: Box<UpstreamListing>,
+        /// Its entries' security digests, taken by the upstream's own task so that
+        /// upstreams listing at once are hashed in parallel, not in the pump.
+        security: Box<registry::fingerprint::SecurityDigests>,
         capabilities: Value,
         /// What the server said of itself when it was initialized.
         hello: Box<ServerHello>,

@@ -526,11 +526,22 @@ async fn publish_listing(
     let config = upstream.config();
     match fetch_listing(connection, &config, hello).await {
         Ok(listing) => {
+            // Hashing a large listing is CPU work: off the runtime's workers.
+            let hashed = tokio::task::spawn_blocking(move || {
+                let security = listing.security_digests();
+                (listing, security)
+            })
+            .await;
+            let Ok((listing, security)) = hashed else {
+                tracing::error!(upstream = %config.name, "hashing the upstream's listing failed");
+                return;
+            };
             let (installed, listed) = oneshot::channel();
             upstream
                 .report(SupervisorEvent::Listing {
                     generation: upstream.generation(),
                     listing: Box::new(listing),
+                    security: Box::new(security),
                     capabilities: upstream.known_capabilities(),
                     hello: Box::new(hello.clone()),
                     installed,
