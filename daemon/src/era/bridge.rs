@@ -125,11 +125,14 @@ impl PausedCalls {
     /// A retry of a call plexus paused (its `requestState` is plexus's): the
     /// client's answers go to the upstream and the call runs on until it completes
     /// or asks again. `None`: not a retry of plexus's; the request starts anew.
+    /// Only the principal whose request was paused may resume it: anyone else is
+    /// told the state is unknown, and the call waits on for its own client.
     pub async fn resume(
         self: &Arc<Self>,
         method: &str,
         params: &Option<Value>,
         related: &mpsc::Sender<Value>,
+        principal: &str,
     ) -> Option<Outcome> {
         let state = params
             .as_ref()
@@ -137,11 +140,18 @@ impl PausedCalls {
             .and_then(Value::as_str)
             .filter(|state| state.starts_with(STATE_PREFIX))?
             .to_string();
-        let Some(mut continuation) = self.take(&state) else {
-            return Some(Err(RelayError::InvalidParams(
+        let unknown = || {
+            Some(Err(RelayError::InvalidParams(
                 "`requestState` is unknown or has expired".into(),
-            )));
+            )))
         };
+        let Some(mut continuation) = self.take(&state) else {
+            return unknown();
+        };
+        if *continuation.principal != *principal {
+            self.keep(state, continuation, false);
+            return unknown();
+        }
         if continuation.method != method || continuation.target != target_of(method, params) {
             // Put it back: a stray retry must not cancel the real one.
             let message = format!(
@@ -177,6 +187,7 @@ impl PausedCalls {
             method,
             target,
             token,
+            principal,
         } = attempt;
         Continuation {
             scope,
@@ -187,6 +198,7 @@ impl PausedCalls {
             method,
             target,
             first_token: token.clone(),
+            principal,
             tasks: self.tasks.clone(),
         }
         .drive(self, related, token)
@@ -198,14 +210,17 @@ pub struct FirstAttempt {
     method: String,
     target: Option<String>,
     token: Option<Value>,
+    principal: Arc<str>,
 }
 
 impl FirstAttempt {
-    pub fn of(method: &str, params: &Option<Value>) -> FirstAttempt {
+    /// `principal` made the request: only it may resume the call once paused.
+    pub fn of(method: &str, params: &Option<Value>, principal: Arc<str>) -> FirstAttempt {
         FirstAttempt {
             method: method.to_string(),
             target: target_of(method, params),
             token: progress_token(params),
+            principal,
         }
     }
 }
@@ -223,6 +238,8 @@ struct Continuation {
     /// The progress token of the attempt that started the call: the upstream's
     /// progress is announced under it, and each retry's own token replaces it.
     first_token: Option<Value>,
+    /// Who made the request, the only one who may resume it.
+    principal: Arc<str>,
     tasks: TaskTracker,
 }
 
@@ -521,6 +538,7 @@ mod tests {
             method: "tools/call".into(),
             target: Some("a__b".into()),
             first_token: None,
+            principal: Arc::from("alice"),
             tasks: tasks.clone(),
         };
         let Reply::Result(result) = continuation.pause(&paused) else {
@@ -528,6 +546,21 @@ mod tests {
         };
         let state = result["requestState"].as_str().unwrap_or_default();
         assert!(state.starts_with(STATE_PREFIX), "{result}");
+        // Another principal holding the state is told it is unknown, and the call
+        // stays paused for its own.
+        let (related, _) = mpsc::channel(1);
+        let params = Some(json!({"name": "a__b", "requestState": state}));
+        let stolen = paused
+            .resume("tools/call", &params, &related, "mallory")
+            .await;
+        assert!(
+            matches!(stolen, Some(Err(RelayError::InvalidParams(ref m))) if m.contains("unknown")),
+            "{stolen:?}"
+        );
+        assert!(
+            paused.paused.contains_key(state),
+            "a stranger's retry dropped the call"
+        );
         // The call's work, moved to a task, and its expiry timer: both the owner's.
         assert_eq!(tasks.len(), 2);
         paused.clear();
@@ -535,9 +568,9 @@ mod tests {
         tasks.close();
         let ended = tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await;
         assert!(ended.is_ok(), "{} tasks outlived the clear", tasks.len());
-        let (related, _) = mpsc::channel(1);
-        let params = Some(json!({"name": "a__b", "requestState": state}));
-        let resumed = paused.resume("tools/call", &params, &related).await;
+        let resumed = paused
+            .resume("tools/call", &params, &related, "alice")
+            .await;
         assert!(
             matches!(resumed, Some(Err(RelayError::InvalidParams(ref m))) if m.contains("expired")),
             "{resumed:?}"

@@ -62,10 +62,11 @@ pub async fn serve(
     bridge::check_retry_members(params.as_ref())?;
     let hub = parent.hub().clone();
     let paused = parent.paused().calls.clone();
-    if let Some(resumed) = paused.resume(method, &params, related).await {
+    let principal = &parent.identity.principal;
+    if let Some(resumed) = paused.resume(method, &params, related, principal).await {
         return resumed;
     }
-    let attempt = bridge::FirstAttempt::of(method, &params);
+    let attempt = bridge::FirstAttempt::of(method, &params, principal.clone());
     let (scope, channels) = parent.scope(meta);
     if scope.log_level().is_some_and(|wanted| {
         hub.current_log_level()

@@ -308,11 +308,22 @@ async fn modern_call(
     id: u64,
     params: Value,
 ) -> anyhow::Result<Answer> {
+    modern_call_as(client, url, id, params, ALICE).await
+}
+
+/// [`modern_call`] with `token`'s principal.
+async fn modern_call_as(
+    client: &reqwest::Client,
+    url: &str,
+    id: u64,
+    params: Value,
+    token: &str,
+) -> anyhow::Result<Answer> {
     let name = params["name"].as_str().unwrap_or_default().to_string();
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
     let response = client
         .post(url)
-        .bearer_auth(ALICE)
+        .bearer_auth(token)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
@@ -390,6 +401,19 @@ async fn a_paused_rounds_retry_finds_its_node_and_an_edited_state_is_refused() -
             answer.body
         );
         ensure!(answer.served_by.is_none(), "an edited state was forwarded");
+    }
+
+    // Another principal holding the state is told it is unknown, on either node,
+    // and the round waits on for its own client.
+    for node in 0..2 {
+        let stolen = modern_call_as(&client, &cluster.url(node), 4, retry.clone(), BOB).await?;
+        let message = stolen.body["error"]["message"].as_str().unwrap_or_default();
+        ensure!(
+            message.contains("unknown or has expired"),
+            "bob's retry via {node}: {} {}",
+            stolen.status,
+            stolen.body
+        );
     }
 
     // The retry lands on the other node, which sends it to the round's own.
