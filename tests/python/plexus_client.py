@@ -302,28 +302,31 @@ async def exercise_everything(client: Client, seen: Recorder, modern: bool) -> N
     ensure("after cancel" in echoed, "cancellation", f"echo after the cancel answered {echoed}")
     ok("cancellation", f"control back {latency * 1000:.0f} ms after the cancel; echo afterwards works")
 
-    def from_upstream() -> list[types.LoggingMessageNotificationParams]:
-        return [m for m in seen.logs if (m.logger or "").startswith("everything")]
-
-    if modern:
-        # Log messages belong to requests that opted in (the client stamps `logLevel`
-        # on every request): they arrive while a call is in flight.
-        await call(client, "everything__toggle-simulated-logging", "logging")
-        await call(client, "everything__trigger-long-running-operation", "logging", {"duration": 6, "steps": 3})
-        arrived = await eventually(lambda: bool(from_upstream()), 2.0)
+    if "logging" in SKIPPED:
+        print("skipped logging (--skip)", flush=True)
     else:
-        await bounded("logging", client.set_logging_level("debug"))
+        def from_upstream() -> list[types.LoggingMessageNotificationParams]:
+            return [m for m in seen.logs if (m.logger or "").startswith("everything")]
+
+        if modern:
+            # Log messages belong to requests that opted in (the client stamps `logLevel`
+            # on every request): they arrive while a call is in flight.
+            await call(client, "everything__toggle-simulated-logging", "logging")
+            await call(client, "everything__trigger-long-running-operation", "logging", {"duration": 6, "steps": 3})
+            arrived = await eventually(lambda: bool(from_upstream()), 2.0)
+        else:
+            await bounded("logging", client.set_logging_level("debug"))
+            await call(client, "everything__toggle-simulated-logging", "logging")
+            arrived = await eventually(lambda: bool(from_upstream()), NOTIFIED_WITHIN_S)
         await call(client, "everything__toggle-simulated-logging", "logging")
-        arrived = await eventually(lambda: bool(from_upstream()), NOTIFIED_WITHIN_S)
-    await call(client, "everything__toggle-simulated-logging", "logging")
-    ensure(
-        arrived,
-        "logging",
-        f"no log message with logger everything* within {NOTIFIED_WITHIN_S:.0f} s; "
-        f"got {[(m.logger, m.level) for m in seen.logs]}",
-    )
-    first = from_upstream()[0]
-    ok("logging", f"{len(from_upstream())} messages, first logger={first.logger} level={first.level}")
+        ensure(
+            arrived,
+            "logging",
+            f"no log message with logger everything* within {NOTIFIED_WITHIN_S:.0f} s; "
+            f"got {[(m.logger, m.level) for m in seen.logs]}",
+        )
+        first = from_upstream()[0]
+        ok("logging", f"{len(from_upstream())} messages, first logger={first.logger} level={first.level}")
 
     if "subscription" in SKIPPED:
         print("skipped subscription (--skip)", flush=True)
@@ -450,7 +453,7 @@ def main() -> int:
     target.add_argument("--url", help="plexus's streamable HTTP endpoint")
     target.add_argument("--stdio", action="store_true", help="launch the command after `--` and talk over its stdio")
     parser.add_argument("--mode", choices=["auto", "legacy"], default="auto", help="the SDK's connect mode")
-    parser.add_argument("--skip", action="append", default=[], help="a check not to run (subscription)")
+    parser.add_argument("--skip", action="append", default=[], help="a check not to run (logging, subscription)")
     parser.add_argument("--connect-budget", type=float, default=CONNECT_BUDGET_S, help="seconds the connect may take")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="with --stdio: -- PROGRAM ARGS...")
     args = parser.parse_args()
