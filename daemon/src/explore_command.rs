@@ -220,38 +220,18 @@ pub async fn open_with(
                 return Err(failed("it did not answer initialize in time".into()));
             }
         };
-        match authorize(oauth.as_mut(), &connection, handshake_challenge(&error)).await {
-            Ok(true) => continue,
-            Ok(false) => {}
-            Err(reason) => {
-                connection.shutdown().await;
-                return Err(failed(reason));
-            }
-        }
-        connection.shutdown().await;
-        return Err(failed(format!(
-            "initialize failed: {}",
-            adapters::error_chain(&error)
-        )));
+        login_or_fail(oauth.as_mut(), &connection, &error, "initialize")
+            .await
+            .map_err(failed)?;
     };
     let listing = loop {
         let error = match fetch_listing(&connection, &config, &hello).await {
             Ok(listing) => break listing,
             Err(error) => error,
         };
-        match authorize(oauth.as_mut(), &connection, handshake_challenge(&error)).await {
-            Ok(true) => continue,
-            Ok(false) => {}
-            Err(reason) => {
-                connection.shutdown().await;
-                return Err(failed(reason));
-            }
-        }
-        connection.shutdown().await;
-        return Err(failed(format!(
-            "listing failed: {}",
-            adapters::error_chain(&error)
-        )));
+        login_or_fail(oauth.as_mut(), &connection, &error, "listing")
+            .await
+            .map_err(failed)?;
     };
     let snapshot = ListingSnapshot {
         server_name: hello
@@ -348,6 +328,23 @@ fn challenge_of(error: &ConnectionError) -> Option<Challenge> {
     };
     let challenge = Challenge::parse(challenge)?;
     (*status == 401 || (*status == 403 && challenge.is_insufficient_scope())).then_some(challenge)
+}
+
+/// After a step refused with `error`: `Ok(())` when a login was just made and the
+/// step runs again; else the connection is shut down and why the step failed returned.
+async fn login_or_fail(
+    oauth: Option<&mut OAuthClient>,
+    connection: &UpstreamConnection,
+    error: &handshake::HandshakeError,
+    step: &str,
+) -> Result<(), String> {
+    let reason = match authorize(oauth, connection, handshake_challenge(error)).await {
+        Ok(true) => return Ok(()),
+        Ok(false) => format!("{step} failed: {}", adapters::error_chain(error)),
+        Err(reason) => reason,
+    };
+    connection.shutdown().await;
+    Err(reason)
 }
 
 fn handshake_challenge(error: &handshake::HandshakeError) -> Option<Challenge> {
