@@ -34,9 +34,9 @@ pub struct Telemetry {
     histograms: Option<Histograms>,
 }
 
-struct Histograms {
-    server: Histogram<f64>,
-    client: Histogram<f64>,
+pub(super) struct Histograms {
+    pub(super) server: Histogram<f64>,
+    pub(super) client: Histogram<f64>,
 }
 
 static ACTIVE: OnceLock<Telemetry> = OnceLock::new();

@@ -89,23 +89,17 @@ impl ServerCall {
                 .load(Ordering::Relaxed)
                 .then(|| "tool_error".to_string()),
         };
-        let span = self.context.span();
-        let mut facts = self.facts;
-        if let Some(error) = error {
-            if answer.and_then(Answer::error_code).is_some() {
-                span.set_attribute(KeyValue::new("rpc.response.status_code", error.clone()));
-            }
-            span.set_status(Status::error(error.clone()));
-            span.set_attribute(KeyValue::new("error.type", error.clone()));
-            facts.push(KeyValue::new("error.type", error));
+        if let (Some(error), Some(_)) = (&error, answer.and_then(Answer::error_code)) {
+            let span = self.context.span();
+            span.set_attribute(KeyValue::new("rpc.response.status_code", error.clone()));
         }
-        span.end();
-        if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
-            facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
-            histograms
-                .server
-                .record(self.started.elapsed().as_secs_f64(), &facts);
-        }
+        end_and_record(
+            &self.context,
+            self.facts,
+            error,
+            self.started,
+            |histograms| &histograms.server,
+        );
     }
 }
 
@@ -166,26 +160,41 @@ impl ClientSpan {
                 .then(|| "tool_error".to_string()),
             Err(error) => Some(error.kind().to_string()),
         };
-        let span = self.context.span();
-        let mut facts = self.facts;
-        if let Some(error) = error {
-            if error == "tool_error" {
-                if let Some(mark) = Context::current().get::<ToolError>() {
-                    mark.0.store(true, Ordering::Relaxed);
-                }
+        if error.as_deref() == Some("tool_error") {
+            if let Some(mark) = Context::current().get::<ToolError>() {
+                mark.0.store(true, Ordering::Relaxed);
             }
-            span.set_status(Status::error(error.clone()));
-            span.set_attribute(KeyValue::new("error.type", error.clone()));
-            facts.push(KeyValue::new("error.type", error));
         }
-        span.end();
-        if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
-            // A URI per series would be unbounded.
-            facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
-            histograms
-                .client
-                .record(self.started.elapsed().as_secs_f64(), &facts);
-        }
+        end_and_record(
+            &self.context,
+            self.facts,
+            error,
+            self.started,
+            |histograms| &histograms.client,
+        );
+    }
+}
+
+/// Ends `context`'s span with `error` (its status and `error.type`) and records the
+/// time since `started` in the histogram `which` names, with `facts` (and the
+/// error) as attributes but for the resource URI: a series per URI would be unbounded.
+fn end_and_record(
+    context: &Context,
+    mut facts: Vec<KeyValue>,
+    error: Option<String>,
+    started: Instant,
+    which: fn(&super::Histograms) -> &opentelemetry::metrics::Histogram<f64>,
+) {
+    let span = context.span();
+    if let Some(error) = error {
+        span.set_status(Status::error(error.clone()));
+        span.set_attribute(KeyValue::new("error.type", error.clone()));
+        facts.push(KeyValue::new("error.type", error));
+    }
+    span.end();
+    if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
+        facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
+        which(histograms).record(started.elapsed().as_secs_f64(), &facts);
     }
 }
 
