@@ -68,12 +68,7 @@ impl UpstreamListing {
     /// Every entry's security digest, by kind and place (what the pins judge a
     /// listing by), taken where the listing was read rather than where it is judged.
     pub fn security_digests(&self) -> crate::fingerprint::SecurityDigests {
-        Kind::ALL.map(|kind| {
-            self.listed(kind)
-                .iter()
-                .map(crate::fingerprint::security_digest)
-                .collect()
-        })
+        crate::fingerprint::security_digests_of(|kind| self.listed(kind))
     }
 
     /// The entries of `kind` as the upstream listed them.

@@ -167,7 +167,12 @@ pub type SecurityDigests = [Vec<[u8; 32]>; 4];
 /// Every entry's security digest, for [`catalog_fingerprint_with`] and whoever pins
 /// the entries, so each is hashed once.
 pub fn security_digests(snapshot: &ListingSnapshot) -> SecurityDigests {
-    Kind::ALL.map(|kind| snapshot.entries(kind).iter().map(security_digest).collect())
+    security_digests_of(|kind| snapshot.entries(kind))
+}
+
+/// The security digest of each entry that `entries` gives for each kind.
+pub fn security_digests_of<'a>(entries: impl Fn(Kind) -> &'a [Value]) -> SecurityDigests {
+    Kind::ALL.map(|kind| entries(kind).iter().map(security_digest).collect())
 }
 
 /// [`catalog_fingerprint`] of a snapshot whose entries' security digests are `digests`.
