@@ -106,7 +106,7 @@ async fn measure(echo: &Path, port: u16, admin: u16, calls: usize) -> anyhow::Re
     let stdio = ().serve(TokioChildProcess::new(tokio::process::Command::new(echo))?).await?;
     let small = Arc::new(Payload::new(100));
     let large = Arc::new(Payload::new(1 << 20));
-    let mut samples: Vec<(&str, Vec<Sample>)> = Vec::new();
+    let mut samples: Vec<(String, Vec<Sample>)> = Vec::new();
     let mut allocations = Vec::new();
     for _ in 0..ROUNDS {
         for (concurrency, count) in [(1, calls), (16, calls * 4)] {
@@ -161,8 +161,7 @@ fn cell(label: &str, concurrency: usize, payload: usize) -> String {
     format!("{label} c={concurrency} {payload}")
 }
 
-fn push(samples: &mut Vec<(&'static str, Vec<Sample>)>, key: String, sample: Sample) {
-    let key: &'static str = Box::leak(key.into_boxed_str());
+fn push(samples: &mut Vec<(String, Vec<Sample>)>, key: String, sample: Sample) {
     match samples.iter_mut().find(|(known, _)| *known == key) {
         Some((_, list)) => list.push(sample),
         None => samples.push((key, vec![sample])),
@@ -174,7 +173,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn report(samples: &[(&str, Vec<Sample>)], allocations: &[(usize, f64)]) {
+fn report(samples: &[(String, Vec<Sample>)], allocations: &[(usize, f64)]) {
     let of = |key: &str, figure: fn(&Sample) -> f64| {
         samples
             .iter()
@@ -188,7 +187,7 @@ fn report(samples: &[(&str, Vec<Sample>)], allocations: &[(usize, f64)]) {
     println!(
         "ratio (plexus-echo, rmcp client, one shared session, {ROUNDS} alternated rounds, medians)"
     );
-    for key in samples.iter().map(|(key, _)| *key) {
+    for key in samples.iter().map(|(key, _)| key) {
         println!(
             "  {key:<28} p50 {:>8.3} ms  {:>9.0} calls/s",
             of(key, p50),
