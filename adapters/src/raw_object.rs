@@ -109,6 +109,49 @@ impl RawObject {
         })
     }
 
+    /// The object without its member `key`, the rest as it was; `None` without
+    /// such a member, or when it is the only one. One copy, no second skim.
+    pub fn without_member(&self, key: &str) -> Option<RawObject> {
+        let at = self
+            .members
+            .iter()
+            .position(|(name, _)| &self.message[name.clone()] == key.as_bytes())?;
+        // From its key's opening quote to the next key's, or, for the last member,
+        // from the end of the value before it: the separators go with it.
+        let cut = match (self.members.get(at + 1), at.checked_sub(1)) {
+            (Some((next, _)), _) => self.members[at].0.start - 1..next.start - 1,
+            (None, Some(before)) => self.members[before].1.end..self.members[at].1.end,
+            (None, None) => return None,
+        };
+        let mut bytes = Vec::with_capacity(self.span.len() - cut.len());
+        bytes.extend_from_slice(&self.message[self.span.start..cut.start]);
+        bytes.extend_from_slice(&self.message[cut.end..self.span.end]);
+        let moved = |position: usize| {
+            if position >= cut.end {
+                position - cut.len() - self.span.start
+            } else {
+                position - self.span.start
+            }
+        };
+        let members = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| *index != at)
+            .map(|(_, (name, value))| {
+                (
+                    moved(name.start)..moved(name.end),
+                    moved(value.start)..moved(value.end),
+                )
+            })
+            .collect();
+        Some(RawObject {
+            span: 0..bytes.len(),
+            message: Bytes::from(bytes),
+            members,
+        })
+    }
+
     /// Reads the object into a value. Skimming checks less than reading (a lone
     /// surrogate escape passes it, and a number beyond a float's range), so this
     /// may fail.
@@ -195,6 +238,58 @@ pub fn named_twice<'k>(keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone) ->
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_is_cut_out_with_its_separators_and_the_rest_kept_as_written() {
+        let message = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"result": { "resultType" : "complete","a":[2, {"b":3}] ,"c":"x" } }"#,
+        );
+        let Some(skimmed) = crate::skim::object(&message, Some("result")) else {
+            panic!("not skimmed");
+        };
+        let span = skimmed.members[2].1.clone();
+        let Some(members) = skimmed.inner else {
+            panic!("no inner members");
+        };
+        let Some(raw) = RawObject::of(&message, span, members) else {
+            panic!("not raw");
+        };
+        let Some(first) = raw.without_member("resultType") else {
+            panic!("first not cut");
+        };
+        assert_eq!(first.bytes(), br#"{ "a":[2, {"b":3}] ,"c":"x" }"#);
+        assert_eq!(first.member("c"), Some(&b"\"x\""[..]));
+        assert_eq!(first.member("a"), Some(&br#"[2, {"b":3}]"#[..]));
+        let Some(last) = raw.without_member("c") else {
+            panic!("last not cut");
+        };
+        assert_eq!(
+            last.bytes(),
+            br#"{ "resultType" : "complete","a":[2, {"b":3}] }"#
+        );
+        assert_eq!(last.member("resultType"), Some(&b"\"complete\""[..]));
+        let Some(middle) = raw.without_member("a") else {
+            panic!("middle not cut");
+        };
+        assert_eq!(middle.bytes(), br#"{ "resultType" : "complete","c":"x" }"#);
+        assert_eq!(middle.member("c"), Some(&b"\"x\""[..]));
+        assert!(raw.without_member("absent").is_none());
+        let Some(only) = RawObject::skim(&br#"{"a":1}"#[..]) else {
+            panic!("not skimmed");
+        };
+        assert!(
+            only.without_member("a").is_none(),
+            "an object is never emptied"
+        );
+        // Cut twice, each result still reads as the object less what was cut.
+        let Some(twice) = first.without_member("c") else {
+            panic!("not cut twice");
+        };
+        assert_eq!(
+            twice.read().ok(),
+            Some(serde_json::json!({"a": [2, {"b": 3}]}))
+        );
+    }
 
     #[test]
     fn a_result_is_found_with_its_members_as_written() {

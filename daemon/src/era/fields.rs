@@ -166,12 +166,28 @@ pub fn answering_as_plexus(reply: Reply) -> Reply {
 }
 
 /// The handshake era has no result types: a complete result loses its `resultType`.
+/// One that came unread loses it unread (one copy of its text, no reading).
 pub fn without_complete_type(reply: &mut Reply) {
-    if let Reply::Result(Value::Object(result)) = reply {
-        if result.get("resultType").and_then(Value::as_str) == Some("complete") {
+    match reply {
+        Reply::Result(Value::Object(result))
+            if result.get("resultType").and_then(Value::as_str) == Some("complete") =>
+        {
             result.remove("resultType");
         }
+        Reply::Unread(raw) if is_complete(raw.member("resultType")) => {
+            *reply = match raw.without_member("resultType") {
+                Some(rest) => Reply::Unread(rest),
+                None => Reply::Result(Value::Object(Map::new())),
+            };
+        }
+        _ => {}
     }
+}
+
+/// Whether an unread `resultType` member's text says `complete` (written plainly:
+/// an escaped spelling is read, and judged, by whoever reads the result).
+pub fn is_complete(result_type: Option<&[u8]>) -> bool {
+    result_type == Some(&b"\"complete\""[..])
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::jsonrpc::{self, RelayError};
 use crate::logging::LogLevel;
 
-pub use fields::{answering_as_plexus, mint_elicitation_id, to_input_request};
+pub use fields::{answering_as_plexus, is_complete, mint_elicitation_id, to_input_request};
 pub use wire::{
     check_meta, declared_version, discover_result, mirrored_name, tag_subscription, take_meta,
     ALL_VERSIONS, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SUBSCRIPTION_ID, MODERN_VERSION,

@@ -98,16 +98,12 @@ impl<'a> Forwarder<'a> {
         } else {
             // Each input request of an input-required result is asked of the
             // client as a real request, and the call retried with the answers.
-            'rounds: {
-                // Every round's result is read: it may ask for input.
-                let call = CallContext {
-                    result_unread: false,
-                    ..call
-                };
-                let mut reply = self
-                    .hub
-                    .forward_to(target, method, Some(params.clone()), call)
-                    .await?;
+            let reply = 'rounds: {
+                let mut reply = read_unless_complete(
+                    self.hub
+                        .forward_to(target, method, Some(params.clone()), call)
+                        .await?,
+                );
                 for _ in 0..MAX_INPUT_ROUNDS {
                     let Reply::Result(result) = &mut reply else {
                         break 'rounds reply;
@@ -165,10 +161,11 @@ impl<'a> Forwarder<'a> {
                         };
                     }
                     // By name: a reload may have replaced the upstream between rounds.
-                    reply = self
-                        .hub
-                        .forward(upstream, method, Some(retry), call)
-                        .await?;
+                    reply = read_unless_complete(
+                        self.hub
+                            .forward(upstream, method, Some(retry), call)
+                            .await?,
+                    );
                     // The upstream has taken the accepted URL elicitations' outcome (its
                     // retry answered): their completion, before the call's own answer.
                     for id in minted {
@@ -182,7 +179,8 @@ impl<'a> Forwarder<'a> {
                 return Err(RelayError::InvalidRequest(format!(
                     "upstream `{upstream}` still asked for input after {MAX_INPUT_ROUNDS} rounds"
                 )));
-            }
+            };
+            self.unread_unless_changed(upstream, reply)
         };
         Ok(era::relayed(self.era, method, reply))
     }
@@ -207,7 +205,9 @@ impl<'a> Forwarder<'a> {
             && !mentions("_meta", &["task", "\\u"])
             // Escapes could spell a block's type: such content is read.
             && !mentions("content", &["resource", "\\u"])
-            && (self.era == Era::Modern || raw.member("resultType").is_none());
+            // A handshake-era client's complete result loses its type unread (`era::relayed`).
+            && (self.era == Era::Modern
+                || raw.member("resultType").is_none_or(|t| era::is_complete(Some(t))));
         if unchanged {
             return reply;
         }
@@ -218,6 +218,20 @@ impl<'a> Forwarder<'a> {
                 "message": format!("upstream `{upstream}` sent a result plexus cannot read: {error}"),
             })),
         }
+    }
+}
+
+/// A round's result, read unless it is complete: only a read one is looked into
+/// for input requests, and a complete one (nearly every one) passes unread.
+fn read_unless_complete(reply: Reply) -> Reply {
+    match &reply {
+        Reply::Unread(raw) if !era::is_complete(raw.member("resultType")) => {
+            match reply.into_result() {
+                Ok(result) => Reply::Result(result),
+                Err(error) => Reply::Error(error),
+            }
+        }
+        _ => reply,
     }
 }
 
