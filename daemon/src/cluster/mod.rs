@@ -13,8 +13,6 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use http::HeaderMap;
 use serde_json::Value;
 
@@ -95,61 +93,60 @@ impl Cluster {
     }
 
     /// The node a `requestState` plexus handed out names, and for a 2026-07-28
-    /// upstream's own state that plexus sealed on its way out, that state as the
-    /// upstream wrote it; None: not one plexus handed out, served where it lands.
-    pub fn owner_of_state(&self, state: &str) -> Option<Result<(Owner, Option<String>), Unsealed>> {
-        self.open_carried(Purpose::State, state)
+    /// upstream's own state that plexus sealed on its way out to `principal`, that
+    /// state as the upstream wrote it; None: not one plexus handed out, served
+    /// where it lands. Another principal's is refused as an edited one is.
+    pub fn owner_of_state(
+        &self,
+        state: &str,
+        principal: &str,
+    ) -> Option<Result<(Owner, Option<String>), Unsealed>> {
+        self.open_carried(Purpose::State, state, principal)
     }
 
     /// The node a task id names (one a 2026-07-28 upstream's task on that node had,
-    /// sealed on its way out), and the id as plexus knows it there.
-    pub fn owner_of_task(&self, task: &str) -> Option<Result<(Owner, String), Unsealed>> {
-        Some(match self.open_carried(Purpose::Task, task)? {
+    /// sealed on its way out to `principal`), and the id as plexus knows it there.
+    pub fn owner_of_task(
+        &self,
+        task: &str,
+        principal: &str,
+    ) -> Option<Result<(Owner, String), Unsealed>> {
+        Some(match self.open_carried(Purpose::Task, task, principal)? {
             Ok((owner, Some(task))) => Ok((owner, task)),
             Ok((_, None)) => Err(Unsealed::Malformed),
             Err(refused) => Err(refused),
         })
     }
 
-    /// `plexus.<token>` or `plexus.<token>.<carried, base64url>`, the carried text
-    /// bound into the token.
+    /// `plexus.<token>` or `plexus.<token>.<carried, base64url>`.
     fn open_carried(
         &self,
         purpose: Purpose,
         text: &str,
+        principal: &str,
     ) -> Option<Result<(Owner, Option<String>), Unsealed>> {
         let sealed = text.strip_prefix(STATE_PREFIX)?;
-        let (token, carried) = match sealed.split_once('.') {
-            None => (sealed, None),
-            Some((token, carried)) => match URL_SAFE_NO_PAD
-                .decode(carried)
-                .ok()
-                .and_then(|bytes| String::from_utf8(bytes).ok())
-            {
-                Some(carried) => (token, Some(carried)),
-                None => return Some(Err(Unsealed::Malformed)),
-            },
-        };
         Some(
             self.ring
-                .open(purpose, token, carried.as_deref().unwrap_or_default())
-                .map(|node| (self.owner(node), carried)),
+                .open_carried(purpose, sealed, principal)
+                .map(|(node, carried)| (self.owner(node), carried)),
         )
     }
 
-    fn seal_carried(&self, purpose: Purpose, carried: &str) -> String {
-        let token = self.ring.seal_stable(purpose, &self.node, carried);
-        format!(
-            "{STATE_PREFIX}{token}.{}",
-            URL_SAFE_NO_PAD.encode(carried.as_bytes())
-        )
+    fn seal_carried(&self, purpose: Purpose, principal: &str, carried: &str) -> String {
+        let sealed = self
+            .ring
+            .seal_carried(purpose, &self.node, principal, carried);
+        format!("{STATE_PREFIX}{sealed}")
     }
 
-    /// An answer for a 2026-07-28 client with what the upstream process of this
-    /// node holds sealed to name it: the upstream's own `requestState` and its
-    /// tasks' ids, so a retry or a `tasks/*` request landing elsewhere is forwarded
-    /// here. Other answers pass unread but for a search for those members.
-    pub fn seal_upstream_state(&self, answer: Answer) -> Answer {
+    /// An answer for a 2026-07-28 client of `principal` with what the upstream
+    /// process of this node holds sealed to name it and that principal: the
+    /// upstream's own `requestState` and its tasks' ids, so a retry or a `tasks/*`
+    /// request landing elsewhere is forwarded here, and one another principal
+    /// presents opens nowhere. Other answers pass unread but for a search for
+    /// those members.
+    pub fn seal_upstream_state(&self, answer: Answer, principal: &str) -> Answer {
         if let Answer::Serialized(bytes) = &answer {
             let finds = |member: &[u8]| memchr::memmem::find(bytes, member).is_some();
             if !finds(b"\"requestState\"") && !finds(b"\"taskId\"") {
@@ -162,11 +159,12 @@ impl Cluster {
         };
         if let Some(Value::String(state)) = result.get_mut("requestState") {
             if !state.starts_with(STATE_PREFIX) {
-                *state = self.seal_carried(Purpose::State, state);
+                *state = self.seal_carried(Purpose::State, principal, state);
             }
         }
         crate::tasks::rewrite_task_ids(result, &|task| {
-            (!task.starts_with(STATE_PREFIX)).then(|| self.seal_carried(Purpose::Task, task))
+            (!task.starts_with(STATE_PREFIX))
+                .then(|| self.seal_carried(Purpose::Task, principal, task))
         });
         Answer::Value(value)
     }

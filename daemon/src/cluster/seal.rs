@@ -1,5 +1,6 @@
 //! The cluster's key ring: tokens naming a node (session ids, paused rounds'
-//! `requestState`, node-to-node requests), signed with HMAC-SHA256 under the
+//! `requestState`, an upstream's own `requestState` and task ids bound to the
+//! principal given them, node-to-node requests), signed with HMAC-SHA256 under the
 //! current secret and accepted under any secret still in the ring, so keys rotate
 //! without ending sessions.
 
@@ -100,6 +101,41 @@ impl KeyRing {
         self.seal_with(nonce, purpose, node, bound)
     }
 
+    /// A name an upstream gave (its `requestState`, a task id) sealed for `node` and
+    /// `principal`: `<token>.<carried, base64url>`, the carried text and the
+    /// principal bound into the token, so neither an edit nor another principal
+    /// holding it opens it. Stable, as a task id must be.
+    pub fn seal_carried(
+        &self,
+        purpose: Purpose,
+        node: &str,
+        principal: &str,
+        carried: &str,
+    ) -> String {
+        let token = self.seal_stable(purpose, node, &carried_bound(principal, carried));
+        format!("{token}.{}", URL_SAFE_NO_PAD.encode(carried.as_bytes()))
+    }
+
+    /// The node and the carried text of `<token>` or `<token>.<carried>` sealed for
+    /// `principal` (a bare token: one bound to nothing, plexus's own round).
+    pub fn open_carried(
+        &self,
+        purpose: Purpose,
+        sealed: &str,
+        principal: &str,
+    ) -> Result<(String, Option<String>), Unsealed> {
+        let Some((token, carried)) = sealed.split_once('.') else {
+            return self.open(purpose, sealed, "").map(|node| (node, None));
+        };
+        let carried = URL_SAFE_NO_PAD
+            .decode(carried)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .ok_or(Unsealed::Malformed)?;
+        let node = self.open(purpose, token, &carried_bound(principal, &carried))?;
+        Ok((node, Some(carried)))
+    }
+
     fn seal_with(&self, nonce: [u8; NONCE], purpose: Purpose, node: &str, bound: &str) -> String {
         let Some(key) = self.keys.first() else {
             // Unreachable with a validated config; an unsigned token opens nowhere.
@@ -135,6 +171,11 @@ impl KeyRing {
         }
         String::from_utf8(signed[1 + KEY_ID + NONCE..].to_vec()).map_err(|_| Unsealed::Malformed)
     }
+}
+
+/// What a carried name is bound to: who was given it, and the name itself.
+fn carried_bound(principal: &str, carried: &str) -> String {
+    format!("{principal}\0{carried}")
 }
 
 fn tag(key: &Key, purpose: Purpose, signed: &[u8], bound: &str) -> hmac::Tag {
@@ -197,5 +238,51 @@ mod tests {
             );
         }
         assert_ne!(fresh, rotated.seal(Purpose::Session, "n1", "alice"));
+    }
+
+    #[test]
+    fn an_upstreams_names_open_only_for_the_principal_they_were_given_to() {
+        let ring = ring(&["a secret, thirty-two characters.."]);
+        for purpose in [Purpose::State, Purpose::Task] {
+            let sealed = ring.seal_carried(purpose, "n1", "alice", "fx:7");
+            assert_eq!(
+                ring.open_carried(purpose, &sealed, "alice"),
+                Ok(("n1".into(), Some("fx:7".into())))
+            );
+            // Another principal holding it, or it moved to another purpose.
+            assert_eq!(
+                ring.open_carried(purpose, &sealed, "bob"),
+                Err(Unsealed::Forged)
+            );
+            let other = if purpose == Purpose::State {
+                Purpose::Task
+            } else {
+                Purpose::State
+            };
+            assert_eq!(
+                ring.open_carried(other, &sealed, "alice"),
+                Err(Unsealed::Forged)
+            );
+            // A task id stays the same name for its principal, and is another's for bob.
+            assert_eq!(sealed, ring.seal_carried(purpose, "n1", "alice", "fx:7"));
+            assert_ne!(sealed, ring.seal_carried(purpose, "n1", "bob", "fx:7"));
+            // Alice's token carrying another name.
+            let (token, _) = sealed.split_once('.').unwrap();
+            let edited = format!("{token}.{}", URL_SAFE_NO_PAD.encode("fx:8"));
+            assert_eq!(
+                ring.open_carried(purpose, &edited, "alice"),
+                Err(Unsealed::Forged)
+            );
+            assert_eq!(
+                ring.open_carried(purpose, &format!("{token}.!!"), "alice"),
+                Err(Unsealed::Malformed)
+            );
+        }
+        // plexus's own round: a bare token, bound to nothing carried.
+        let own = ring.seal(Purpose::State, "n2", "");
+        assert_eq!(
+            ring.open_carried(Purpose::State, &own, "anyone"),
+            Ok(("n2".into(), None))
+        );
     }
 }

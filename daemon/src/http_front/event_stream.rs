@@ -26,12 +26,13 @@ pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// Answers one request. A quick answer is a plain JSON body; if a related message
 /// (progress, a request from the upstream) comes first, the answer becomes an
 /// event stream carrying those messages and then the response. A 2026-07-28
-/// request's session was made for it alone, and ends with it.
+/// request's session was made for it alone, and ends with it; in a cluster its
+/// answer's upstream names are sealed for the requesting principal.
 pub(super) async fn answer_on_stream(
     session: Arc<Session>,
     message: ClientMessage,
     era: Era,
-    cluster: Option<Arc<Cluster>>,
+    cluster: Option<(Arc<Cluster>, Arc<str>)>,
 ) -> Response<Body> {
     let modern = era == Era::Modern;
     let hub = session.hub().clone();
@@ -40,9 +41,9 @@ pub(super) async fn answer_on_stream(
         // A session made for this one request ends with it.
         let _closing = modern.then(|| CloseOnDrop(session.clone()));
         match (session.handle(message, era, Some(&related)).await, cluster) {
-            // An upstream's paused round names this node (in a cluster).
-            (Handled::Respond(answer), Some(cluster)) if modern => {
-                Handled::Respond(cluster.seal_upstream_state(answer))
+            // An upstream's paused round names this node and principal (in a cluster).
+            (Handled::Respond(answer), Some((cluster, principal))) if modern => {
+                Handled::Respond(cluster.seal_upstream_state(answer, &principal))
             }
             (handled, _) => handled,
         }

@@ -374,7 +374,13 @@ impl HttpFront {
         // sent so is an unknown method of that revision, not a handshake.
         if modern_header || era::declared_version(message.get("params")).is_some() {
             if let (Some(cluster), Some(raw)) = (&self.cluster, raw) {
-                match clustered_modern(cluster, &mut received, &mut parts.headers, forwarded) {
+                match clustered_modern(
+                    cluster,
+                    &mut received,
+                    &mut parts.headers,
+                    forwarded,
+                    &principal,
+                ) {
                     Ok(()) => {}
                     Err(ModernRoute::Forward(node)) => {
                         return self.forward(cluster, &node, &parts, raw).await;
@@ -500,12 +506,15 @@ enum ModernRoute {
 
 /// A 2026-07-28 request naming a paused round or a task another node holds goes
 /// there (once); one naming this node's gets back the names its upstream gave.
-/// A name plexus sealed and the client edited is refused (400).
+/// A name plexus sealed that the client edited, or that was sealed for another
+/// principal, opens nowhere: a `requestState` is refused (400), a task id is an
+/// unknown task, as anywhere.
 fn clustered_modern(
     cluster: &Cluster,
     received: &mut ClientMessage,
     headers: &mut HeaderMap,
     forwarded: bool,
+    principal: &str,
 ) -> Result<(), ModernRoute> {
     let message = &received.message;
     let id = message.get("id").cloned().unwrap_or(Value::Null);
@@ -523,9 +532,9 @@ fn clustered_modern(
             continue;
         };
         let decided = match key {
-            "requestState" => cluster.owner_of_state(name),
+            "requestState" => cluster.owner_of_state(name, principal),
             _ if by_task => cluster
-                .owner_of_task(name)
+                .owner_of_task(name, principal)
                 .map(|owned| owned.map(|(owner, task)| (owner, Some(task)))),
             _ => None,
         };
@@ -544,8 +553,17 @@ fn clustered_modern(
                 }
                 received.message["params"][key] = Value::String(original);
             }
+            Some(Err(refused)) if key == "taskId" => {
+                // The hub's answer to a task id it does not know (-32602).
+                tracing::debug!(reason = %refused, "a task id of no node, or another principal's");
+                let error = RelayError::InvalidParams(format!("unknown task `{name}`"));
+                return Err(ModernRoute::Respond(Box::new(json_response(
+                    StatusCode::OK,
+                    &jsonrpc::error_response(id, &error),
+                ))));
+            }
             Some(Err(refused)) => {
-                // Edited, or sealed under a key no longer in the ring.
+                // Edited, another principal's, or sealed under a key no longer in the ring.
                 let error = RelayError::InvalidParams(format!(
                     "`{key}` is not one plexus issued: {refused}"
                 ));

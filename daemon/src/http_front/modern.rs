@@ -61,6 +61,7 @@ impl HttpFront {
             let response = jsonrpc::error_object_response(id, error.to_modern_error_object());
             return json_response(StatusCode::BAD_REQUEST, &response);
         }
+        let principal = identity.principal.clone();
         let session = Session::stateless(
             self.hub.clone(),
             self.paused.clone(),
@@ -74,14 +75,20 @@ impl HttpFront {
         self.stateless
             .insert(session.id(), Arc::downgrade(&session));
         if accepts_event_stream(headers) {
-            return answer_on_stream(session, received, Era::Modern, self.cluster.clone()).await;
+            return answer_on_stream(
+                session,
+                received,
+                Era::Modern,
+                self.cluster.clone().map(|cluster| (cluster, principal)),
+            )
+            .await;
         }
         let _closing = CloseOnDrop(session.clone());
         match session.handle(received, Era::Modern, None).await {
             Handled::Respond(response) => {
-                // An upstream's paused round names this node (in a cluster).
+                // An upstream's paused round names this node and principal (in a cluster).
                 let response = match &self.cluster {
-                    Some(cluster) => cluster.seal_upstream_state(response),
+                    Some(cluster) => cluster.seal_upstream_state(response, &principal),
                     None => response,
                 };
                 answer_response(modern_status(&response), response)

@@ -319,19 +319,35 @@ async fn modern_call_as(
     params: Value,
     token: &str,
 ) -> anyhow::Result<Answer> {
-    let name = params["name"].as_str().unwrap_or_default().to_string();
-    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
-    let response = client
+    modern_request_as(client, url, id, "tools/call", params, token).await
+}
+
+/// A 2026-07-28 request of `method` with `token`'s principal, its name (a tool's,
+/// a task's) mirrored into `Mcp-Name`.
+async fn modern_request_as(
+    client: &reqwest::Client,
+    url: &str,
+    id: u64,
+    method: &str,
+    params: Value,
+    token: &str,
+) -> anyhow::Result<Answer> {
+    let name = ["name", "taskId", "uri"]
+        .iter()
+        .find_map(|key| params[key].as_str())
+        .map(str::to_string);
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let mut request = client
         .post(url)
         .bearer_auth(token)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", name)
-        .body(serde_json::to_vec(&body)?)
-        .send()
-        .await?;
+        .header("mcp-method", method);
+    if let Some(name) = name {
+        request = request.header("mcp-name", name);
+    }
+    let response = request.body(serde_json::to_vec(&body)?).send().await?;
     let status = response.status().as_u16();
     let served_by = response
         .headers()
@@ -885,6 +901,18 @@ async fn an_upstreams_own_paused_round_names_its_node_and_its_retry_goes_there(
         answer.status,
         answer.body
     );
+    // Another principal holding it: refused (400) on the owning node and on the
+    // other, never forwarded, and the round waits on for alice.
+    for node in 0..2 {
+        let stolen = modern_call_as(&client, &cluster.url(node), 4, retry.clone(), BOB).await?;
+        ensure!(
+            stolen.status == 400 && stolen.served_by.is_none(),
+            "bob's retry via {node}: {} {:?} {}",
+            stolen.status,
+            stolen.served_by,
+            stolen.body
+        );
+    }
     // The retry lands on n2 and is served by n1, whose upstream gets its state back.
     let done = modern_call(&client, &cluster.url(1), 3, retry).await?;
     ensure!(
@@ -898,6 +926,88 @@ async fn an_upstreams_own_paused_round_names_its_node_and_its_retry_goes_there(
             && done.body.to_string().contains("sampled for n1's upstream"),
         "{}\n{}",
         done.body,
+        cluster.logs()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_upstreams_task_id_is_its_principals_alone_on_every_node() -> anyhow::Result<()> {
+    // A 2026-07-28 upstream running a call as a task: its id names n1 and alice.
+    let cluster = TestCluster::start_with(2, &tokens(), &["--conformance", "--modern"], "").await?;
+    let client = reqwest::Client::new();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let call = json!({"name": "fx__slow_compute", "arguments": {"seconds": 0.2}, "_meta": meta});
+    let created = modern_call(&client, &cluster.url(0), 1, call).await?;
+    let task = created.body["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("no task: {}\n{}", created.body, cluster.logs()))?
+        .to_string();
+    ensure!(task.starts_with("plexus."), "{task}");
+    let get = json!({"taskId": task, "_meta": meta});
+    // Bob holding alice's task id: an unknown task on either node, never forwarded.
+    for node in 0..2 {
+        let stolen = modern_request_as(
+            &client,
+            &cluster.url(node),
+            2,
+            "tasks/get",
+            get.clone(),
+            BOB,
+        )
+        .await?;
+        let error = &stolen.body["error"];
+        ensure!(
+            error["code"] == -32602
+                && error["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("unknown task"))
+                && stolen.served_by.is_none(),
+            "bob's tasks/get via {node}: {} {:?} {}",
+            stolen.status,
+            stolen.served_by,
+            stolen.body
+        );
+        let cancel = modern_request_as(
+            &client,
+            &cluster.url(node),
+            3,
+            "tasks/cancel",
+            get.clone(),
+            BOB,
+        )
+        .await?;
+        ensure!(
+            cancel.body["error"]["code"] == -32602,
+            "bob's tasks/cancel via {node}: {}",
+            cancel.body
+        );
+    }
+    // Alice's, landing on n2, is served by n1, and the task ran to its end.
+    let mut got = Value::Null;
+    for _ in 0..100 {
+        let answer =
+            modern_request_as(&client, &cluster.url(1), 4, "tasks/get", get.clone(), ALICE).await?;
+        ensure!(
+            answer.served_by.as_deref() == Some("n1"),
+            "{:?}: {}",
+            answer.served_by,
+            answer.body
+        );
+        got = answer.body;
+        if got["result"]["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        got["result"]["status"] == "completed" && got["result"]["taskId"] == task.as_str(),
+        "{got}\n{}",
         cluster.logs()
     );
     Ok(())
