@@ -3,9 +3,12 @@
 //! (`seal`) so it can be neither forged nor used by another principal; a request
 //! arriving elsewhere is forwarded once, over HTTP, to the owner (`forward`). A
 //! 2026-07-28 request runs where it lands; only a paused round's `requestState`
-//! names its node the same way. No shared store: what a node holds, only it serves.
+//! names its node the same way, and a `subscriptions/listen` stream is opened on
+//! every peer too (`listen`), so it hears changes made through any node. No
+//! shared store: what a node holds, only it serves.
 
 mod forward;
+mod listen;
 mod seal;
 
 use std::collections::BTreeMap;
@@ -19,6 +22,7 @@ use serde_json::Value;
 use crate::config::ClusterConfig;
 use crate::jsonrpc::Answer;
 pub use forward::ForwardError;
+pub use listen::PeerListen;
 pub use seal::Unsealed;
 use seal::{KeyRing, Purpose};
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::{answer_response, empty, modern_status};
 use crate::client_message::ClientMessage;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, PeerListen};
 use crate::era::Era;
 use crate::jsonrpc::Answer;
 use crate::listener::Body;
@@ -33,6 +33,7 @@ pub(super) async fn answer_on_stream(
     message: ClientMessage,
     era: Era,
     cluster: Option<(Arc<Cluster>, Arc<str>)>,
+    peers: Option<PeerListen>,
 ) -> Response<Body> {
     let modern = era == Era::Modern;
     let hub = session.hub().clone();
@@ -40,7 +41,16 @@ pub(super) async fn answer_on_stream(
     let mut handling = Box::pin(async move {
         // A session made for this one request ends with it.
         let _closing = modern.then(|| CloseOnDrop(session.clone()));
-        match (session.handle(message, era, Some(&related)).await, cluster) {
+        let handled = match peers {
+            None => session.handle(message, era, Some(&related)).await,
+            // A listen: what the other nodes announce is merged into its stream.
+            Some(peers) => {
+                let (local, messages) = mpsc::channel::<Value>(64);
+                let serving = session.handle(message, era, Some(&local));
+                peers.merge(serving, messages, &related).await
+            }
+        };
+        match (handled, cluster) {
             // An upstream's paused round names this node and principal (in a cluster).
             (Handled::Respond(answer), Some((cluster, principal))) if modern => {
                 Handled::Respond(cluster.seal_upstream_state(answer, &principal))

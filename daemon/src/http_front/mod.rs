@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Credential, Refusal};
 use crate::client_message::{ClientMessage, KnownCapabilities};
-use crate::cluster::{Cluster, ForwardError, Owner};
+use crate::cluster::{Cluster, ForwardError, Owner, PeerListen};
 use crate::config::{DaemonSettings, FrontOAuth};
 use crate::era;
 use crate::hub::Hub;
@@ -373,6 +373,17 @@ impl HttpFront {
         // A 2026-07-28 request is served that way whatever its method: `initialize`
         // sent so is an unknown method of that revision, not a handshake.
         if modern_header || era::declared_version(message.get("params")).is_some() {
+            // A client's listen hears the peers too (one forwarded listen each).
+            let peers = match (&self.cluster, &raw) {
+                (Some(cluster), Some(raw))
+                    if !forwarded
+                        && message.get("method").and_then(Value::as_str)
+                            == Some("subscriptions/listen") =>
+                {
+                    Some(PeerListen::new(cluster.clone(), parts.clone(), raw.clone()))
+                }
+                _ => None,
+            };
             if let (Some(cluster), Some(raw)) = (&self.cluster, raw) {
                 match clustered_modern(
                     cluster,
@@ -389,7 +400,12 @@ impl HttpFront {
                 }
             }
             return self
-                .post_modern(&parts.headers, received, Identity { principal, view })
+                .post_modern(
+                    &parts.headers,
+                    received,
+                    Identity { principal, view },
+                    peers,
+                )
                 .await;
         }
         self.post_in_session(&parts.headers, received, principal, view, is_initialize)

@@ -14,6 +14,7 @@ use super::{
     NAME_HEADER, PROTOCOL_HEADER,
 };
 use crate::client_message::ClientMessage;
+use crate::cluster::PeerListen;
 use crate::era::{self, Era};
 use crate::jsonrpc::{self, RelayError};
 use crate::listener::Body;
@@ -21,11 +22,13 @@ use crate::session::{CloseOnDrop, Handled, Identity, Session};
 
 impl HttpFront {
     /// A 2026-07-28 message: no session; the headers must mirror the body.
+    /// `peers`: a client's listen, to be heard on the other nodes too.
     pub(super) async fn post_modern(
         &self,
         headers: &HeaderMap,
         mut received: ClientMessage,
         identity: Identity,
+        peers: Option<PeerListen>,
     ) -> Response<Body> {
         let catalog = self.hub.catalog_for(identity.view.as_deref());
         // The headers are checked against the arguments a tool mirrors into them.
@@ -80,6 +83,7 @@ impl HttpFront {
                 received,
                 Era::Modern,
                 self.cluster.clone().map(|cluster| (cluster, principal)),
+                peers,
             )
             .await;
         }

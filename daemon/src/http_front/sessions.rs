@@ -155,7 +155,7 @@ impl HttpFront {
                 // but for a 2026-07-28 one before any `initialize`.
                 let era = Era::of_message(session.initialized(), &received.message);
                 if is_request && accepts_events && !is_initialize {
-                    return answer_on_stream(session.clone(), received, era, None).await;
+                    return answer_on_stream(session.clone(), received, era, None, None).await;
                 }
                 match session.handle(received, era, None).await {
                     Handled::Respond(response) => Some(response),

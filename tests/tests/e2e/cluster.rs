@@ -1012,3 +1012,142 @@ async fn an_upstreams_task_id_is_its_principals_alone_on_every_node() -> anyhow:
     );
     Ok(())
 }
+
+/// A 2026-07-28 `subscriptions/listen` stream, read event by event.
+struct ListenStream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl ListenStream {
+    async fn open(client: &reqwest::Client, url: &str, uri: &str) -> anyhow::Result<ListenStream> {
+        let meta = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        });
+        let body = json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+            "params": {"notifications": {"resourceSubscriptions": [uri]}, "_meta": meta}});
+        let response = client
+            .post(url)
+            .bearer_auth(ALICE)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "subscriptions/listen")
+            .body(serde_json::to_vec(&body)?)
+            .send()
+            .await?;
+        ensure!(response.status() == 200, "listen: {}", response.status());
+        Ok(ListenStream {
+            response,
+            buffer: String::new(),
+        })
+    }
+
+    /// The next message with `method`, within `within`.
+    async fn next(&mut self, method: &str, within: Duration) -> anyhow::Result<Value> {
+        tokio::time::timeout(within, async {
+            loop {
+                while let Some(end) = self.buffer.find("\n\n") {
+                    let event: String = self.buffer.drain(..end + 2).collect();
+                    let Some(data) = event.lines().find_map(|line| line.strip_prefix("data: "))
+                    else {
+                        continue;
+                    };
+                    let message: Value = serde_json::from_str(data)?;
+                    if message["method"] == method {
+                        return Ok(message);
+                    }
+                }
+                let chunk = self.response.chunk().await?.context("the stream ended")?;
+                self.buffer.push_str(std::str::from_utf8(&chunk)?);
+            }
+        })
+        .await
+        .with_context(|| format!("no {method} within {within:?}"))?
+    }
+}
+
+/// `fx__echo`, whose upstream first says `test://watched-resource` changed.
+async fn change_the_resource(client: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let call = json!({"name": "fx__echo", "arguments":
+        {"text": "x", "updated": "test://watched-resource"}, "_meta": meta});
+    let answer = modern_call(client, url, 9, call).await?;
+    ensure!(answer.body["result"].is_object(), "echo: {}", answer.body);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_listen_stream_hears_changes_made_through_any_node() -> anyhow::Result<()> {
+    let mut cluster = TestCluster::start_with(2, &tokens(), &["--conformance"], "").await?;
+    let client = reqwest::Client::new();
+    let uri = "fx+test://watched-resource";
+    // Listening on n1; the acknowledgement comes once n2 listens too.
+    let mut stream = ListenStream::open(&client, &cluster.url(0), uri).await?;
+    let ack = stream
+        .next(
+            "notifications/subscriptions/acknowledged",
+            Duration::from_secs(10),
+        )
+        .await?;
+    ensure!(
+        ack["params"]["notifications"]["resourceSubscriptions"] == json!([uri]),
+        "{ack}"
+    );
+    // Changed through n2, whose own upstream process announces it.
+    let started = std::time::Instant::now();
+    change_the_resource(&client, &cluster.url(1)).await?;
+    let updated = stream
+        .next("notifications/resources/updated", Duration::from_secs(5))
+        .await
+        .with_context(|| cluster.logs())?;
+    ensure!(updated["params"]["uri"] == uri, "{updated}");
+    println!(
+        "figure: a change through n2 heard on n1's listen stream after {:.1} ms",
+        started.elapsed().as_secs_f64() * 1000.0
+    );
+
+    // n2 gone: the stream goes on with n1's own changes...
+    cluster.kill(1).await?;
+    change_the_resource(&client, &cluster.url(0)).await?;
+    let own = stream
+        .next("notifications/resources/updated", Duration::from_secs(5))
+        .await?;
+    ensure!(own["params"]["uri"] == uri, "{own}");
+    // ...and hears n2 again once it is back (tried again with a backoff).
+    cluster.boot(1, &[]).await?;
+    cluster.nodes[1]
+        .daemon()?
+        .wait_ready(Duration::from_secs(30))
+        .await?;
+    let back = std::time::Instant::now();
+    let heard = loop {
+        change_the_resource(&client, &cluster.url(1)).await?;
+        if let Ok(heard) = stream
+            .next(
+                "notifications/resources/updated",
+                Duration::from_millis(500),
+            )
+            .await
+        {
+            break heard;
+        }
+        ensure!(
+            back.elapsed() < Duration::from_secs(20),
+            "n2's changes unheard 20 s after it came back\n{}",
+            cluster.logs()
+        );
+    };
+    ensure!(heard["params"]["uri"] == uri, "{heard}");
+    println!(
+        "figure: n2 heard again {:.1} s after it was ready",
+        back.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
