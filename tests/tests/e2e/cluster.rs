@@ -1,7 +1,9 @@
 //! Nodes of one `[cluster]` on loopback, each with its own fixture upstream: a
 //! handshake-era session is served by the node that opened it wherever its
 //! requests land (forwarded once, over HTTP); ids that are garbage, truncated,
-//! another principal's or sealed under a retired key are unknown sessions (404).
+//! another principal's or sealed under a retired key are unknown sessions (404);
+//! an upstream's `requestState` and task ids open for their principal alone; a
+//! `subscriptions/listen` stream hears changes made through any node.
 
 use std::time::Duration;
 
