@@ -44,10 +44,14 @@ pub(super) async fn answer_on_stream(
         let handled = match peers {
             None => session.handle(message, era, Some(&related)).await,
             // A listen: what the other nodes announce is merged into its stream.
+            // Boxed: inline, the merge's future would be copied with every request's.
             Some(peers) => {
-                let (local, messages) = mpsc::channel::<Value>(64);
-                let serving = session.handle(message, era, Some(&local));
-                peers.merge(serving, messages, &related).await
+                Box::pin(async {
+                    let (local, messages) = mpsc::channel::<Value>(64);
+                    let serving = session.handle(message, era, Some(&local));
+                    peers.merge(serving, messages, &related).await
+                })
+                .await
             }
         };
         match (handled, cluster) {
