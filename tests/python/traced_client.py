@@ -8,7 +8,10 @@ to have stopped, started again by that call), and prints one JSON object: the ro
         [--connect PLEXUS]
 
 `--connect PLEXUS` reaches the daemon through `PLEXUS connect URL` (stdio) and calls
-`tr__meta` only.
+`tr__meta` only. `--rounds` instead calls `q__ask` (the upstream asks this client for a
+sampling during the call; the client answers "sampled"), `f1__ask` (the fixture asks
+the same, with no trace context of its own) and then `q__slow` twice at
+once (`q` serves one call at a time: the second waits in plexus's queue).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from mcp import Client, StdioServerParameters
+from mcp_types import CreateMessageResult, TextContent
 
 warnings.simplefilter("ignore")
 
@@ -32,6 +36,35 @@ provider = TracerProvider(resource=Resource.create({"service.name": "traced-clie
 provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
 trace.set_tracer_provider(provider)
 tracer = trace.get_tracer("traced-client")
+
+
+async def sample(context, params) -> CreateMessageResult:
+    return CreateMessageResult(
+        role="assistant", content=TextContent(type="text", text="sampled"), model="test"
+    )
+
+
+async def rounds(url: str, mode: str) -> dict:
+    seen: dict = {}
+    with anyio.fail_after(60):
+        async with Client(url, mode=mode, cache=None, sampling_callback=sample) as client:
+            with tracer.start_as_current_span("agent turn") as root:
+                seen["trace_id"] = format(root.get_span_context().trace_id, "032x")
+                asked = await client.call_tool("q__ask", {})
+                seen["asked"] = asked.content[0].text
+                # The fixture asks too, but writes no trace context into its request.
+                asked = await client.call_tool("f1__ask", {"kind": "sampling"})
+                seen["fixture_asked"] = asked.content[0].text
+                answers = []
+
+                async def slow() -> None:
+                    answers.append((await client.call_tool("q__slow", {})).content[0].text)
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(slow)
+                    group.start_soon(slow)
+                seen["slow"] = answers
+    return seen
 
 
 async def run(url: str, mode: str, connect: str | None) -> dict:
@@ -61,8 +94,12 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--connect")
+    parser.add_argument("--rounds", action="store_true")
     args = parser.parse_args()
-    seen = anyio.run(run, args.url, args.mode, args.connect)
+    if args.rounds:
+        seen = anyio.run(rounds, args.url, args.mode)
+    else:
+        seen = anyio.run(run, args.url, args.mode, args.connect)
     provider.shutdown()
     print(json.dumps(seen), flush=True)
 

@@ -5,13 +5,17 @@ and answers with the `_meta` it received.
 
     target/python-venv/bin/python tests/python/traced_server.py
 
-Tools: `meta` (the request's `_meta` as JSON text), `fail` (an `isError` result).
+Tools: `meta` (the request's `_meta` as JSON text), `fail` (an `isError` result),
+`ask` (asks the client for a sampling while it runs; answers with the sampled text),
+`slow` (answers after 1 s).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+
+import anyio
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -20,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, SamplingMessage, TextContent
 
 warnings.simplefilter("ignore")
 
@@ -45,6 +49,24 @@ def meta(ctx: Context) -> str:
 def fail() -> CallToolResult:
     """Fails as a tool does: an `isError` result."""
     return CallToolResult(content=[TextContent(type="text", text="it failed")], is_error=True)
+
+
+@server.tool()
+async def ask(ctx: Context) -> str:
+    """Asks the client for a sampling during the call; returns what it sampled."""
+    sampled = await ctx.session.create_message(
+        [SamplingMessage(role="user", content=TextContent(type="text", text="say something"))],
+        max_tokens=16,
+        related_request_id=ctx.request_id,
+    )
+    return sampled.content.text
+
+
+@server.tool()
+async def slow() -> str:
+    """Answers after 1 s (two at once, under `max_in_flight = 1`, queue in plexus)."""
+    await anyio.sleep(1.0)
+    return "slow"
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ pub trait Client: Send + Sync {
     /// A message of plexus's own for the client (logs, updates, list changes).
     fn notify(&self, message: Value);
     fn outbound(&self) -> &mpsc::Sender<Value>;
-    /// Sends an upstream's request to the client on `sink`; false if it cannot take it.
+    /// Sends an upstream's request to the client on `sink`, traced under `trace`
+    /// (the call it belongs to); false if it cannot take it.
     fn forward_to_client(
         &self,
         sink: &mpsc::Sender<Value>,
@@ -54,6 +55,7 @@ pub trait Client: Send + Sync {
         upstream_id: Value,
         method: &str,
         params: Option<Value>,
+        trace: Option<&crate::telemetry::CallTrace>,
     ) -> bool;
     /// An upstream withdrew one of its requests.
     fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value);

@@ -168,7 +168,8 @@ impl Fanout {
             }
         }
         let sink = target.related.as_ref().unwrap_or(session.outbound());
-        if session.forward_to_client(sink, connection.clone(), id, method, params) {
+        let trace = target.trace.as_ref();
+        if session.forward_to_client(sink, connection.clone(), id, method, params, trace) {
             None
         } else {
             Some(error(

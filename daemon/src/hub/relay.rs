@@ -160,7 +160,12 @@ impl Hub {
                 if let Some(traced) = &traced {
                     traced.request_id(request.id());
                 }
-                let _caller = instance.track_call(call.session, call.related.clone(), request.id());
+                let _caller = instance.track_call(
+                    call.session,
+                    call.related.clone(),
+                    request.id(),
+                    traced.as_ref().map(telemetry::ClientSpan::trace),
+                );
                 let activity = progress.as_ref().map(|route| route.activity.clone());
 
                 let call_started = Instant::now();

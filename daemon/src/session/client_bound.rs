@@ -28,6 +28,8 @@ pub(super) enum ClientBound {
         /// For the audit trail.
         method: String,
         sent: tokio::time::Instant,
+        /// Its span, when traced: ended by the answer (or dropped with the request).
+        round: Option<telemetry::ClientRound>,
     },
     /// plexus's own (a 2026-07-28 upstream's input request), answered here.
     Local(oneshot::Sender<Reply>),
@@ -39,8 +41,12 @@ impl ClientBound {
             ClientBound::Upstream {
                 connection,
                 upstream_id,
+                round,
                 ..
             } => {
+                if let Some(round) = round {
+                    round.end(&reply);
+                }
                 if connection.respond(upstream_id, reply).await.is_err() {
                     tracing::debug!("the upstream went away before the client answered it");
                 }
@@ -111,13 +117,16 @@ impl ClientBoundRequests {
         connection: UpstreamConnection,
         upstream_id: Value,
         method: &str,
-        params: Option<Value>,
+        mut params: Option<Value>,
+        trace: Option<&telemetry::CallTrace>,
     ) -> bool {
+        let round = telemetry::client_round(connection.upstream(), method, &mut params, trace);
         let target = ClientBound::Upstream {
             connection,
             upstream_id,
             method: method.to_string(),
             sent: tokio::time::Instant::now(),
+            round,
         };
         self.send(sink, target, method, params).is_some()
     }
@@ -137,6 +146,12 @@ impl ClientBoundRequests {
             self.session,
             self.next.fetch_add(1, Ordering::Relaxed) + 1
         );
+        if let ClientBound::Upstream {
+            round: Some(round), ..
+        } = &target
+        {
+            round.request_id(&id);
+        }
         let mut message = json!({"jsonrpc": "2.0", "id": id, "method": method});
         if let Some(params) = params {
             message["params"] = params;

@@ -325,7 +325,9 @@ impl Session {
         upstream_id: Value,
         method: &str,
         params: Option<Value>,
+        trace: Option<&crate::telemetry::CallTrace>,
     ) -> bool {
+        // A 2026-07-28 scope asks in a round of its own (`ClientBoundRequests::ask`, its wait traced there).
         if let Some(inputs) = &self.inputs {
             return inputs
                 .try_send(Box::new(InputNeeded {
@@ -337,7 +339,7 @@ impl Session {
                 .is_ok();
         }
         self.client_bound
-            .forward(sink, connection, upstream_id, method, params)
+            .forward(sink, connection, upstream_id, method, params, trace)
     }
 
     /// An upstream cancelled a request it had sent this client: pass the cancel on.
@@ -617,8 +619,9 @@ impl Client for Session {
         upstream_id: Value,
         method: &str,
         params: Option<Value>,
+        trace: Option<&crate::telemetry::CallTrace>,
     ) -> bool {
-        Session::forward_to_client(self, sink, connection, upstream_id, method, params)
+        Session::forward_to_client(self, sink, connection, upstream_id, method, params, trace)
     }
     fn withdraw_client_bound(&self, upstream: &str, upstream_id: &Value) {
         Session::withdraw_client_bound(self, upstream, upstream_id)

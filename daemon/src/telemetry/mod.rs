@@ -24,7 +24,9 @@ use opentelemetry_sdk::Resource;
 use tokio_util::task::TaskTracker;
 
 pub use propagate::{http_parent, within};
-pub use spans::{client_span, server_call, waited, Wait};
+pub use spans::{
+    client_round, client_span, server_call, waited, CallTrace, ClientRound, ClientSpan, Wait,
+};
 
 use crate::config::{Sampler, TracingSettings};
 

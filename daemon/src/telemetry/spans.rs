@@ -1,8 +1,9 @@
 //! The spans, named and attributed per the OpenTelemetry MCP conventions: a
 //! SERVER span per client request ([`server_call`], begun and ended in
 //! `Session::handle`), a CLIENT span per request sent upstream ([`client_span`],
-//! in `Hub::forward_to`, its context written into the request), and INTERNAL
-//! spans for waits that did not finish at once ([`waited`]).
+//! in `Hub::forward_to`, its context written into the request), a CLIENT span
+//! per request an upstream sends the client during a call ([`client_round`]),
+//! and INTERNAL spans for waits that did not finish at once ([`waited`]).
 
 use std::future::Future;
 use std::pin::pin;
@@ -139,6 +140,12 @@ pub fn client_span(upstream: &str, method: &str, params: &mut Option<Value>) -> 
 }
 
 impl ClientSpan {
+    /// The span, as the parent of the rounds the upstream has with the client
+    /// while it serves this request.
+    pub fn trace(&self) -> CallTrace {
+        CallTrace(self.context.clone())
+    }
+
     /// plexus's id of the request, as the upstream sees it.
     pub fn request_id(&self, id: u64) {
         self.context
@@ -172,6 +179,76 @@ impl ClientSpan {
             self.started,
             |histograms| &histograms.client,
         );
+    }
+}
+
+/// A request in flight upstream, as the parent of what the upstream asks the
+/// client while serving it (kept by the instance's table of calls).
+#[derive(Clone)]
+pub struct CallTrace(Context);
+
+impl std::fmt::Debug for CallTrace {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("CallTrace")
+    }
+}
+
+/// An upstream's request (sampling, elicitation, roots) relayed to the client:
+/// its CLIENT span, open until the client answers.
+pub struct ClientRound {
+    context: Context,
+}
+
+/// Begins the span of an upstream's request to the client, and writes its
+/// context into the request's `_meta`. Its parent is the context the request
+/// itself carries (SEP-414: the upstream's own span for the request, as a
+/// receiver parents its span), else the CLIENT span of the call it belongs to:
+/// the round happens while the upstream serves that request, within its time,
+/// so under the SERVER span it would read as a sibling of the call that caused it.
+pub fn client_round(
+    upstream: &str,
+    method: &str,
+    params: &mut Option<Value>,
+    call: Option<&CallTrace>,
+) -> Option<ClientRound> {
+    let tracer = active()?.tracer.as_ref()?;
+    let parent = propagate::meta_parent(params.as_ref())
+        .or_else(|| call.map(|call| call.0.clone()))
+        .unwrap_or_default();
+    let span = tracer
+        .span_builder(method.to_string())
+        .with_kind(SpanKind::Client)
+        .with_attributes([
+            KeyValue::new("mcp.method.name", method.to_string()),
+            KeyValue::new("plexus.upstream", upstream.to_string()),
+        ])
+        .start_with_context(tracer, &parent);
+    let context = parent.with_span(span);
+    propagate::inject(&context, params);
+    Some(ClientRound { context })
+}
+
+impl ClientRound {
+    /// plexus's id of the request, as the client sees it.
+    pub fn request_id(&self, id: &str) {
+        self.context
+            .span()
+            .set_attribute(KeyValue::new("jsonrpc.request.id", id.to_string()));
+    }
+
+    /// Ends the span with the client's answer (a JSON-RPC error is its status).
+    pub fn end(self, reply: &Reply) {
+        let span = self.context.span();
+        if let Reply::Error(error) = reply {
+            let code = error
+                .get("code")
+                .and_then(Value::as_i64)
+                .map_or_else(|| "error".to_string(), |code| code.to_string());
+            span.set_attribute(KeyValue::new("rpc.response.status_code", code.clone()));
+            span.set_status(Status::error(code.clone()));
+            span.set_attribute(KeyValue::new("error.type", code));
+        }
+        span.end();
     }
 }
 

@@ -124,6 +124,8 @@ pub struct Caller {
     /// The id the upstream knows the call by: an HTTP upstream's request sent on
     /// this call's response stream names it, which attributes it to this call.
     pub upstream_id: Option<u64>,
+    /// The call's CLIENT span, when traced: the parent of its rounds with the client.
+    pub trace: Option<crate::telemetry::CallTrace>,
 }
 
 impl Caller {
@@ -135,6 +137,7 @@ impl Caller {
             session,
             related: None,
             upstream_id: None,
+            trace: None,
         }
     }
 }
@@ -215,6 +218,7 @@ impl Instance {
         session: u64,
         related: mpsc::Sender<Value>,
         upstream_id: u64,
+        trace: Option<crate::telemetry::CallTrace>,
     ) -> CallerGuard<'_> {
         let id = self.next_caller.fetch_add(1, Ordering::Relaxed);
         self.callers
@@ -225,6 +229,7 @@ impl Instance {
                 session,
                 related: Some(related),
                 upstream_id: Some(upstream_id),
+                trace,
             });
         CallerGuard { instance: self, id }
     }

@@ -11,7 +11,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use plexus_tests::{plexus_binary, venv_python, workspace_root, Daemon, RawHttpSession};
+use plexus_tests::{
+    fixture_upstream, plexus_binary, venv_python, workspace_root, Daemon, RawHttpSession,
+};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -82,13 +84,27 @@ fn upstreams(endpoint: Option<&str>) -> String {
     )
 }
 
-async fn run_client(url: &str, mode: &str, endpoint: &str, connect: bool) -> anyhow::Result<Value> {
+/// What `traced_client.py` does: its calls, the same through `plexus connect`, or its rounds.
+#[derive(PartialEq)]
+enum Run {
+    Calls,
+    Connect,
+    Rounds,
+}
+
+async fn run_client(url: &str, mode: &str, endpoint: &str, run: Run) -> anyhow::Result<Value> {
     let mut command = Command::new(venv_python());
     command
         .arg(workspace_root().join("tests/python/traced_client.py"))
         .args(["--url", url, "--mode", mode]);
-    if connect {
-        command.arg("--connect").arg(plexus_binary());
+    match run {
+        Run::Calls => {}
+        Run::Connect => {
+            command.arg("--connect").arg(plexus_binary());
+        }
+        Run::Rounds => {
+            command.arg("--rounds");
+        }
     }
     command
         .env("PYTHONUNBUFFERED", "1")
@@ -178,7 +194,7 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         .await?;
     daemon.wait_ready(Duration::from_secs(60)).await?;
     let started = std::time::Instant::now();
-    let seen = run_client(&daemon.url, "auto", endpoint, false).await?;
+    let seen = run_client(&daemon.url, "auto", endpoint, Run::Calls).await?;
     println!("client run: {:.2} s", started.elapsed().as_secs_f64());
     // A client that sends its trace context only in the HTTP `traceparent` header.
     let mut raw =
@@ -191,7 +207,7 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         .context("no text")?;
     let header_meta: Value = serde_json::from_str(text)?;
     // A client behind `plexus connect`: its `_meta` crosses the bridge as it is.
-    let bridged = run_client(&daemon.url, "legacy", endpoint, true).await?;
+    let bridged = run_client(&daemon.url, "legacy", endpoint, Run::Connect).await?;
     // A stop flushes plexus's batch of spans and its histograms.
     daemon.stop().await?;
     let trace = seen["trace_id"].as_str().context("trace id")?.to_string();
@@ -368,7 +384,7 @@ async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyh
     let receiver = Receiver::start(dir.path()).await?;
     let daemon = Daemon::builder().upstreams(upstreams(None)).start().await?;
     daemon.wait_ready(Duration::from_secs(60)).await?;
-    let seen = run_client(&daemon.url, "legacy", &receiver.endpoint, false).await?;
+    let seen = run_client(&daemon.url, "legacy", &receiver.endpoint, Run::Calls).await?;
     let trace = seen["trace_id"].as_str().context("trace id")?;
     let spans = receiver.received("span");
     // The client's own CLIENT span is the upstream's parent: plexus, exporting
@@ -393,5 +409,185 @@ async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyh
         "{}",
         daemon.log()
     );
+    Ok(())
+}
+
+/// A span's start and end, in nanoseconds since the epoch.
+fn times(span: &Value) -> (u64, u64) {
+    (
+        span["start"].as_u64().unwrap_or_default(),
+        span["end"].as_u64().unwrap_or(u64::MAX),
+    )
+}
+
+/// Whether `inner` lies within `outer`'s time.
+fn within(inner: &Value, outer: &Value) -> bool {
+    let ((inner_start, inner_end), (outer_start, outer_end)) = (times(inner), times(outer));
+    outer_start <= inner_start && inner_end <= outer_end
+}
+
+/// A `tasks/list` fans out to every upstream that lists tasks: one CLIENT span each
+/// under its SERVER span. An upstream's request to the client during a call gets a
+/// CLIENT span of its own, under the upstream's context when the request carries one
+/// and else under the call's CLIENT span, and the client sees it in `_meta`. A call
+/// queued behind `max_in_flight` waits under a `plexus.queue` span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_a_round_with_the_client_and_a_queue_have_their_spans() -> anyhow::Result<()> {
+    if !venv_python().exists() {
+        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let receiver = Receiver::start(dir.path()).await?;
+    let endpoint = receiver.endpoint.as_str();
+    let python = venv_python().display().to_string();
+    let script = workspace_root()
+        .join("tests/python/traced_server.py")
+        .display()
+        .to_string();
+    // `q` serves one call at a time, in the handshake era (where an upstream's
+    // request reaches the client as it is sent); f1 asks too; t1 and t2 list tasks.
+    let tasks = "protocol = \"handshake\"";
+    let upstreams = format!(
+        "[upstreams.q]\ncommand = {python:?}\nargs = [{script:?}]\n\
+         env = {{ OTEL_EXPORTER_OTLP_ENDPOINT = {endpoint:?} }}\n\
+         protocol = \"handshake\"\nmax_in_flight = 1\n\n{}\n{}\n{}",
+        fixture_upstream("f1", "", &["--name", "f1"]),
+        fixture_upstream("t1", tasks, &["--conformance", "--modern"]),
+        fixture_upstream("t2", tasks, &["--conformance", "--modern"]),
+    );
+    let daemon = Daemon::builder()
+        .env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_SERVICE_NAME", "plexus-under-test"),
+        ])
+        .upstreams(upstreams)
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let started = std::time::Instant::now();
+    let seen = run_client(&daemon.url, "legacy", endpoint, Run::Rounds).await?;
+    println!("client rounds: {:.2} s", started.elapsed().as_secs_f64());
+    ensure!(
+        seen["asked"] == "sampled" && seen["fixture_asked"] == "sampled",
+        "{seen}"
+    );
+    ensure!(seen["slow"] == json!(["slow", "slow"]), "{seen}");
+    let mut raw =
+        RawHttpSession::connect_with(&daemon.url, &[("traceparent", HEADER_PARENT)]).await?;
+    let listed = raw.request("tasks/list", json!({})).await?;
+    ensure!(listed["result"]["tasks"].is_array(), "{listed}");
+    daemon.stop().await?;
+
+    let spans = receiver.received("span");
+    let plexus = "plexus-under-test";
+    let trace = seen["trace_id"].as_str().context("trace id")?;
+
+    // The fan-out: one SERVER span, one CLIENT span per upstream that lists tasks.
+    let served = spans
+        .iter()
+        .find(|span| {
+            span["service"] == plexus
+                && span["name"] == "tasks/list"
+                && span["span_kind"] == "SERVER"
+        })
+        .with_context(|| format!("no SERVER span of tasks/list: {spans:#?}"))?;
+    ensure!(
+        served["parent_span_id"] == HEADER_PARENT[36..52],
+        "{served}"
+    );
+    let mut asked: Vec<&str> = children(&spans, served)
+        .iter()
+        .filter(|span| span["span_kind"] == "CLIENT" && span["name"] == "tasks/list")
+        .filter_map(|span| span["attributes"]["plexus.upstream"].as_str())
+        .collect();
+    asked.sort_unstable();
+    ensure!(
+        asked == ["t1", "t2"],
+        "{asked:?}: {:#?}",
+        children(&spans, served)
+    );
+
+    // The round with a client, asked by an upstream that sends its own trace context:
+    // under the upstream's span for its request, within plexus's call to it.
+    let call = span(&spans, plexus, "tools/call q__ask", trace)?;
+    let relayed = children(&spans, call);
+    let relayed = relayed
+        .iter()
+        .find(|span| span["span_kind"] == "CLIENT")
+        .with_context(|| format!("no CLIENT span under {call}"))?;
+    let rounds: Vec<&Value> = spans
+        .iter()
+        .filter(|span| {
+            span["service"] == plexus
+                && span["name"] == "sampling/createMessage"
+                && span["trace_id"] == trace
+        })
+        .collect();
+    ensure!(rounds.len() == 2, "two rounds in the trace: {rounds:#?}");
+    let round = rounds
+        .iter()
+        .find(|round| within(round, relayed))
+        .with_context(|| format!("no round within {relayed}: {rounds:#?}"))?;
+    ensure!(
+        round["span_kind"] == "CLIENT" && attributes_say(round, "plexus.upstream", "q"),
+        "{round}"
+    );
+    ensure!(
+        round["attributes"]["jsonrpc.request.id"].is_string(),
+        "{round}"
+    );
+    let sent = span(
+        &spans,
+        "traced-upstream",
+        "MCP send sampling/createMessage",
+        trace,
+    )?;
+    ensure!(
+        round["parent_span_id"] == sent["span_id"],
+        "{round} not under {sent}"
+    );
+
+    // The fixture's request carries no context: its round is under plexus's call to it.
+    let call = span(&spans, plexus, "tools/call f1__ask", trace)?;
+    let relayed = children(&spans, call);
+    let relayed = relayed
+        .iter()
+        .find(|span| span["span_kind"] == "CLIENT")
+        .with_context(|| format!("no CLIENT span under {call}"))?;
+    let round = children(&spans, relayed);
+    ensure!(
+        round.len() == 1 && round[0]["name"] == "sampling/createMessage",
+        "{round:#?}"
+    );
+    ensure!(
+        attributes_say(round[0], "plexus.upstream", "f1") && within(round[0], relayed),
+        "{}",
+        round[0]
+    );
+
+    // Two calls at once to `q`: one of them waited for the other under `plexus.queue`.
+    let slow: Vec<&Value> = spans
+        .iter()
+        .filter(|span| {
+            span["service"] == plexus
+                && span["name"] == "tools/call q__slow"
+                && span["trace_id"] == trace
+        })
+        .collect();
+    ensure!(slow.len() == 2, "{slow:#?}");
+    let queued: Vec<&Value> = slow
+        .iter()
+        .flat_map(|call| children(&spans, call))
+        .filter(|span| span["name"] == "plexus.queue")
+        .collect();
+    ensure!(queued.len() == 1, "one call queued: {queued:#?}");
+    ensure!(
+        attributes_say(queued[0], "plexus.upstream", "q"),
+        "{}",
+        queued[0]
+    );
+    let (start, end) = times(queued[0]);
+    println!("queued for {:.3} s", (end - start) as f64 / 1e9);
     Ok(())
 }
