@@ -143,7 +143,7 @@ impl Hub {
                     upstream.name_arc(),
                     instance.owner(),
                 );
-                let traced = telemetry::client_span(upstream_name, method, &mut params);
+                let traced = telemetry::client_span(&name, method, &mut params);
                 // The request gets its upstream-side id first, so whatever the upstream sends
                 // while serving it (over HTTP, on this request's own stream) is attributed
                 // to this call, and through it to this session.

@@ -55,20 +55,32 @@ pub(super) fn inject(context: &Context, params: &mut Option<Value>) {
     if !span.is_valid() {
         return;
     }
-    meta.insert(
-        "traceparent".into(),
-        Value::String(format!(
-            "00-{}-{}-{:02x}",
-            span.trace_id(),
-            span.span_id(),
-            span.trace_flags().to_u8()
-        )),
-    );
+    meta.insert("traceparent".into(), Value::String(traceparent(span)));
     // An empty `tracestate` is not written: a client's own stays as it sent it.
     let state = span.trace_state().header();
     if !state.is_empty() {
         meta.insert("tracestate".into(), Value::String(state));
     }
+}
+
+/// `00-<trace id>-<span id>-<flags>` in lower-case hex, written digit by digit:
+/// through the formatter it cost as much as the rest of the CLIENT span's start.
+fn traceparent(span: &opentelemetry::trace::SpanContext) -> String {
+    fn hex(text: &mut String, bytes: &[u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for byte in bytes {
+            text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+        }
+    }
+    let mut text = String::with_capacity(55);
+    text.push_str("00-");
+    hex(&mut text, &span.trace_id().to_bytes());
+    text.push('-');
+    hex(&mut text, &span.span_id().to_bytes());
+    text.push('-');
+    hex(&mut text, &[span.trace_flags().to_u8()]);
+    text
 }
 
 struct Headers<'a>(&'a HeaderMap);

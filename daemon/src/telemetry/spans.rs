@@ -5,6 +5,7 @@
 //! per request an upstream sends the client during a call ([`client_round`]),
 //! and INTERNAL spans for waits that did not finish at once ([`waited`]).
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use adapters::Reply;
 use futures::future::{BoxFuture, Either};
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, StringValue};
 use serde_json::Value;
 
 use super::{active, propagate};
@@ -53,7 +54,9 @@ pub fn server_call(
     let parent = propagate::meta_parent(params).unwrap_or_else(Context::current);
     let context = match &telemetry.tracer {
         Some(tracer) => {
-            let mut attributes = facts.clone();
+            // The facts' values are static or shared: copying them copies no text.
+            let mut attributes = Vec::with_capacity(facts.len() + 2);
+            attributes.extend_from_slice(&facts);
             attributes.push(KeyValue::new("mcp.session.id", session.to_string()));
             attributes.push(KeyValue::new("jsonrpc.request.id", request_id(id)));
             let span = tracer
@@ -113,18 +116,27 @@ pub struct ClientSpan {
 
 /// Begins the CLIENT span of a request to `upstream`, a child of the current
 /// context, and writes its context into the request's `_meta`.
-pub fn client_span(upstream: &str, method: &str, params: &mut Option<Value>) -> Option<ClientSpan> {
+pub fn client_span(
+    upstream: &Arc<str>,
+    method: &str,
+    params: &mut Option<Value>,
+) -> Option<ClientSpan> {
     let telemetry = active()?;
     let started = Instant::now();
     let (name, mut facts) = described(method, params.as_ref());
-    facts.push(KeyValue::new("plexus.upstream", upstream.to_string()));
+    facts.push(KeyValue::new(
+        "plexus.upstream",
+        StringValue::from(upstream.clone()),
+    ));
     let parent = Context::current();
     let context = match &telemetry.tracer {
         Some(tracer) => {
+            let mut attributes = Vec::with_capacity(facts.len() + 1);
+            attributes.extend_from_slice(&facts);
             let span = tracer
                 .span_builder(name)
                 .with_kind(SpanKind::Client)
-                .with_attributes(facts.clone())
+                .with_attributes(attributes)
                 .start_with_context(tracer, &parent);
             let context = parent.with_span(span);
             propagate::inject(&context, params);
@@ -334,28 +346,79 @@ where
     }))
 }
 
+/// `method` and a name after a space (the span name of a call or a prompt's get).
+fn spaced(method: &str, name: &str) -> String {
+    let mut text = String::with_capacity(method.len() + 1 + name.len());
+    text.push_str(method);
+    text.push(' ');
+    text.push_str(name);
+    text
+}
+
+/// The methods named by a static string: their spans' names and `mcp.method.name`
+/// cost no copy of the text.
+const METHODS: &[&str] = &[
+    "tools/call",
+    "tools/list",
+    "prompts/get",
+    "prompts/list",
+    "resources/read",
+    "resources/list",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "completion/complete",
+    "logging/setLevel",
+    "ping",
+    "initialize",
+    "server/discover",
+    "subscriptions/listen",
+    "tasks/get",
+    "tasks/list",
+    "tasks/result",
+    "tasks/cancel",
+    "tasks/update",
+    "sampling/createMessage",
+    "elicitation/create",
+    "roots/list",
+];
+
 /// The span name and the attributes the conventions give a request of `method`.
-fn described(method: &str, params: Option<&Value>) -> (String, Vec<KeyValue>) {
-    let mut facts = vec![KeyValue::new("mcp.method.name", method.to_string())];
+/// Each text is copied once (a tool's name into an `Arc` its span and histogram share).
+fn described(method: &str, params: Option<&Value>) -> (Cow<'static, str>, Vec<KeyValue>) {
+    let known = METHODS.iter().find(|known| **known == method).copied();
+    let mut facts = Vec::with_capacity(6);
+    facts.push(KeyValue::new(
+        "mcp.method.name",
+        match known {
+            Some(method) => StringValue::from(method),
+            None => StringValue::from(method.to_string()),
+        },
+    ));
     let text = |key: &str| params.and_then(|p| p.get(key)).and_then(Value::as_str);
+    let shared = |text: &str| StringValue::from(Arc::<str>::from(text));
     let name = match method {
         "tools/call" => text("name").map(|tool| {
-            facts.push(KeyValue::new("gen_ai.tool.name", tool.to_string()));
+            facts.push(KeyValue::new("gen_ai.tool.name", shared(tool)));
             facts.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
-            format!("{method} {tool}")
+            Cow::Owned(spaced(method, tool))
         }),
         "prompts/get" => text("name").map(|prompt| {
-            facts.push(KeyValue::new("gen_ai.prompt.name", prompt.to_string()));
-            format!("{method} {prompt}")
+            facts.push(KeyValue::new("gen_ai.prompt.name", shared(prompt)));
+            Cow::Owned(spaced(method, prompt))
         }),
         _ => {
             if let Some(uri) = text("uri") {
-                facts.push(KeyValue::new("mcp.resource.uri", uri.to_string()));
+                facts.push(KeyValue::new("mcp.resource.uri", shared(uri)));
             }
             None
         }
     };
-    (name.unwrap_or_else(|| method.to_string()), facts)
+    let name = name.unwrap_or_else(|| match known {
+        Some(method) => Cow::Borrowed(method),
+        None => Cow::Owned(method.to_string()),
+    });
+    (name, facts)
 }
 
 fn request_id(id: &Value) -> String {
