@@ -181,10 +181,10 @@ impl HttpFront {
             Method::POST => match telemetry::http_parent(request.headers()) {
                 None => self.post(request, principal, view, forwarded).await,
                 Some(parent) => {
-                    Box::pin(telemetry::within(
-                        Some(parent),
-                        self.post(request, principal, view, forwarded),
-                    ))
+                    Box::pin(async move {
+                        let post = std::pin::pin!(self.post(request, principal, view, forwarded));
+                        telemetry::within(parent, post).await
+                    })
                     .await
                 }
             },

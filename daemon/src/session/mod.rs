@@ -379,9 +379,15 @@ impl Session {
                     // Boxed: the untraced request's future stays the size it was.
                     return Box::pin(async move {
                         let dispatcher = Dispatch::new(self, related);
-                        let dispatch =
-                            dispatcher.request(id, method, params, arguments, capabilities, era);
-                        let handled = telemetry::within(Some(traced.context()), dispatch).await;
+                        let dispatch = std::pin::pin!(dispatcher.request(
+                            id,
+                            method,
+                            params,
+                            arguments,
+                            capabilities,
+                            era
+                        ));
+                        let handled = telemetry::within(traced.context(), dispatch).await;
                         traced.end(match &handled {
                             Handled::Respond(answer) => Some(answer),
                             Handled::Nothing => None,

@@ -4,6 +4,7 @@
 //! and `tracestate` are ever written; every other `_meta` key stays as it came.
 
 use std::future::Future;
+use std::pin::Pin;
 
 use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -22,12 +23,14 @@ pub fn http_parent(headers: &HeaderMap) -> Option<Context> {
     context.has_active_span().then_some(context)
 }
 
-/// Runs `work` under `parent` when there is one.
-pub async fn within<F: Future>(parent: Option<Context>, work: F) -> F::Output {
-    match parent {
-        Some(parent) => opentelemetry::context::FutureExt::with_context(work, parent).await,
-        None => work.await,
-    }
+/// Polls `work` with `context` current, through a pointer: a future wrapped by value
+/// is copied whole into its wrapper, and a request's is tens of kilobytes.
+pub async fn within<F: Future>(context: Context, mut work: Pin<&mut F>) -> F::Output {
+    std::future::poll_fn(|cx| {
+        let _current = context.clone().attach();
+        work.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// The context a request's `_meta` names, if it names a valid one.
