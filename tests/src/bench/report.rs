@@ -134,6 +134,8 @@ pub struct CellResult {
     cell: Cell,
     pairs: usize,
     rows: Vec<(Target, Summary)>,
+    /// Per target its throughput in each round, in round order (for paired ratios).
+    throughputs: Vec<(Target, Vec<f64>)>,
 }
 
 impl CellResult {
@@ -143,7 +145,31 @@ impl CellResult {
             .iter()
             .map(|(target, samples)| (*target, Summary::of(samples)))
             .collect();
-        CellResult { cell, pairs, rows }
+        let throughputs = samples
+            .iter()
+            .map(|(target, samples)| (*target, samples.iter().map(|s| s.throughput).collect()))
+            .collect();
+        CellResult {
+            cell,
+            pairs,
+            rows,
+            throughputs,
+        }
+    }
+
+    /// The median over rounds of `target`'s throughput over `base`'s in the same
+    /// round: the two ran one after the other, so a load that came and went on a
+    /// shared machine weighs on both.
+    fn paired_throughput(&self, target: Target, base: Target) -> Option<f64> {
+        let find = |wanted: Target| {
+            self.throughputs
+                .iter()
+                .find(|(target, _)| *target == wanted)
+                .map(|(_, values)| values)
+        };
+        let (values, bases) = (find(target)?, find(base)?);
+        let ratios: Vec<f64> = values.iter().zip(bases).map(|(v, b)| v / b).collect();
+        (!ratios.is_empty()).then(|| Spread::of(ratios).median)
     }
 
     /// `metric`'s median for `target` over the baseline's, as text.
@@ -291,7 +317,32 @@ pub fn print_tracing_cost(results: &[CellResult]) {
         );
         table.push(row);
     }
+    let mut row = vec!["throughput, paired".to_string()];
+    row.extend(results.iter().map(|r| {
+        r.paired_throughput(Target::PlexusTraced, Target::PlexusHttp)
+            .map_or_else(|| "-".to_string(), |ratio| format!("{ratio:.2}"))
+    }));
+    table.push(row);
     print_table(&table);
+    // The budget: tracing on, every request sampled, costs at most 5 % of throughput at C=16.
+    let costs: Vec<String> = results
+        .iter()
+        .filter(|r| r.cell.concurrency == 16)
+        .filter_map(|r| {
+            let ratio = r.paired_throughput(Target::PlexusTraced, Target::PlexusHttp)?;
+            Some(format!(
+                "{:.1} % ({})",
+                (1.0 - ratio) * 100.0,
+                r.cell.short_label()
+            ))
+        })
+        .collect();
+    if !costs.is_empty() {
+        println!(
+            "tracing's throughput cost at c=16 (median of per-round ratios; the budget is 5 %): {}",
+            costs.join(", ")
+        );
+    }
 }
 
 /// What plexus adds to a call beyond the two legs it chains: plexus-http is an
