@@ -7,7 +7,6 @@
 //! Spans: `spans.rs`; the W3C `traceparent` in `_meta` and headers: `propagate.rs`.
 
 mod export;
-mod otlp;
 mod propagate;
 mod spans;
 
@@ -60,8 +59,6 @@ pub struct Exporting {
 pub enum TelemetryError {
     #[error("cannot set up the OpenTelemetry exporter's TLS: {0}")]
     Tls(String),
-    #[error("cannot export OpenTelemetry spans to {endpoint}: {reason}")]
-    SpanExporter { endpoint: String, reason: String },
     #[error("cannot export OpenTelemetry data to {endpoint}: {source}")]
     Exporter {
         endpoint: String,
@@ -91,13 +88,15 @@ pub fn start(settings: &TracingSettings) -> Result<Option<Exporting>, TelemetryE
     let traces = match &settings.traces_endpoint {
         None => None,
         Some(endpoint) => {
-            let headers = std::env::var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-                .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_HEADERS"))
-                .ok();
-            let exporter = otlp::Exporter::new(endpoint, headers.as_deref(), poster.clone())
-                .map_err(|reason| TelemetryError::SpanExporter {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_shared_http_client(poster.clone())
+                .with_endpoint(endpoint.clone())
+                .with_protocol(Protocol::HttpBinary)
+                .build()
+                .map_err(|source| TelemetryError::Exporter {
                     endpoint: endpoint.clone(),
-                    reason,
+                    source,
                 })?;
             Some(
                 SdkTracerProvider::builder()
