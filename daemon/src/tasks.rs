@@ -1,8 +1,10 @@
 //! Tasks (2025-11-25): task ids are namespaced per upstream as `{upstream}:{id}`,
-//! recorded with the session that created them, and rewritten in every result and
-//! notification that carries one.
+//! recorded with the session and principal they were handed to (and the
+//! 2026-07-28 listens that asked for their status), and rewritten in every result
+//! and notification that carries one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use adapters::Reply;
 use dashmap::DashMap;
@@ -56,6 +58,21 @@ pub struct TaskRoutes {
     /// scope ends one) forgets its routes without walking everyone's.
     by_session: DashMap<u64, Vec<String>>,
     next: AtomicU64,
+    /// The 2026-07-28 listens (their scopes) that asked for a task's status, by
+    /// exposed id, and each listen's ids, dropped with it.
+    listens: DashMap<String, Vec<u64>>,
+    listening: DashMap<u64, Vec<String>>,
+}
+
+/// Who a task's id was handed to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskOwner {
+    /// The session told of the task's status: a connected client's. A 2026-07-28
+    /// request's scope ends with its answer, so its tasks outlive it and have
+    /// none; their status goes to the listens that name them.
+    pub session: Option<u64>,
+    /// Whose task it is: only a listen of this principal hears of it.
+    pub principal: Option<Arc<str>>,
 }
 
 /// Where an exposed task id leads.
@@ -63,6 +80,7 @@ pub struct TaskRoute {
     pub upstream: String,
     pub original: String,
     pub session: Option<u64>,
+    pub principal: Option<Arc<str>>,
     /// Insertion order, for pruning the oldest.
     order: u64,
 }
@@ -70,8 +88,9 @@ pub struct TaskRoute {
 pub const MAX_TASK_ROUTES: usize = 10_000;
 
 impl TaskRoutes {
-    /// Records the tasks a result created (for `session`) and exposes their ids.
-    pub fn expose(&self, upstream: &str, session: Option<u64>, reply: Reply) -> Reply {
+    /// Records the tasks a result created (for `owner`) and exposes their ids.
+    pub fn expose(&self, upstream: &str, owner: TaskOwner, reply: Reply) -> Reply {
+        let TaskOwner { session, principal } = owner;
         let Reply::Result(mut result) = reply else {
             return reply;
         };
@@ -85,6 +104,7 @@ impl TaskRoutes {
                     upstream: upstream.to_string(),
                     original: id.to_string(),
                     session,
+                    principal: principal.clone(),
                     order: self.next.fetch_add(1, Ordering::Relaxed),
                 }
             });
@@ -140,7 +160,42 @@ impl TaskRoutes {
         self.routes.get(exposed).and_then(|route| route.session)
     }
 
+    /// The principal a task was handed to, while its route is kept.
+    pub fn principal(&self, exposed: &str) -> Option<Arc<str>> {
+        self.routes
+            .get(exposed)
+            .and_then(|route| route.principal.clone())
+    }
+
+    /// A listen (the scope `session`) hears of the task `exposed` from now on.
+    pub fn listen(&self, exposed: &str, session: u64) {
+        self.listens
+            .entry(exposed.to_string())
+            .or_default()
+            .push(session);
+        self.listening
+            .entry(session)
+            .or_default()
+            .push(exposed.to_string());
+    }
+
+    /// The listens that asked for this task's status.
+    pub fn listeners(&self, exposed: &str) -> Vec<u64> {
+        self.listens
+            .get(exposed)
+            .map(|sessions| sessions.clone())
+            .unwrap_or_default()
+    }
+
     pub fn forget_session(&self, session: u64) {
+        if let Some((_, ids)) = self.listening.remove(&session) {
+            for id in ids {
+                self.listens.remove_if_mut(&id, |_, sessions| {
+                    sessions.retain(|s| *s != session);
+                    sessions.is_empty()
+                });
+            }
+        }
         let Some((_, ids)) = self.by_session.remove(&session) else {
             return;
         };
@@ -172,7 +227,11 @@ mod tests {
         let routes = TaskRoutes::default();
         for n in 0..=MAX_TASK_ROUTES {
             let reply = Reply::Result(json!({"task": {"taskId": format!("t{n}")}}));
-            routes.expose("up", Some(n as u64 % 2), reply);
+            let owner = TaskOwner {
+                session: Some(n as u64 % 2),
+                principal: None,
+            };
+            routes.expose("up", owner, reply);
         }
         assert!(routes.len() <= MAX_TASK_ROUTES, "{}", routes.len());
         assert!(routes.owner("up:t0").is_none(), "the oldest went first");
@@ -194,6 +253,29 @@ mod tests {
         routes.forget_upstream("up");
         assert_eq!(routes.len(), 0);
         assert_eq!(routes.by_session.len(), 0);
+    }
+
+    /// A 2026-07-28 request's task outlives its scope, kept for its principal;
+    /// a listen's interest in it ends with the listen.
+    #[test]
+    fn scope_tasks_keep_their_principal_and_listens_end_with_theirs() {
+        let routes = TaskRoutes::default();
+        let owner = TaskOwner {
+            session: None,
+            principal: Some(Arc::from("alice")),
+        };
+        let reply = Reply::Result(json!({"taskId": "t"}));
+        routes.expose("up", owner, reply);
+        routes.forget_session(1);
+        assert_eq!(routes.principal("up:t").as_deref(), Some("alice"));
+        assert_eq!(routes.owner("up:t"), None);
+        routes.listen("up:t", 7);
+        routes.listen("up:t", 8);
+        assert_eq!(routes.listeners("up:t"), vec![7, 8]);
+        routes.forget_session(7);
+        assert_eq!(routes.listeners("up:t"), vec![8]);
+        routes.forget_session(8);
+        assert!(routes.listens.is_empty() && routes.listening.is_empty());
     }
 
     #[test]

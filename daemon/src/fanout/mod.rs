@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::catalog_host::CatalogHost;
 use crate::jsonrpc::RelayError;
 use crate::logging::LogLevel;
-use crate::tasks::TaskRoutes;
+use crate::tasks::{TaskOwner, TaskRoutes};
 use crate::upstreams::{Caller, Upstream, UpstreamSet};
 
 /// What the fan-out needs of a downstream session (implemented by `Session`).
@@ -35,6 +35,8 @@ pub trait Client: Send + Sync {
     fn id(&self) -> u64;
     /// The scope of one 2026-07-28 request rather than a connected client.
     fn is_scope(&self) -> bool;
+    /// Who opened it (the front's authenticated principal).
+    fn principal(&self) -> Arc<str>;
     fn log_level(&self) -> Option<LogLevel>;
     fn has_capability(&self, path: &[&str]) -> bool;
     fn is_subscribed(&self, uri: &str) -> bool;
@@ -203,6 +205,22 @@ impl Fanout {
             );
         }
         Value::Object(relayable)
+    }
+
+    /// Who the tasks a session's request creates belong to: a connected client
+    /// is told of their status; a 2026-07-28 request's scope, which ends with
+    /// its answer, leaves them to its principal's listens.
+    pub fn task_owner(&self, session: Option<u64>) -> TaskOwner {
+        match session.and_then(|id| self.session(id)) {
+            Some(client) => TaskOwner {
+                session: (!client.is_scope()).then(|| client.id()),
+                principal: Some(client.principal()),
+            },
+            None => TaskOwner {
+                session,
+                principal: None,
+            },
+        }
     }
 
     fn session(&self, id: u64) -> Option<Arc<dyn Client>> {

@@ -104,20 +104,30 @@ impl Fanout {
                     }
                 }
             }
-            "notifications/tasks/status" => {
+            // A handshake-era upstream's task status, and a 2026-07-28 one's
+            // (`notifications/tasks`), to the client the task's id was handed to
+            // and to the 2026-07-28 listens that asked for it.
+            "notifications/tasks/status" | "notifications/tasks" => {
                 let mut params = params;
-                let mut owner = None;
                 crate::tasks::rewrite_task_ids(&mut params, &|id| {
                     Some(crate::tasks::expose_task_id(upstream, id))
                 });
-                if let Some(id) = params.get("taskId").and_then(Value::as_str) {
-                    owner = self.task_routes.owner(id);
-                }
-                if let Some(session) = owner
+                let Some(id) = params.get("taskId").and_then(Value::as_str) else {
+                    return;
+                };
+                // A handshake-era client knows only its era's notification.
+                let owner = (method == "notifications/tasks/status")
+                    .then(|| self.task_routes.owner(id))
+                    .flatten()
                     .and_then(|id| self.session(id))
-                    .filter(|session| owned_by(session))
+                    .filter(|session| owned_by(session));
+                let listens = self.task_routes.listeners(id);
+                let message = jsonrpc::notification(method, Some(params));
+                for session in owner
+                    .into_iter()
+                    .chain(listens.into_iter().filter_map(|id| self.session(id)))
                 {
-                    session.notify(jsonrpc::notification(method, Some(params)));
+                    session.notify(message.clone());
                 }
             }
             "notifications/cancelled" => {

@@ -564,7 +564,19 @@ impl Hub {
     /// Task ids in an upstream's reply, exposed as the ids clients see (see
     /// `TaskRoutes::expose`).
     pub fn expose_tasks(&self, upstream: &str, session: Option<u64>, reply: Reply) -> Reply {
-        self.task_routes.expose(upstream, session, reply)
+        let owner = self.fanout.task_owner(session);
+        self.task_routes.expose(upstream, owner, reply)
+    }
+
+    /// The principal a task was handed to, while plexus keeps its route.
+    pub fn task_principal(&self, exposed: &str) -> Option<Arc<str>> {
+        self.task_routes.principal(exposed)
+    }
+
+    /// A 2026-07-28 listen (its scope `session`) hears of the task `exposed`
+    /// until the scope ends.
+    pub fn listen_to_task(&self, exposed: &str, session: u64) {
+        self.task_routes.listen(exposed, session);
     }
 
     /// The upstream and its own id of the task a client knows as `exposed`, if that

@@ -365,7 +365,7 @@ impl Hub {
         let reply = self
             .forward(&upstream, method, Some(Value::Object(params)), call)
             .await?;
-        Ok(self.task_routes.expose(&upstream, Some(session), reply))
+        Ok(self.expose_tasks(&upstream, Some(session), reply))
     }
 
     /// `tasks/list`: every upstream that lists tasks, merged, ids exposed.
@@ -398,9 +398,7 @@ impl Hub {
                 .await
             {
                 Ok(reply) => {
-                    if let Reply::Result(mut result) =
-                        self.task_routes.expose(&upstream, None, reply)
-                    {
+                    if let Reply::Result(mut result) = self.expose_tasks(&upstream, None, reply) {
                         if let Some(Value::Array(found)) = result.get_mut("tasks").map(Value::take)
                         {
                             tasks.extend(found);

@@ -593,6 +593,9 @@ impl Client for Session {
     fn is_scope(&self) -> bool {
         self.inputs.is_some()
     }
+    fn principal(&self) -> Arc<str> {
+        self.identity.principal.clone()
+    }
     fn log_level(&self) -> Option<LogLevel> {
         Session::log_level(self)
     }

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::dispatch::Dispatch;
 use super::held_tasks::HeldTasks;
+use super::task_extension;
 use super::{CloseOnDrop, Session};
 use crate::era::bridge::{self, PausedCalls};
 use crate::era::{self, RequestMeta};
@@ -88,8 +89,8 @@ pub async fn serve(
     paused.start(scope, channels, work, attempt, related).await
 }
 
-/// `subscriptions/listen`: list changes and resource updates for the kinds and
-/// URIs the client names, each tagged with the request's id, until the client
+/// `subscriptions/listen`: list changes, resource updates and task status for
+/// the kinds, URIs and task ids the client names, each tagged with the request's id, until the client
 /// goes away or plexus shuts down.
 pub async fn listen(
     parent: &Session,
@@ -121,6 +122,10 @@ pub async fn listen(
             honoured.insert(key.into(), Value::Bool(true));
         }
     }
+    // The tasks extension's rule for a listen naming tasks.
+    if filter.contains_key("taskIds") && !era::tasks::declared(&meta.capabilities) {
+        return Err(era::tasks::missing("a listen for task status"));
+    }
     let (scope, mut channels) = parent.scope(meta);
     let _closing = CloseOnDrop(scope.clone());
     let catalog = scope.catalog();
@@ -143,6 +148,10 @@ pub async fn listen(
     }
     if filter.contains_key("resourceSubscriptions") {
         honoured.insert("resourceSubscriptions".into(), Value::Array(uris));
+    }
+    if let Some(requested) = filter.get("taskIds") {
+        let listened = task_extension::listen(&scope, requested);
+        honoured.insert("taskIds".into(), Value::Array(listened));
     }
     let acknowledged = jsonrpc::notification(
         "notifications/subscriptions/acknowledged",
@@ -180,11 +189,18 @@ pub async fn listen(
                 }
             }
             Some(message) = channels.events.recv() => {
-                // Log messages belong to requests, not to this stream.
-                if message.get("method").and_then(Value::as_str) == Some("notifications/resources/updated")
-                    && related.send(era::tag_subscription(message, id)).await.is_err()
-                {
-                    return Err(RelayError::InvalidRequest("the client went away".into()));
+                let told = match message.get("method").and_then(Value::as_str) {
+                    Some("notifications/resources/updated") => Some(message),
+                    Some("notifications/tasks/status" | "notifications/tasks") => {
+                        task_extension::status(&scope, &message, related).await
+                    }
+                    // Log messages belong to requests, not to this stream.
+                    _ => None,
+                };
+                if let Some(message) = told {
+                    if related.send(era::tag_subscription(message, id)).await.is_err() {
+                        return Err(RelayError::InvalidRequest("the client went away".into()));
+                    }
                 }
             }
         }

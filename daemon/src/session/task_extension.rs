@@ -9,6 +9,9 @@
 //! `tasks/result` itself ([`super::held_tasks`]) once `tasks/get` shows the task
 //! `input_required`, keeps the requests the upstream sends as the task's
 //! `inputRequests`, and answers them from `tasks/update`'s `inputResponses`.
+//!
+//! A `subscriptions/listen` naming tasks (`taskIds`) hears their status as the
+//! extension's `notifications/tasks`, each the task as `tasks/get` shows it.
 
 use std::time::Duration;
 
@@ -23,7 +26,7 @@ use crate::era::tasks::{
     is_handshake_task, is_method_not_found, task_fields, waits_for_input,
 };
 use crate::era::Era;
-use crate::jsonrpc::RelayError;
+use crate::jsonrpc::{self, RelayError};
 
 /// How long a `tasks/get` on a task the upstream says waits for input waits for
 /// the upstream's requests to arrive on the held `tasks/result` (it sends them
@@ -180,4 +183,67 @@ async fn waiting_for_input(session: &Session, exposed: &str, task: &Map<String, 
         detailed.remove("statusMessage");
     }
     Value::Object(detailed)
+}
+
+/// The ids of a listen's `taskIds` it hears of (the acknowledgement's): those of
+/// tasks plexus handed to the listen's principal, while it keeps their routes.
+/// Another's, or an unknown one, is left out, as the extension lets a server
+/// agree to fewer than asked.
+pub(super) fn listen(scope: &Session, requested: &Value) -> Vec<Value> {
+    let principal = &scope.identity.principal;
+    let mut asked: Vec<&str> = requested
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    asked.sort_unstable();
+    asked.dedup();
+    asked
+        .into_iter()
+        .filter(|id| {
+            scope
+                .hub
+                .task_principal(id)
+                .is_some_and(|owner| owner == *principal)
+        })
+        .take(super::MAX_SUBSCRIPTIONS)
+        .map(|id| {
+            scope.hub.listen_to_task(id, scope.id());
+            Value::from(id)
+        })
+        .collect()
+}
+
+/// An upstream's task status, for a listen that asked for the task: a
+/// 2026-07-28 upstream's `notifications/tasks` as it is; a handshake-era one's
+/// `notifications/tasks/status`, which lacks the outcome the extension's
+/// carries, as the task `tasks/get` shows now. None: nothing to tell.
+pub(super) async fn status(
+    scope: &Session,
+    message: &Value,
+    related: &mpsc::Sender<Value>,
+) -> Option<Value> {
+    const METHOD: &str = "notifications/tasks";
+    let params = message.get("params")?;
+    if message.get("method").and_then(Value::as_str) == Some(METHOD) {
+        return Some(jsonrpc::notification(METHOD, Some(params.clone())));
+    }
+    let task = params.get("taskId")?.clone();
+    let got = serve(scope, "tasks/get", Some(json!({ "taskId": task })), related).await;
+    match got.map(Reply::into_result) {
+        Ok(Ok(Value::Object(mut detailed))) => {
+            detailed.remove("resultType");
+            Some(jsonrpc::notification(METHOD, Some(Value::Object(detailed))))
+        }
+        Ok(Ok(_)) => None,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, %task, "a listened task's status could not be read");
+            None
+        }
+        Err(error) => {
+            tracing::debug!(%error, %task, "a listened task's status could not be read");
+            None
+        }
+    }
 }

@@ -36,6 +36,7 @@ mod startup;
 mod status;
 mod systemd;
 mod task_bridge;
+mod task_listen;
 mod telemetry;
 mod upstream_login;
 mod upstream_tokens;
