@@ -5,7 +5,8 @@
 //! signature (a forwarded listen is not opened onwards), and merges what they
 //! announce into its client's stream; the client's acknowledgement waits, within
 //! [`PEERS_ACKNOWLEDGE_WITHIN`], until the peers have acknowledged theirs, so
-//! from then on a change anywhere is heard. A peer that cannot be reached, or
+//! from then on a change anywhere is heard, and it agrees to the task ids the
+//! peers agreed to (a task's status comes from the node running it). A peer that cannot be reached, or
 //! whose stream ends, is tried again with a backoff; the client's stream goes on.
 //! Dropping the merge (the client went away) closes every peer's stream.
 
@@ -49,7 +50,8 @@ pub struct PeerListen {
 
 /// What a peer's listen stream brings.
 enum Heard {
-    Acknowledged,
+    /// With the task ids the peer agreed to (a task is heard where it runs).
+    Acknowledged(Vec<Value>),
     Announced(Value),
 }
 
@@ -78,6 +80,7 @@ impl PeerListen {
         let mut expected = self.cluster.peer_names().await;
         let mut held: Vec<Value> = Vec::new();
         let mut held_from_peers: Vec<Value> = Vec::new();
+        let mut peers_tasks: Vec<Value> = Vec::new();
         let mut released = false;
         let waiting = tokio::time::sleep(PEERS_ACKNOWLEDGE_WITHIN);
         tokio::pin!(waiting);
@@ -92,6 +95,7 @@ impl PeerListen {
             let release = !released && !held.is_empty() && expected.is_empty();
             if release {
                 released = true;
+                with_tasks(&mut held[0], &mut peers_tasks);
                 for message in held.drain(..).chain(held_from_peers.drain(..)) {
                     let _ = related.send(message).await;
                 }
@@ -116,7 +120,11 @@ impl PeerListen {
                     return done;
                 }
                 Some((node, event)) = heard.recv() => match event {
-                    Heard::Acknowledged => {
+                    Heard::Acknowledged(tasks) => {
+                        // Once the client's went out, a peer's listen opened again agrees anew.
+                        if !released {
+                            peers_tasks.extend(tasks);
+                        }
                         expected.remove(&node);
                     }
                     Heard::Announced(message) if released => {
@@ -244,7 +252,10 @@ impl PeerListen {
                     // The peer's own acknowledgement: the client has this node's.
                     Some(ACKNOWLEDGED) => {
                         acknowledged = true;
-                        Heard::Acknowledged
+                        let tasks = message.pointer("/params/notifications/taskIds");
+                        Heard::Acknowledged(
+                            tasks.and_then(Value::as_array).cloned().unwrap_or_default(),
+                        )
                     }
                     Some(_) if message.get("id").is_none() => Heard::Announced(message),
                     // The listen's end (the peer stops) or a request: not the client's.
@@ -262,6 +273,18 @@ impl PeerListen {
                 buffer.clear();
             }
         }
+    }
+}
+
+/// The client's acknowledgement also agrees to the tasks the peers agreed to
+/// (a listen naming none is left as it is).
+fn with_tasks(acknowledgement: &mut Value, peers_tasks: &mut Vec<Value>) {
+    let is_ack = acknowledgement.get("method").and_then(Value::as_str) == Some(ACKNOWLEDGED);
+    if let (true, Some(Value::Array(tasks))) = (
+        is_ack,
+        acknowledgement.pointer_mut("/params/notifications/taskIds"),
+    ) {
+        tasks.append(peers_tasks);
     }
 }
 

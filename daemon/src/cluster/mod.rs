@@ -173,6 +173,62 @@ impl Cluster {
         Answer::Value(value)
     }
 
+    /// A listen's `taskIds` as this node knows them: those sealed for
+    /// `principal` naming this node, opened. Another node's are left to its own
+    /// listen (the merge opens the same one there); one that opens nowhere is
+    /// left out, as an unknown task.
+    pub fn open_listened_tasks(&self, params: Option<&mut Value>, principal: &str) {
+        let Some(Value::Array(ids)) = params
+            .and_then(|params| params.get_mut("notifications"))
+            .and_then(|filter| filter.get_mut("taskIds"))
+        else {
+            return;
+        };
+        ids.retain_mut(|id| {
+            let Some(text) = id.as_str() else {
+                return false;
+            };
+            match self.owner_of_task(text, principal) {
+                Some(Ok((Owner::Here, original))) => {
+                    *id = Value::String(original);
+                    true
+                }
+                Some(_) => false,
+                // Not one the cluster sealed: no route of this node names it.
+                None => false,
+            }
+        });
+    }
+
+    /// A listen's message as its client knows the tasks it names: sealed for
+    /// `principal` and this node, as its answers gave them (a peer's, already
+    /// sealed there, passes as it is).
+    pub fn seal_listen_message(&self, message: &mut Value, principal: &str) {
+        let seal = |task: &str| {
+            (!task.starts_with(STATE_PREFIX))
+                .then(|| self.seal_carried(Purpose::Task, principal, task))
+        };
+        match message.get("method").and_then(Value::as_str) {
+            Some("notifications/tasks") => {
+                if let Some(params) = message.get_mut("params") {
+                    crate::tasks::rewrite_task_ids(params, &seal);
+                }
+            }
+            Some("notifications/subscriptions/acknowledged") => {
+                if let Some(Value::Array(ids)) =
+                    message.pointer_mut("/params/notifications/taskIds")
+                {
+                    for id in ids.iter_mut() {
+                        if let Some(sealed) = id.as_str().and_then(seal) {
+                            *id = Value::String(sealed);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn owner(&self, node: String) -> Owner {
         if node == self.node {
             Owner::Here

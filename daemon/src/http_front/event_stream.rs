@@ -37,6 +37,7 @@ pub(super) async fn answer_on_stream(
 ) -> Response<Body> {
     let modern = era == Era::Modern;
     let hub = session.hub().clone();
+    let cluster_for_listen = cluster.clone().filter(|_| modern);
     let (related, mut related_messages) = mpsc::channel::<Value>(64);
     let mut handling = Box::pin(async move {
         // A session made for this one request ends with it.
@@ -79,22 +80,34 @@ pub(super) async fn answer_on_stream(
         },
         first = related_messages.recv() => (first, None),
     };
+    // In a cluster, the tasks a 2026-07-28 listen names go out sealed, as the
+    // client was given them.
+    let sealing = cluster_for_listen;
+    let event = move |message: &Value| match &sealing {
+        Some((cluster, principal)) => {
+            let mut message = message.clone();
+            cluster.seal_listen_message(&mut message, principal);
+            sse_event(&message)
+        }
+        None => sse_event(message),
+    };
     let (frames, frame_stream) = mpsc::channel::<Bytes>(64);
     // Tracked by the hub, whose shutdown waits for it; it ends when plexus stops
     // at the latest (by then the fronts have answered and closed every stream).
     let stopping = hub.clone();
     hub.spawn(async move {
         if let Some(first) = first {
-            if frames.send(sse_event(&first)).await.is_err() {
+            if frames.send(event(&first)).await.is_err() {
                 return;
             }
         }
         // Whatever was related to the request is sent before its answer.
         let finish = |handled: Handled, mut related: mpsc::Receiver<Value>| {
             let frames = frames.clone();
+            let event = &event;
             async move {
                 while let Ok(message) = related.try_recv() {
-                    let _ = frames.send(sse_event(&message)).await;
+                    let _ = frames.send(event(&message)).await;
                 }
                 if let Handled::Respond(response) = handled {
                     let _ = frames.send(sse_answer(response)).await;
@@ -114,7 +127,7 @@ pub(super) async fn answer_on_stream(
                 message = related_messages.recv(), if related_open => match message {
                     Some(message) => {
                         // The client went away: dropping `handling` cancels the request.
-                        if frames.send(sse_event(&message)).await.is_err() {
+                        if frames.send(event(&message)).await.is_err() {
                             return;
                         }
                     }

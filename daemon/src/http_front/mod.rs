@@ -532,6 +532,9 @@ fn clustered_modern(
     forwarded: bool,
     principal: &str,
 ) -> Result<(), ModernRoute> {
+    if received.message.get("method").and_then(Value::as_str) == Some("subscriptions/listen") {
+        cluster.open_listened_tasks(received.message.get_mut("params"), principal);
+    }
     let message = &received.message;
     let id = message.get("id").cloned().unwrap_or(Value::Null);
     let by_task = matches!(

@@ -2,11 +2,13 @@
 //! extension's `taskIds`): a handshake-era upstream's `notifications/tasks/status`
 //! reaches the listen of the principal whose task it is as `notifications/tasks`,
 //! the task as `tasks/get` shows it; another principal's listen naming the same
-//! id is not agreed to and hears nothing. Raw HTTP, so every field is seen as sent.
+//! id is not agreed to and hears nothing; in a cluster, on a node other than the
+//! task's, under the sealed id. Raw HTTP, so every field is seen as sent.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use plexus_tests::cluster::TestCluster;
 use plexus_tests::{answer_of, fixture_upstream, Daemon};
 use serde_json::{json, Value};
 
@@ -80,6 +82,58 @@ impl Listen {
     }
 }
 
+/// Alice's task of `tool` (`slow_compute`: 1.5 s), started at `url`: its id.
+async fn create_task(url: &str, tool: &str) -> anyhow::Result<String> {
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool, "arguments": {"seconds": 1.5, "label": "heard"},
+        "_meta": meta(true)}});
+    let (_, answer, _) = answer_of(
+        post(&reqwest::Client::new(), url, ALICE, "tools/call")
+            .header("mcp-name", tool)
+            .body(call.to_string())
+            .send()
+            .await?,
+    )
+    .await?;
+    ensure!(answer["result"]["resultType"] == "task", "{answer}");
+    answer["result"]["taskId"]
+        .as_str()
+        .map(str::to_string)
+        .context("no taskId")
+}
+
+/// The task ids a listen's acknowledgement agreed to.
+fn agreed(message: Option<Value>) -> anyhow::Result<Value> {
+    let message = message.context("no acknowledgement")?;
+    ensure!(
+        message["method"] == "notifications/subscriptions/acknowledged",
+        "{message}"
+    );
+    Ok(message["params"]["notifications"]["taskIds"].clone())
+}
+
+/// Reads `listen` until the task completes: its last status, each one checked
+/// to name `task` and the listen.
+async fn until_completed(listen: &mut Listen, task: &str) -> anyhow::Result<Value> {
+    loop {
+        let message = listen
+            .next(Duration::from_secs(20))
+            .await?
+            .context("no task status on the listen")?;
+        ensure!(message["method"] == "notifications/tasks", "{message}");
+        let params = &message["params"];
+        ensure!(params["taskId"] == task, "{message}");
+        ensure!(
+            params["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1",
+            "{message}"
+        );
+        if params["status"] == "completed" {
+            return Ok(params.clone());
+        }
+        ensure!(params["status"] == "working", "{message}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listen_naming_its_task_hears_its_status_and_another_principals_hears_nothing(
 ) -> anyhow::Result<()> {
@@ -97,23 +151,7 @@ async fn a_listen_naming_its_task_hears_its_status_and_another_principals_hears_
         .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let client = reqwest::Client::new();
-
-    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "slow_compute", "arguments": {"seconds": 1.5, "label": "heard"},
-        "_meta": meta(true)}});
-    let (_, answer, _) = answer_of(
-        post(&client, &daemon.url, ALICE, "tools/call")
-            .header("mcp-name", "slow_compute")
-            .body(call.to_string())
-            .send()
-            .await?,
-    )
-    .await?;
-    ensure!(answer["result"]["resultType"] == "task", "{answer}");
-    let task = answer["result"]["taskId"]
-        .as_str()
-        .context("no taskId")?
-        .to_string();
+    let task = create_task(&daemon.url, "slow_compute").await?;
     let started = Instant::now();
 
     // Naming tasks needs the extension declared (-32021, as for `tasks/get`).
@@ -130,37 +168,16 @@ async fn a_listen_naming_its_task_hears_its_status_and_another_principals_hears_
 
     let mut alice = Listen::open(&daemon.url, ALICE, &task).await?;
     let mut bob = Listen::open(&daemon.url, BOB, &task).await?;
-    let ack = |message: Option<Value>| -> anyhow::Result<Value> {
-        let message = message.context("no acknowledgement")?;
-        ensure!(
-            message["method"] == "notifications/subscriptions/acknowledged",
-            "{message}"
-        );
-        Ok(message["params"]["notifications"]["taskIds"].clone())
-    };
-    let agreed = ack(alice.next(Duration::from_secs(10)).await?)?;
-    ensure!(agreed == json!([task]), "alice's listen agreed to {agreed}");
-    let agreed = ack(bob.next(Duration::from_secs(10)).await?)?;
-    ensure!(agreed == json!([]), "bob's listen agreed to {agreed}");
+    let agreed_to = agreed(alice.next(Duration::from_secs(10)).await?)?;
+    ensure!(
+        agreed_to == json!([task]),
+        "alice's listen agreed to {agreed_to}"
+    );
+    let agreed_to = agreed(bob.next(Duration::from_secs(10)).await?)?;
+    ensure!(agreed_to == json!([]), "bob's listen agreed to {agreed_to}");
 
     // Status until the task completes, its result inlined as `tasks/get` has it.
-    let completed = loop {
-        let message = alice
-            .next(Duration::from_secs(20))
-            .await?
-            .context("no task status on alice's listen")?;
-        ensure!(message["method"] == "notifications/tasks", "{message}");
-        let params = &message["params"];
-        ensure!(params["taskId"] == task.as_str(), "{message}");
-        ensure!(
-            params["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1",
-            "{message}"
-        );
-        if params["status"] == "completed" {
-            break params.clone();
-        }
-        ensure!(params["status"] == "working", "{message}");
-    };
+    let completed = until_completed(&mut alice, &task).await?;
     println!(
         "task status heard on the listen {:?} after the call",
         started.elapsed()
@@ -179,5 +196,45 @@ async fn a_listen_naming_its_task_hears_its_status_and_another_principals_hears_
     let stopping = Instant::now();
     ensure!(daemon.stop().await?.success());
     println!("the daemon stopped in {:?}", stopping.elapsed());
+    Ok(())
+}
+
+/// In a cluster the task id is sealed for its node and principal: a listen
+/// landing on another node is opened there too (the merge), the node that runs
+/// the task agrees to it and sends its status, under the id the client was given;
+/// bob's listen naming it, on either node, is agreed to nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_listen_on_another_node_hears_its_task() -> anyhow::Result<()> {
+    let cluster = TestCluster::start_with(
+        2,
+        &format!("auth_tokens = {{ alice = \"{ALICE}\", bob = \"{BOB}\" }}"),
+        &["--conformance", "--modern"],
+        "protocol = \"handshake\"",
+    )
+    .await?;
+    let task = create_task(&cluster.url(0), "fx__slow_compute").await?;
+    ensure!(task.starts_with("plexus."), "{task}");
+    let mut alice = Listen::open(&cluster.url(1), ALICE, &task).await?;
+    let mut bob = Listen::open(&cluster.url(1), BOB, &task).await?;
+    let agreed_to = agreed(alice.next(Duration::from_secs(10)).await?)?;
+    ensure!(
+        agreed_to == json!([task]),
+        "alice's listen agreed to {agreed_to}\n{}",
+        cluster.logs()
+    );
+    let agreed_to = agreed(bob.next(Duration::from_secs(10)).await?)?;
+    ensure!(agreed_to == json!([]), "bob's listen agreed to {agreed_to}");
+    let completed = until_completed(&mut alice, &task)
+        .await
+        .with_context(|| cluster.logs())?;
+    ensure!(
+        completed["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("heard")),
+        "{completed}"
+    );
+    let heard = bob.next(Duration::from_millis(500)).await?;
+    ensure!(heard.is_none(), "bob's listen heard {heard:?}");
+    drop((alice, bob));
     Ok(())
 }
