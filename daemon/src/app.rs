@@ -340,6 +340,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
     if let Some(notifier) = &notifier {
         notifier.stopping();
     }
+    hub.end_streams();
     if let Some(cluster) = &cluster {
         leave_cluster(cluster, &front, daemon.drain_timeout()()).await;
         serving.cancel();

@@ -41,6 +41,9 @@ pub struct Hub {
     catalog: Arc<CatalogHost>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    /// Cancelled as a shutdown begins, before the fronts drain: a listen stream is
+    /// no work in flight, and left open it would hold the drain to its deadline.
+    streams: CancellationToken,
     tasks: TaskTracker,
     /// Progress tokens plexus gave upstreams, to the call and token they stand for.
     progress: Arc<ProgressRoutes>,
@@ -122,6 +125,7 @@ impl Hub {
             upstreams,
             catalog,
             metrics,
+            streams: shutdown.child_token(),
             shutdown,
             tasks,
             progress,
@@ -345,6 +349,18 @@ impl Hub {
     /// Completes when plexus starts shutting down.
     pub async fn stopping(&self) {
         self.shutdown.cancelled().await
+    }
+
+    /// Ends the long-lived streams (`subscriptions/listen`): a shutdown is beginning,
+    /// and their clients open them again elsewhere (another node) or once plexus is back.
+    pub fn end_streams(&self) {
+        self.streams.cancel();
+    }
+
+    /// Completes when the long-lived streams are to end ([`Hub::end_streams`], or the
+    /// shutdown itself).
+    pub async fn streams_ending(&self) {
+        self.streams.cancelled().await
     }
 
     pub fn metrics(&self) -> &Metrics {

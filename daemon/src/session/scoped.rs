@@ -91,7 +91,7 @@ pub async fn serve(
 
 /// `subscriptions/listen`: list changes, resource updates and task status for
 /// the kinds, URIs and task ids the client names, each tagged with the request's id, until the client
-/// goes away or plexus shuts down.
+/// goes away or a shutdown begins (the stream ends before the fronts drain).
 pub async fn listen(
     parent: &Session,
     id: &Value,
@@ -168,7 +168,7 @@ pub async fn listen(
     let mut last = catalogs.borrow_and_update().view(scope.view());
     loop {
         tokio::select! {
-            _ = hub.stopping() => break,
+            _ = hub.streams_ending() => break,
             changed = catalogs.changed() => {
                 if changed.is_err() {
                     break;

@@ -1129,6 +1129,56 @@ async fn calls_outliving_the_drain_are_answered_shutting_down() -> anyhow::Resul
     Ok(())
 }
 
+/// A 2026-07-28 `subscriptions/listen` stream is no work in flight: a shutdown ends
+/// it (with its result) before the fronts drain, so it does not hold SIGTERM to
+/// `drain_timeout`, and its client can open it again elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_stream_ends_as_a_shutdown_begins() -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"30s\"")
+        .upstreams(fixture_upstream("fx", "", &["--name", "listened"]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    // The answer's headers come with the acknowledgement: the listen is open.
+    let response = reqwest::Client::new()
+        .post(&daemon.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(
+            json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+                "params": {"notifications": {"toolsListChanged": true}, "_meta": meta}})
+            .to_string(),
+        )
+        .send()
+        .await?;
+    ensure!(response.status() == 200, "{}", response.status());
+    let body = tokio::spawn(response.text());
+    let started = Instant::now();
+    let status = daemon.stop().await?;
+    let took = started.elapsed();
+    ensure!(status.success(), "{status}");
+    println!("stop with a listen open: {} ms", took.as_millis());
+    ensure!(
+        took < Duration::from_secs(15),
+        "the listen held the drain: {took:?}"
+    );
+    let body = body.await??;
+    ensure!(
+        body.contains("notifications/subscriptions/acknowledged")
+            && body.contains(r#""id":"listen-1","result""#),
+        "{body}"
+    );
+    Ok(())
+}
+
 /// SIGKILL of the daemon leaves no upstream behind, even one that ignores stdin EOF
 /// and SIGTERM and has a grandchild: the keeper kills every group it was told of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
