@@ -154,8 +154,11 @@ def click(selector):
 
 
 def text_of(selector):
-    nodes = driver.find_elements(By.CSS_SELECTOR, selector)
-    return nodes[0].text if nodes else ""
+    # Read in the page in one step: a node found first and read after could have been
+    # replaced in between (the cards are rebuilt when their data change).
+    return driver.execute_script(
+        "const node = document.querySelector(arguments[0]);"
+        "return node ? node.innerText : '';", selector)
 
 
 try:
@@ -237,7 +240,7 @@ try:
     until("the held tool's diff", lambda: driver.find_elements(By.CSS_SELECTOR, "[data-pins='alpha'] tr[data-entry='echo']"), 20)
     held = client.call("alpha__echo", {"text": "held"})
     assert held.get("error", {}).get("code") == -33006, held
-    row = driver.find_element(By.CSS_SELECTOR, "[data-pins='alpha'] tr[data-entry='echo']").text
+    row = text_of("[data-pins='alpha'] tr[data-entry='echo']")
     assert "/description" in row and "security" in row and "id_rsa" in row, row
     until("the held tool in the catalog", lambda: driver.find_elements(By.CSS_SELECTOR, "#catalog-entries li[data-held='true']"))
     driver.execute_script("window.scrollTo(0, 0)")
@@ -271,7 +274,7 @@ try:
     activity = driver.find_element(By.ID, "activity-rows").text
     assert "alpha__echo" in activity or "echo" in activity, activity
     assert "before" not in activity and "after" not in activity, activity
-    spark = driver.find_element(By.CSS_SELECTOR, "[data-upstream='alpha'] .legend").text
+    spark = text_of("[data-upstream='alpha'] .legend")
     assert "0 calls" not in spark.split("■")[1], spark
     ok("sparkline", repr(spark))
     driver.execute_script("document.getElementById('activity').scrollIntoView()")
