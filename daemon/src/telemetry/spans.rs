@@ -7,16 +7,16 @@
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use tokio::time::Instant;
 
 use adapters::Reply;
-use futures::future::{BoxFuture, Either};
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue, StringValue};
+use opentelemetry_sdk::trace::{SdkTracer, Span as SdkSpan};
 use serde_json::Value;
 
 use super::{active, propagate};
@@ -311,39 +311,58 @@ impl Wait {
     }
 }
 
-/// `work`, as it is when not exporting spans; else boxed (so an untraced caller's
-/// future does not grow by a second copy of `work`), under an INTERNAL span named
-/// for the wait once it does not finish at its first poll.
-pub fn waited<'a, F>(
-    wait: Wait,
-    upstream: Option<&'a str>,
-    work: F,
-) -> Either<F, BoxFuture<'a, F::Output>>
-where
-    F: Future + Send + 'a,
-    F::Output: Send,
-{
-    let Some(tracer) = active().and_then(|telemetry| telemetry.tracer.as_ref()) else {
-        return Either::Left(work);
-    };
-    Either::Right(Box::pin(async move {
-        let mut work = pin!(work);
-        let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
-        if let Poll::Ready(output) = first {
-            return output;
+/// `work`, under an INTERNAL span named for the wait once it does not finish at its
+/// first poll (when exporting spans). Polled in place: a wait that ends at once, as
+/// almost every one does, costs no span and no box, and an untraced caller's future
+/// grows by a pointer or two.
+pub fn waited<'a, F: Future>(wait: Wait, upstream: Option<&'a str>, work: F) -> Waited<'a, F> {
+    Waited {
+        work,
+        tracer: active().and_then(|telemetry| telemetry.tracer.as_ref()),
+        wait,
+        upstream,
+        span: None,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`waited`].
+    pub struct Waited<'a, F> {
+        #[pin]
+        work: F,
+        // None once the first poll has passed (or when not exporting spans).
+        tracer: Option<&'static SdkTracer>,
+        wait: Wait,
+        upstream: Option<&'a str>,
+        // Boxed: the SDK's span is a few hundred bytes, needed only by a wait that waits.
+        span: Option<Box<SdkSpan>>,
+    }
+}
+
+impl<F: Future> Future for Waited<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let polled = this.work.poll(cx);
+        if let (Poll::Pending, Some(tracer)) = (&polled, this.tracer.take()) {
+            let mut builder = tracer
+                .span_builder(this.wait.name())
+                .with_kind(SpanKind::Internal);
+            if let Some(upstream) = this.upstream {
+                builder = builder
+                    .with_attributes([KeyValue::new("plexus.upstream", upstream.to_string())]);
+            }
+            *this.span = Some(Box::new(
+                builder.start_with_context(tracer, &Context::current()),
+            ));
         }
-        let mut builder = tracer
-            .span_builder(wait.name())
-            .with_kind(SpanKind::Internal);
-        if let Some(upstream) = upstream {
-            builder =
-                builder.with_attributes([KeyValue::new("plexus.upstream", upstream.to_string())]);
+        // A finished wait ends its span as it is dropped (or the future with it).
+        if polled.is_ready() {
+            this.span.take();
         }
-        let span = builder.start_with_context(tracer, &Context::current());
-        let output = work.await;
-        drop(span);
-        output
-    }))
+        polled
+    }
 }
 
 /// `method` and a name after a space (the span name of a call or a prompt's get).
