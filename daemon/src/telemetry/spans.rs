@@ -272,7 +272,7 @@ fn end_and_record(
     mut facts: Vec<KeyValue>,
     error: Option<String>,
     started: Instant,
-    which: fn(&super::Histograms) -> &opentelemetry::metrics::Histogram<f64>,
+    which: fn(&super::Histograms) -> &super::Series,
 ) {
     let span = context.span();
     if let Some(error) = error {
@@ -283,7 +283,7 @@ fn end_and_record(
     span.end();
     if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
         facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
-        which(histograms).record(started.elapsed().as_secs_f64(), &facts);
+        which(histograms).record(started.elapsed().as_secs_f64(), facts);
     }
 }
 
