@@ -57,7 +57,7 @@ pub fn server_call(
             // The facts' values are static or shared: copying them copies no text.
             let mut attributes = Vec::with_capacity(facts.len() + 2);
             attributes.extend_from_slice(&facts);
-            attributes.push(KeyValue::new("mcp.session.id", session.to_string()));
+            attributes.push(KeyValue::new("mcp.session.id", decimal(session)));
             attributes.push(KeyValue::new("jsonrpc.request.id", request_id(id)));
             let span = tracer
                 .span_builder(name)
@@ -162,7 +162,7 @@ impl ClientSpan {
     pub fn request_id(&self, id: u64) {
         self.context
             .span()
-            .set_attribute(KeyValue::new("jsonrpc.request.id", id.to_string()));
+            .set_attribute(KeyValue::new("jsonrpc.request.id", decimal(id)));
     }
 
     /// Ends the span with the reply's outcome; an `isError` result marks the
@@ -443,6 +443,17 @@ fn described(method: &str, params: Option<&Value>) -> (Cow<'static, str>, Vec<Ke
 fn request_id(id: &Value) -> String {
     match id {
         Value::String(text) => text.clone(),
+        Value::Number(number) => match (number.as_u64(), number.as_i64()) {
+            (Some(id), _) => decimal(id),
+            (None, Some(id)) => decimal(id),
+            (None, None) => number.to_string(),
+        },
         other => other.to_string(),
     }
+}
+
+/// An integer in decimal, without the formatter's machinery (through `Display`, an
+/// id cost four times the instructions).
+fn decimal(value: impl itoa::Integer) -> String {
+    itoa::Buffer::new().format(value).to_string()
 }
