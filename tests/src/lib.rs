@@ -183,6 +183,34 @@ pub fn plexus_stdio_command(config: &Path) -> Command {
     command
 }
 
+/// A session-less 2026-07-28 request, as a raw client sends it: `_meta` with the
+/// revision, empty capabilities and a client info, and the revision's headers
+/// (`Mcp-Name` when `name` is given).
+pub async fn post_2026(
+    url: &str,
+    id: Value,
+    method: &str,
+    mut params: Value,
+    name: Option<&str>,
+) -> anyhow::Result<reqwest::Response> {
+    params["_meta"] = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = name {
+        request = request.header("mcp-name", name);
+    }
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    Ok(request.body(body.to_string()).send().await?)
+}
+
 /// A response to a POST as (status, the JSON-RPC message, its `Mcp-Session-Id`):
 /// the body itself, or the last message of an event stream.
 pub async fn answer_of(

@@ -1088,25 +1088,14 @@ async fn calls_outliving_the_drain_are_answered_shutting_down() -> anyhow::Resul
     );
     let url = daemon.url.clone();
     let modern = tokio::spawn(async move {
-        let meta = json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-        });
-        let response = reqwest::Client::new()
-            .post(&url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "fx__sleep")
-            .body(
-                json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
-                    "params": {"name": "fx__sleep", "arguments": {"ms": 20000}, "_meta": meta}})
-                .to_string(),
-            )
-            .send()
-            .await?;
+        let response = plexus_tests::post_2026(
+            &url,
+            json!(8),
+            "tools/call",
+            json!({"name": "fx__sleep", "arguments": {"ms": 20000}}),
+            Some("fx__sleep"),
+        )
+        .await?;
         let (_, answer, _) = plexus_tests::answer_of(response).await?;
         Ok::<_, anyhow::Error>(answer)
     });
@@ -1140,25 +1129,15 @@ async fn a_listen_stream_ends_as_a_shutdown_begins() -> anyhow::Result<()> {
         .start()
         .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-    });
     // The answer's headers come with the acknowledgement: the listen is open.
-    let response = reqwest::Client::new()
-        .post(&daemon.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "subscriptions/listen")
-        .body(
-            json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
-                "params": {"notifications": {"toolsListChanged": true}, "_meta": meta}})
-            .to_string(),
-        )
-        .send()
-        .await?;
+    let response = plexus_tests::post_2026(
+        &daemon.url,
+        json!("listen-1"),
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+        None,
+    )
+    .await?;
     ensure!(response.status() == 200, "{}", response.status());
     let body = tokio::spawn(response.text());
     let started = Instant::now();

@@ -647,21 +647,14 @@ async fn held_prompts_resources_and_templates_are_refused_on_every_path() -> any
     quarantined(&answer, "security").context("resources/subscribe")?;
 
     // The 2026-07-28 paths: a request without a session, and a listen stream.
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-    });
-    let response = reqwest::Client::new()
-        .post(&daemon.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "prompts/get")
-        .header("mcp-name", "alpha__greet")
-        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "prompts/get", "params": {"name": "alpha__greet", "_meta": meta}}).to_string())
-        .send()
-        .await?;
+    let response = plexus_tests::post_2026(
+        &daemon.url,
+        json!(1),
+        "prompts/get",
+        json!({"name": "alpha__greet"}),
+        Some("alpha__greet"),
+    )
+    .await?;
     let (_, answer, _) = plexus_tests::answer_of(response).await?;
     quarantined(&answer, "security").context("a 2026-07-28 prompts/get")?;
     let client = AnsweringClient::named("listener")
