@@ -304,6 +304,30 @@ async fn foreign_forged_and_retired_session_ids_are_unknown_sessions() -> anyhow
 }
 
 /// A 2026-07-28 request: no session, its version and capabilities in `_meta`.
+/// A paused round's retry sent to n2: served by n1, the round's own node, and
+/// complete, with `expected` in its result.
+async fn retry_completes_on_n1(
+    client: &reqwest::Client,
+    cluster: &TestCluster,
+    retry: Value,
+    expected: &str,
+) -> anyhow::Result<()> {
+    let done = modern_call(client, &cluster.url(1), 3, retry).await?;
+    ensure!(
+        done.served_by.as_deref() == Some("n1"),
+        "{:?}: {}",
+        done.served_by,
+        done.body
+    );
+    ensure!(
+        done.body["result"]["resultType"] == "complete" && done.body.to_string().contains(expected),
+        "{}\n{}",
+        done.body,
+        cluster.logs()
+    );
+    Ok(())
+}
+
 async fn modern_call(
     client: &reqwest::Client,
     url: &str,
@@ -435,21 +459,7 @@ async fn a_paused_rounds_retry_finds_its_node_and_an_edited_state_is_refused() -
     }
 
     // The retry lands on the other node, which sends it to the round's own.
-    let done = modern_call(&client, &cluster.url(1), 3, retry).await?;
-    ensure!(
-        done.served_by.as_deref() == Some("n1"),
-        "{:?}: {}",
-        done.served_by,
-        done.body
-    );
-    ensure!(
-        done.body["result"]["resultType"] == "complete"
-            && done.body.to_string().contains("sampled on n1"),
-        "{}\n{}",
-        done.body,
-        cluster.logs()
-    );
-    Ok(())
+    retry_completes_on_n1(&client, &cluster, retry, "sampled on n1").await
 }
 
 #[tokio::test]
@@ -916,21 +926,7 @@ async fn an_upstreams_own_paused_round_names_its_node_and_its_retry_goes_there(
         );
     }
     // The retry lands on n2 and is served by n1, whose upstream gets its state back.
-    let done = modern_call(&client, &cluster.url(1), 3, retry).await?;
-    ensure!(
-        done.served_by.as_deref() == Some("n1"),
-        "{:?}: {}",
-        done.served_by,
-        done.body
-    );
-    ensure!(
-        done.body["result"]["resultType"] == "complete"
-            && done.body.to_string().contains("sampled for n1's upstream"),
-        "{}\n{}",
-        done.body,
-        cluster.logs()
-    );
-    Ok(())
+    retry_completes_on_n1(&client, &cluster, retry, "sampled for n1's upstream").await
 }
 
 #[tokio::test]
