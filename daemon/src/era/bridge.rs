@@ -43,6 +43,19 @@ pub struct InputNeeded {
     pub params: Option<Value>,
 }
 
+impl InputNeeded {
+    /// Answers the upstream's request with an error: its client will not answer it
+    /// (the call or task it belonged to was abandoned), so it does not time out.
+    pub async fn unanswered(self) {
+        let error =
+            json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
+        let _ = self
+            .connection
+            .respond(self.upstream_id, Reply::Error(error))
+            .await;
+    }
+}
+
 /// What a request scope delivers: messages for the client, and upstream requests.
 pub struct ScopeChannels {
     pub events: mpsc::Receiver<Value>,
@@ -250,14 +263,7 @@ impl Drop for Continuation {
         self.work.abort();
         self.scope.close();
         for (_, input) in self.pending.drain(..) {
-            let error =
-                json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
-            self.tasks.spawn(async move {
-                let _ = input
-                    .connection
-                    .respond(input.upstream_id, Reply::Error(error))
-                    .await;
-            });
+            self.tasks.spawn(input.unanswered());
         }
     }
 }

@@ -17,7 +17,7 @@ use super::Session;
 use crate::era::bridge::{InputNeeded, ScopeChannels, CONTINUATION_TTL};
 use crate::era::tasks::RELATED_TASK;
 use crate::era::{self, RequestMeta};
-use crate::jsonrpc::{self, RelayError};
+use crate::jsonrpc::RelayError;
 use crate::upstreams::Caller;
 
 /// How long plexus keeps asking for a task's result while its client answers
@@ -146,14 +146,7 @@ impl Drop for Held {
                 .unwrap_or_else(PoisonError::into_inner),
         );
         for (_, input) in pending {
-            let error =
-                json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client did not answer"});
-            self.hub.spawn(async move {
-                let _ = input
-                    .connection
-                    .respond(input.upstream_id, Reply::Error(error))
-                    .await;
-            });
+            self.hub.spawn(input.unanswered());
         }
     }
 }
