@@ -6,17 +6,13 @@
 //! paused clock.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::net::unix::pipe;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::rpc::{Events, PendingRequests, SharedPending, Spawned};
-use crate::stdin_writer::StdinWriter;
-use crate::stdio::{read_loop, ExitReport, ReadLoop, SpawnError, StdioOptions, StdioTransport};
+use crate::rpc::{Events, Spawned};
+use crate::stdio::{pipe_up, ExitReport, Piped, SpawnError, StdioOptions, StdioTransport};
 
 /// What an in-process server is handed for one start.
 pub struct ServerPipes {
@@ -84,25 +80,16 @@ fn start(
     };
     let (to_upstream, from_plexus) = pipe::pipe().map_err(io)?;
     let (to_plexus, from_upstream) = pipe::pipe().map_err(io)?;
-    let pending: SharedPending = Arc::new(PendingRequests::default());
-    let closed = CancellationToken::new();
-    let stop = CancellationToken::new();
-    let stats = options.stats.clone();
-    stats.spawns.fetch_add(1, Ordering::Relaxed);
-    let writer = StdinWriter::new(to_upstream);
-    let (exit_tx, exit) = watch::channel(None);
-    let tasks = TaskTracker::new();
-    tasks.spawn(writer.clone().flush_loop(stop.clone()));
-    tasks.spawn(read_loop(ReadLoop {
-        upstream: upstream.clone(),
-        stdout: from_upstream,
-        pending: pending.clone(),
-        events,
-        stats: stats.clone(),
-        max_message_bytes: options.max_message_bytes,
-        closed: closed.clone(),
-        stop: stop.clone(),
-    }));
+    let Piped {
+        pending,
+        closed,
+        stop,
+        stats,
+        writer,
+        exit_tx,
+        exit,
+        tasks,
+    } = pipe_up(&upstream, to_upstream, from_upstream, options, events);
     // The server has exited once its output has ended.
     let ended = closed.clone();
     tasks.spawn(async move {

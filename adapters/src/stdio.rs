@@ -232,12 +232,7 @@ pub(crate) fn spawn(
     widen_pipe(stdin.as_raw_fd(), &upstream);
     widen_pipe(stdout.as_raw_fd(), &upstream);
 
-    let pending: SharedPending = Arc::new(PendingRequests::default());
-    let closed = CancellationToken::new();
-    let stop = CancellationToken::new();
-    let stats = options.stats.clone();
     let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
-    stats.spawns.fetch_add(1, Ordering::Relaxed);
     let stdin = stdin
         .into_owned_fd()
         .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
@@ -245,22 +240,16 @@ pub(crate) fn spawn(
             program: spec.program.clone(),
             source,
         })?;
-    let writer = StdinWriter::new(stdin);
-    let (exit_tx, exit) = watch::channel(None);
-
-    // Owned by the connection: its shutdown waits for them.
-    let tasks = TaskTracker::new();
-    tasks.spawn(writer.clone().flush_loop(stop.clone()));
-    tasks.spawn(read_loop(ReadLoop {
-        upstream: upstream.clone(),
-        stdout,
-        pending: pending.clone(),
-        events,
-        stats: stats.clone(),
-        max_message_bytes: options.max_message_bytes,
-        closed: closed.clone(),
-        stop: stop.clone(),
-    }));
+    let Piped {
+        pending,
+        closed,
+        stop,
+        stats,
+        writer,
+        exit_tx,
+        exit,
+        tasks,
+    } = pipe_up(&upstream, stdin, stdout, options, events);
     let stderr_done = CancellationToken::new();
     tasks.spawn(stderr_loop(
         upstream.clone(),
@@ -294,6 +283,60 @@ pub(crate) fn spawn(
         tasks,
         transport,
     })
+}
+
+/// A connection's pipes at work: the task writing the upstream's stdin and the
+/// one reading its output, on the connection's own tracker (its shutdown waits
+/// for them). Whoever started the upstream reports its exit on `exit_tx`.
+pub(crate) struct Piped {
+    pub(crate) pending: SharedPending,
+    pub(crate) closed: CancellationToken,
+    pub(crate) stop: CancellationToken,
+    pub(crate) stats: Arc<ConnectionStats>,
+    pub(crate) writer: Arc<StdinWriter>,
+    pub(crate) exit_tx: watch::Sender<Option<ExitReport>>,
+    pub(crate) exit: watch::Receiver<Option<ExitReport>>,
+    pub(crate) tasks: TaskTracker,
+}
+
+/// Starts writing to `stdin` and reading `stdout`: the wiring a child and an
+/// in-process server share.
+pub(crate) fn pipe_up<R: AsyncRead + Unpin + Send + 'static>(
+    upstream: &Arc<str>,
+    stdin: tokio::net::unix::pipe::Sender,
+    stdout: R,
+    options: &StdioOptions,
+    events: Events,
+) -> Piped {
+    let pending: SharedPending = Arc::new(PendingRequests::default());
+    let closed = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let stats = options.stats.clone();
+    stats.spawns.fetch_add(1, Ordering::Relaxed);
+    let writer = StdinWriter::new(stdin);
+    let (exit_tx, exit) = watch::channel(None);
+    let tasks = TaskTracker::new();
+    tasks.spawn(writer.clone().flush_loop(stop.clone()));
+    tasks.spawn(read_loop(ReadLoop {
+        upstream: upstream.clone(),
+        stdout,
+        pending: pending.clone(),
+        events,
+        stats: stats.clone(),
+        max_message_bytes: options.max_message_bytes,
+        closed: closed.clone(),
+        stop: stop.clone(),
+    }));
+    Piped {
+        pending,
+        closed,
+        stop,
+        stats,
+        writer,
+        exit_tx,
+        exit,
+        tasks,
+    }
 }
 
 /// The task reading the upstream's stdout (or, in process, its pipe).
