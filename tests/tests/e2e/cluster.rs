@@ -90,6 +90,32 @@ fn call_add(id: u64, a: i64, b: i64) -> Value {
         "params": {"name": "fx__add", "arguments": {"a": a, "b": b}}})
 }
 
+/// `a + b` called through `url` on alice's `session`: the answer, its sum checked.
+async fn add_via(
+    client: &reqwest::Client,
+    url: &str,
+    session: &str,
+    (id, a, b): (u64, i64, i64),
+) -> anyhow::Result<Answer> {
+    let call = Some(call_add(id, a, b));
+    let answer = send(
+        client,
+        reqwest::Method::POST,
+        url,
+        ALICE,
+        Some(session),
+        call,
+    )
+    .await?;
+    ensure!(
+        answer.body["result"]["structuredContent"]["sum"] == a + b,
+        "{id} via {url}: {} {}",
+        answer.status,
+        answer.body
+    );
+    Ok(answer)
+}
+
 #[tokio::test]
 async fn a_session_is_served_by_its_node_wherever_its_requests_land() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3, &tokens(), "").await?;
@@ -118,21 +144,7 @@ async fn a_session_is_served_by_its_node_wherever_its_requests_land() -> anyhow:
         answer.served_by
     );
     for (id, node) in [(1, 1), (2, 2), (3, 0)] {
-        let answer = send(
-            &client,
-            post.clone(),
-            &cluster.url(node),
-            ALICE,
-            Some(&session),
-            Some(call_add(id, id as i64, 40)),
-        )
-        .await?;
-        ensure!(
-            answer.body["result"]["structuredContent"]["sum"] == 40 + id as i64,
-            "call {id} via node {node}: {}\n{}",
-            answer.body,
-            cluster.logs()
-        );
+        let answer = add_via(&client, &cluster.url(node), &session, (id, id as i64, 40)).await?;
         // Only a peer's answer names who served it: the owner's own does not.
         let expected = (node != 0).then(|| "n1".to_string());
         ensure!(
@@ -247,20 +259,7 @@ async fn foreign_forged_and_retired_session_ids_are_unknown_sessions() -> anyhow
         }
     }
     // The owner still serves its principal.
-    let answer = send(
-        &client,
-        post.clone(),
-        &cluster.url(1),
-        ALICE,
-        Some(&session),
-        Some(call_add(2, 2, 2)),
-    )
-    .await?;
-    ensure!(
-        answer.body["result"]["structuredContent"]["sum"] == 4,
-        "{}",
-        answer.body
-    );
+    add_via(&client, &cluster.url(1), &session, (2, 2, 2)).await?;
 
     // A request claiming to come from a peer without the cluster's signature.
     let forged = client
@@ -303,7 +302,43 @@ async fn foreign_forged_and_retired_session_ids_are_unknown_sessions() -> anyhow
     Ok(())
 }
 
-/// A 2026-07-28 request: no session, its version and capabilities in `_meta`.
+/// A 2026-07-28 call asking for sampling, made on n1 and paused there: its
+/// `requestState`, and its retry answering the input request with `text`.
+async fn paused_on_n1(
+    client: &reqwest::Client,
+    cluster: &TestCluster,
+    text: &str,
+) -> anyhow::Result<(String, Value)> {
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let call = json!({"name": "fx__ask", "arguments": {"kind": "sampling"}, "_meta": meta});
+    let first = modern_call(client, &cluster.url(0), 1, call.clone()).await?;
+    let result = &first.body["result"];
+    ensure!(
+        result["resultType"] == "input_required",
+        "{}\n{}",
+        first.body,
+        cluster.logs()
+    );
+    let state = result["requestState"]
+        .as_str()
+        .context("requestState")?
+        .to_string();
+    let key = result["inputRequests"]
+        .as_object()
+        .and_then(|requests| requests.keys().next())
+        .context("an input request")?
+        .clone();
+    let mut retry = call;
+    retry["requestState"] = json!(state);
+    retry["inputResponses"] = json!({ key: {"role": "assistant", "model": "m",
+        "content": {"type": "text", "text": text}} });
+    Ok((state, retry))
+}
+
 /// A paused round's retry sent to n2: served by n1, the round's own node, and
 /// complete, with `expected` in its result.
 async fn retry_completes_on_n1(
@@ -328,6 +363,7 @@ async fn retry_completes_on_n1(
     Ok(())
 }
 
+/// A 2026-07-28 `tools/call` as alice: no session, its version and capabilities in `_meta`.
 async fn modern_call(
     client: &reqwest::Client,
     url: &str,
@@ -399,34 +435,8 @@ async fn a_paused_rounds_retry_finds_its_node_and_an_edited_state_is_refused() -
 {
     let cluster = TestCluster::start(2, &tokens(), "").await?;
     let client = reqwest::Client::new();
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-    });
-    let call = json!({"name": "fx__ask", "arguments": {"kind": "sampling"}, "_meta": meta});
-    let first = modern_call(&client, &cluster.url(0), 1, call.clone()).await?;
-    let result = &first.body["result"];
-    ensure!(
-        result["resultType"] == "input_required",
-        "{}\n{}",
-        first.body,
-        cluster.logs()
-    );
-    let state = result["requestState"]
-        .as_str()
-        .context("requestState")?
-        .to_string();
+    let (state, retry) = paused_on_n1(&client, &cluster, "sampled on n1").await?;
     ensure!(state.starts_with("plexus.") && state.len() > 40, "{state}");
-    let key = result["inputRequests"]
-        .as_object()
-        .and_then(|requests| requests.keys().next())
-        .context("an input request")?
-        .clone();
-    let mut retry = call.clone();
-    retry["requestState"] = json!(state);
-    retry["inputResponses"] = json!({ key: {"role": "assistant", "model": "m",
-        "content": {"type": "text", "text": "sampled on n1"}} });
 
     // Edited by the client: refused (400) wherever it lands, and never forwarded.
     let mut edited = retry.clone();
@@ -500,20 +510,7 @@ async fn a_draining_node_turns_unready_first_refuses_new_sessions_and_serves_its
     );
     // Its own session is served, directly and through the other node.
     for (id, node) in [(1, 0), (2, 1), (3, 0)] {
-        let answer = send(
-            &client,
-            post.clone(),
-            &cluster.url(node),
-            ALICE,
-            Some(&session),
-            Some(call_add(id, 1, 1)),
-        )
-        .await?;
-        ensure!(
-            answer.body["result"]["structuredContent"]["sum"] == 2,
-            "during the drain via {node}: {}",
-            answer.body
-        );
+        add_via(&client, &cluster.url(node), &session, (id, 1, 1)).await?;
     }
     // Its last session ended, it stops without waiting out drain_timeout.
     let deleted = send(
@@ -662,20 +659,7 @@ async fn audit_lines_name_the_node_that_served_the_call() -> anyhow::Result<()> 
     let client = reqwest::Client::new();
     let session = initialize(&client, &cluster.url(0), ALICE).await?;
     // Through n2: the call runs on n1, whose trail says so.
-    let answer = send(
-        &client,
-        reqwest::Method::POST,
-        &cluster.url(1),
-        ALICE,
-        Some(&session),
-        Some(call_add(1, 20, 22)),
-    )
-    .await?;
-    ensure!(
-        answer.body["result"]["structuredContent"]["sum"] == 42,
-        "{}",
-        answer.body
-    );
+    add_via(&client, &cluster.url(1), &session, (1, 20, 22)).await?;
     let trail = cluster.nodes[0].daemon()?.dir.path().join("audit.jsonl");
     let line = plexus_tests::eventually(Duration::from_secs(5), async || {
         let text = std::fs::read_to_string(&trail).unwrap_or_default();
@@ -847,20 +831,7 @@ async fn an_owner_that_stops_answering_ends_the_wait_with_a_clear_error() -> any
     // Probed every 5 s, given 5 s to answer: within 10 s, with headroom.
     ensure!(took < Duration::from_secs(20), "took {took:?}");
     // Thawed, it serves its session again.
-    let answer = send(
-        &client,
-        reqwest::Method::POST,
-        &cluster.url(1),
-        ALICE,
-        Some(&session),
-        Some(call_add(2, 2, 2)),
-    )
-    .await?;
-    ensure!(
-        answer.body["result"]["structuredContent"]["sum"] == 4,
-        "{}",
-        answer.body
-    );
+    add_via(&client, &cluster.url(1), &session, (2, 2, 2)).await?;
     Ok(())
 }
 
@@ -870,38 +841,12 @@ async fn an_upstreams_own_paused_round_names_its_node_and_its_retry_goes_there(
     // A 2026-07-28 upstream: its input-required results carry its own requestState.
     let cluster = TestCluster::start_with(2, &tokens(), &["--modern"], "").await?;
     let client = reqwest::Client::new();
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-    });
-    let call = json!({"name": "fx__ask", "arguments": {"kind": "sampling"}, "_meta": meta});
-    let first = modern_call(&client, &cluster.url(0), 1, call.clone()).await?;
-    let result = &first.body["result"];
-    ensure!(
-        result["resultType"] == "input_required",
-        "{}\n{}",
-        first.body,
-        cluster.logs()
-    );
-    let state = result["requestState"]
-        .as_str()
-        .context("requestState")?
-        .to_string();
+    let (state, retry) = paused_on_n1(&client, &cluster, "sampled for n1's upstream").await?;
     // Sealed to name n1, the upstream's own state carried inside.
     ensure!(
         state.starts_with("plexus.") && state.matches('.').count() == 2,
         "{state}"
     );
-    let key = result["inputRequests"]
-        .as_object()
-        .and_then(|requests| requests.keys().next())
-        .context("an input request")?
-        .clone();
-    let mut retry = call.clone();
-    retry["requestState"] = json!(state);
-    retry["inputResponses"] = json!({ key: {"role": "assistant", "model": "m",
-        "content": {"type": "text", "text": "sampled for n1's upstream"}} });
     // The carried state edited: refused.
     let mut edited = retry.clone();
     let (head, _) = state.rsplit_once('.').context("carried")?;
