@@ -80,6 +80,7 @@ impl Daemon {
         loaded: Loaded,
         notifier: Option<Arc<Notifier>>,
         signals: control::Signals,
+        cluster: Option<Arc<Cluster>>,
     ) -> Result<Daemon, ServeError> {
         let metrics = Arc::new(Metrics::new()?);
         let root = CancellationToken::new();
@@ -106,6 +107,7 @@ impl Daemon {
             settings,
             notifier,
             shutdown: shutdown.clone(),
+            cluster,
         };
         // The configured upstreams start before any client is served.
         control_loop.start().await;
@@ -246,7 +248,7 @@ async fn serve_http(loaded: Loaded, notifier: Option<Arc<Notifier>>) -> Result<(
         .as_ref()
         .map(|config| Arc::new(Cluster::new(config)));
 
-    let daemon = Daemon::start(loaded, notifier.clone(), signals).await?;
+    let daemon = Daemon::start(loaded, notifier.clone(), signals, cluster.clone()).await?;
     let hub = daemon.hub.clone();
     let shutdown = daemon.shutdown.clone();
     // In a cluster a shutdown signal first drains (`leave_cluster`): the listeners
@@ -383,7 +385,8 @@ async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeEr
     let signals = control::Signals::install().map_err(ServeError::Signals)?;
     raise_descriptor_limit();
     let upstreams = loaded.config.upstreams.len();
-    let daemon = Daemon::start(loaded, None, signals).await?;
+    // `[cluster]` is for nodes behind a balancer: a stdio front is one client's own.
+    let daemon = Daemon::start(loaded, None, signals, None).await?;
     daemon.hub.serve_one_client();
     tracing::info!(upstreams, "plexus serving one client on stdio");
     let own_stdio::OwnStdio {

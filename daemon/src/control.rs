@@ -15,7 +15,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, daemon_keys_needing_restart, Config, ConfigDiff, DaemonSettings};
+use crate::cluster::Cluster;
+use crate::config::{
+    self, daemon_keys_needing_restart, ClusterChange, Config, ConfigDiff, DaemonSettings,
+};
 use crate::hub::Hub;
 use crate::systemd::{self, Notifier};
 use crate::upstreams::RestartOutcome;
@@ -148,6 +151,8 @@ pub struct ReloadReport {
     pub updated: Vec<String>,
     pub failed: Vec<FailedUpstream>,
     pub needs_restart: Vec<&'static str>,
+    /// The `[cluster]` keys applied (`cluster.peers`, `cluster.dns`).
+    pub cluster: Vec<&'static str>,
 }
 
 impl ReloadReport {
@@ -158,7 +163,8 @@ impl ReloadReport {
             && self.restarted.is_empty()
             && self.updated.is_empty()
             && self.failed.is_empty()
-            && self.needs_restart.is_empty())
+            && self.needs_restart.is_empty()
+            && self.cluster.is_empty())
     }
 }
 
@@ -236,6 +242,9 @@ pub struct ControlLoop {
     pub settings: watch::Sender<DaemonSettings>,
     pub notifier: Option<Arc<Notifier>>,
     pub shutdown: CancellationToken,
+    /// This node's `[cluster]`, whose peers a reload changes (None: one node, or a
+    /// stdio front).
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl ControlLoop {
@@ -448,7 +457,18 @@ impl ControlLoop {
         sha256: String,
         cause: ReloadCause,
     ) -> ReloadReport {
-        let needs_restart = daemon_keys_needing_restart(&self.current.daemon, &config.daemon);
+        let mut needs_restart = daemon_keys_needing_restart(&self.current.daemon, &config.daemon);
+        let cluster = match &self.cluster {
+            Some(_) => {
+                ClusterChange::between(self.current.cluster.as_ref(), config.cluster.as_ref())
+            }
+            None => ClusterChange {
+                running: self.current.cluster.clone(),
+                retargeted: false,
+                needs_restart: Vec::new(),
+            },
+        };
+        needs_restart.extend_from_slice(&cluster.needs_restart);
         for key in &needs_restart {
             tracing::warn!(
                 key,
@@ -460,6 +480,14 @@ impl ControlLoop {
         config.daemon.admin_listen = self.current.daemon.admin_listen;
         config.daemon.state_dir = self.current.daemon.state_dir.clone();
         config.daemon.pins = self.current.daemon.pins.clone();
+        let retargeted = match (&self.cluster, &cluster.running) {
+            (Some(node), Some(running)) if cluster.retargeted => {
+                node.retarget(running);
+                changed_cluster_keys(self.current.cluster.as_ref(), running)
+            }
+            _ => Vec::new(),
+        };
+        config.cluster = cluster.running;
 
         // Reopened at every reload, so a file logrotate moved away is replaced.
         self.hub
@@ -508,6 +536,7 @@ impl ControlLoop {
             .map(|(upstream, error)| FailedUpstream { upstream, error })
             .collect();
         report.needs_restart = needs_restart;
+        report.cluster = retargeted;
         report
     }
 
@@ -530,8 +559,24 @@ impl ControlLoop {
             updated: Vec::new(),
             failed: Vec::new(),
             needs_restart: Vec::new(),
+            cluster: Vec::new(),
         }
     }
+}
+
+/// Which of the keys a reload changes live differ from the running `[cluster]`.
+fn changed_cluster_keys(
+    old: Option<&config::ClusterConfig>,
+    new: &config::ClusterConfig,
+) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    if old.map(|old| &old.peers) != Some(&new.peers) {
+        keys.push("cluster.peers");
+    }
+    if old.map(|old| &old.dns) != Some(&new.dns) {
+        keys.push("cluster.dns");
+    }
+    keys
 }
 
 /// systemd's STATUS line after a reload.

@@ -149,22 +149,29 @@ impl PeerListen {
     }
 
     /// One forwarded listen per peer, each reopened when it ends, until `heard`
-    /// is closed. Under `dns`, peers that join are looked up every so often.
+    /// is closed. Peers that join are looked up as a reload names them, and under
+    /// `dns` every so often.
     async fn hear_peers(&self, heard: mpsc::Sender<(String, Heard)>) {
         let mut listening = BTreeSet::new();
         let mut peers = FuturesUnordered::new();
         let mut resolve = tokio::time::interval(RESOLVE_EVERY);
+        let mut retargeted = self.cluster.targets.subscribe();
         loop {
             tokio::select! {
-                _ = resolve.tick() => {
+                // A reload's peers: looked up at once (the sender lives as long as
+                // the cluster, so this never ends).
+                Ok(()) = retargeted.changed() => {
                     for node in self.cluster.peer_names().await {
                         if listening.insert(node.clone()) {
                             peers.push(self.hear(node, heard.clone()));
                         }
                     }
-                    if self.cluster.dns.is_none() && peers.is_empty() {
-                        // A static cluster of one: nothing to hear, ever.
-                        return std::future::pending().await;
+                }
+                _ = resolve.tick() => {
+                    for node in self.cluster.peer_names().await {
+                        if listening.insert(node.clone()) {
+                            peers.push(self.hear(node, heard.clone()));
+                        }
                     }
                 }
                 Some(ended) = peers.next() => match ended {
@@ -331,8 +338,9 @@ fn event_message(event: &[u8]) -> Option<Value> {
 impl Cluster {
     /// The other nodes: the `peers` named, and under `dns` the name's A records.
     async fn peer_names(&self) -> BTreeSet<String> {
-        let mut names: BTreeSet<String> = self.peers.keys().cloned().collect();
-        if let Some(dns) = &self.dns {
+        let targets = self.targets();
+        let mut names: BTreeSet<String> = targets.peers.keys().cloned().collect();
+        if let Some(dns) = &targets.dns {
             match tokio::net::lookup_host(dns.as_str()).await {
                 Ok(records) => names.extend(records.map(|record| record.ip().to_string())),
                 Err(error) => {

@@ -14,10 +14,12 @@ mod seal;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::HeaderMap;
 use serde_json::Value;
+use tokio::sync::watch;
 
 use crate::config::ClusterConfig;
 use crate::jsonrpc::Answer;
@@ -57,11 +59,28 @@ pub struct ForgedPeer {
 pub struct Cluster {
     node: String,
     ring: KeyRing,
-    peers: BTreeMap<String, String>,
-    dns: Option<String>,
+    /// Where the other nodes are: a reload may change it ([`Cluster::retarget`]);
+    /// listens watch it to open their new peers' streams.
+    targets: watch::Sender<Arc<Targets>>,
     client: forward::PeerClient,
     /// Set by a shutdown signal: no new sessions here, `/readyz` answers 503.
     draining: AtomicBool,
+}
+
+/// The peers named, and the DNS name whose A records are peers too.
+#[derive(Debug, PartialEq)]
+struct Targets {
+    peers: BTreeMap<String, String>,
+    dns: Option<String>,
+}
+
+impl Targets {
+    fn of(config: &ClusterConfig) -> Arc<Targets> {
+        Arc::new(Targets {
+            peers: config.peers.clone(),
+            dns: config.dns.clone(),
+        })
+    }
 }
 
 impl Cluster {
@@ -69,11 +88,26 @@ impl Cluster {
         Cluster {
             node: config.node.clone(),
             ring: KeyRing::new(&config.secrets),
-            peers: config.peers.clone(),
-            dns: config.dns.clone(),
+            targets: watch::Sender::new(Targets::of(config)),
             client: forward::PeerClient::new(),
             draining: AtomicBool::new(false),
         }
+    }
+
+    /// A reload's peers and DNS name, in force from the next forward on; open
+    /// listens open their new peers' streams at once. (The node's name and keys
+    /// are the running ones: see `config::ClusterChange`.)
+    pub fn retarget(&self, config: &ClusterConfig) {
+        let targets = Targets::of(config);
+        self.targets.send_if_modified(|running| {
+            let changed = *running != targets;
+            *running = targets;
+            changed
+        });
+    }
+
+    fn targets(&self) -> Arc<Targets> {
+        self.targets.borrow().clone()
     }
 
     /// A new session's id, naming this node, valid for `principal` only.
@@ -286,11 +320,12 @@ impl Cluster {
     /// Where `node` listens: its `peers` entry, or, under `dns`, its address when
     /// it is one of the name's A records (never any address a token names).
     async fn address_of(&self, node: &str) -> Result<String, ForwardError> {
-        if let Some(address) = self.peers.get(node) {
+        let targets = self.targets();
+        if let Some(address) = targets.peers.get(node) {
             return Ok(address.clone());
         }
         let unknown = || ForwardError::UnknownNode(node.to_string());
-        let (Some(dns), Ok(ip)) = (&self.dns, node.parse::<IpAddr>()) else {
+        let (Some(dns), Ok(ip)) = (&targets.dns, node.parse::<IpAddr>()) else {
             return Err(unknown());
         };
         let port = dns

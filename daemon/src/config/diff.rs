@@ -1,9 +1,9 @@
 //! What a reload changes: upstreams compared by name, each sorted into the way it
-//! is applied, and the daemon settings that only a restart can change.
+//! is applied, and the daemon and `[cluster]` settings that only a restart can change.
 
 use std::collections::BTreeMap;
 
-use super::{DaemonSettings, UpstreamConfig};
+use super::{ClusterConfig, DaemonSettings, UpstreamConfig};
 
 /// How a changed upstream is brought to its new configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +113,52 @@ pub fn daemon_keys_needing_restart(
     keys
 }
 
+/// What a reload makes of `[cluster]`: the peers and the DNS name take effect at
+/// once; the node's name and its secrets wait for a restart (the ids this node
+/// sealed name it and were sealed with them), as does turning `[cluster]` on or off.
+#[derive(Debug, PartialEq)]
+pub struct ClusterChange {
+    /// The `[cluster]` to run: the new peers and DNS name, the running rest.
+    pub running: Option<ClusterConfig>,
+    /// The peers or the DNS name changed.
+    pub retargeted: bool,
+    pub needs_restart: Vec<&'static str>,
+}
+
+impl ClusterChange {
+    pub fn between(old: Option<&ClusterConfig>, new: Option<&ClusterConfig>) -> ClusterChange {
+        let (Some(old), Some(new)) = (old, new) else {
+            return ClusterChange {
+                running: old.cloned(),
+                retargeted: false,
+                needs_restart: match old.is_some() == new.is_some() {
+                    true => Vec::new(),
+                    false => vec!["cluster"],
+                },
+            };
+        };
+        let mut needs_restart = Vec::new();
+        if old.node != new.node {
+            needs_restart.push("cluster.node");
+        }
+        if old.secrets.first() != new.secrets.first() {
+            needs_restart.push("cluster.secret");
+        }
+        if old.secrets.get(1..) != new.secrets.get(1..) {
+            needs_restart.push("cluster.previous_secrets");
+        }
+        ClusterChange {
+            running: Some(ClusterConfig {
+                peers: new.peers.clone(),
+                dns: new.dns.clone(),
+                ..old.clone()
+            }),
+            retargeted: old.peers != new.peers || old.dns != new.dns,
+            needs_restart,
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -219,6 +265,47 @@ mod tests {
         assert_eq!(
             UpstreamChange::between(&old.upstreams["h"], &new.upstreams["h"]),
             UpstreamChange::Restart
+        );
+    }
+
+    #[test]
+    fn a_clusters_peers_change_live_and_its_name_and_keys_at_a_restart() {
+        let cluster = |extra: &str| {
+            let text = format!(
+                "{BASE}\n[cluster]\nnode = \"n1\"\nsecret = \"{}\"\n{extra}",
+                "s".repeat(32)
+            );
+            config(&text).cluster
+        };
+        let old = cluster("peers = { n1 = \"http://10.0.0.1:7464\" }");
+        let more =
+            cluster("peers = { n1 = \"http://10.0.0.1:7464\", n2 = \"http://10.0.0.2:7464\" }");
+        let change = ClusterChange::between(old.as_ref(), more.as_ref());
+        assert!(change.retargeted && change.needs_restart.is_empty());
+        assert_eq!(change.running, more);
+
+        let renamed = cluster("peers = { n1 = \"http://10.0.0.1:7464\" }").map(|c| ClusterConfig {
+            node: "n9".into(),
+            secrets: vec!["t".repeat(32)],
+            ..c
+        });
+        let change = ClusterChange::between(old.as_ref(), renamed.as_ref());
+        assert_eq!(change.needs_restart, ["cluster.node", "cluster.secret"]);
+        assert!(!change.retargeted);
+        // The running name and keys stay.
+        assert_eq!(change.running, old);
+
+        let change = ClusterChange::between(old.as_ref(), None);
+        assert_eq!(change.needs_restart, ["cluster"]);
+        assert_eq!(change.running, old);
+        let change = ClusterChange::between(None, old.as_ref());
+        assert_eq!(change.needs_restart, ["cluster"]);
+        assert_eq!(change.running, None);
+        assert_eq!(
+            ClusterChange::between(old.as_ref(), old.as_ref())
+                .needs_restart
+                .len(),
+            0
         );
     }
 

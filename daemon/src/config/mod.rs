@@ -15,7 +15,7 @@ use std::time::Duration;
 use adapters::{HttpEndpoint, LaunchSpec};
 use serde::Deserialize;
 
-pub use diff::{daemon_keys_needing_restart, ConfigDiff};
+pub use diff::{daemon_keys_needing_restart, ClusterChange, ConfigDiff};
 pub use validate::{default_state_dir, parse};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7464";
@@ -69,8 +69,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
 }
 
-/// `[cluster]`: plexus nodes behind one balancer. Read at start only: a node
-/// cannot change its name or keys under the sessions it sealed.
+/// `[cluster]`: plexus nodes behind one balancer. A reload changes the peers; a
+/// node cannot change its name or keys under the ids it sealed ([`ClusterChange`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClusterConfig {
     /// This node's name, sealed into the ids of the sessions it holds.

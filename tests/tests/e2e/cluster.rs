@@ -1094,3 +1094,90 @@ async fn a_listen_stream_hears_changes_made_through_any_node() -> anyhow::Result
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_reload_changes_the_peers_at_once_and_the_nodes_name_at_a_restart() -> anyhow::Result<()>
+{
+    let cluster = TestCluster::start_with(2, &tokens(), &["--conformance"], "").await?;
+    let client = reqwest::Client::new();
+    let n1 = cluster.nodes[0].daemon()?;
+    let path = n1.dir.path().join("config.toml");
+    let listed = std::fs::read_to_string(&path)?;
+    let unlisted = listed.replace(", n2 = \"${PLEXUS_PEER_N2}\"", "");
+    ensure!(unlisted != listed, "{listed}");
+    let session = initialize(&client, &cluster.url(1), ALICE).await?;
+
+    // n1 forgets n2: n2's session is unknown through n1, and a listen on n1 hears n1 alone.
+    std::fs::write(&path, &unlisted)?;
+    let report = n1.reload().await?;
+    ensure!(
+        report["cluster"] == json!(["cluster.peers"]) && report["needs_restart"] == json!([]),
+        "{report}"
+    );
+    let call = Some(call_add(1, 1, 1));
+    let answer = send(
+        &client,
+        reqwest::Method::POST,
+        &cluster.url(0),
+        ALICE,
+        Some(&session),
+        call,
+    )
+    .await?;
+    ensure!(answer.status == 404, "{} {}", answer.status, answer.body);
+    let uri = "fx+test://watched-resource";
+    let mut stream = ListenStream::open(&client, &cluster.url(0), uri).await?;
+    let acknowledged = "notifications/subscriptions/acknowledged";
+    stream.next(acknowledged, Duration::from_secs(10)).await?;
+    change_the_resource(&client, &cluster.url(1)).await?;
+    let updated = "notifications/resources/updated";
+    let unheard = stream.next(updated, Duration::from_millis(1500)).await;
+    ensure!(
+        unheard.is_err(),
+        "heard a peer n1 does not list: {unheard:?}"
+    );
+
+    // Listed again: its session is forwarded to it, and the open listen hears it.
+    std::fs::write(&path, &listed)?;
+    let report = n1.reload().await?;
+    ensure!(report["cluster"] == json!(["cluster.peers"]), "{report}");
+    let answer = add_via(&client, &cluster.url(0), &session, (2, 2, 2)).await?;
+    ensure!(
+        answer.served_by.as_deref() == Some("n2"),
+        "{:?}",
+        answer.served_by
+    );
+    let reloaded = std::time::Instant::now();
+    loop {
+        change_the_resource(&client, &cluster.url(1)).await?;
+        if let Ok(heard) = stream.next(updated, Duration::from_millis(500)).await {
+            ensure!(heard["params"]["uri"] == uri, "{heard}");
+            break;
+        }
+        ensure!(
+            reloaded.elapsed() < Duration::from_secs(10),
+            "n2 unheard 10 s after the reload listed it\n{}",
+            cluster.logs()
+        );
+    }
+    println!(
+        "figure: a listen heard a peer the reload listed after {:.2} s",
+        reloaded.elapsed().as_secs_f64()
+    );
+
+    // A new name waits for a restart: said so, and n1 goes on under its own.
+    std::fs::write(&path, listed.replace("\"${PLEXUS_NODE}\"", "\"n9\""))?;
+    let report = n1.reload().await?;
+    ensure!(
+        report["needs_restart"] == json!(["cluster.node"]) && report["cluster"] == json!([]),
+        "{report}"
+    );
+    let own = initialize(&client, &cluster.url(0), ALICE).await?;
+    let answer = add_via(&client, &cluster.url(1), &own, (3, 1, 2)).await?;
+    ensure!(
+        answer.served_by.as_deref() == Some("n1"),
+        "{:?}",
+        answer.served_by
+    );
+    Ok(())
+}
