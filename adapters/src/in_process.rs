@@ -9,10 +9,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::net::unix::pipe;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::pipes::{pipe_up, Piped};
 use crate::rpc::{Events, Spawned};
-use crate::stdio::{pipe_up, ExitReport, Piped, SpawnError, StdioOptions, StdioTransport};
+use crate::stdio::{ExitReport, SpawnError, StdioOptions, StdioTransport};
 
 /// What an in-process server is handed for one start.
 pub struct ServerPipes {
@@ -86,10 +88,15 @@ fn start(
         stop,
         stats,
         writer,
-        exit_tx,
-        exit,
         tasks,
-    } = pipe_up(&upstream, to_upstream, from_upstream, options, events);
+    } = pipe_up(
+        &upstream,
+        (to_upstream, from_upstream),
+        options.stats.clone(),
+        options.max_message_bytes,
+        events,
+    );
+    let (exit_tx, exit) = watch::channel(None);
     // The server has exited once its output has ended.
     let ended = closed.clone();
     tasks.spawn(async move {

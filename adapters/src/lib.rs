@@ -13,6 +13,7 @@ pub mod json_out;
 pub mod keeper;
 pub mod launch;
 pub mod oauth;
+mod pipes;
 pub mod raw_object;
 pub mod remote;
 pub mod rpc;
