@@ -15,6 +15,7 @@ mod console;
 mod explore;
 mod faults;
 mod fixture_modern;
+mod foreign;
 mod front;
 mod instances;
 mod kubernetes;
