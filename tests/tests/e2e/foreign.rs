@@ -483,10 +483,11 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
                 .into_iter()
                 .flatten()
             {
-                if let Some(exposed) = content["uri"].as_str() {
-                    content["uri"] =
-                        json!(exposed.strip_prefix(&format!("{name}+")).unwrap_or(exposed));
-                }
+                let exposed = content["uri"].as_str().unwrap_or_default();
+                let original = exposed
+                    .strip_prefix(&format!("{name}+"))
+                    .with_context(|| format!("{name}: {uri} read as {exposed}"))?;
+                content["uri"] = json!(original);
             }
             ensure!(
                 outcome(&want)? == outcome(&got)?,
