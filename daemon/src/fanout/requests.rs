@@ -125,7 +125,14 @@ impl Fanout {
         });
         let target = match originating.or(holder) {
             Some(call) => call,
-            None => match self.caller_of(name, method, &capability, connection, unclaimed) {
+            None => match self.caller_of(
+                name,
+                method,
+                &capability,
+                connection,
+                unclaimed,
+                instance.owner(),
+            ) {
                 Ok(call) => call,
                 Err(reply) => return Some(reply),
             },
@@ -204,11 +211,18 @@ impl Fanout {
         capability: &[&str],
         connection: &UpstreamConnection,
         callers: &[Caller],
+        owner: Option<u64>,
     ) -> Result<Caller, Reply> {
         match callers {
             [] => {
-                // The daemon's only client is the one to ask: there is no other.
-                if let Some(session) = self.only_client_with(capability) {
+                // A per-session instance's one client, or the daemon's only client, is
+                // the one to ask: there is no other (server-filesystem asks for roots
+                // again when told they changed, with no call in flight).
+                let owner = owner.filter(|owner| {
+                    self.session(*owner)
+                        .is_some_and(|session| session.has_capability(capability))
+                });
+                if let Some(session) = owner.or_else(|| self.only_client_with(capability)) {
                     return Ok(Caller::of_session(session));
                 }
                 // No call in flight: nothing says which client the request is for, and

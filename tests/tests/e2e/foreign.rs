@@ -4,6 +4,7 @@
 //! relayed, every listing entry field by field once the namespace is removed, and
 //! the results of real calls, tool errors included. Both sides are raw JSON-RPC, so
 //! what is compared is exactly what went over the wire. One daemon fronts all four.
+//! What the servers ask of their client and tell it: `roots.rs`.
 
 use std::future::Future;
 use std::path::Path;
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use plexus_tests::{answer_of, post_2026, Daemon, RawHttpSession, RawStdioSession};
 use serde_json::{json, Value};
+
+mod roots;
 
 const FILESYSTEM: &str = "@modelcontextprotocol/server-filesystem@2026.8.31";
 const MEMORY: &str = "@modelcontextprotocol/server-memory@2026.8.31";
@@ -154,6 +157,8 @@ fn make_scenario(root: &Path) -> anyhow::Result<()> {
     std::fs::write(files.join("alpha.txt"), "alpha\nsecond line\n")?;
     std::fs::write(files.join("notes/beta.md"), "# Beta\n\nunder notes/\n")?;
     std::fs::write(files.join("gamma.json"), "{\"k\": [1, 2, 3]}\n")?;
+    std::fs::create_dir_all(files.join("more"))?;
+    std::fs::write(files.join("more/delta.txt"), "delta\n")?;
     let repo = root.join("repo");
     std::fs::create_dir_all(&repo)?;
     let git = |args: &[&str]| -> anyhow::Result<()> {
