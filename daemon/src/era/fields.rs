@@ -184,6 +184,47 @@ pub fn without_complete_type(reply: &mut Reply) {
     }
 }
 
+/// The handshake era names the server once, in `initialize`: a result loses the
+/// `serverInfo` a 2026-07-28 upstream may put in its `_meta` (and the `_meta` itself
+/// when nothing else is left in it), as the same server would answer in that era.
+pub fn without_server_info(reply: &mut Reply) {
+    match reply {
+        Reply::Result(Value::Object(result)) => {
+            let Some(Value::Object(meta)) = result.get_mut("_meta") else {
+                return;
+            };
+            if meta.remove(META_SERVER_INFO).is_some() && meta.is_empty() {
+                result.remove("_meta");
+            }
+        }
+        Reply::Unread(raw) => {
+            let mentioned = raw
+                .member("_meta")
+                .filter(|meta| memchr::memmem::find(meta, META_SERVER_INFO.as_bytes()).is_some());
+            let Some(Ok(Value::Object(mut meta))) = mentioned.map(serde_json::from_slice::<Value>)
+            else {
+                return;
+            };
+            if meta.remove(META_SERVER_INFO).is_none() {
+                return;
+            }
+            if meta.is_empty() {
+                *reply = match raw.without_member("_meta") {
+                    Some(rest) => Reply::Unread(rest),
+                    // `_meta` was the result's only member.
+                    None => Reply::Result(Value::Object(Map::new())),
+                };
+            } else if let Some(rest) = serde_json::to_vec(&meta)
+                .ok()
+                .and_then(|written| raw.with_member("_meta", &written))
+            {
+                *reply = Reply::Unread(rest);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Whether an unread `resultType` member's text says `complete` (written plainly:
 /// an escaped spelling is read, and judged, by whoever reads the result).
 pub fn is_complete(result_type: Option<&[u8]>) -> bool {
@@ -195,6 +236,41 @@ mod tests {
     use super::*;
     use crate::era::MODERN_VERSION;
     use serde_json::json;
+
+    #[test]
+    fn a_handshake_result_loses_server_info_read_or_unread() {
+        let info = json!({"name": "plexus", "version": "1"});
+        let mut read =
+            Reply::Result(json!({"content": [], "_meta": {META_SERVER_INFO: info, "k": 1}}));
+        without_server_info(&mut read);
+        assert_eq!(
+            read.into_result().ok(),
+            Some(json!({"content": [], "_meta": {"k": 1}}))
+        );
+        let mut alone = Reply::Result(json!({"content": [], "_meta": {META_SERVER_INFO: info}}));
+        without_server_info(&mut alone);
+        assert_eq!(alone.into_result().ok(), Some(json!({"content": []})));
+        let text = format!(r#"{{"content":[],"_meta":{{"{META_SERVER_INFO}":{info}}}}}"#);
+        let Some(raw) = adapters::RawObject::skim(text.into_bytes()) else {
+            panic!("not an object");
+        };
+        let mut unread = Reply::Unread(raw);
+        without_server_info(&mut unread);
+        let Reply::Unread(rest) = &unread else {
+            panic!("read: {unread:?}");
+        };
+        assert_eq!(rest.bytes(), br#"{"content":[]}"#);
+        let untouched = r#"{"content":[],"_meta":{"k":1}}"#;
+        let Some(raw) = adapters::RawObject::skim(untouched.as_bytes().to_vec()) else {
+            panic!("not an object");
+        };
+        let mut unread = Reply::Unread(raw);
+        without_server_info(&mut unread);
+        let Reply::Unread(rest) = &unread else {
+            panic!("read: {unread:?}");
+        };
+        assert_eq!(rest.bytes(), untouched.as_bytes());
+    }
 
     #[test]
     fn stripping_keeps_other_meta_and_drops_an_emptied_one() {

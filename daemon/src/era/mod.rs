@@ -122,11 +122,13 @@ pub fn answer(era: Era, method: &str, id: Value, reply: Reply) -> jsonrpc::Answe
 
 /// The way back for a relayed reply, before plexus answers with it ([`answer`]):
 /// what the client's era lacks is taken out, what it shapes otherwise is
-/// reshaped. A handshake-era client's result loses `resultType: complete`, and a
-/// tool call's task takes the client's era's form (`tasks::created`, `tasks::nested`).
+/// reshaped. A handshake-era client's result loses `resultType: complete` and the
+/// `serverInfo` in its `_meta`, and a tool call's task takes the client's era's form
+/// (`tasks::created`, `tasks::nested`).
 pub fn relayed(era: Era, method: &str, mut reply: Reply) -> Reply {
     if era == Era::Handshake {
         fields::without_complete_type(&mut reply);
+        fields::without_server_info(&mut reply);
     }
     if method != "tools/call" {
         return reply;

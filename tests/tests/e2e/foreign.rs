@@ -502,6 +502,38 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
         }
     }
 
+    // A handshake-era client bridged to mcp-server-git in its 2026-07-28 era
+    // (`git-modern`): what the handshake-era server answers directly.
+    let (git, _) = &mut direct[2];
+    let repo = root.join("repo").display().to_string();
+    let git_calls = [
+        ("git_status", json!({"repo_path": repo})),
+        ("git_log", json!({"repo_path": repo, "max_count": 5})),
+        (
+            "git_show",
+            json!({"repo_path": repo, "revision": "no-such-revision"}),
+        ),
+    ];
+    for (tool, arguments) in git_calls {
+        let want = git
+            .request("tools/call", json!({"name": tool, "arguments": arguments}))
+            .await?;
+        let got = relayed
+            .request(
+                "tools/call",
+                json!({"name": format!("git-modern__{tool}"), "arguments": arguments}),
+            )
+            .await?;
+        ensure!(
+            outcome(&want)? == outcome(&got)?,
+            "git-modern, bridged: {tool} {arguments}\n  directly:       {want}\n  through plexus: {got}"
+        );
+        compared += 1;
+        if got["result"]["isError"] == true {
+            errors += 1;
+        }
+    }
+
     let (filesystem, _) = &mut direct[0];
     modern_client_bridged(&daemon.url, filesystem, &root, &relayed_tools).await?;
     modern_client_to_modern_server(&daemon.url, &root).await?;

@@ -1159,10 +1159,12 @@ async fn a_2026_upstream_echoes(
     Ok(log)
 }
 
-/// An upstream of 2026-07-28 may name itself in each result's `_meta`; relayed, the
-/// result names plexus, the server its client talks to (a 2026-07-28 client would
-/// otherwise take each upstream's name for its server's, call by call). Small and
-/// large results alike (the large one is passed on unread), for either era's client.
+/// An upstream of 2026-07-28 may name itself in each result's `_meta`; relayed to a
+/// 2026-07-28 client, the result names plexus, the server its client talks to (it
+/// would otherwise take each upstream's name for its server's, call by call). A
+/// handshake-era client, whose era names the server once, in `initialize`, gets no
+/// `serverInfo` in results, as such a server answers that era. Small and large
+/// results alike (the large one is passed on unread).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relayed_results_name_plexus_as_their_server() -> anyhow::Result<()> {
     let sections = fixture_upstream("fx", "", &["--modern", "--server-info-in-results"]);
@@ -1199,7 +1201,12 @@ async fn relayed_results_name_plexus_as_their_server() -> anyhow::Result<()> {
                 json!({"name": "fx__echo", "arguments": {"text": text}}),
             )
             .await?;
-        ensure!(named_plexus(&old), "{old:.400}");
+        ensure!(
+            old["result"]["_meta"]
+                .get("io.modelcontextprotocol/serverInfo")
+                .is_none(),
+            "{old:.400}"
+        );
         ensure!(old["result"]["content"][0]["text"] == text.as_str());
     }
     ensure!(daemon.stop().await?.success());
