@@ -159,6 +159,20 @@ fn make_scenario(root: &Path) -> anyhow::Result<()> {
     std::fs::write(files.join("gamma.json"), "{\"k\": [1, 2, 3]}\n")?;
     std::fs::create_dir_all(files.join("more"))?;
     std::fs::write(files.join("more/delta.txt"), "delta\n")?;
+    // Text a relay could mangle: escapes, line separators, astral characters,
+    // bytes that are not UTF-8, over 2 MB in all (plexus passes large results on unread).
+    let mut tricky = b"quote \" backslash \\ tab\t nul\0 bell\x07 \xe2\x80\xa8 \xf0\x9d\x84\x9e caf\xc3\xa9 \xff\xfe bad\n".to_vec();
+    tricky.extend(
+        "line with \u{1F600} and \u{2029}, repeated to make the file large\n"
+            .repeat(30_000)
+            .as_bytes(),
+    );
+    std::fs::write(files.join("tricky.txt"), tricky)?;
+    // A 1x1 PNG, for a result with an image block.
+    std::fs::write(
+        files.join("pixel.png"),
+        b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89\0\0\0\rIDATx\x9cc\xf8\x0f\0\0\x01\x01\0\x05\x18\xd8N\0\0\0\0IEND\xaeB`\x82",
+    )?;
     let repo = root.join("repo");
     std::fs::create_dir_all(&repo)?;
     let git = |args: &[&str]| -> anyhow::Result<()> {
@@ -219,6 +233,12 @@ fn servers(root: &Path) -> Vec<Server> {
                     "edit_file",
                     json!({"path": file("written.txt"), "edits": [{"oldText": "test", "newText": "check"}], "dryRun": true}),
                 ),
+                ("read_text_file", json!({"path": file("tricky.txt")})),
+                (
+                    "read_text_file",
+                    json!({"path": file("tricky.txt"), "tail": 3}),
+                ),
+                ("read_media_file", json!({"path": file("pixel.png")})),
                 // Outside the allowed directory: the server's own tool error.
                 ("read_text_file", json!({"path": "/etc/hostname"})),
                 // Arguments the schema refuses.
@@ -506,6 +526,16 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
     // (`git-modern`): what the handshake-era server answers directly.
     let (git, _) = &mut direct[2];
     let repo = root.join("repo").display().to_string();
+    // Its listing holds the same entries; the server writes their members in
+    // another order in that era, so they are compared as JSON values here.
+    let direct_git = list_all(git, "tools/list", "tools")
+        .await?
+        .context("git tools/list")?;
+    let bridged = own_entries("git-modern", &relayed_tools, "name")?;
+    ensure!(
+        direct_git == bridged,
+        "git-modern, bridged: tools/list\n  directly:       {direct_git:?}\n  through plexus: {bridged:?}"
+    );
     let git_calls = [
         ("git_status", json!({"repo_path": repo})),
         ("git_log", json!({"repo_path": repo, "max_count": 5})),
