@@ -278,7 +278,7 @@ fn servers(root: &Path) -> Vec<Server> {
                     json!({"observations": [{"entityName": "Nobody", "contents": ["x"]}]}),
                 ),
             ],
-            reads: vec!["memory://knowledge-graph"],
+            reads: vec!["memory://knowledge-graph", "memory://no-such-graph"],
         },
         Server {
             upstream: "git",
@@ -503,11 +503,12 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
                 .request("resources/read", json!({"uri": exposed_uri(name, uri)}))
                 .await?;
             // plexus names each content by the URI the client read (namespaced).
-            for content in got["result"]["contents"]
-                .as_array_mut()
-                .into_iter()
-                .flatten()
-            {
+            // (`get_mut`: indexing would add a null `result` to an error response.)
+            let contents = got
+                .get_mut("result")
+                .and_then(|result| result.get_mut("contents"))
+                .and_then(Value::as_array_mut);
+            for content in contents.into_iter().flatten() {
                 let exposed = content["uri"].as_str().unwrap_or_default();
                 let original = exposed
                     .strip_prefix(&format!("{name}+"))
@@ -566,8 +567,10 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
 
     let (filesystem, _) = &mut direct[0];
     modern_client_bridged(&daemon.url, filesystem, &root, &relayed_tools).await?;
+    let (memory, _) = &mut direct[1];
+    modern_client_reads_bridged(&daemon.url, memory).await?;
     modern_client_to_modern_server(&daemon.url, &root).await?;
-    compared += 2;
+    compared += 4;
 
     for (session, _) in direct {
         session.close().await;
@@ -709,5 +712,54 @@ async fn modern_client_to_modern_server(url: &str, root: &Path) -> anyhow::Resul
         "git-modern: 2026-07-28 git_log\n  directly:       {want}\n  through plexus: {got}"
     );
     direct.close().await;
+    Ok(())
+}
+
+/// A 2026-07-28 client reading server-memory's graph, and a resource it does not
+/// have, through plexus: the handshake-era server's own contents and error, but for
+/// what that era adds (`resultType`, the cache hints) and the namespaced URI.
+async fn modern_client_reads_bridged(
+    url: &str,
+    memory: &mut RawStdioSession,
+) -> anyhow::Result<()> {
+    for uri in ["memory://knowledge-graph", "memory://no-such-graph"] {
+        let want = memory
+            .request("resources/read", json!({"uri": uri}))
+            .await?;
+        let exposed = exposed_uri("memory", uri);
+        let (_, mut got, _) = answer_of(
+            post_2026(
+                url,
+                json!(5),
+                "resources/read",
+                json!({"uri": exposed}),
+                Some(&exposed),
+            )
+            .await?,
+        )
+        .await?;
+        if let Some(result) = got.get_mut("result").and_then(Value::as_object_mut) {
+            ensure!(
+                result.get("resultType") == Some(&json!("complete")),
+                "{result:?}"
+            );
+            for added in ["resultType", "ttlMs", "cacheScope"] {
+                result.remove(added);
+            }
+            for content in result
+                .get_mut("contents")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                ensure!(content["uri"] == exposed.as_str(), "{content}");
+                content["uri"] = json!(uri);
+            }
+        }
+        ensure!(
+            outcome(&want)? == outcome(&got)?,
+            "memory: 2026-07-28 resources/read {uri}\n  directly:       {want}\n  through plexus: {got}"
+        );
+    }
     Ok(())
 }
