@@ -347,6 +347,12 @@ async fn start_directly(server: &Server, root: &Path) -> anyhow::Result<(RawStdi
 /// What plexus must relay of a server's capabilities: each feature it offers, and
 /// subscriptions where it takes them.
 fn capabilities_relayed(upstream: &str, direct: &Value, relayed: &Value) -> anyhow::Result<()> {
+    ensure!(
+        direct["result"]["protocolVersion"] == relayed["result"]["protocolVersion"],
+        "{upstream} agreed on {}, plexus on {}",
+        direct["result"]["protocolVersion"],
+        relayed["result"]["protocolVersion"]
+    );
     let direct = &direct["result"]["capabilities"];
     let relayed = &relayed["result"]["capabilities"];
     for feature in [
