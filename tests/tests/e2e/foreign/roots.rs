@@ -1,7 +1,7 @@
 //! What published servers ask of their client and tell it, directly and through
 //! plexus: server-filesystem narrowed to its client's roots (asked for at start and
 //! again when they change), and server-memory announcing a change to a subscribed
-//! resource.
+//! resource (to a handshake-era subscriber and on a 2026-07-28 listen stream).
 
 // The SDK marks roots and resources/subscribe deprecated in favour of the 2026-07-28
 // forms; the published servers here still use them.
@@ -10,15 +10,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::ensure;
+use anyhow::{ensure, Context};
+use plexus_tests::answering::AnsweringClient;
 use plexus_tests::{arguments, eventually, json_of, Daemon, RawStdioSession};
 use rmcp::model::{
-    CallToolRequestParams, ClientConfig, ListRootsResult, ResourceUpdatedNotificationParam, Root,
-    SubscribeRequestParams,
+    CallToolRequestParams, ClientConfig, ListRootsResult, ProtocolVersion,
+    ResourceUpdatedNotificationParam, Root, ServerNotification, SubscribeRequestParams,
+    SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use rmcp::{
+    ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient, ServiceExt,
+};
 use serde_json::{json, Value};
 
 use super::{exposed_uri, make_scenario, servers, start_directly};
@@ -266,6 +270,63 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
         Ok(())
     })
     .await?;
+
+    // A 2026-07-28 client listening for the same resource hears the next change,
+    // made by the handshake-era client, on its listen stream.
+    let modern = AnsweringClient::named("listener")
+        .modern()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await?;
+    let mut filter = SubscriptionFilter::new();
+    filter.resource_subscriptions = Some(vec![exposed.clone()]);
+    let mut subscription = modern.peer().listen(filter).await?;
+    ensure!(
+        subscription.acknowledged().resource_subscriptions == Some(vec![exposed.clone()]),
+        "{:?}",
+        subscription.acknowledged()
+    );
+    let more = json!({"observations": [{"entityName": "Ada", "contents": ["listened to"]}]});
+    service
+        .call_tool(
+            CallToolRequestParams::new("memory__add_observations").with_arguments(arguments(more)),
+        )
+        .await?;
+    let heard = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match subscription.next().await {
+                Ok(Some(ServerNotification::ResourceUpdatedNotification(update))) => {
+                    return Ok(update.params.uri)
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => anyhow::bail!("the listen stream ended"),
+                Err(error) => return Err(error.into()),
+            }
+        }
+    })
+    .await
+    .context("no update on the 2026-07-28 listen stream")??;
+    ensure!(heard == exposed, "{heard} for {exposed}");
+    // The subscriber hears that change once too, as it would directly.
+    eventually(Duration::from_secs(10), async || {
+        let updates = client
+            .updates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        ensure!(
+            updates == vec![exposed.clone(), exposed.clone()],
+            "through plexus, after two changes: {updates:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    drop(subscription);
+    modern.cancel().await?;
     service.cancel().await?;
     println!(
         "foreign servers, roots and updates: done in {:.1} s",
