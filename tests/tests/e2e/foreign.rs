@@ -576,7 +576,7 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
     let (memory, _) = &mut direct[1];
     modern_client_reads_bridged(&daemon.url, memory).await?;
     modern_client_to_modern_server(&daemon.url, &root).await?;
-    compared += 4;
+    compared += 5;
 
     for (session, _) in direct {
         session.close().await;
@@ -685,38 +685,46 @@ async fn modern_client_to_modern_server(url: &str, root: &Path) -> anyhow::Resul
         tools,
         &own_entries("git-modern", modern_tools, "name")?,
     )?;
-    let arguments = json!({"repo_path": repo, "max_count": 5});
-    let want = direct
-        .request(
-            "tools/call",
-            json!({"name": "git_log", "arguments": arguments, "_meta": modern_meta()}),
+    let calls = [
+        ("git_log", json!({"repo_path": repo, "max_count": 5})),
+        (
+            "git_show",
+            json!({"repo_path": repo, "revision": "no-such-revision"}),
+        ),
+    ];
+    for (id, (tool, arguments)) in (4..).zip(calls) {
+        let want = direct
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": arguments, "_meta": modern_meta()}),
+            )
+            .await?;
+        let exposed = format!("git-modern__{tool}");
+        let (status, got, _) = answer_of(
+            post_2026(
+                url,
+                json!(id),
+                "tools/call",
+                json!({"name": exposed, "arguments": arguments}),
+                Some(&exposed),
+            )
+            .await?,
         )
         .await?;
-    let tool = "git-modern__git_log";
-    let (status, got, _) = answer_of(
-        post_2026(
-            url,
-            json!(4),
-            "tools/call",
-            json!({"name": tool, "arguments": arguments}),
-            Some(tool),
-        )
-        .await?,
-    )
-    .await?;
-    ensure!(status == 200, "{status} {got}");
-    // A result's serverInfo names the server the client talks to: plexus.
-    let server_info = "io.modelcontextprotocol/serverInfo";
-    ensure!(
-        got["result"]["_meta"][server_info]["name"] == "plexus",
-        "git-modern: 2026-07-28 git_log: {got}"
-    );
-    let mut want = want;
-    want["result"]["_meta"][server_info] = got["result"]["_meta"][server_info].clone();
-    ensure!(
-        outcome(&want)? == outcome(&got)?,
-        "git-modern: 2026-07-28 git_log\n  directly:       {want}\n  through plexus: {got}"
-    );
+        ensure!(status == 200, "{status} {got}");
+        // A result's serverInfo names the server the client talks to: plexus.
+        let server_info = "io.modelcontextprotocol/serverInfo";
+        ensure!(
+            got["result"]["_meta"][server_info]["name"] == "plexus",
+            "git-modern: 2026-07-28 {tool}: {got}"
+        );
+        let mut want = want;
+        want["result"]["_meta"][server_info] = got["result"]["_meta"][server_info].clone();
+        ensure!(
+            outcome(&want)? == outcome(&got)?,
+            "git-modern: 2026-07-28 {tool}\n  directly:       {want}\n  through plexus: {got}"
+        );
+    }
     direct.close().await;
     Ok(())
 }
