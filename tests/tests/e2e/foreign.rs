@@ -399,8 +399,10 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
             "[upstreams.git-modern]\nuvx = \"{GIT}\"\nargs = [\"--repository\", {:?}]\nprotocol = \"2026-07-28\"\ninit_timeout = \"180s\"\n",
             root.join("repo").display().to_string()
         );
+    // Small pages: every listing is written across pages (entries spliced, cursors).
     let daemon = Daemon::builder()
         .dir(dir)
+        .daemon("page_size = 7")
         .upstreams(sections)
         .start()
         .await?;
@@ -600,6 +602,30 @@ fn modern_meta() -> Value {
     })
 }
 
+/// Every tool plexus lists to a session-less 2026-07-28 client, every page read.
+async fn modern_tools(url: &str) -> anyhow::Result<Vec<Value>> {
+    let mut tools = Vec::new();
+    let mut params = json!({});
+    for page in 0.. {
+        let (status, listing, _) =
+            answer_of(post_2026(url, json!(page), "tools/list", params, None).await?).await?;
+        ensure!(status == 200, "{status} {listing}");
+        let result = &listing["result"];
+        tools.extend(
+            result["tools"]
+                .as_array()
+                .with_context(|| format!("2026-07-28 tools/list: {listing}"))?
+                .iter()
+                .cloned(),
+        );
+        match result.get("nextCursor") {
+            Some(cursor) if !cursor.is_null() => params = json!({"cursor": cursor}),
+            _ => break,
+        }
+    }
+    Ok(tools)
+}
+
 /// A 2026-07-28 client, session-less, bridged to the handshake-era filesystem
 /// server: the same listing entries and the same result as the handshake client
 /// directly, but for `resultType`.
@@ -609,16 +635,11 @@ async fn modern_client_bridged(
     root: &Path,
     relayed_tools: &[Value],
 ) -> anyhow::Result<()> {
-    let (status, listing, _) =
-        answer_of(post_2026(url, json!(1), "tools/list", json!({}), None).await?).await?;
-    ensure!(status == 200, "{status} {listing}");
-    let modern_tools = listing["result"]["tools"]
-        .as_array()
-        .context("2026-07-28 tools/list")?;
+    let modern_tools = modern_tools(url).await?;
     same_entries(
         "filesystem: 2026-07-28 tools/list",
         &own_entries("filesystem", relayed_tools, "name")?,
-        &own_entries("filesystem", modern_tools, "name")?,
+        &own_entries("filesystem", &modern_tools, "name")?,
     )?;
     let arguments = json!({"path": root.join("files/alpha.txt")});
     let want = filesystem
@@ -674,16 +695,11 @@ async fn modern_client_to_modern_server(url: &str, root: &Path) -> anyhow::Resul
         .request("tools/list", json!({"_meta": modern_meta()}))
         .await?;
     let tools = want["result"]["tools"].as_array().context("tools")?;
-    let (status, listing, _) =
-        answer_of(post_2026(url, json!(3), "tools/list", json!({}), None).await?).await?;
-    ensure!(status == 200, "{status} {listing}");
-    let modern_tools = listing["result"]["tools"]
-        .as_array()
-        .context("2026-07-28 tools/list")?;
+    let modern_tools = modern_tools(url).await?;
     same_entries(
         "git-modern: 2026-07-28 tools/list",
         tools,
-        &own_entries("git-modern", modern_tools, "name")?,
+        &own_entries("git-modern", &modern_tools, "name")?,
     )?;
     let calls = [
         ("git_log", json!({"repo_path": repo, "max_count": 5})),
