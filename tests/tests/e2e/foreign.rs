@@ -200,6 +200,13 @@ fn make_scenario(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What both sides write through server-filesystem, last through plexus: the file
+/// must hold exactly this afterwards (a relay that changed it would be read back
+/// the same way by both sides).
+fn large_text() -> String {
+    "caf\u{e9} \u{1F600} \"q\" \\ \u{2028}\n".repeat(200)
+}
+
 fn servers(root: &Path) -> Vec<Server> {
     let files = root.join("files").display().to_string();
     let repo = root.join("repo").display().to_string();
@@ -229,6 +236,15 @@ fn servers(root: &Path) -> Vec<Server> {
                     json!({"path": file("written.txt"), "content": "written through a test\n"}),
                 ),
                 ("read_text_file", json!({"path": file("written.txt")})),
+                // Arguments of 1 KiB and more are passed on unread.
+                (
+                    "write_file",
+                    json!({"path": file("large.txt"), "content": large_text()}),
+                ),
+                (
+                    "read_text_file",
+                    json!({"path": file("large.txt"), "head": 2}),
+                ),
                 (
                     "edit_file",
                     json!({"path": file("written.txt"), "edits": [{"oldText": "test", "newText": "check"}], "dryRun": true}),
@@ -497,6 +513,10 @@ async fn published_servers_answer_the_same_through_plexus_as_directly() -> anyho
             if got.get("error").is_some() || got["result"]["isError"] == true {
                 errors += 1;
             }
+        }
+        if name == "filesystem" {
+            let written = std::fs::read_to_string(root.join("files/large.txt"))?;
+            ensure!(written == large_text(), "plexus changed what it wrote");
         }
         // Each server's list ends in calls it refuses: its errors are compared too.
         ensure!(
