@@ -170,7 +170,7 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
         .clone()
         .serve(StreamableHttpClientTransport::from_uri(daemon.url.clone()))
         .await?;
-    let got_first = eventually(Duration::from_secs(10), async || {
+    let got_first = eventually(Duration::from_secs(30), async || {
         let got = relayed_allowed(&service).await?;
         ensure!(allowed(&got).ends_with("notes"), "{got}");
         Ok(got)
