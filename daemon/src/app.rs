@@ -29,6 +29,11 @@ use crate::{admin, listener, memory, own_stdio, stdio_front};
 /// The file in the state directory that tells tools where a running daemon listens.
 pub const RUNTIME_FILE: &str = "daemon.json";
 
+/// `stdio-<pid>.json` in the state directory: a `serve --stdio` daemon is running
+/// with this config and pin file. It has no listener to ask, so `plexus pins`
+/// changes the pin file, which the daemon watches.
+pub const STDIO_RUNTIME_PREFIX: &str = "stdio-";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot listen on {address}: {source}")]
@@ -93,7 +98,13 @@ impl Daemon {
         let tasks = TaskTracker::new();
         let (control, inbox) = control::channel();
         let (settings, settings_receiver) = watch::channel(loaded.config.daemon.clone());
-        let watcher = control::watch_config(&loaded.path, control.clone(), shutdown.clone(), &tasks)
+        let watcher = control::watch_config(
+            &loaded.path,
+            &loaded.config.daemon.pins,
+            control.clone(),
+            shutdown.clone(),
+            &tasks,
+        )
             .map_err(|error| {
                 tracing::warn!(%error, "cannot watch the configuration file; reload with SIGHUP or `plexus reload`")
             })
@@ -385,6 +396,7 @@ async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeEr
     let signals = control::Signals::install().map_err(ServeError::Signals)?;
     raise_descriptor_limit();
     let upstreams = loaded.config.upstreams.len();
+    let registration = register_stdio(&loaded).await;
     // `[cluster]` is for nodes behind a balancer: a stdio front is one client's own.
     let daemon = Daemon::start(loaded, None, signals, None).await?;
     daemon.hub.serve_one_client();
@@ -405,7 +417,44 @@ async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeEr
     .await;
     tracing::info!("stdio client gone; stopping upstreams");
     daemon.stop().await;
+    if let Some(path) = registration {
+        let _ = tokio::fs::remove_file(path).await;
+    }
     Ok(())
+}
+
+/// Writes `stdio-<pid>.json` (`{pid, config, pins}`, absolute paths) in the state
+/// directory, so `plexus pins` knows a daemon holds that pin file; its path, to be
+/// removed as plexus stops. Serving goes on without it (a warning) if it cannot be written.
+async fn register_stdio(loaded: &Loaded) -> Option<PathBuf> {
+    let daemon = &loaded.config.daemon;
+    let pid = std::process::id();
+    let path = daemon
+        .state_dir
+        .join(format!("{STDIO_RUNTIME_PREFIX}{pid}.json"));
+    let absolute = |path: &Path| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let body = serde_json::json!({
+        "pid": pid,
+        "config": absolute(&loaded.path),
+        "pins": absolute(&daemon.pins),
+    });
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let target = path.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        crate::catalog_host::write_atomically(&target, &bytes, 0o644)
+    })
+    .await
+    .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())));
+    match written {
+        Ok(()) => Some(path),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "cannot write the stdio runtime file; `plexus pins` will not know this daemon runs");
+            None
+        }
+    }
 }
 
 /// The soft descriptor limit raised to the hard one, as far as allowed.

@@ -663,20 +663,26 @@ fn may_change_config(event: &notify::Event, config: Option<&std::ffi::OsStr>) ->
 pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// Watches the config file's directory (editors and ConfigMaps replace the file
-/// rather than write it) and asks for a reload once changes settle. The returned
-/// watcher must be kept: dropping it stops the watch.
+/// rather than write it), and the pin file's when it lives elsewhere, and asks for
+/// a reload once changes settle (a pin file changed by another writer, such as
+/// `plexus pins approve` beside a `serve --stdio` daemon, is then read again). The
+/// returned watcher must be kept: dropping it stops the watch.
 pub fn watch_config(
     path: &Path,
+    pins: &Path,
     control: ControlHandle,
     shutdown: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) -> notify::Result<notify::RecommendedWatcher> {
     use notify::Watcher;
-    let directory = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
+    let directory_of = |path: &Path| {
+        path.parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
+    };
+    let directory = directory_of(path);
+    let pins_directory = directory_of(pins);
     let name = path.file_name().map(std::ffi::OsStr::to_os_string);
     let (changes, quiet) = mpsc::unbounded_channel();
     let mut watcher =
@@ -689,6 +695,23 @@ pub fn watch_config(
         })?;
     watcher.watch(&directory, notify::RecursiveMode::NonRecursive)?;
     tracing::info!(directory = %directory.display(), "watching the configuration for changes");
+    let same_directory = match (directory.canonicalize(), pins_directory.canonicalize()) {
+        (Ok(config), Ok(pins)) => config == pins,
+        _ => directory == pins_directory,
+    };
+    if !same_directory {
+        // The pin file is always written whole and renamed into place: events the
+        // filter above lets through.
+        match watcher.watch(&pins_directory, notify::RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                tracing::info!(directory = %pins_directory.display(), "watching the pin file for changes")
+            }
+            // The config's watch stands; a change to the pin file is then read at a reload.
+            Err(error) => {
+                tracing::warn!(directory = %pins_directory.display(), %error, "cannot watch the pin file's directory")
+            }
+        }
+    }
     tasks.spawn(async move {
         tokio::select! {
             _ = debounce(quiet, WATCH_DEBOUNCE, || control.request_reload(ReloadCause::FileChanged)) => {}

@@ -213,7 +213,9 @@ impl Pins {
         let saves = Saves::default();
         *saves.stamp.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
         Pins {
-            path: path.to_path_buf(),
+            // Absolute, as `GET /pins` reports it: `plexus pins` compares it with the
+            // file its own config names, from another working directory.
+            path: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
             state: Arc::new(Mutex::new(State {
                 file,
                 observed: HashMap::new(),

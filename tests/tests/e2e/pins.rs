@@ -3,7 +3,8 @@
 //! `list_changed`) is found, classified, held back on every path under `block`
 //! until `plexus pins approve` (live and offline), while the rest of the upstream
 //! keeps working; `warn`, `ignore` and `strict` behave as named; a corrupt pin file
-//! fails closed; `plexus hash` equals what the daemon pins.
+//! fails closed; `plexus hash` equals what the daemon pins; an approval reaches a
+//! `serve --stdio` daemon through the pin file it watches.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -11,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use plexus_tests::answering::AnsweringClient;
-use plexus_tests::{eventually, fixture_upstream, plexus_binary, Daemon, RawHttpSession};
+use plexus_tests::{
+    eventually, fixture_upstream, plexus_binary, Daemon, RawHttpSession, RawStdioSession,
+};
 use rmcp::model::{ProtocolVersion, SubscriptionFilter};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
@@ -1071,5 +1074,105 @@ async fn pins_taken_just_before_a_stop_are_on_disk_after_it() -> anyhow::Result<
         pinned["upstreams"]["alpha"]["pinned"]["entries"]["tools/add"].is_object(),
         "{pinned}"
     );
+    Ok(())
+}
+
+/// A `serve --stdio` daemon has no admin listener: `plexus pins approve` changes its
+/// pin file (kept away from the config here), which the daemon watches, and is not
+/// answered by the HTTP daemon of another config listening at the admin address
+/// this config names (as the default port would be), which has nothing pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_reaches_a_stdio_daemon_past_another_configs_daemon() -> anyhow::Result<()> {
+    let other = Daemon::builder().upstreams(alpha("v1")).start().await?;
+    other.wait_ready(WAIT).await?;
+
+    let dir = tempfile::tempdir()?;
+    let drift_file = dir.path().join("drift");
+    std::fs::write(&drift_file, "")?;
+    std::fs::create_dir(dir.path().join("pins"))?;
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nadmin_listen = {:?}\nstate_dir = {:?}\npins = {:?}\n\n{}",
+            other.admin.trim_start_matches("http://"),
+            dir.path().join("state").display().to_string(),
+            dir.path().join("pins/plexus.lock").display().to_string(),
+            drifting("alpha", &drift_file, ""),
+        ),
+    )?;
+    let config = config.display().to_string();
+    let mut stdio =
+        RawStdioSession::spawn(&plexus_binary(), &["serve", "--stdio", "--config", &config])
+            .await?;
+    // The drift renames `a` to `x` in the listing only: the fixture still adds `a`.
+    let add = |arguments: Value| json!({"name": "alpha__add", "arguments": arguments});
+    let first = stdio
+        .request("tools/call", add(json!({"a": 1, "b": 2})))
+        .await?;
+    ensure!(first.get("result").is_some(), "{first}");
+
+    std::fs::write(&drift_file, "rename-required")?;
+    let held = eventually(WAIT, async || {
+        let answer = stdio
+            .request("tools/call", add(json!({"x": 1, "a": 1, "b": 2})))
+            .await?;
+        ensure!(answer["error"]["code"] == -33006, "never held: {answer}");
+        Ok(answer)
+    })
+    .await?;
+    quarantined(&held, "breaking")?;
+    // The change is on disk once its write's moment has passed.
+    eventually(WAIT, async || {
+        let (code, out, err) = pins(dir.path(), &["status", "--json"]).await?;
+        let status: Value = serde_json::from_str(&out).with_context(|| format!("{code} {err}"))?;
+        ensure!(
+            status["upstreams"]["alpha"]["state"] == "changed",
+            "{status}"
+        );
+        ensure!(
+            status["stdio_daemons"]
+                .as_array()
+                .is_some_and(|pids| pids.len() == 1),
+            "{status}"
+        );
+        Ok(())
+    })
+    .await?;
+
+    let (code, out, err) = pins(dir.path(), &["approve", "alpha/add"]).await?;
+    ensure!(code == 0, "approve refused ({code}): {out} {err}");
+    ensure!(
+        out.contains("approved `add` of upstream `alpha` (2 changes)")
+            && out.contains("`plexus serve --stdio` daemon, pid"),
+        "{out}"
+    );
+    let started = Instant::now();
+    let called = eventually(WAIT, async || {
+        let answer = stdio
+            .request("tools/call", add(json!({"x": 1, "a": 1, "b": 2})))
+            .await?;
+        ensure!(answer.get("result").is_some(), "still held: {answer}");
+        Ok(answer)
+    })
+    .await?;
+    println!(
+        "the stdio daemon serves the approved tool {:?} after the approval",
+        started.elapsed()
+    );
+    ensure!(
+        called["result"]["structuredContent"]["sum"] == 3,
+        "{called}"
+    );
+
+    // The other config's daemon and its pin file are untouched.
+    let (_, theirs) = other.admin_get("/pins").await?;
+    let theirs: Value = serde_json::from_str(&theirs)?;
+    ensure!(
+        theirs["upstreams"]["alpha"]["state"] == "pinned",
+        "{theirs}"
+    );
+    ensure!(theirs["upstreams"]["alpha"]["approvals"] == 0, "{theirs}");
+    ensure!(other.stop().await?.success());
     Ok(())
 }
