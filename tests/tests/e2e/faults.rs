@@ -1343,3 +1343,56 @@ async fn an_upstream_flooding_stderr_costs_the_daemon_little_cpu() -> anyhow::Re
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// A handshake-era session's GET event stream is no work in flight: it ends, cleanly,
+/// as a shutdown begins (the client sees its end before plexus exits, however long
+/// `drain_timeout` is), and plexus exits as promptly as with nothing open. The stop
+/// is timed by waiting on the child: polled with `kill -0` from elsewhere, it lasts
+/// until whoever adopted the exited daemon reaps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_event_stream_ends_as_a_shutdown_begins_and_holds_no_exit() -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .daemon("drain_timeout = \"30s\"")
+        .upstreams(fixture_upstream("fx", "", &["--name", "streamed"]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let session = RawHttpSession::connect(&daemon.url).await?;
+    let id = session.session_id().context("no session id")?;
+    let response = reqwest::Client::new()
+        .get(&daemon.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await?;
+    ensure!(response.status() == 200, "{}", response.status());
+    // Read to its end on a task of its own, which notes when the end came.
+    let reading = tokio::spawn(async move {
+        let text = response.text().await;
+        (Instant::now(), text)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    ensure!(!reading.is_finished(), "the stream ended before the stop");
+    let started = Instant::now();
+    let status = daemon.stop().await?;
+    let exited = Instant::now();
+    ensure!(status.success(), "{status}");
+    let (ended, text) = tokio::time::timeout(Duration::from_secs(5), reading).await??;
+    let text = text.context("the stream broke instead of ending")?;
+    let took = exited - started;
+    println!(
+        "stop with a GET stream open: exit after {} ms, the stream's end seen after {} ms",
+        took.as_millis(),
+        ended.saturating_duration_since(started).as_millis()
+    );
+    ensure!(
+        ended <= exited,
+        "the stream ended only as the process went: {text:?}"
+    );
+    ensure!(
+        took < Duration::from_millis(1000),
+        "the stream held the stop: {took:?}"
+    );
+    Ok(())
+}
