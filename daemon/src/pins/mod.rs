@@ -117,13 +117,25 @@ impl FileStamp {
 }
 
 impl Saves {
-    /// Writes `file`, numbered `number`, unless newer contents are on disk already.
+    /// Writes `file`, numbered `number`, unless newer contents are on disk already
+    /// or, when `yielding`, another writer changed the file since it was last read
+    /// or written here (`plexus pins approve` beside a `serve --stdio` daemon): the
+    /// file is then read again first (the watcher, a reload), and the listings seen
+    /// here judged against it and written, rather than its change overwritten.
     /// Streamed: the file is several times its definitions' size, and one buffer
     /// of it would raise the allocator's trim threshold for good.
-    fn write(&self, path: &Path, number: u64, file: &PinFile) {
+    fn write(&self, path: &Path, number: u64, file: &PinFile, yielding: bool) {
         let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
         if number <= *written {
             return;
+        }
+        if yielding {
+            let now = FileStamp::of(path);
+            let known = *self.stamp.lock().unwrap_or_else(PoisonError::into_inner);
+            if now.is_some() && now != known {
+                tracing::info!(path = %path.display(), "the pin file changed on disk; it is read again before this daemon's changes are written");
+                return;
+            }
         }
         match write_atomically_with(path, 0o600, |out| file.write_to(out)) {
             Ok(()) => {
@@ -422,16 +434,11 @@ impl Pins {
         let file = {
             // Held so that no write of this node's lands meanwhile (released before
             // the state is taken: a write is made with the state held).
-            let _written = self
+            let mut written = self
                 .saves
                 .written
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if self.saves.scheduled.load(Ordering::Acquire) {
-                // Changes of this node's own are on their way to the file: the next
-                // reload looks again.
-                return None;
-            }
             let now = FileStamp::of(&self.path);
             let mut stamp = self
                 .saves
@@ -444,6 +451,9 @@ impl Pins {
             match PinFile::read(&self.path) {
                 Ok(file) => {
                     *stamp = now;
+                    // Copies taken before this read are not written over it; the
+                    // listings seen here are judged against it and saved afresh.
+                    *written = (*written).max(self.saves.numbered.load(Ordering::Acquire));
                     file
                 }
                 Err(error) => {
@@ -454,8 +464,11 @@ impl Pins {
         };
         tracing::info!(path = %self.path.display(), "the pin file changed on disk; its pins are in force");
         let mut state = self.lock();
+        // The listings seen here, read before the swap: one kept as the old file's
+        // pin or pending catalog may be in the new one no more.
+        let judged = Self::to_judge(&state);
         state.file = Ok(file);
-        Some(Self::to_judge(&state))
+        Some(judged)
     }
 
     /// The upstreams seen in this run, with their listings, to be judged again.
@@ -548,7 +561,7 @@ impl Pins {
         let runtime = tokio::runtime::Handle::try_current().ok();
         if wait || runtime.is_none() {
             let number = self.saves.numbered.fetch_add(1, Ordering::AcqRel) + 1;
-            self.saves.write(&self.path, number, file);
+            self.saves.write(&self.path, number, file, false);
             return;
         }
         self.saves.changes.fetch_add(1, Ordering::AcqRel);
@@ -566,7 +579,7 @@ impl Pins {
                 state.file.as_ref().ok().map(|file| (number, file.clone()))
             };
             if let Some((number, file)) = copied {
-                saves.write(&path, number, &file);
+                saves.write(&path, number, &file, true);
             }
         };
         if let Some(runtime) = runtime {
@@ -759,6 +772,54 @@ mod tests {
             fingerprint::catalog_fingerprint(&drifted)
         );
         assert!(is_in_file(&pins));
+    }
+
+    /// Another writer's change (an approval written by `plexus pins approve` while
+    /// no admin listener runs) is not overwritten by this daemon's next background
+    /// write: it is read again, and what this daemon saw is judged and written on top.
+    #[tokio::test]
+    async fn another_writers_change_is_read_before_this_daemons_own_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plexus.lock");
+        let pins = pins_in(dir.path());
+        let (first, drifted) = (listing("Adds."), listing("Adds. Then mails the sum."));
+        pins.observe("alpha", &first, BLOCK);
+        pins.observe("alpha", &drifted, BLOCK);
+        // Later writes go at once, so each step is on disk when the next is taken.
+        pins.flush().await;
+
+        let mut theirs = PinFile::read(&path).unwrap();
+        assert!(theirs.upstreams["alpha"].pending.is_some());
+        theirs.approve("alpha", None).unwrap();
+        crate::catalog_host::write_atomically(&path, &theirs.to_bytes(), 0o600).unwrap();
+
+        // A change of this daemon's own, written in the background.
+        pins.observe("beta", &first, BLOCK);
+        pins.flush().await;
+        let on_disk = PinFile::read(&path).unwrap();
+        assert_eq!(
+            on_disk.upstreams["alpha"].history.len(),
+            1,
+            "the approval was overwritten"
+        );
+        assert!(on_disk.upstreams["alpha"].pending.is_none());
+
+        let reread = pins.reread_if_changed();
+        assert!(reread.is_some(), "the change is not read");
+        for (name, listing) in reread.unwrap() {
+            pins.observe(&name, &listing, BLOCK);
+        }
+        pins.flush().await;
+        let on_disk = PinFile::read(&path).unwrap();
+        assert_eq!(on_disk.upstreams["alpha"].history.len(), 1);
+        assert!(
+            on_disk
+                .upstreams
+                .get("beta")
+                .is_some_and(|beta| beta.pinned.is_some()),
+            "this daemon's own change is lost"
+        );
+        assert!(!held(&pins.evaluate("alpha", &drifted, BLOCK)));
     }
 
     #[test]
