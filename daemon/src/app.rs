@@ -398,7 +398,15 @@ async fn serve_stdio(loaded: Loaded, view: Option<String>) -> Result<(), ServeEr
     let upstreams = loaded.config.upstreams.len();
     let registration = register_stdio(&loaded).await;
     // `[cluster]` is for nodes behind a balancer: a stdio front is one client's own.
-    let daemon = Daemon::start(loaded, None, signals, None).await?;
+    let daemon = match Daemon::start(loaded, None, signals, None).await {
+        Ok(daemon) => daemon,
+        Err(error) => {
+            if let Some(path) = registration {
+                let _ = tokio::fs::remove_file(path).await;
+            }
+            return Err(error);
+        }
+    };
     daemon.hub.serve_one_client();
     tracing::info!(upstreams, "plexus serving one client on stdio");
     let own_stdio::OwnStdio {

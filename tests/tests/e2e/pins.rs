@@ -1165,6 +1165,17 @@ async fn an_approval_reaches_a_stdio_daemon_past_another_configs_daemon() -> any
         "{called}"
     );
 
+    // The daemon's record of itself goes with it.
+    let records = || -> anyhow::Result<usize> {
+        Ok(std::fs::read_dir(dir.path().join("state"))?
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("stdio-"))
+            .count())
+    };
+    ensure!(records()? == 1, "no stdio-<pid>.json while it serves");
+    stdio.close().await;
+    ensure!(records()? == 0, "stdio-<pid>.json outlived its daemon");
+
     // The other config's daemon and its pin file are untouched.
     let (_, theirs) = other.admin_get("/pins").await?;
     let theirs: Value = serde_json::from_str(&theirs)?;
