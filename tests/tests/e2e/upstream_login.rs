@@ -100,6 +100,47 @@ pub(crate) async fn plexus_in(
     Ok(output)
 }
 
+/// The provider, A (protected by it, fronting the fixture) and B's config
+/// sections: a hosted upstream `hosted` at A, with no credentials.
+pub(crate) struct Hosted {
+    pub(crate) idp: Idp,
+    pub(crate) a: Daemon,
+    /// A's port (the audience of the tokens it admits).
+    pub(crate) port: u16,
+    pub(crate) sections: String,
+}
+
+impl Hosted {
+    /// Access tokens living `ttl` seconds, and refresh tokens.
+    pub(crate) async fn start(dir: &std::path::Path, ttl: u64) -> anyhow::Result<Hosted> {
+        let ttl = ttl.to_string();
+        Hosted::start_with(dir, &[("IDP_ACCESS_TTL", &ttl), ("IDP_REFRESH", "1")]).await
+    }
+
+    /// With the provider's settings `idp_env`.
+    pub(crate) async fn start_with(
+        dir: &std::path::Path,
+        idp_env: &[(&str, &str)],
+    ) -> anyhow::Result<Hosted> {
+        let port = restartable_port()?;
+        let idp = Idp::start_with(dir, restartable_port()?, &audience(port), idp_env).await?;
+        let a = Daemon::builder()
+            .listen(format!("127.0.0.1:{port}"))
+            .daemon(daemon_lines(&idp.issuer(), port, ""))
+            .upstreams(fixture_upstream("fx", "", &[]))
+            .start()
+            .await?;
+        a.wait_ready(Duration::from_secs(60)).await?;
+        let sections = format!("[upstreams.hosted]\nurl = {:?}\n", a.url);
+        Ok(Hosted {
+            idp,
+            a,
+            port,
+            sections,
+        })
+    }
+}
+
 pub(crate) fn refreshes(outcome: &str) -> String {
     format!("plexus_oauth_refresh_total{{outcome=\"{outcome}\",upstream=\"hosted\"}}")
 }
@@ -111,26 +152,16 @@ async fn a_hosted_upstream_waits_for_a_login_and_refreshes_once_for_many_calls(
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let ttl = ACCESS_TTL_S.to_string();
-    let idp = Idp::start_with(
-        dir.path(),
-        restartable_port()?,
-        &audience(port),
-        &[("IDP_ACCESS_TTL", &ttl), ("IDP_REFRESH", "1")],
-    )
-    .await?;
-    let a = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    a.wait_ready(Duration::from_secs(60)).await?;
+    let Hosted {
+        idp,
+        a,
+        port,
+        sections,
+    } = Hosted::start(dir.path(), ACCESS_TTL_S).await?;
     let audit = dir.path().join("b-audit.jsonl");
     let b = Daemon::builder()
         .daemon(format!("audit_log = {:?}", audit.display().to_string()))
-        .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
+        .upstreams(sections)
         .start()
         .await?;
 
@@ -623,25 +654,13 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let idp = Idp::start_with(
-        dir.path(),
-        restartable_port()?,
-        &audience(port),
-        &[("IDP_DEVICE_INTERVAL", "1")],
-    )
-    .await?;
-    let a = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    a.wait_ready(Duration::from_secs(60)).await?;
-    let b = Daemon::builder()
-        .upstreams(format!("[upstreams.hosted]\nurl = {:?}\n", a.url))
-        .start()
-        .await?;
+    let Hosted {
+        idp,
+        a: _a,
+        sections,
+        ..
+    } = Hosted::start_with(dir.path(), &[("IDP_DEVICE_INTERVAL", "1")]).await?;
+    let b = Daemon::builder().upstreams(sections).start().await?;
     wait_for_state(&b, "hosted", "needs_login").await?;
 
     // First a login in a browser, which registers plexus with the provider; the

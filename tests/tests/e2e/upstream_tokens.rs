@@ -11,12 +11,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use plexus_tests::{fixture_upstream, restartable_port, Daemon};
+use plexus_tests::Daemon;
 use serde_json::{json, Value};
 
-use crate::sso::{audience, daemon_lines, installed, Idp};
+use crate::sso::{installed, Idp};
 use crate::upstream_login::{
-    call_echo, plexus, plexus_in, refreshes, upstream_state, wait_for_state,
+    call_echo, plexus, plexus_in, refreshes, upstream_state, wait_for_state, Hosted,
 };
 
 /// The access tokens' lifetime at the provider: due for a refresh at half of it.
@@ -24,40 +24,8 @@ use crate::upstream_login::{
 /// the token held after a failed refresh is still admitted.
 const ACCESS_TTL_S: u64 = 6;
 
-/// The provider, A (protected, fronting the fixture) and B's config sections (a
-/// hosted upstream `hosted` at A, with no credentials).
-struct Hosted {
-    idp: Idp,
-    _a: Daemon,
-    sections: String,
-}
-
+/// What these tests ask of the hosted setup besides its start.
 impl Hosted {
-    async fn start(dir: &std::path::Path, ttl: u64) -> anyhow::Result<Hosted> {
-        let port = restartable_port()?;
-        let ttl = ttl.to_string();
-        let idp = Idp::start_with(
-            dir,
-            restartable_port()?,
-            &audience(port),
-            &[("IDP_ACCESS_TTL", &ttl), ("IDP_REFRESH", "1")],
-        )
-        .await?;
-        let a = Daemon::builder()
-            .listen(format!("127.0.0.1:{port}"))
-            .daemon(daemon_lines(&idp.issuer(), port, ""))
-            .upstreams(fixture_upstream("fx", "", &[]))
-            .start()
-            .await?;
-        a.wait_ready(Duration::from_secs(60)).await?;
-        let sections = format!("[upstreams.hosted]\nurl = {:?}\n", a.url);
-        Ok(Hosted {
-            idp,
-            _a: a,
-            sections,
-        })
-    }
-
     /// plexus B, in `dir` when given (a restart on its state).
     async fn b(&self, dir: Option<tempfile::TempDir>) -> anyhow::Result<Daemon> {
         let mut builder = Daemon::builder().upstreams(self.sections.clone());
