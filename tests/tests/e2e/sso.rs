@@ -8,7 +8,7 @@
 //! that changes `[daemon.oauth]` applies to the next request, in an open session
 //! too; the client's token reaches no upstream, log, audit line or status.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,30 @@ pub(crate) struct Idp {
     child: Child,
     port: u16,
     pub(crate) log: PathBuf,
+}
+
+/// A provider, and a plexus whose front it protects, serving the fixture as `fx`.
+pub(crate) struct Protected {
+    pub(crate) idp: Idp,
+    pub(crate) daemon: Daemon,
+    /// The daemon's port (the audience of the tokens it admits).
+    pub(crate) port: u16,
+}
+
+impl Protected {
+    /// With the provider's settings `idp_env`.
+    pub(crate) async fn start(dir: &Path, idp_env: &[(&str, &str)]) -> anyhow::Result<Protected> {
+        let port = restartable_port()?;
+        let idp = Idp::start_with(dir, restartable_port()?, &audience(port), idp_env).await?;
+        let daemon = Daemon::builder()
+            .listen(format!("127.0.0.1:{port}"))
+            .daemon(daemon_lines(&idp.issuer(), port, ""))
+            .upstreams(fixture_upstream("fx", "", &[]))
+            .start()
+            .await?;
+        daemon.wait_ready(Duration::from_secs(60)).await?;
+        Ok(Protected { idp, daemon, port })
+    }
 }
 
 impl Idp {
@@ -338,15 +362,7 @@ async fn expired_foreign_and_tampered_tokens_get_401_pointing_to_the_metadata() 
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
-    let daemon = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let Protected { idp, daemon, port } = Protected::start(dir.path(), &[]).await?;
     let metadata = format!(
         "resource_metadata=\"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp\""
     );
@@ -535,15 +551,7 @@ async fn an_unreachable_provider_makes_access_tokens_503_not_401() -> anyhow::Re
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
-    let daemon = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let Protected { idp, daemon, .. } = Protected::start(dir.path(), &[]).await?;
     // Minted, then the provider stops before plexus has fetched its keys.
     let valid = idp.mint(json!({"sub": "alice"})).await?;
     idp.stop().await?;
@@ -585,15 +593,7 @@ async fn a_reload_changing_the_oauth_table_applies_to_the_next_request() -> anyh
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let idp = Idp::start(dir.path(), restartable_port()?, &audience(port)).await?;
-    let daemon = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let Protected { idp, daemon, port } = Protected::start(dir.path(), &[]).await?;
     let moved = format!("{}/moved", audience(port));
     let old = idp.mint(json!({"sub": "alice"})).await?;
     let new = idp.mint(json!({"sub": "alice", "aud": moved})).await?;

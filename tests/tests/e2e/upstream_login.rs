@@ -20,14 +20,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use plexus_tests::{
-    fixture_upstream, plexus_binary, restartable_port, venv_python, workspace_root, Daemon,
-    RawHttpSession,
-};
+use plexus_tests::{plexus_binary, venv_python, workspace_root, Daemon, RawHttpSession};
 use serde_json::{json, Value};
 use tokio::process::Command;
 
-use crate::sso::{audience, daemon_lines, installed, Idp};
+use crate::sso::{audience, installed, Idp, Protected};
 
 /// The access tokens' lifetime at the provider: due for a refresh at half of it.
 const ACCESS_TTL_S: u64 = 20;
@@ -122,15 +119,11 @@ impl Hosted {
         dir: &std::path::Path,
         idp_env: &[(&str, &str)],
     ) -> anyhow::Result<Hosted> {
-        let port = restartable_port()?;
-        let idp = Idp::start_with(dir, restartable_port()?, &audience(port), idp_env).await?;
-        let a = Daemon::builder()
-            .listen(format!("127.0.0.1:{port}"))
-            .daemon(daemon_lines(&idp.issuer(), port, ""))
-            .upstreams(fixture_upstream("fx", "", &[]))
-            .start()
-            .await?;
-        a.wait_ready(Duration::from_secs(60)).await?;
+        let Protected {
+            idp,
+            daemon: a,
+            port,
+        } = Protected::start(dir, idp_env).await?;
         let sections = format!("[upstreams.hosted]\nurl = {:?}\n", a.url);
         Ok(Hosted {
             idp,
