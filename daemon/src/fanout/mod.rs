@@ -271,6 +271,17 @@ impl Fanout {
             .filter(|upstream| shown(upstream.name()))
         {
             let known = upstream.known_capabilities();
+            // Never heard from and nothing cached (a first `serve --stdio` answers
+            // `initialize` before its upstreams start): capabilities cannot be added
+            // later in a session, so announce what the upstream may have. A request
+            // it then lacks fails alone; a capability left out would go unused all
+            // session long (clients gate logging and completion on it).
+            if known.is_null() {
+                logging = true;
+                completions = true;
+                subscribe = true;
+                continue;
+            }
             if let Some(upstream_tasks) = known.get("tasks").filter(|t| t.is_object()) {
                 // The union of what upstreams support; calls route to the one that has it.
                 let merged = tasks.get_or_insert_with(|| json!({}));

@@ -39,6 +39,7 @@ mod systemd;
 mod task_bridge;
 mod task_listen;
 mod telemetry;
+mod ts_client;
 mod upstream_login;
 mod upstream_tokens;
 mod views;
