@@ -29,6 +29,8 @@ const PARSE_APART_FROM: usize = 64 * 1024;
 pub struct Snapshot {
     pub all: Arc<Catalog>,
     pub views: HashMap<String, Arc<Catalog>>,
+    /// The upstreams whose listings it was built from.
+    pub listed: std::collections::BTreeSet<String>,
 }
 
 impl Snapshot {
@@ -291,6 +293,12 @@ impl CatalogHost {
         self.lock().by_upstream.contains_key(name)
     }
 
+    /// Whether the catalog readers see (the published snapshot) lists `name`: a
+    /// listing installed under [`CatalogHost::hold`] is not there until the release.
+    pub fn publishes(&self, name: &str) -> bool {
+        self.catalog.borrow().listed.contains(name)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Listings> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -318,6 +326,7 @@ impl CatalogHost {
         #[allow(clippy::disallowed_types)]
         let started = std::time::Instant::now();
         let parts = state.by_upstream.values().cloned().collect();
+        let listed = state.by_upstream.keys().cloned().collect();
         let (catalog, warnings) = Catalog::assemble(parts, &state.options);
         self.report(state, warnings);
         for kind in Kind::ALL {
@@ -334,6 +343,7 @@ impl CatalogHost {
         self.catalog.send_replace(Arc::new(Snapshot {
             all: Arc::new(catalog),
             views,
+            listed,
         }));
         self.metrics
             .catalog_rebuild
@@ -465,4 +475,40 @@ pub fn write_atomically_with(
         return Err(error);
     }
     std::fs::rename(&temporary, path)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A request routes in the published snapshot, so "listed" means published:
+    /// a request that stopped waiting for an upstream's first listing once it was
+    /// installed, but before the pump's release published it, routed nowhere.
+    #[test]
+    fn a_listing_installed_while_held_is_published_only_at_the_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let host = CatalogHost::new(CatalogOptions::default(), dir.path().into(), metrics);
+        let listing = UpstreamListing {
+            upstream: Arc::from("fx"),
+            prefix: "fx".into(),
+            tool_filter: ToolFilter::default(),
+            tools: vec![serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}})],
+            prompts: Vec::new(),
+            resources: Vec::new(),
+            resource_templates: Vec::new(),
+            instructions: None,
+            quarantine: Quarantine::default(),
+            cache: [None; 4],
+        };
+        host.hold();
+        host.install(1, listing, |_| Quarantine::default());
+        assert!(host.lists("fx"));
+        assert!(!host.publishes("fx"));
+        assert!(host.view(None).route_tool("fx__echo").is_none());
+        host.release();
+        assert!(host.publishes("fx"));
+        assert!(host.view(None).route_tool("fx__echo").is_some());
+    }
 }

@@ -315,7 +315,9 @@ impl Hub {
                 upstream.shared.state(),
                 UpstreamState::Starting | UpstreamState::Idle
             )
-            && !self.catalog.lists(upstream.name())
+            // Published, not merely installed: a request routes in what is published,
+            // and one that stopped waiting in between would find nothing there.
+            && !self.catalog.publishes(upstream.name())
     }
 
     /// The tracker of the tasks shutdown waits for.
@@ -490,9 +492,9 @@ impl Hub {
         self.next_session.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Whether `upstream` has a listing in the catalog (fresh, or kept from an earlier run).
+    /// Whether `upstream` has a listing in the published catalog (fresh, or kept from an earlier run).
     pub fn lists(&self, upstream: &str) -> bool {
-        self.catalog.lists(upstream)
+        self.catalog.publishes(upstream)
     }
 
     /// The upstream of that name, or the error a call to it gets.
