@@ -28,3 +28,8 @@ pub use raw_object::{RawObject, WrittenMember};
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
 pub use rpc::{Cause, ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};
+
+/// Counts each test thread's allocations, for the parsers' randomized tests.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: mutations::Counting = mutations::Counting;

@@ -120,3 +120,8 @@ pub fn run(command: Command) -> ExitCode {
 
 #[cfg(test)]
 mod testing;
+
+/// Counts each test thread's allocations, for the parsers' randomized tests.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: mutations::Counting = mutations::Counting;

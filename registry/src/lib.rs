@@ -21,3 +21,8 @@ pub use catalog::{
 pub use cursor::CursorError;
 pub use filter::ToolFilter;
 pub use quarantine::Quarantine;
+
+/// Counts each test thread's allocations, for the parsers' randomized tests.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: mutations::Counting = mutations::Counting;

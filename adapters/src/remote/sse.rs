@@ -212,4 +212,34 @@ mod tests {
         assert!(matches!(items[0], SseItem::TooLong { .. }));
         assert_eq!(items[1], event(None, "ok"));
     }
+
+    #[test]
+    fn hostile_streams_decode_within_the_cap_however_they_are_split() {
+        let seeds: [&[u8]; 3] = [
+            b"id: 0\nretry: 3000\ndata:\n\n: keep-alive\n\nevent: message\r\ndata: {\"a\":1}\r\n\r\nevent: endpoint\rdata: /messages?s=1\r\rdata: one\ndata: two\n\n",
+            b"event: endpoint\ndata: /messages?sessionId=abc\n\n",
+            b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\n\ndata: ok\n\n",
+        ];
+        let cases = mutations::cases(&seeds, 3_000, 0x55E);
+        mutations::check("SseDecoder", &cases, 256, |input| {
+            let (whole, decoder) = decode(&[input], 100);
+            for item in &whole {
+                match item {
+                    SseItem::Event { kind, data } => {
+                        assert!(data.len() <= 100);
+                        assert!(kind
+                            .as_ref()
+                            .is_none_or(|kind| kind.len() <= 3 * (100 + FIELD_SLACK)));
+                    }
+                    SseItem::TooLong { head } => assert!(head.len() <= HEAD_BYTES),
+                }
+            }
+            assert!(decoder.line.len() <= 100 + FIELD_SLACK);
+            // Where the reads happen to end changes nothing.
+            let chunks: Vec<&[u8]> = input.chunks(7).collect();
+            assert_eq!(decode(&chunks, 100).0, whole);
+            let (head, tail) = input.split_at(input.len() / 2);
+            assert_eq!(decode(&[head, tail], 100).0, whole);
+        });
+    }
 }
