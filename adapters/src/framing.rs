@@ -48,6 +48,14 @@ impl LineDecoder {
 /// UTF-8's byte-order mark.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
+fn bom_length(line: &[u8]) -> usize {
+    if line.starts_with(BOM) {
+        BOM.len()
+    } else {
+        0
+    }
+}
+
 impl Decoder for LineDecoder {
     type Item = Frame;
     type Error = std::io::Error;
@@ -95,8 +103,12 @@ impl Decoder for LineDecoder {
                     self.scanned = 0;
                     return Ok(None);
                 }
-                None if buf.len() > self.max_line_bytes => {
-                    let head = Bytes::copy_from_slice(&buf[..HEAD_BYTES.min(buf.len())]);
+                // A byte-order mark is not the line's: it counts neither for the cap
+                // nor in the head, as once the line's end has arrived (whether a
+                // line passes must not depend on where the reads ended).
+                None if buf.len() - bom_length(buf) > self.max_line_bytes => {
+                    let line = &buf[bom_length(buf)..];
+                    let head = Bytes::copy_from_slice(&line[..HEAD_BYTES.min(line.len())]);
                     buf.clear();
                     self.scanned = 0;
                     self.discarding = true;
@@ -216,5 +228,50 @@ mod tests {
         assert!(buf.capacity() <= RETAINED_BYTES, "{}", buf.capacity());
         buf.extend_from_slice(b"{}\n");
         assert_eq!(decoder.decode(&mut buf).unwrap(), Some(line("{}")));
+    }
+
+    /// Every line decoded in chunks of the given sizes (cycled), then at the end.
+    fn decode_chunked(input: &[u8], limit: usize, sizes: &[usize]) -> Vec<Frame> {
+        let mut decoder = LineDecoder::new(limit);
+        let (mut frames, mut buf, mut rest) = (Vec::new(), BytesMut::new(), input);
+        for size in sizes.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (chunk, tail) = rest.split_at((*size).min(rest.len()));
+            buf.extend_from_slice(chunk);
+            rest = tail;
+            while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                frames.push(frame);
+            }
+        }
+        while let Some(frame) = decoder.decode_eof(&mut buf).unwrap() {
+            frames.push(frame);
+        }
+        frames
+    }
+
+    #[test]
+    fn hostile_streams_frame_within_the_cap_however_they_are_split() {
+        let seeds: [&[u8]; 4] = [
+            b"{\"a\":1}\r\nbanner\n{}",
+            b"\xEF\xBB\xBF{\"a\":1}\n\xEF\xBB\xBF{}\r\n\xEF\xBB\xBF[]",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[]}}\n",
+            b"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\nok\n",
+        ];
+        let cases = mutations::cases(&seeds, 3_000, 0xF4A3);
+        let sizes = [1, 7, 4096, 3, 65_536];
+        // The frames are kept (about 80 bytes each), one per input byte at most.
+        mutations::check("LineDecoder", &cases, 256, |input| {
+            let whole = decode_chunked(input, 1_000, &[usize::MAX]);
+            for frame in &whole {
+                match frame {
+                    Frame::Line(line) => assert!(line.len() <= 1_000),
+                    Frame::TooLong { head, .. } => assert!(head.len() <= HEAD_BYTES),
+                }
+            }
+            // Where the reads happen to end changes nothing.
+            assert_eq!(decode_chunked(input, 1_000, &sizes), whole);
+        });
     }
 }
