@@ -441,4 +441,25 @@ mod tests {
         assert!(error.to_string().contains("pip install uv"), "{error}");
         assert!(resolve_program("sh", Some("/usr/bin:/bin")).is_ok());
     }
+
+    #[test]
+    fn hostile_naked_uris_are_parsed_or_refused_and_never_panic() {
+        let seeds: [&[u8]; 4] = [
+            b"mcp+uvx://mcp-server-fetch/mcp-server-fetch?arg=--x&ignore-robots-txt",
+            b"mcp+npx://%40modelcontextprotocol%2Fserver-everything?command=stdio",
+            b"mcp+python://./server.py?port=8080&verbose",
+            b"mcp+node://./dist/index.js?arg=a%20b",
+        ];
+        let cases = mutations::cases(&seeds, 4_000, 0x1A5C);
+        mutations::check("parse_naked_uri", &cases, 32, |input| {
+            let uri = String::from_utf8_lossy(input);
+            if let Ok(decoded) = percent_decode(&uri) {
+                assert!(decoded.len() <= uri.len());
+            }
+            if let Ok((launcher, args)) = parse_naked_uri(&uri) {
+                assert!(args.iter().map(String::len).sum::<usize>() <= 3 * uri.len());
+                let _ = launcher.unversioned_package();
+            }
+        });
+    }
 }

@@ -126,4 +126,25 @@ mod tests {
         assert_eq!(escaped.param("realm"), Some(r#"a "q""#));
         assert_eq!(escaped.scopes(), ["s1"]);
     }
+
+    #[test]
+    fn hostile_challenges_are_read_or_refused_and_never_panic() {
+        let seeds: [&[u8]; 3] = [
+            br#"Basic realm="x", Bearer error="insufficient_scope", scope="mcp:write mcp:read", resource_metadata="http://h/.well-known/oauth-protected-resource/mcp""#,
+            br#"bearer realm="a \"q\"", scope=s1"#,
+            b"Bearer token68value==, Basic realm=\"a, b\"",
+        ];
+        let cases = mutations::cases(&seeds, 4_000, 0xC4A1);
+        mutations::check("Challenge::parse", &cases, 16, |header| {
+            let Some(challenge) = Challenge::parse(&String::from_utf8_lossy(header)) else {
+                return;
+            };
+            for (name, value) in &challenge.params {
+                assert!(!name.is_empty() && name.chars().all(is_token_char));
+                assert_eq!(name, &name.to_ascii_lowercase());
+                assert!(value.len() <= header.len() * 3);
+            }
+            let _ = (challenge.scopes(), challenge.is_insufficient_scope());
+        });
+    }
 }

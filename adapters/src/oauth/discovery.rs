@@ -267,4 +267,29 @@ mod tests {
         assert!(!resource_covers("http://h:1/mc", "http://h:1/mcp"));
         assert!(!resource_covers("http://h:2/mcp", "http://h:1/mcp"));
     }
+
+    #[test]
+    fn hostile_urls_make_well_known_urls_on_their_own_origin_only() {
+        let seeds: [&[u8]; 3] = [
+            b"https://mcp.example.com:8443/tenant/mcp/",
+            b"http://127.0.0.1:9/.well-known/oauth-protected-resource/mcp",
+            b"https://auth.example.com/realms/a?b=c#d",
+        ];
+        let mut cases = mutations::cases(&seeds, 3_000, 0xD15C);
+        // These come from the config or a response's header (hyper reads heads of
+        // at most 64 KiB): the megabyte cases would only time the URL parser.
+        cases.retain(|case| case.len() <= 64 * 1024);
+        mutations::check("well-known URLs", &cases, 64, |input| {
+            let url = String::from_utf8_lossy(input);
+            let origin = split_origin(&url).map(|(origin, _)| origin);
+            for made in resource_metadata_urls(&url, None)
+                .into_iter()
+                .chain(server_metadata_urls(&url))
+            {
+                let made_origin = split_origin(&made).map(|(origin, _)| origin);
+                assert_eq!(made_origin, origin, "{url} made {made}");
+            }
+            let _ = resource_covers(&url, "http://127.0.0.1:9/mcp");
+        });
+    }
 }

@@ -300,4 +300,24 @@ mod tests {
         std::fs::write(directory.path().join("oauth/key"), [7u8; 32]).unwrap();
         assert!(store.load().tokens.is_none());
     }
+
+    #[test]
+    fn a_hostile_token_file_starts_afresh_and_never_panics() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = TokenStore::for_server(&directory.path().join("oauth"), "http://h/mcp");
+        let plain = br#"{"registrations":{"http://as":{"client_id":"c","client_secret":"s","auth_method":"client_secret_basic","dynamic":true}},"tokens":{"issuer":"http://as","resource":"http://h/mcp","access_token":"a","refresh_token":"r","expires_at":5,"scopes":["x"],"issued_at":1}}"#;
+        store
+            .save(&serde_json::from_slice::<Stored>(plain).unwrap())
+            .unwrap();
+        let sealed = std::fs::read(store.path().unwrap()).unwrap();
+        let path = store.path().unwrap().to_path_buf();
+        let cases = mutations::cases(&[plain, &sealed], 600, 0x70C);
+        mutations::check("TokenStore::load", &cases, 16, |file| {
+            std::fs::write(&path, file).unwrap();
+            let stored = store.load();
+            if let Some(tokens) = stored.tokens {
+                assert!(tokens.access_token.len() <= file.len());
+            }
+        });
+    }
 }

@@ -367,4 +367,39 @@ mod tests {
         assert_eq!(credentials("me", "").basic_authorization(), "Basic bWU6");
         assert!(!format!("{:?}", credentials("me", "secret")).contains("secret"));
     }
+
+    #[test]
+    fn hostile_urls_endpoints_and_headers_are_checked_and_never_panic() {
+        let seeds: [&[u8]; 6] = [
+            b"https://user:p%40ss@mcp.example.com:8443/sse?key=1#frag",
+            b"/messages?sessionId=abc",
+            b"//127.0.0.1:9/messages",
+            b"../../a/./b/../c?x=%41",
+            b"http://[::1]:80/mcp",
+            b"X-Api-Key: v\xc3\xa9",
+        ];
+        let base: Uri = "http://127.0.0.1:9/sse/".parse().unwrap();
+        let mut cases = mutations::cases(&seeds, 3_000, 0xE9D);
+        // These come from the config or a response's header (hyper reads heads of
+        // at most 64 KiB): the megabyte cases would only time the URL parser.
+        cases.retain(|case| case.len() <= 64 * 1024);
+        mutations::check("URLs and endpoints", &cases, 64, |input| {
+            let text = String::from_utf8_lossy(input);
+            if let Ok(uri) = check_url(&text) {
+                assert!(uri.host().is_some());
+                let _ = display_url(&uri);
+            }
+            // The credentials are gone from what may be logged.
+            if let Ok((url, Some(Credentials { user, .. }))) = split_credentials(&text) {
+                assert!(user.is_empty() || !url.contains(&format!("{user}@")));
+            }
+            if let Ok(uri) = resolve_endpoint(&base, &text) {
+                assert_eq!(uri.authority(), base.authority(), "{text}");
+                assert_eq!(uri.scheme(), base.scheme());
+            }
+            if let Some((name, value)) = text.split_once(':') {
+                let _ = check_header(name, value.trim());
+            }
+        });
+    }
 }
