@@ -246,4 +246,55 @@ mod tests {
             assert!(!origin_allowed(origin, &origins), "{origin}");
         }
     }
+
+    #[test]
+    fn hostile_hosts_origins_and_tokens_are_refused_and_never_panic() {
+        let allowed = vec![
+            "plexus.example".to_string(),
+            "tools.example:8443".to_string(),
+        ];
+        let seeds: [&[u8]; 5] = [
+            b"[::1]:7464",
+            b"PLEXUS.example:443",
+            b"https://127.0.0.1",
+            b"Bearer a-token-long-enough-0000",
+            b"localhost.evil.example",
+        ];
+        let config = r#"
+            [daemon]
+            auth_tokens = { ci = "a-token-long-enough-0000" }
+            allowed_hosts = ["plexus.example", "tools.example:8443"]
+        "#;
+        let settings = crate::config::parse(config, std::path::Path::new("/etc/plexus"), &|_| None)
+            .unwrap()
+            .daemon;
+        let cases = mutations::cases(&seeds, 4_000, 0xACCE);
+        mutations::check("Host, Origin, Authorization", &cases, 16, |value| {
+            let text = String::from_utf8_lossy(value);
+            // A name allowed only for being loopback is one.
+            if host_allowed(&text, &allowed) {
+                let lower = text.to_ascii_lowercase();
+                assert!(
+                    is_loopback_host(&text)
+                        || allowed.iter().any(|a| lower.starts_with(a.as_str())),
+                    "{text}"
+                );
+            }
+            if origin_allowed(&text, &[]) {
+                assert!(text.starts_with("http://") || text.starts_with("https://"));
+            }
+            let Ok(value) = http::HeaderValue::from_bytes(value) else {
+                return;
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, value.clone());
+            headers.insert(header::ORIGIN, value.clone());
+            headers.insert(header::AUTHORIZATION, value);
+            let _ = check_host_and_origin(&headers, &settings);
+            if let Ok(principal) = authenticate(&headers, &settings) {
+                assert_eq!(principal, "ci");
+                assert!(text.trim_end().ends_with("a-token-long-enough-0000"));
+            }
+        });
+    }
 }

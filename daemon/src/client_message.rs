@@ -670,4 +670,44 @@ mod tests {
         let text = call(&large("\\ud83d\\ude00"));
         assert!(ClientMessage::read(Bytes::from(text)).is_ok_and(|read| read.arguments.is_some()));
     }
+
+    #[test]
+    fn hostile_client_messages_are_read_or_refused_and_never_panic() {
+        let small = call(r#"{"a":1,"b":"\ud83d\ude00"}"#);
+        let big = call(&large("caf\\u00e9 \\\"quoted\\\""));
+        let served = modern(&meta_with(CAPABILITIES), r#"{"x":[1,2]}"#);
+        let seeds: [&[u8]; 5] = [
+            small.as_bytes(),
+            big.as_bytes(),
+            served.as_bytes(),
+            br#"{"jsonrpc":"2.0","id":"s","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"roots":{}},"clientInfo":{"name":"c","version":"1"}}}"#,
+            br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":null}]"#,
+        ];
+        let known = KnownCapabilities::default();
+        let cases = mutations::cases(&seeds, 4_000, 0xC11E);
+        mutations::check("a client's message", &cases, 128, |bytes| {
+            for mut read in [
+                ClientMessage::read(Bytes::copy_from_slice(bytes)),
+                ClientMessage::read_served(Bytes::copy_from_slice(bytes), &known),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let unread = read.arguments.as_ref().map(|arguments| arguments.read());
+                match (read.read_arguments(), unread) {
+                    // Arguments put back are the ones read.
+                    (Ok(()), Some(Ok(arguments))) => {
+                        assert_eq!(read.message["params"]["arguments"], arguments)
+                    }
+                    (Ok(()), None) => {}
+                    (Err(_), Some(Err(_))) => {}
+                    (put, unread) => panic!("put back {put:?} from {unread:?}"),
+                }
+                // What is read writes back as JSON that reads again.
+                let written = adapters::json_out::to_vec(&read.message);
+                assert_eq!(written, serde_json::to_vec(&read.message).unwrap());
+                serde_json::from_slice::<Value>(&written).unwrap();
+            }
+        });
+    }
 }

@@ -373,4 +373,25 @@ mod tests {
         let second = next_event(&mut buffer).unwrap();
         assert_eq!(event_message(&second).unwrap()["method"], "b");
     }
+
+    #[test]
+    fn a_peers_hostile_event_stream_is_read_or_skipped_and_never_panics() {
+        let seeds: [&[u8]; 2] = [
+            b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"a\"}\n\n: keep-alive\n\n",
+            b"data: {\"jsonrpc\":\"2.0\",\ndata: \"method\":\"b\"}\r\n\n",
+        ];
+        let cases = mutations::cases(&seeds, 3_000, 0x115E);
+        mutations::check("a peer's listen stream", &cases, 64, |stream| {
+            let mut buffer = BytesMut::from(stream);
+            let mut taken = 0;
+            while let Some(event) = next_event(&mut buffer) {
+                assert!(event.ends_with(b"\n\n"));
+                taken += event.len();
+                if let Some(message) = event_message(&event) {
+                    serde_json::to_vec(&message).unwrap();
+                }
+            }
+            assert_eq!(taken + buffer.len(), stream.len());
+        });
+    }
 }

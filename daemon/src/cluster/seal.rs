@@ -285,4 +285,24 @@ mod tests {
             Ok(("n2".into(), None))
         );
     }
+
+    #[test]
+    fn hostile_tokens_never_open_and_never_panic() {
+        let ring = ring(&["old secret, thirty-two characters"]);
+        let session = ring.seal(Purpose::Session, "n2", "alice");
+        let carried = ring.seal_carried(Purpose::State, "n2", "alice", "upstream's state");
+        let seeds: [&[u8]; 2] = [session.as_bytes(), carried.as_bytes()];
+        let cases = mutations::cases(&seeds, 4_000, 0x5EA1);
+        mutations::check("KeyRing::open", &cases, 16, |token| {
+            let token = String::from_utf8_lossy(token);
+            // Only the very tokens sealed open: an edit is a forgery.
+            if let Ok(node) = ring.open(Purpose::Session, &token, "alice") {
+                assert_eq!((node.as_str(), &*token), ("n2", session.as_str()));
+            }
+            if let Ok((node, state)) = ring.open_carried(Purpose::State, &token, "alice") {
+                assert_eq!(node, "n2");
+                assert_eq!(state.as_deref(), Some("upstream's state"));
+            }
+        });
+    }
 }

@@ -226,4 +226,34 @@ mod tests {
             &settings
         ));
     }
+
+    #[test]
+    fn hostile_cookies_and_page_tokens_admit_no_one_and_never_panic() {
+        let tokens = AuthTokens(vec![("ops".into(), "secret-one".into())]);
+        let cookie = sign_in("secret-one", &tokens).unwrap();
+        let pair = cookie.split(';').next().unwrap().to_string();
+        let served = headers(&[("host", "127.0.0.1:7000")]);
+        let token = page_token(&served);
+        let seeds: [&[u8]; 2] = [pair.as_bytes(), token.as_bytes()];
+        let cases = mutations::cases(&seeds, 4_000, 0xC00C);
+        mutations::check("the console's cookie and page token", &cases, 16, |value| {
+            let Ok(value) = http::HeaderValue::from_bytes(value) else {
+                return;
+            };
+            let sent = value.to_str().unwrap_or_default();
+            let mut request = headers(&[
+                ("host", "127.0.0.1:7000"),
+                ("origin", "http://127.0.0.1:7000"),
+            ]);
+            request.append(header::COOKIE, value.clone());
+            request.append(TOKEN_HEADER, value.clone());
+            // Only what was handed out admits (a cookie may gain other pairs).
+            if signed_in(&request, &tokens) {
+                assert!(sent.split(';').any(|part| part.trim() == pair), "{sent}");
+            }
+            if from_own_page(&request) {
+                assert_eq!(sent, token);
+            }
+        });
+    }
 }

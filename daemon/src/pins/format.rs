@@ -409,4 +409,30 @@ mod tests {
             "{error}"
         );
     }
+
+    #[test]
+    fn a_hostile_pin_file_is_read_or_refused_and_never_panics() {
+        let v1 = json!({"format": 1, "upstreams": {"alpha": {
+            "pinned_at": 0, "catalog_fingerprint": "x", "entries": {},
+            "listing": serde_json::to_value(listing("Adds.")).unwrap()
+        }}});
+        let v1 = v1.to_string();
+        let v2 = PinFile::parse(Path::new("old.lock"), &v1)
+            .unwrap()
+            .to_bytes();
+        let seeds: [&[u8]; 2] = [v1.as_bytes(), &v2];
+        let cases = mutations::cases(&seeds, 3_000, 0x7105);
+        mutations::check("PinFile::parse", &cases, 128, |bytes| {
+            let Ok(text) = std::str::from_utf8(bytes) else {
+                return;
+            };
+            if let Ok(file) = PinFile::parse(Path::new("plexus.lock"), text) {
+                // What is read is written back and reads the same.
+                let written = file.to_bytes();
+                let again = std::str::from_utf8(&written).unwrap();
+                let reread = PinFile::parse(Path::new("plexus.lock"), again).unwrap();
+                assert_eq!(reread.to_bytes(), written);
+            }
+        });
+    }
 }

@@ -551,3 +551,38 @@ fn a_cluster_needs_a_node_a_long_secret_and_http_peers() {
     );
     assert!(issues.iter().all(|issue| !issue.message.contains("short")));
 }
+
+#[test]
+fn a_hostile_config_file_is_read_or_refused_and_never_panics() {
+    let example = include_str!("../../../../config.toml");
+    let seeds: [&[u8]; 3] = [
+        example.as_bytes(),
+        br#"
+        [daemon]
+        listen = "127.0.0.1:7464"
+        auth_tokens = { ci = "a-token-long-enough-0000" }
+        drain_timeout = "30s"
+        [upstreams.alpha]
+        command = "fixture"
+        args = ["--x", "${HOME}"]
+        env = { KEY = "${file:/dev/null}" }
+        [upstreams.web]
+        url = "https://mcp.example.com/mcp"
+        headers = { "X-Key" = "v" }
+        [views.one]
+        upstreams = ["alpha"]
+        "#,
+        b"[cluster]\nnode = \"n1\"\nsecrets = [\"0123456789abcdef0123456789abcdef\"]\npeers = { n2 = \"127.0.0.1:9\" }\n",
+    ];
+    let cases = mutations::cases(&seeds, 2_500, 0xC0F1);
+    mutations::check("config::parse", &cases, 512, |bytes| {
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return;
+        };
+        match parse(text, Path::new("/etc/plexus"), &no_environment) {
+            Ok(_) => {}
+            // Every issue names its key or its line.
+            Err(issues) => assert!(!issues.is_empty()),
+        }
+    });
+}

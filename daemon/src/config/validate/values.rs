@@ -159,4 +159,28 @@ mod tests {
             .unwrap_err()
             .contains("`B`"));
     }
+
+    #[test]
+    fn hostile_durations_and_variables_are_read_or_refused_and_never_panic() {
+        let seeds: [&[u8]; 5] = [
+            b"500ms",
+            b" 90s ",
+            b"10m",
+            b"18446744073709551615h",
+            b"${A}${A}-$A $${A}",
+        ];
+        let cases = mutations::cases(&seeds, 3_000, 0xD0A);
+        mutations::check("parse_duration, expand_variables", &cases, 16, |bytes| {
+            let text = String::from_utf8_lossy(bytes);
+            if let Ok(duration) = parse_duration(&text) {
+                let digits = text.trim().trim_end_matches(char::is_alphabetic);
+                assert!(digits.bytes().all(|b| b.is_ascii_digit()), "{text}");
+                assert!(duration.as_millis() <= u128::from(u64::MAX));
+            }
+            let environment = |name: &str| (name == "A").then(|| "x".to_string());
+            if let Ok(expanded) = expand_variables(&text, &environment) {
+                assert!(expanded.len() <= text.len(), "{text}");
+            }
+        });
+    }
 }
