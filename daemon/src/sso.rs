@@ -670,4 +670,100 @@ mod tests {
         .unwrap();
         assert!(!key_fits(&encryption, Algorithm::RS256));
     }
+
+    /// A verifier holding one Ed25519 key (`kid` "k"), and tokens signed with it
+    /// over any header and claims: a hostile token that the signature admits.
+    fn signed_with_one_key() -> (Verifier, impl Fn(&[u8], &[u8]) -> String) {
+        use ring::signature::{Ed25519KeyPair, KeyPair as _};
+        let random = ring::rand::SystemRandom::new();
+        let document = Ed25519KeyPair::generate_pkcs8(&random).unwrap();
+        let pair = Ed25519KeyPair::from_pkcs8(document.as_ref()).unwrap();
+        let jwk: Jwk = serde_json::from_value(serde_json::json!({
+            "kty": "OKP", "crv": "Ed25519", "kid": "k", "use": "sig", "alg": "EdDSA",
+            "x": URL_SAFE_NO_PAD.encode(pair.public_key().as_ref()),
+        }))
+        .unwrap();
+        let verifier = Verifier::with_refetch_interval(
+            FrontOAuth {
+                issuer: "http://idp.invalid".into(),
+                audience: "http://plexus.invalid".into(),
+                // Nothing listens: a token naming another key fails at once.
+                jwks_uri: Some("http://127.0.0.1:1/jwks".into()),
+                principal_claim: "sub".into(),
+                scopes: Vec::new(),
+                view_claims: vec![(
+                    "team".into(),
+                    BTreeMap::from([("groups".to_string(), "eng".to_string())]),
+                )],
+            },
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+        *verifier.keys.write().unwrap() = Some(Arc::new(Keys {
+            set: JwkSet { keys: vec![jwk] },
+        }));
+        let sign = move |header: &[u8], claims: &[u8]| {
+            let signed = format!(
+                "{}.{}",
+                URL_SAFE_NO_PAD.encode(header),
+                URL_SAFE_NO_PAD.encode(claims)
+            );
+            let signature = pair.sign(signed.as_bytes());
+            format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature.as_ref()))
+        };
+        (verifier, sign)
+    }
+
+    #[test]
+    fn hostile_access_tokens_are_refused_and_never_panic() {
+        let (verifier, sign) = signed_with_one_key();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let header = br#"{"alg":"EdDSA","kid":"k","typ":"at+jwt"}"#;
+        let claims = format!(
+            r#"{{"iss":"http://idp.invalid","aud":"http://plexus.invalid","exp":{},"sub":"alice","groups":["eng"],"scope":"mcp"}}"#,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                + 600
+        );
+        let valid = sign(header, claims.as_bytes());
+        let admitted = runtime.block_on(verifier.check(&valid)).unwrap();
+        assert_eq!(
+            (admitted.principal.as_str(), admitted.view.as_deref()),
+            ("alice", Some("team"))
+        );
+        let check = |token: &str| {
+            let Ok(admitted) = runtime.block_on(verifier.check(token)) else {
+                return;
+            };
+            // A principal is a short line of text.
+            let principal = &admitted.principal;
+            assert!(!principal.is_empty() && principal.chars().count() <= MAX_PRINCIPAL_CHARS);
+            assert!(!principal.chars().any(char::is_control), "{principal:?}");
+        };
+        // The token itself mangled (almost always a bad signature or encoding).
+        // A token arrives in a request's head, which hyper reads into at most
+        // ~400 KiB: the megabyte cases would only time base64 and the hash.
+        let within_a_head = |mut cases: Vec<Vec<u8>>| {
+            cases.retain(|case| case.len() <= 64 * 1024);
+            cases
+        };
+        let cases = within_a_head(mutations::cases(&[valid.as_bytes()], 800, 0x55A));
+        mutations::check("a mangled access token", &cases, 64, |token| {
+            check(&String::from_utf8_lossy(token))
+        });
+        // Hostile claims and headers, signed: what is past the signature is read.
+        let cases = within_a_head(mutations::cases(&[claims.as_bytes()], 1_000, 0x55B));
+        mutations::check("signed hostile claims", &cases, 64, |claims| {
+            check(&sign(header, claims))
+        });
+        let cases = within_a_head(mutations::cases(&[header], 600, 0x55C));
+        mutations::check("a signed hostile header", &cases, 64, |header| {
+            check(&sign(header, claims.as_bytes()))
+        });
+    }
 }
