@@ -340,8 +340,27 @@ mod v1 {
 
     #[derive(Deserialize)]
     struct UpstreamPin {
-        pinned_at: u64,
+        #[serde(deserialize_with = "stamp")]
+        pinned_at: String,
         listing: ListingSnapshot,
+    }
+
+    /// The last second RFC 3339 can write (9999-12-31T23:59:59Z).
+    const LAST_STAMP: u64 = 253_402_300_799;
+
+    /// Seconds since the epoch, as the second format writes them. A time past
+    /// year 9999 has no RFC 3339 form: the file is refused, as a bad value is.
+    fn stamp<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+        let seconds = u64::deserialize(deserializer)?;
+        if seconds > LAST_STAMP {
+            return Err(serde::de::Error::custom(format!(
+                "`pinned_at` {seconds} is past the year 9999"
+            )));
+        }
+        Ok(
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(seconds))
+                .to_string(),
+        )
     }
 
     impl PinFile {
@@ -350,10 +369,7 @@ mod v1 {
                 .upstreams
                 .into_iter()
                 .map(|(name, pin)| {
-                    let at = humantime::format_rfc3339_seconds(
-                        UNIX_EPOCH + Duration::from_secs(pin.pinned_at),
-                    )
-                    .to_string();
+                    let at = pin.pinned_at;
                     let record = UpstreamRecord {
                         pinned: Some(Pinned::of(
                             &pin.listing,
@@ -399,6 +415,13 @@ mod tests {
                 .pinned_at,
             "1970-01-01T00:00:00Z"
         );
+
+        // A time with no RFC 3339 form is a bad value, not a panic.
+        let far = v1
+            .to_string()
+            .replace("\"pinned_at\":0", "\"pinned_at\":9223372036854775807");
+        let error = PinFile::parse(Path::new("old.lock"), &far).unwrap_err();
+        assert!(error.to_string().contains("past the year 9999"), "{error}");
 
         let error = PinFile::parse(Path::new("/etc/plexus.lock"), "{\n  \"format\": 2,\n  oops")
             .unwrap_err();
