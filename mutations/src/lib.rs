@@ -56,6 +56,7 @@ pub fn hostile() -> Vec<Vec<u8>> {
         b"-1e-999999999",
         b"18446744073709551616",
         b"-9223372036854775809",
+        b"-9223372036854775808",
         b"340282366920938463463374607431768211456",
         b"0x7fffffffffffffff",
         b"NaN",
@@ -134,6 +135,7 @@ const TOKENS: &[&[u8]] = &[
     b"1e999999",
     b"-0",
     b"18446744073709551616",
+    b"-9223372036854775808",
     b"99999999999999999999999999999",
     b"NaN",
     b"null",
@@ -149,6 +151,25 @@ const TOKENS: &[&[u8]] = &[
     b"../",
     b"+",
     b"__",
+];
+
+/// Numbers at the edges of the types a reader may put them in.
+const NUMBERS: &[&[u8]] = &[
+    b"0",
+    b"-0",
+    b"-1",
+    b"4294967296",
+    b"9007199254740992",
+    b"-9007199254740993",
+    b"9223372036854775807",
+    b"-9223372036854775808",
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"1e999",
+    b"-1e999",
+    b"1e-999",
+    b"0.1",
+    b"1.0",
 ];
 
 /// A fixed-seed mutator over a seed corpus.
@@ -188,7 +209,7 @@ impl Mutator {
     }
 
     fn mutate(&mut self, bytes: &mut Vec<u8>) {
-        match self.rng.random_range(0..10) {
+        match self.rng.random_range(0..11) {
             // A flipped bit.
             0 if !bytes.is_empty() => {
                 let at = self.rng.random_range(0..bytes.len());
@@ -250,6 +271,27 @@ impl Mutator {
                 };
                 let at = self.at(bytes);
                 bytes.splice(at..at, open.repeat(depth));
+            }
+            // A number written as one at the edge of a type.
+            9 => {
+                let from = self.at(bytes);
+                let Some(found) = bytes[from..].iter().position(u8::is_ascii_digit) else {
+                    return;
+                };
+                let mut start = from + found;
+                if start > 0 && bytes[start - 1] == b'-' {
+                    start -= 1;
+                }
+                let length = bytes[start..]
+                    .iter()
+                    .skip(1)
+                    .take_while(|b| {
+                        b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+')
+                    })
+                    .count()
+                    + 1;
+                let number = NUMBERS[self.rng.random_range(0..NUMBERS.len())];
+                bytes.splice(start..start + length, number.iter().copied());
             }
             // A run of digits: a huge number or a giant length.
             _ => {

@@ -205,4 +205,18 @@ mod tests {
             .to_string()
             .starts_with("invalid cursor"));
     }
+
+    #[test]
+    fn hostile_cursors_are_refused_or_name_an_entry() {
+        let (first, last) = (encode(0), encode(123));
+        let cases = mutations::cases(&[first.as_bytes(), last.as_bytes()], 4_000, 0xC0E5);
+        mutations::check("cursor::decode", &cases, 16, |bytes| {
+            let cursor = String::from_utf8_lossy(bytes);
+            if let Ok(offset) = decode(&cursor, 200) {
+                // Only the cursor this server writes for it.
+                assert!(offset < 200);
+                assert_eq!(encode(offset), cursor);
+            }
+        });
+    }
 }
