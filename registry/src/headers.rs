@@ -41,7 +41,8 @@ impl ParamHeader {
             Value::Bool(flag) => Some(flag.to_string()),
             Value::Number(number) => number
                 .as_i64()
-                .filter(|n| n.abs() <= MAX_SAFE_INTEGER)
+                // Not `abs`: i64::MIN has none (a panic unoptimised, itself when not).
+                .filter(|n| (-MAX_SAFE_INTEGER..=MAX_SAFE_INTEGER).contains(n))
                 .map(|n| n.to_string()),
             _ => None,
         }
@@ -287,5 +288,45 @@ mod tests {
         assert_eq!(decode_header_value("=?base64?!!?="), None);
         assert!(header_matches("42.0", "42"));
         assert!(!header_matches("43", "42"));
+    }
+
+    #[test]
+    fn hostile_schemas_and_arguments_make_headers_or_none_and_never_panic() {
+        let schema = br#"{"type":"object","properties":{"region":{"type":"string","x-mcp-header":"Region"},"n":{"type":"integer","x-mcp-header":"N"},"deep":{"type":"object","properties":{"on":{"type":"boolean","x-mcp-header":"On"}}}}}"#;
+        let arguments = br#"{"region":"eu-west \u00e9","n":-9007199254740991,"deep":{"on":true}}"#;
+        let fixed = serde_json::from_slice(schema).map(|schema| param_headers(&schema));
+        let Ok(Ok(fixed)) = fixed else {
+            panic!("the seed schema is valid")
+        };
+        let cases = mutations::cases(&[schema, arguments], 3_000, 0x4EAD);
+        mutations::check("x-mcp-header", &cases, 128, |bytes| {
+            let Ok(value) = serde_json::from_slice::<Value>(bytes) else {
+                return;
+            };
+            // As a schema: its headers are tokens, each once.
+            if let Ok(found) = param_headers(&value) {
+                for header in &found {
+                    assert!(!header.name.is_empty() && header.name.bytes().all(is_token_char));
+                }
+            }
+            // As a call's arguments: each header's text, encoded, decodes to itself.
+            for header in &fixed {
+                let Some(text) = header.value_in(Some(&value)) else {
+                    continue;
+                };
+                if let Ok(number) = text.parse::<i64>() {
+                    assert!(number.unsigned_abs() <= MAX_SAFE_INTEGER as u64, "{text}");
+                }
+                let encoded = encode_header_value(&text);
+                assert!(
+                    encoded.bytes().all(|b| (0x20..=0x7e).contains(&b)),
+                    "{encoded}"
+                );
+                assert_eq!(
+                    decode_header_value(&encoded).as_deref(),
+                    Some(text.as_str())
+                );
+            }
+        });
     }
 }
