@@ -1080,7 +1080,13 @@ mod tests {
             br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":0.5}}"#,
             br#"[{"jsonrpc":"2.0","id":3,"result":{}},{"jsonrpc":"2.0","id":1}]"#,
         ];
-        let cases = mutations::cases(&seeds, 4_000, 0x0B57);
+        let mut cases = mutations::cases(&seeds, 3_000, 0x0B57);
+        for (index, seed) in seeds.iter().enumerate() {
+            // Not the one with a lone surrogate: no reader takes it.
+            if let Ok(seed) = serde_json::from_slice(seed) {
+                cases.extend(mutations::value_mutants(&seed, 300, index as u64));
+            }
+        }
         let mut unread = 0;
         mutations::check("an upstream's line", &cases, 128, |line| {
             let line = with_paired_surrogates(Bytes::copy_from_slice(line), "u", &stats);
@@ -1091,6 +1097,6 @@ mod tests {
         });
         // The skimmed path was taken too, not only the reader's.
         println!("{unread} results left unread");
-        assert!(unread > 50, "{unread}");
+        assert!(unread > 200, "{unread}");
     }
 }

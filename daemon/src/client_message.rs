@@ -684,7 +684,11 @@ mod tests {
             br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":null}]"#,
         ];
         let known = KnownCapabilities::default();
-        let cases = mutations::cases(&seeds, 4_000, 0xC11E);
+        let mut cases = mutations::cases(&seeds, 3_000, 0xC11E);
+        for (index, seed) in seeds.iter().enumerate() {
+            let seed = serde_json::from_slice(seed).unwrap();
+            cases.extend(mutations::value_mutants(&seed, 400, index as u64));
+        }
         mutations::check("a client's message", &cases, 128, |bytes| {
             for mut read in [
                 ClientMessage::read(Bytes::copy_from_slice(bytes)),

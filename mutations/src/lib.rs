@@ -9,6 +9,7 @@
 //! so a failure is reproduced by running the test again.
 
 mod allocations;
+mod values;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 // The wall clock: a wedge is measured in real time, never on a paused clock.
@@ -19,6 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub use allocations::{peak_growth, Counting};
+pub use values::value_mutants;
 
 /// How deep the hand-written nesting goes: far past any recursion limit, so a
 /// recursive reader without one overflows its stack on it.

@@ -270,3 +270,95 @@ fn colliding_resource_uris_keep_the_first() {
         }]
     ));
 }
+
+/// One upstream's listing, as a `tools/list` and friends would bring it, read
+/// from one JSON object (`tools`, `prompts`, `resources`, `resourceTemplates`,
+/// `instructions`); None when it is no such object.
+fn listing_from(bytes: &[u8]) -> Option<crate::catalog::UpstreamListing> {
+    let Ok(Value::Object(mut read)) = serde_json::from_slice::<Value>(bytes) else {
+        return None;
+    };
+    let mut take = |key: &str| match read.remove(key) {
+        Some(Value::Array(entries)) => entries,
+        _ => Vec::new(),
+    };
+    let mut hostile = listing("hostile", "h");
+    hostile.tools = take("tools");
+    hostile.prompts = take("prompts");
+    hostile.resources = take("resources");
+    hostile.resource_templates = take("resourceTemplates");
+    hostile.instructions = read
+        .get("instructions")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Some(hostile)
+}
+
+#[test]
+fn a_hostile_listing_builds_a_catalog_whose_every_entry_routes_back() {
+    let seed = json!({
+        "tools": [
+            {"name": "get_current_time", "title": "Time", "description": "Now, in a zone.",
+             "inputSchema": {"type": "object", "properties": {"zone": {"type": "string", "x-mcp-header": "Zone"}}},
+             "annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "optional"}},
+            {"name": "a.b c", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+        ],
+        "prompts": [{"name": "greet me", "arguments": [{"name": "who", "required": true}]}],
+        "resources": [{"uri": "file:///tmp/a%20b.txt", "name": "a", "mimeType": "text/plain"}],
+        "resourceTemplates": [{"uriTemplate": "db://{table}/{id}", "name": "row"}],
+        "instructions": "Use get_current_time for the time.",
+    })
+    .to_string();
+    let mut plain = listing("plain", "p");
+    plain.tools = vec![tool("echo")];
+    let mut cases = mutations::cases(&[seed.as_bytes()], 1_000, 0xCA7A);
+    cases.extend(mutations::value_mutants(
+        &serde_json::from_str(&seed).unwrap(),
+        1_200,
+        0xCA7B,
+    ));
+    let mut built = 0;
+    mutations::check("a hostile listing", &cases, 512, |bytes| {
+        let Some(hostile) = listing_from(bytes) else {
+            return;
+        };
+        built += 1;
+        let _ = hostile.security_digests();
+        let (catalog, _warnings) = build_default(&[plain.clone(), hostile]);
+        // The well-behaved upstream keeps its tool whatever its neighbour lists.
+        assert_eq!(catalog.route_tool("p__echo"), Some(route("plain", "echo")));
+        for kind in Kind::ALL {
+            let mut cursor = None;
+            let mut seen = 0;
+            loop {
+                let page = catalog.page(kind, cursor.as_deref()).unwrap();
+                for entry in page.items.iter() {
+                    seen += 1;
+                    serde_json::to_vec(&entry).unwrap();
+                    let routed = match kind {
+                        Kind::Tools => entry["name"].as_str().and_then(|n| catalog.route_tool(n)),
+                        Kind::Prompts => {
+                            entry["name"].as_str().and_then(|n| catalog.route_prompt(n))
+                        }
+                        Kind::Resources => entry["uri"]
+                            .as_str()
+                            .and_then(|u| catalog.route_resource(u)),
+                        Kind::ResourceTemplates => entry["uriTemplate"]
+                            .as_str()
+                            .and_then(|u| catalog.route_template(u)),
+                    };
+                    assert!(routed.is_some(), "{kind:?} {entry} routes nowhere");
+                }
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, catalog.len(kind));
+        }
+        let _ = catalog.search_tools("time zone now", 5, None);
+    });
+    // Enough of them were listings, not refused as JSON.
+    println!("{built} catalogs built");
+    assert!(built > 1_000, "{built}");
+}
