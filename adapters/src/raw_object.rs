@@ -153,8 +153,7 @@ impl RawObject {
     }
 
     /// Reads the object into a value. Skimming checks less than reading (a lone
-    /// surrogate escape passes it, and a number beyond a float's range), so this
-    /// may fail.
+    /// surrogate escape passes it), so this may fail.
     pub fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_slice(self.bytes())
     }

@@ -56,8 +56,8 @@ impl Reply {
     }
 
     /// The reply with its result read, if it was not. Skimming checks less than
-    /// reading (a lone surrogate escape passes it, and a number beyond a float's
-    /// range): a result that cannot be read is an error.
+    /// reading (a lone surrogate escape passes it): a result that cannot be read
+    /// is an error.
     pub fn try_read(self) -> Result<Reply, serde_json::Error> {
         match self {
             Reply::Unread(raw) => raw.read().map(Reply::Result),

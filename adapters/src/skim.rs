@@ -239,8 +239,9 @@ impl Scanner<'_> {
         }
     }
 
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`, within a float's range.
     fn number(&mut self) -> Option<()> {
+        let start = self.at;
         if self.peek() == Some(b'-') {
             self.at += 1;
         }
@@ -259,14 +260,23 @@ impl Scanner<'_> {
             self.at += 1;
             self.some_digits()?;
         }
+        let integer_digits = self.at - start;
         if let Some(b'e' | b'E') = self.peek() {
             self.at += 1;
             if let Some(b'+' | b'-') = self.peek() {
                 self.at += 1;
             }
             self.some_digits()?;
+        } else if integer_digits < 20 {
+            // No exponent and short: an integer or a float of modest size.
+            return Some(());
         }
-        Some(())
+        // `1e999`, or an integer beyond 64 bits (read as a float): a reader refuses
+        // one that is infinite, so an upstream could not read the call to answer
+        // it. Rare: serde_json, which readers are held to, judges it.
+        serde_json::from_slice::<serde_json::Number>(&self.text[start..self.at])
+            .is_ok()
+            .then_some(())
     }
 
     fn digits(&mut self) {
@@ -337,9 +347,17 @@ mod tests {
     }
 
     /// What serde_json makes of `text` as a skimmed object: each member's key and
-    /// value text; `None` where it refuses it.
+    /// value text; `None` where it refuses it, or where reading a value would
+    /// refuse a number in it as out of range (a skim refuses that too).
     fn serde_members(text: &[u8]) -> Option<Vec<(String, String)>> {
         let members = serde_json::from_slice::<Members>(text).ok()?;
+        let out_of_range = |value: &RawValue| {
+            serde_json::from_str::<serde_json::Value>(value.get())
+                .is_err_and(|error| error.to_string().contains("number out of range"))
+        };
+        if members.0.iter().any(|(_, value)| out_of_range(value)) {
+            return None;
+        }
         Some(
             members
                 .0
@@ -474,6 +492,11 @@ mod tests {
             b"{\"a\":1.}",
             b"{\"a\":1e}",
             b"{\"a\":1e+5,\"b\":-0.0E-0}",
+            // Beyond a float's range (refused), and below it (zero: taken).
+            b"{\"a\":1e999}",
+            b"{\"a\":[-1.5E+400]}",
+            b"{\"a\":1e-999,\"b\":18446744073709551616}",
+            b"{\"a\":177777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777}",
             b"{\"a\":[1,]}",
             b"{\"a\":{\"b\":1,}}",
             b"{\"a\":[,1]}",

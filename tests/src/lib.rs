@@ -611,6 +611,16 @@ impl RawStdioSession {
             .await
     }
 
+    /// Writes `bytes` and a newline as they are (not JSON, not even UTF-8) and
+    /// returns the response whose id is `id` (null for a line that could not be read).
+    pub async fn request_bytes(&mut self, id: Value, bytes: &[u8]) -> anyhow::Result<Value> {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(bytes).await?;
+        self.stdin.write_all(b"\n").await?;
+        self.stdin.flush().await?;
+        self.answer_to(&id, &|_| serde_json::json!({})).await
+    }
+
     /// Reads until the response to `id`, answering the server's requests meanwhile.
     async fn answer_to(
         &mut self,

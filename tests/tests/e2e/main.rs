@@ -17,6 +17,7 @@ mod faults;
 mod fixture_modern;
 mod foreign;
 mod front;
+mod hostile;
 mod instances;
 mod kubernetes;
 mod modern;

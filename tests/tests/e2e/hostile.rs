@@ -1,0 +1,175 @@
+//! The worst a client can send (100,000 nested arrays or objects, invalid UTF-8, a
+//! NUL, a number beyond every type) through a real daemon, over HTTP and over
+//! stdio: each is answered at once with a precise JSON-RPC error, the daemon stays
+//! up and ready, and another session calling meanwhile sees no error. (The
+//! randomized tests beside each parser try thousands more inputs; an upstream's
+//! deep reply is in `relay.rs::an_upstreams_malformed_replies_fail_the_call_at_once`.)
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use plexus_tests::{
+    fixture_upstream, plexus_binary, ControlSession, Daemon, RawHttpSession, RawStdioSession,
+};
+use serde_json::{json, Value};
+
+const DEEP: usize = 100_000;
+
+/// A `tools/call` of the fixture's echo with `arguments` written as given, padded
+/// past 1 KiB when `large` (its arguments are then skimmed, not read).
+fn call_with(arguments: &str, large: bool) -> Vec<u8> {
+    let padding = if large {
+        "p".repeat(2048)
+    } else {
+        String::new()
+    };
+    format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"fx__echo","arguments":{{"text":"{padding}","x":{arguments}}}}}}}"#
+    )
+    .into_bytes()
+}
+
+/// The hostile bodies and lines, each with what its error's message must say.
+fn worst_cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let arrays = format!("{}{}", "[".repeat(DEEP), "]".repeat(DEEP));
+    let objects = format!("{}1{}", "{\"a\":".repeat(DEEP), "}".repeat(DEEP));
+    let mut cases = vec![
+        (
+            "params 100,000 arrays deep",
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{arrays}}}"#)
+                .into_bytes(),
+            "recursion limit",
+        ),
+        (
+            "100,000 arrays opened, none closed",
+            "[".repeat(DEEP).into_bytes(),
+            "recursion limit",
+        ),
+        (
+            "an id 100,000 objects deep",
+            format!(r#"{{"jsonrpc":"2.0","id":{objects},"method":"ping"}}"#).into_bytes(),
+            "recursion limit",
+        ),
+    ];
+    for large in [false, true] {
+        cases.push((
+            "arguments 100,000 arrays deep",
+            call_with(&arrays, large),
+            "recursion limit",
+        ));
+        cases.push((
+            "invalid UTF-8 in a string",
+            call_with("\"\u{1}\"", large)
+                .into_iter()
+                .map(|byte| if byte == 1 { 0xff } else { byte })
+                .collect(),
+            "",
+        ));
+        cases.push((
+            "a NUL in a string",
+            call_with("\"a\0b\"", large),
+            "control character",
+        ));
+        cases.push((
+            "a number beyond every type",
+            call_with("1e999999", large),
+            "out of range",
+        ));
+    }
+    cases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session(
+) -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "fx__echo").await?;
+    let mut session = RawHttpSession::connect(&daemon.url).await?;
+    for (what, body, says) in worst_cases() {
+        let started = Instant::now();
+        let answer = session.post_raw(&body).await.context(what)?;
+        let took = started.elapsed();
+        println!("{what}: answered in {took:?}");
+        ensure!(
+            answer["error"]["code"] == -32700
+                && answer["id"].is_null()
+                && answer["error"]["message"]
+                    .as_str()
+                    .is_some_and(|message| message.contains(says)),
+            "{what}: {answer}"
+        );
+        // Headroom for a loaded debug build; a wedge would take the client's timeout.
+        ensure!(took < Duration::from_secs(5), "{what}: {took:?}");
+    }
+    // The session that sent them is served on, as is the one calling meanwhile.
+    let echoed = session
+        .request(
+            "tools/call",
+            json!({"name": "fx__echo", "arguments": {"text": "after"}}),
+        )
+        .await?;
+    ensure!(
+        echoed["result"]["content"][0]["text"] == "after",
+        "{echoed}"
+    );
+    control.wait_for_calls(3).await?;
+    control.finish().await?;
+    let (status, readiness) = daemon.admin_get("/readyz").await?;
+    ensure!(status == 200, "{status} {readiness}");
+    daemon.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worst_stdio_lines_are_answered_precisely_and_the_front_serves_on() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("stdio.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nstate_dir = {:?}\n\n{}",
+            dir.path().join("state").display().to_string(),
+            fixture_upstream("fx", "", &[])
+        ),
+    )?;
+    let config = config.to_str().context("config path")?;
+    let mut session =
+        RawStdioSession::spawn(&plexus_binary(), &["serve", "--stdio", "--config", config]).await?;
+    let mut lines = worst_cases();
+    lines.push(("a lone NUL", b"\0".to_vec(), ""));
+    lines.push(("bytes that are no text", b"\xff\xfe\x00\xc3(".to_vec(), ""));
+    for (what, line, says) in lines {
+        let started = Instant::now();
+        let answer = session
+            .request_bytes(Value::Null, &line)
+            .await
+            .context(what)?;
+        let took = started.elapsed();
+        println!("{what}: answered in {took:?}");
+        ensure!(
+            answer["error"]["code"] == -32700
+                && answer["error"]["message"]
+                    .as_str()
+                    .is_some_and(|message| message.contains(says)),
+            "{what}: {answer}"
+        );
+        ensure!(took < Duration::from_secs(5), "{what}: {took:?}");
+    }
+    let echoed = session
+        .request(
+            "tools/call",
+            json!({"name": "fx__echo", "arguments": {"text": "after"}}),
+        )
+        .await?;
+    ensure!(
+        echoed["result"]["content"][0]["text"] == "after",
+        "{echoed}"
+    );
+    session.close().await;
+    Ok(())
+}
