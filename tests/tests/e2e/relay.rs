@@ -1135,6 +1135,12 @@ async fn an_upstreams_malformed_replies_fail_the_call_at_once() -> anyhow::Resul
                 fails_at_once(&client, upstream, &text, &["not a JSON-RPC response", what]).await?;
             }
         }
+        // A result 100,000 arrays deep: refused as a reader refuses it, not read
+        // into a stack, small or large.
+        for filler in [0, 4096] {
+            let text = format!("{}a reply <deep-reply>", "f".repeat(filler));
+            fails_at_once(&client, upstream, &text, &["not JSON", "recursion limit"]).await?;
+        }
         still_serves(&client, upstream).await?;
     }
     three.finish(client).await
