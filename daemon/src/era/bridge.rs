@@ -345,11 +345,12 @@ impl Continuation {
         if message.get("method").and_then(Value::as_str) != Some("notifications/progress") {
             return Some(message);
         }
-        let Some(params) = message.get_mut("params") else {
+        // Params that are no object (an upstream's mistake) carry no token to swap.
+        let Some(params) = message.get_mut("params").and_then(Value::as_object_mut) else {
             return Some(message);
         };
         if params.get("progressToken") == self.first_token.as_ref() {
-            params["progressToken"] = token?.clone();
+            params.insert("progressToken".into(), token?.clone());
         }
         Some(message)
     }
@@ -581,5 +582,55 @@ mod tests {
             matches!(resumed, Some(Err(RelayError::InvalidParams(ref m))) if m.contains("expired")),
             "{resumed:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn an_upstreams_hostile_progress_is_passed_on_or_dropped_and_never_panics() {
+        let tasks = TaskTracker::new();
+        let continuation = |first_token: Option<Value>| {
+            let (_events, events) = mpsc::channel(1);
+            let (_inputs, inputs) = mpsc::channel(1);
+            Continuation {
+                scope: Arc::new(Closed::default()),
+                work: Work::InPlace(Mutex::new(Box::pin(std::future::pending()))),
+                channels: ScopeChannels { events, inputs },
+                pending: Vec::new(),
+                next_key: 0,
+                method: "tools/call".into(),
+                target: Some("a__b".into()),
+                first_token,
+                principal: Arc::from("alice"),
+                tasks: tasks.clone(),
+            }
+        };
+        // The first attempt asked for progress, or did not; the retry does.
+        let asked = [continuation(Some(json!("first"))), continuation(None)];
+        let seed = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": "first", "progress": 1, "total": 2, "message": "m"}});
+        let mut cases = mutations::value_mutants(&seed, 3_000, 0xB41D);
+        cases.push(br#"{"method":"notifications/progress","params":[1]}"#.to_vec());
+        cases.push(br#"{"method":"notifications/progress","params":"x"}"#.to_vec());
+        mutations::check("an upstream's progress", &cases, 64, |bytes| {
+            // As the upstream's connection reads it (past serde_json's depth: not read).
+            let Ok(message) = serde_json::from_slice::<Value>(bytes) else {
+                return;
+            };
+            for continuation in &asked {
+                let Some(out) = continuation.for_attempt(message.clone(), Some(&json!("retry")))
+                else {
+                    continue;
+                };
+                // Only the token changes.
+                let token = out.pointer("/params/progressToken").cloned();
+                let mut restored = out;
+                if token.is_some() && token != message.pointer("/params/progressToken").cloned() {
+                    restored["params"]["progressToken"] =
+                        message["params"]["progressToken"].clone();
+                }
+                if message["params"].get("progressToken").is_some() {
+                    assert_eq!(restored, message);
+                }
+            }
+        });
     }
 }
