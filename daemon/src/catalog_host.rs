@@ -511,4 +511,43 @@ mod tests {
         assert!(host.publishes("fx"));
         assert!(host.view(None).route_tool("fx__echo").is_some());
     }
+
+    #[test]
+    fn a_hostile_cached_listing_is_loaded_or_ignored_and_never_panics() {
+        let directory = tempfile::tempdir().unwrap();
+        let host = CatalogHost::new(
+            CatalogOptions::default(),
+            directory.path().to_path_buf(),
+            Arc::new(Metrics::new().unwrap()),
+        );
+        let empty = || UpstreamListing {
+            upstream: Arc::from("cached"),
+            prefix: "c".into(),
+            tool_filter: Default::default(),
+            tools: Vec::new(),
+            prompts: Vec::new(),
+            resources: Vec::new(),
+            resource_templates: Vec::new(),
+            instructions: None,
+            quarantine: Default::default(),
+            cache: [None; 4],
+        };
+        let seed = serde_json::json!({
+            "capabilities": {"tools": {"listChanged": true}},
+            "tools": [{"name": "echo", "inputSchema": {"type": "object"}}],
+            "prompts": [{"name": "greet"}],
+            "resources": [{"uri": "file:///a", "name": "a"}],
+            "resourceTemplates": [{"uriTemplate": "x://{id}", "name": "x"}],
+        });
+        let mut cases = mutations::cases(&[seed.to_string().as_bytes()], 800, 0xCAC4);
+        cases.extend(mutations::value_mutants(&seed, 800, 0xCAC5));
+        let path = directory.path().join("cached.json");
+        mutations::check("a cached listing", &cases, 256, |file| {
+            std::fs::write(&path, file).unwrap();
+            if let Some((listing, _)) = host.load(empty()) {
+                // As any listing: it builds a catalog.
+                let _ = Catalog::build(&[listing], &CatalogOptions::default());
+            }
+        });
+    }
 }
