@@ -629,36 +629,10 @@ impl OAuthClient {
                 code: answer.error_code().map(str::to_string),
             });
         }
-        let access_token = answer
-            .json
-            .get("access_token")
-            .and_then(Value::as_str)
-            .ok_or_else(|| OAuthError::Token {
-                endpoint: metadata.token_endpoint.clone(),
-                reason: "the answer holds no access_token".into(),
-                code: None,
-            })?;
-        let granted: Option<Vec<String>> = answer
-            .json
-            .get("scope")
-            .and_then(Value::as_str)
-            .map(|scope| scope.split_whitespace().map(str::to_string).collect());
-        Ok(Tokens {
-            issuer: issuer.to_string(),
-            resource: resource.to_string(),
-            access_token: access_token.to_string(),
-            refresh_token: answer
-                .json
-                .get("refresh_token")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            expires_at: answer
-                .json
-                .get("expires_in")
-                .and_then(Value::as_u64)
-                .map(|seconds| now() + seconds),
-            scopes: granted.unwrap_or_else(|| scopes.to_vec()),
-            issued_at: Some(now()),
+        tokens_of(&answer.json, issuer, resource, scopes, now()).ok_or_else(|| OAuthError::Token {
+            endpoint: metadata.token_endpoint.clone(),
+            reason: "the answer holds no access_token".into(),
+            code: None,
         })
     }
 
@@ -707,5 +681,62 @@ impl OAuthClient {
         self.stored.tokens = Some(tokens);
         self.store.save(&self.stored)?;
         Ok(token)
+    }
+}
+
+/// The tokens a token endpoint's successful answer grants, issued at `issued`
+/// (seconds since the epoch); None without an `access_token`. The server's
+/// `expires_in` is believed only as far as a clock goes: one of u64::MAX expires
+/// never, not (wrapped) at once.
+fn tokens_of(
+    json: &Value,
+    issuer: &str,
+    resource: &str,
+    scopes: &[String],
+    issued: u64,
+) -> Option<Tokens> {
+    let text = |key: &str| json.get(key).and_then(Value::as_str).map(str::to_string);
+    let granted: Option<Vec<String>> = json
+        .get("scope")
+        .and_then(Value::as_str)
+        .map(|scope| scope.split_whitespace().map(str::to_string).collect());
+    Some(Tokens {
+        issuer: issuer.to_string(),
+        resource: resource.to_string(),
+        access_token: text("access_token")?,
+        refresh_token: text("refresh_token"),
+        expires_at: json
+            .get("expires_in")
+            .and_then(Value::as_u64)
+            .map(|seconds| issued.saturating_add(seconds)),
+        scopes: granted.unwrap_or_else(|| scopes.to_vec()),
+        issued_at: Some(issued),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_token_answers_grant_tokens_that_expire_after_they_are_issued() {
+        let seed = json!({"access_token": "a", "token_type": "Bearer", "expires_in": 3600,
+            "refresh_token": "r", "scope": "mcp:read mcp:write"});
+        let mut cases = mutations::value_mutants(&seed, 3_000, 0x70E);
+        cases.push(br#"{"access_token":"a","expires_in":18446744073709551615}"#.to_vec());
+        let issued = now();
+        mutations::check("a token endpoint's answer", &cases, 64, |bytes| {
+            let Ok(json) = serde_json::from_slice::<Value>(bytes) else {
+                return;
+            };
+            let Some(tokens) = tokens_of(&json, "http://as", "http://h/mcp", &[], issued) else {
+                assert!(json.get("access_token").and_then(Value::as_str).is_none());
+                return;
+            };
+            if let Some(expires_at) = tokens.expires_at {
+                assert!(expires_at >= issued, "{json}: expires before it is issued");
+            }
+        });
     }
 }
