@@ -236,8 +236,9 @@ impl OAuthClient {
             });
         let deadline = tokio::time::Instant::now() + lifetime;
         loop {
-            tokio::time::sleep(Duration::from_secs(interval)).await;
-            if tokio::time::Instant::now() > deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            tokio::time::sleep(poll_wait(interval, left)).await;
+            if tokio::time::Instant::now() >= deadline {
                 return Err(OAuthError::NoRedirect(lifetime));
             }
             let form = vec![
@@ -251,9 +252,42 @@ impl OAuthClient {
                 }) if code == "authorization_pending" => {}
                 Err(OAuthError::Token {
                     code: Some(code), ..
-                }) if code == "slow_down" => interval += 5,
+                }) if code == "slow_down" => interval = interval.saturating_add(5),
                 Err(error) => return Err(error),
             }
         }
+    }
+}
+
+/// How long a device grant waits before polling again: the server's interval,
+/// but not past the code's deadline (an interval of u64::MAX seconds, or one
+/// grown by `slow_down`, would otherwise wait for good).
+fn poll_wait(interval: u64, left: Duration) -> Duration {
+    Duration::from_secs(interval).min(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_servers_poll_interval_never_outwaits_the_codes_deadline() {
+        let seed = br#"{"device_code":"d","user_code":"U","verification_uri":"http://as/device","interval":5,"expires_in":600}"#;
+        let cases = mutations::cases(&[seed], 2_000, 0xDE71);
+        mutations::check("a device authorization's interval", &cases, 64, |bytes| {
+            let Ok(json) = serde_json::from_slice::<Value>(bytes) else {
+                return;
+            };
+            let interval = json.get("interval").and_then(Value::as_u64).unwrap_or(5);
+            for left in [
+                Duration::ZERO,
+                Duration::from_secs(1),
+                Duration::from_secs(600),
+            ] {
+                let wait = poll_wait(interval, left);
+                assert!(wait <= left, "{json}: waits {wait:?} with {left:?} left");
+                assert!(wait <= Duration::from_secs(interval));
+            }
+        });
     }
 }
