@@ -179,4 +179,25 @@ mod tests {
         let name = "y".repeat(59);
         assert_eq!(exposed_name("srv", &name, 64), format!("srv__{name}"));
     }
+
+    #[test]
+    fn hostile_names_are_exposed_within_the_budget_in_the_name_alphabet() {
+        let seeds: [&[u8]; 3] = [
+            b"get_current_time",
+            "a.b c/\u{e9}\u{1f600}".as_bytes(),
+            b"x__y",
+        ];
+        let cases = mutations::cases(&seeds, 3_000, 0x4A3E);
+        mutations::check("exposed_name", &cases, 64, |bytes| {
+            let name = String::from_utf8_lossy(bytes);
+            for budget in [0, 20, 64] {
+                let exposed = exposed_name("time", &name, budget);
+                assert!(exposed.chars().count() <= budget.max(MINIMUM_NAME_BUDGET));
+                assert!(exposed
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+                assert!(is_under_prefix(&exposed, "time") || exposed.len() < "time__".len() + 1);
+            }
+        });
+    }
 }

@@ -147,4 +147,25 @@ mod tests {
         );
         assert!(meta_parent(Some(&json!({"_meta": {"traceparent": "nonsense"}}))).is_none());
     }
+
+    #[test]
+    fn a_hostile_traceparent_is_read_or_ignored_and_never_panics() {
+        let seeds: [&[u8]; 2] = [
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"ff-00000000000000000000000000000000-0000000000000000-00",
+        ];
+        let cases = mutations::cases(&seeds, 3_000, 0x7ACE);
+        mutations::check("a traceparent", &cases, 64, |bytes| {
+            let traceparent = String::from_utf8_lossy(bytes);
+            let params = json!({"_meta": {"traceparent": traceparent, "tracestate": traceparent}});
+            if let Some(parent) = meta_parent(Some(&params)) {
+                // A context read is a valid one, and is written back as one.
+                let span = parent.span();
+                assert!(span.span_context().is_valid());
+                let mut written = Some(json!({}));
+                inject(&parent, &mut written);
+                assert!(meta_parent(written.as_ref()).is_some());
+            }
+        });
+    }
 }
