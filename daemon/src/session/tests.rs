@@ -224,3 +224,72 @@ async fn malformed_requests_get_invalid_request_or_invalid_params_and_the_sessio
     assert_eq!(called["result"]["content"][0]["text"], "{}", "{called}");
     close(client, hub).await;
 }
+
+/// Hostile requests of every family (value and byte mutants of well-formed
+/// ones) through the stdio front: each answer is a JSON-RPC response, and after
+/// each the session still answers a ping; nothing panics the front or the hub.
+#[tokio::test(start_paused = true)]
+async fn hostile_requests_are_answered_and_the_session_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let alpha = FakeUpstream::new();
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &alpha, "")).await;
+    let mut client = Client::connect(&hub).await;
+    let seeds = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "alpha__echo", "arguments": {"x": [1, "y"]}, "_meta": {"progressToken": "p"}}}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": "eA"}}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "prompts/get", "params": {"name": "alpha__greet", "arguments": {"who": "w"}}}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "resources/read", "params": {"uri": "alpha+fixture://items/1"}}),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "resources/subscribe", "params": {"uri": "alpha+fixture://items/1"}}),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "completion/complete",
+            "params": {"ref": {"type": "ref/prompt", "name": "alpha__greet"}, "argument": {"name": "who", "value": "a"}}}),
+        json!({"jsonrpc": "2.0", "id": 7, "method": "logging/setLevel", "params": {"level": "debug"}}),
+        json!({"jsonrpc": "2.0", "id": 8, "method": "tasks/get", "params": {"taskId": "t"}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "r"}}),
+        json!({"jsonrpc": "2.0", "id": 9, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}}),
+    ];
+    let mut cases = Vec::new();
+    for (index, seed) in seeds.iter().enumerate() {
+        cases.extend(mutations::value_mutants(seed, 90, index as u64));
+        let text = seed.to_string();
+        cases.extend(
+            mutations::cases(&[text.as_bytes()], 20, index as u64)
+                .into_iter()
+                .skip(1),
+        );
+    }
+    // Lines the front reads: none holds a newline of its own.
+    cases.retain(|case| !case.contains(&b'\n'));
+    let mut answered = 0;
+    for (probe, case) in cases.iter().enumerate() {
+        client.send_line(&String::from_utf8_lossy(case)).await;
+        let id = json!(format!("probe-{probe}"));
+        client
+            .send(&json!({"jsonrpc": "2.0", "id": id, "method": "ping"}))
+            .await;
+        let pong = client.response_to(&id).await;
+        assert_eq!(
+            pong["result"],
+            json!({}),
+            "after {}: {pong}",
+            mutations::describe(case)
+        );
+        answered += 1;
+    }
+    // Whatever else was answered meanwhile is a response: an id, and a result or an error.
+    while let Ok(message) =
+        tokio::time::timeout(std::time::Duration::from_secs(120), client.next_message()).await
+    {
+        if message.get("method").is_some() {
+            continue;
+        }
+        assert!(message.get("id").is_some(), "{message}");
+        assert!(
+            message.get("result").is_some() != message.get("error").is_some(),
+            "{message}"
+        );
+    }
+    println!("{answered} hostile requests, each followed by an answered ping");
+    close(client, hub).await;
+}
