@@ -211,7 +211,18 @@ async fn answer(
         "resources/read" => json!({"contents": [{"uri": params["uri"], "text": "item one"}]}),
         "completion/complete" => json!({"completion": {"values": ["one"], "hasMore": false}}),
         "tools/call" => match params["name"].as_str().unwrap_or_default() {
-            "echo" => text_result(&params["arguments"].to_string()),
+            "echo" => {
+                // Messages a test has the fake send first, as an upstream may whatever
+                // they hold (`"$token"` is the call's progress token).
+                let token = params["_meta"]["progressToken"].to_string();
+                for said in params["arguments"]["say"].as_array().into_iter().flatten() {
+                    let text = said.to_string().replace("\"$token\"", &token);
+                    if let Ok(said) = serde_json::from_str(&text) {
+                        let _ = replies.send(said);
+                    }
+                }
+                text_result(&params["arguments"].to_string())
+            }
             "slow" => {
                 let running = script.slow_running.fetch_add(1, Ordering::SeqCst) + 1;
                 script.slow_most.fetch_max(running, Ordering::SeqCst);

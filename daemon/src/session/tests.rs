@@ -293,3 +293,60 @@ async fn hostile_requests_are_answered_and_the_session_serves_on() {
     println!("{answered} hostile requests, each followed by an answered ping");
     close(client, hub).await;
 }
+
+/// An upstream saying hostile things during a call (value mutants of progress,
+/// logs, list changes, resource updates, stray replies and requests to the
+/// client): the call is answered, the session serves on, nothing panics.
+#[tokio::test(start_paused = true)]
+async fn an_upstreams_hostile_messages_during_a_call_touch_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let alpha = FakeUpstream::new();
+    let hub = testing::hub(dir.path(), &testing::upstream("alpha", &alpha, "")).await;
+    let mut client = Client::connect(&hub).await;
+    let seeds = [
+        json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": "$token", "progress": 1, "total": 2, "message": "m"}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "error", "logger": "l", "data": {"a": [1]}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
+        json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "fixture://items/1"}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}),
+        json!({"jsonrpc": "2.0", "id": 7, "result": {"content": []}}),
+        json!({"jsonrpc": "2.0", "id": "s", "method": "sampling/createMessage",
+            "params": {"messages": [], "maxTokens": 5}}),
+        json!({"jsonrpc": "2.0", "id": 8, "method": "roots/list"}),
+        json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+            "params": {"taskId": "t", "status": "working"}}),
+    ];
+    let mut said = Vec::new();
+    for (index, seed) in seeds.iter().enumerate() {
+        for mutant in mutations::value_mutants(seed, 150, 100 + index as u64) {
+            if let Ok(message) = serde_json::from_slice::<Value>(&mutant) {
+                said.push(message);
+            }
+        }
+    }
+    let calls = said.len().div_ceil(5);
+    for (call, messages) in said.chunks(5).enumerate() {
+        let answer = client
+            .request(
+                "tools/call",
+                json!({"name": "alpha__echo", "arguments": {"say": messages, "n": call},
+                    "_meta": {"progressToken": format!("p{call}")}}),
+            )
+            .await;
+        assert!(
+            answer["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|text| text.contains(&format!("\"n\":{call}"))),
+            "{answer:.300}"
+        );
+        let pong = client.request("ping", json!({})).await;
+        assert_eq!(pong["result"], json!({}), "{pong}");
+    }
+    println!(
+        "{} hostile upstream messages over {calls} calls",
+        said.len()
+    );
+    close(client, hub).await;
+}
