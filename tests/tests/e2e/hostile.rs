@@ -173,3 +173,104 @@ async fn the_worst_stdio_lines_are_answered_precisely_and_the_front_serves_on() 
     session.close().await;
     Ok(())
 }
+
+/// A session-less 2026-07-28 call whose headers and body are hostile (byte mutants
+/// of each header the revision reads, value mutants of the body): every request
+/// is answered, as JSON-RPC whenever the body is JSON, never with a 5xx, and a
+/// control session calling meanwhile sees no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session(
+) -> anyhow::Result<()> {
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "fx__echo").await?;
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "fx__echo"),
+        (
+            "mcp-session-id",
+            "plexus.AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        ),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+    ];
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "fx__echo", "arguments": {"text": "t"},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+            "progressToken": "p",
+        },
+    }});
+    let client = reqwest::Client::new();
+    let mut requests: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
+    for (index, (_, value)) in headers.iter().enumerate() {
+        for mutant in mutations::cases(&[value.as_bytes()], 60, index as u64) {
+            requests.push((index, mutant, body.to_string().into_bytes()));
+        }
+    }
+    for mutant in mutations::value_mutants(&body, 300, 0x2026) {
+        requests.push((usize::MAX, Vec::new(), mutant));
+    }
+    let (mut sent, mut statuses) = (0, std::collections::BTreeMap::<u16, usize>::new());
+    let started = Instant::now();
+    for (mutated, value, body) in &requests {
+        let mut request = client
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        for (index, (name, plain)) in headers.iter().enumerate() {
+            request = match index == *mutated {
+                true => match reqwest::header::HeaderValue::from_bytes(value) {
+                    Ok(value) => request.header(*name, value),
+                    // Not a header value at all: hyper would not send it.
+                    Err(_) => request,
+                },
+                false if *name == "mcp-session-id" => request,
+                false => request.header(*name, *plain),
+            };
+        }
+        let response = request
+            .body(body.clone())
+            .send()
+            .await
+            .with_context(|| mutations::describe(value))?;
+        let status = response.status().as_u16();
+        *statuses.entry(status).or_default() += 1;
+        let text = response.text().await?;
+        ensure!(
+            status < 500,
+            "{status} for {}: {text:.300}",
+            mutations::describe(value)
+        );
+        let answer = text
+            .lines()
+            .rev()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap_or(&text);
+        if let Ok(answer) = serde_json::from_str::<Value>(answer) {
+            ensure!(
+                answer.get("result").is_some() != answer.get("error").is_some(),
+                "{status}: {answer:.300}"
+            );
+        }
+        sent += 1;
+    }
+    println!(
+        "{sent} hostile requests in {:?}: statuses {statuses:?}",
+        started.elapsed()
+    );
+    control.wait_for_calls(3).await?;
+    control.finish().await?;
+    let (status, readiness) = daemon.admin_get("/readyz").await?;
+    ensure!(status == 200, "{status} {readiness}");
+    daemon.stop().await?;
+    Ok(())
+}
