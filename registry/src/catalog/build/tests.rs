@@ -362,3 +362,32 @@ fn a_hostile_listing_builds_a_catalog_whose_every_entry_routes_back() {
     println!("{built} catalogs built");
     assert!(built > 1_000, "{built}");
 }
+
+#[test]
+fn hostile_search_queries_find_tools_or_nothing_and_never_panic() {
+    let mut time = listing("time", "time");
+    time.tools = vec![
+        tool("get_current_time"),
+        tool("convertTimeZone"),
+        tool("listHTTPStatus2"),
+    ];
+    time.instructions = Some("Time and zones: İstanbul, ΣΊΣΥΦΟΣ, ﬁle".into());
+    let (catalog, _) = build_default(&[time]);
+    let seeds: [&[u8]; 3] = [
+        b"current time in a zone",
+        "İSTANBUL ΣΊΣΥΦΟΣ ﬁle straße".as_bytes(),
+        b"getHTTPStatus2 list_files",
+    ];
+    let cases = mutations::cases(&seeds, 3_000, 0x5EA2);
+    mutations::check("search_tools", &cases, 64, |bytes| {
+        let query = String::from_utf8_lossy(bytes);
+        // What a caller must check first: a longer query is refused before this.
+        if crate::search::check(&query, Some(5)).is_err() {
+            return;
+        }
+        for found in catalog.search_tools(&query, 5, None).unwrap() {
+            assert!(catalog.route_tool(&found.name).is_some());
+            assert!(found.score.is_finite());
+        }
+    });
+}
