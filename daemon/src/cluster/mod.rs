@@ -368,3 +368,45 @@ fn now_secs() -> u64 {
         .map(|d| d.as_secs())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn hostile_peer_headers_are_refused_unless_signed_as_sent() {
+        let config = crate::config::parse(
+            "[cluster]\nnode = \"n2\"\nsecret = \"0123456789abcdef0123456789abcdef\"\npeers = { n1 = \"http://127.0.0.1:1\" }\n",
+            std::path::Path::new("/"),
+            &|_| None,
+        )
+        .unwrap();
+        let cluster = Cluster::new(&config.cluster.unwrap());
+        let signed = cluster.peer_auth("POST", "/mcp");
+        let seeds: [&[u8]; 2] = [signed.as_bytes(), b"n2"];
+        let cases = mutations::cases(&seeds, 3_000, 0xC105);
+        mutations::check("a peer's headers", &cases, 16, |value| {
+            let Ok(value) = HeaderValue::from_bytes(value) else {
+                return;
+            };
+            for (from, auth) in [
+                (HeaderValue::from_static("n2"), value.clone()),
+                (value.clone(), HeaderValue::from_str(&signed).unwrap()),
+            ] {
+                let mut headers = HeaderMap::new();
+                headers.insert(FORWARDED_BY_HEADER, from.clone());
+                headers.insert(PEER_AUTH_HEADER, auth.clone());
+                // Only the very headers signed, for the request signed, admit.
+                if let Ok(peer) = cluster.forwarded_by(&headers, "POST", "/mcp") {
+                    assert_eq!(peer.as_deref(), Some("n2"));
+                    assert_eq!(
+                        (from.as_bytes(), auth.as_bytes()),
+                        (&b"n2"[..], signed.as_bytes())
+                    );
+                }
+            }
+        });
+    }
+}
