@@ -138,4 +138,40 @@ mod tests {
         );
         assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
     }
+
+    #[test]
+    fn hostile_names_are_mirrored_as_themselves_or_base64_of_themselves() {
+        let seed = serde_json::json!({"name": "héllo", "uri": "file:///a b", "taskId": "t",
+            "_meta": {PROTOCOL_VERSION_META: "2026-07-28", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}});
+        let cases = mutations::value_mutants(&seed, 3_000, 0x4EAE);
+        mutations::check("Head::of", &cases, 64, |bytes| {
+            let Ok(Value::Object(params)) = serde_json::from_slice::<Value>(bytes) else {
+                return;
+            };
+            for method in ["tools/call", "resources/read", "tasks/get"] {
+                let head = Head::of(method, Some(&params), None);
+                let key = match method {
+                    "tools/call" => "name",
+                    "resources/read" => "uri",
+                    _ => "taskId",
+                };
+                let Some(name) = head.name else { continue };
+                let sent = name.to_str().unwrap();
+                let text = params[key].as_str().unwrap();
+                let decoded = match sent
+                    .strip_prefix("=?base64?")
+                    .and_then(|s| s.strip_suffix("?="))
+                {
+                    Some(encoded) if sent != text => String::from_utf8(
+                        base64::engine::general_purpose::STANDARD
+                            .decode(encoded)
+                            .unwrap(),
+                    )
+                    .unwrap(),
+                    _ => sent.to_string(),
+                };
+                assert_eq!(decoded, text);
+            }
+        });
+    }
 }
