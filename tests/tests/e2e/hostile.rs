@@ -278,3 +278,63 @@ async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session
     daemon.stop().await?;
     Ok(())
 }
+
+/// Hostile `initialize` requests (value mutants: versions, capabilities, client
+/// info of every shape) each get an answer below 500, JSON-RPC when JSON; the
+/// sessions some of them open are bounded like any, and a control session
+/// calling throughout sees no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_initialize_requests_are_answered_and_touch_no_other_session() -> anyhow::Result<()>
+{
+    let daemon = Daemon::builder()
+        .upstreams(fixture_upstream("fx", "", &[]))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(30)).await?;
+    let control = ControlSession::start(&daemon.url, "fx__echo").await?;
+    let seed = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"roots": {"listChanged": true}, "sampling": {}, "elicitation": {"form": {}}},
+        "clientInfo": {"name": "c", "version": "1"},
+    }});
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()?;
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for body in mutations::value_mutants(&seed, 400, 0x1417) {
+        let response = client
+            .post(&daemon.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.clone())
+            .send()
+            .await
+            .with_context(|| mutations::describe(&body))?;
+        let status = response.status().as_u16();
+        *statuses.entry(status).or_default() += 1;
+        let text = response.text().await?;
+        ensure!(
+            status < 500,
+            "{status} for {}: {text:.300}",
+            mutations::describe(&body)
+        );
+        let answer = text
+            .lines()
+            .rev()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap_or(&text);
+        if let Ok(answer) = serde_json::from_str::<Value>(answer) {
+            ensure!(
+                answer.get("result").is_some() != answer.get("error").is_some(),
+                "{status}: {answer:.300}"
+            );
+        }
+    }
+    println!("400 hostile initialize requests: statuses {statuses:?}");
+    control.wait_for_calls(3).await?;
+    control.finish().await?;
+    let (status, readiness) = daemon.admin_get("/readyz").await?;
+    ensure!(status == 200, "{status} {readiness}");
+    daemon.stop().await?;
+    Ok(())
+}
