@@ -482,26 +482,37 @@ pub fn write_atomically_with(
 mod tests {
     use super::*;
 
-    /// A request routes in the published snapshot, so "listed" means published:
-    /// a request that stopped waiting for an upstream's first listing once it was
-    /// installed, but before the pump's release published it, routed nowhere.
-    #[test]
-    fn a_listing_installed_while_held_is_published_only_at_the_release() {
-        let dir = tempfile::tempdir().unwrap();
+    fn host_in(directory: &Path) -> CatalogHost {
         let metrics = Arc::new(Metrics::new().unwrap());
-        let host = CatalogHost::new(CatalogOptions::default(), dir.path().into(), metrics);
-        let listing = UpstreamListing {
-            upstream: Arc::from("fx"),
-            prefix: "fx".into(),
+        CatalogHost::new(CatalogOptions::default(), directory.into(), metrics)
+    }
+
+    /// `upstream`'s listing under `prefix`, nothing in it yet.
+    fn listing(upstream: &str, prefix: &str) -> UpstreamListing {
+        UpstreamListing {
+            upstream: Arc::from(upstream),
+            prefix: prefix.into(),
             tool_filter: ToolFilter::default(),
-            tools: vec![serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}})],
+            tools: Vec::new(),
             prompts: Vec::new(),
             resources: Vec::new(),
             resource_templates: Vec::new(),
             instructions: None,
             quarantine: Quarantine::default(),
             cache: [None; 4],
-        };
+        }
+    }
+
+    /// A request routes in the published snapshot, so "listed" means published:
+    /// a request that stopped waiting for an upstream's first listing once it was
+    /// installed, but before the pump's release published it, routed nowhere.
+    #[test]
+    fn a_listing_installed_while_held_is_published_only_at_the_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = host_in(dir.path());
+        let mut listing = listing("fx", "fx");
+        listing.tools =
+            vec![serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}})];
         host.hold();
         host.install(1, listing, |_| Quarantine::default());
         assert!(host.lists("fx"));
@@ -515,23 +526,8 @@ mod tests {
     #[test]
     fn a_hostile_cached_listing_is_loaded_or_ignored_and_never_panics() {
         let directory = tempfile::tempdir().unwrap();
-        let host = CatalogHost::new(
-            CatalogOptions::default(),
-            directory.path().to_path_buf(),
-            Arc::new(Metrics::new().unwrap()),
-        );
-        let empty = || UpstreamListing {
-            upstream: Arc::from("cached"),
-            prefix: "c".into(),
-            tool_filter: Default::default(),
-            tools: Vec::new(),
-            prompts: Vec::new(),
-            resources: Vec::new(),
-            resource_templates: Vec::new(),
-            instructions: None,
-            quarantine: Default::default(),
-            cache: [None; 4],
-        };
+        let host = host_in(directory.path());
+        let empty = || listing("cached", "c");
         let seed = serde_json::json!({
             "capabilities": {"tools": {"listChanged": true}},
             "tools": [{"name": "echo", "inputSchema": {"type": "object"}}],

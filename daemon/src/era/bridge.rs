@@ -529,25 +529,34 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_paused_calls_tasks_are_tracked_and_end_when_cleared() {
-        let tasks = TaskTracker::new();
-        let paused = Arc::new(PausedCalls::new(tasks.clone()));
-        let scope = Arc::new(Closed::default());
+    /// alice's `tools/call` of `a__b` in `scope`, its work never ending, nothing pending.
+    fn idle_call(
+        scope: Arc<Closed>,
+        tasks: &TaskTracker,
+        first_token: Option<Value>,
+    ) -> Continuation {
         let (_events, events) = mpsc::channel(1);
         let (_inputs, inputs) = mpsc::channel(1);
-        let continuation = Continuation {
-            scope: scope.clone(),
+        Continuation {
+            scope,
             work: Work::InPlace(Mutex::new(Box::pin(std::future::pending()))),
             channels: ScopeChannels { events, inputs },
             pending: Vec::new(),
             next_key: 0,
             method: "tools/call".into(),
             target: Some("a__b".into()),
-            first_token: None,
+            first_token,
             principal: Arc::from("alice"),
             tasks: tasks.clone(),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paused_calls_tasks_are_tracked_and_end_when_cleared() {
+        let tasks = TaskTracker::new();
+        let paused = Arc::new(PausedCalls::new(tasks.clone()));
+        let scope = Arc::new(Closed::default());
+        let continuation = idle_call(scope.clone(), &tasks, None);
         let Reply::Result(result) = continuation.pause(&paused) else {
             panic!("not paused");
         };
@@ -588,20 +597,7 @@ mod tests {
     async fn an_upstreams_hostile_progress_is_passed_on_or_dropped_and_never_panics() {
         let tasks = TaskTracker::new();
         let continuation = |first_token: Option<Value>| {
-            let (_events, events) = mpsc::channel(1);
-            let (_inputs, inputs) = mpsc::channel(1);
-            Continuation {
-                scope: Arc::new(Closed::default()),
-                work: Work::InPlace(Mutex::new(Box::pin(std::future::pending()))),
-                channels: ScopeChannels { events, inputs },
-                pending: Vec::new(),
-                next_key: 0,
-                method: "tools/call".into(),
-                target: Some("a__b".into()),
-                first_token,
-                principal: Arc::from("alice"),
-                tasks: tasks.clone(),
-            }
+            idle_call(Arc::new(Closed::default()), &tasks, first_token)
         };
         // The first attempt asked for progress, or did not; the retry does.
         let asked = [continuation(Some(json!("first"))), continuation(None)];

@@ -80,6 +80,23 @@ fn worst_cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     cases
 }
 
+/// The answer to the case `what`, `took` after it was sent: -32700 with no id,
+/// its message saying `says`.
+fn unparsed(what: &str, answer: &Value, says: &str, took: Duration) -> anyhow::Result<()> {
+    println!("{what}: answered in {took:?}");
+    ensure!(
+        answer["error"]["code"] == -32700
+            && answer["id"].is_null()
+            && answer["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.contains(says)),
+        "{what}: {answer}"
+    );
+    // Headroom for a loaded debug build; a wedge would take the client's timeout.
+    ensure!(took < Duration::from_secs(5), "{what}: {took:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session(
 ) -> anyhow::Result<()> {
@@ -93,18 +110,7 @@ async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session
     for (what, body, says) in worst_cases() {
         let started = Instant::now();
         let answer = session.post_raw(&body).await.context(what)?;
-        let took = started.elapsed();
-        println!("{what}: answered in {took:?}");
-        ensure!(
-            answer["error"]["code"] == -32700
-                && answer["id"].is_null()
-                && answer["error"]["message"]
-                    .as_str()
-                    .is_some_and(|message| message.contains(says)),
-            "{what}: {answer}"
-        );
-        // Headroom for a loaded debug build; a wedge would take the client's timeout.
-        ensure!(took < Duration::from_secs(5), "{what}: {took:?}");
+        unparsed(what, &answer, says, started.elapsed())?;
     }
     // The session that sent them is served on, as is the one calling meanwhile.
     let echoed = session
@@ -158,16 +164,7 @@ async fn the_worst_stdio_lines_are_answered_precisely_and_the_front_serves_on() 
             .request_bytes(Value::Null, &line)
             .await
             .context(what)?;
-        let took = started.elapsed();
-        println!("{what}: answered in {took:?}");
-        ensure!(
-            answer["error"]["code"] == -32700
-                && answer["error"]["message"]
-                    .as_str()
-                    .is_some_and(|message| message.contains(says)),
-            "{what}: {answer}"
-        );
-        ensure!(took < Duration::from_secs(5), "{what}: {took:?}");
+        unparsed(what, &answer, says, started.elapsed())?;
     }
     let echoed = session
         .request(
