@@ -446,17 +446,7 @@ async fn register_stdio(loaded: &Loaded) -> Option<PathBuf> {
         "config": absolute(&loaded.path),
         "pins": absolute(&daemon.pins),
     });
-    let bytes = serde_json::to_vec(&body).unwrap_or_default();
-    let target = path.clone();
-    let written = tokio::task::spawn_blocking(move || {
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        crate::catalog_host::write_atomically(&target, &bytes, 0o644)
-    })
-    .await
-    .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())));
-    match written {
+    match write_state_file(path.clone(), &body).await {
         Ok(()) => Some(path),
         Err(error) => {
             tracing::warn!(path = %path.display(), %error, "cannot write the stdio runtime file; `plexus pins` will not know this daemon runs");
@@ -511,12 +501,21 @@ async fn write_runtime_file(
         "admin_listen": admin.to_string(),
         "url": format!("http://{listen}/mcp"),
     });
-    let target = path.clone();
-    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    write_state_file(path.clone(), &body)
+        .await
+        .map_err(|source| ServeError::StateDir { path, source })
+}
+
+/// Writes `body` to `path` in the state directory (made if missing), whole or not
+/// at all, off the runtime's workers.
+async fn write_state_file(path: PathBuf, body: &serde_json::Value) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
     tokio::task::spawn_blocking(move || {
-        crate::catalog_host::write_atomically(&target, &bytes, 0o644)
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        crate::catalog_host::write_atomically(&path, &bytes, 0o644)
     })
     .await
     .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())))
-    .map_err(|source| ServeError::StateDir { path, source })
 }

@@ -133,6 +133,29 @@ pub fn fixture_upstream(upstream: &str, extra: &str, fixture_args: &[&str]) -> S
     )
 }
 
+/// The first notification on a 2026-07-28 listen stream that `wanted` takes,
+/// within `within`; an error if the stream ends or fails first.
+pub async fn heard_on<T>(
+    subscription: &mut rmcp::service::Subscription,
+    within: Duration,
+    wanted: impl Fn(rmcp::model::ServerNotification) -> Option<T>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(within, async {
+        loop {
+            match subscription.next().await? {
+                Some(notification) => {
+                    if let Some(heard) = wanted(notification) {
+                        return Ok(heard);
+                    }
+                }
+                None => bail!("the listen stream ended"),
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("nothing wanted on the listen stream within {within:?}"))?
+}
+
 /// A test client that counts the list changes it is told about.
 #[derive(Clone, Default)]
 pub struct TestClient {

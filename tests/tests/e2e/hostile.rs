@@ -97,15 +97,31 @@ fn unparsed(what: &str, answer: &Value, says: &str, took: Duration) -> anyhow::R
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session(
-) -> anyhow::Result<()> {
+/// plexus fronting the fixture as `fx`, and a session calling it throughout.
+async fn watched() -> anyhow::Result<(Daemon, ControlSession)> {
     let daemon = Daemon::builder()
         .upstreams(fixture_upstream("fx", "", &[]))
         .start()
         .await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
     let control = ControlSession::start(&daemon.url, "fx__echo").await?;
+    Ok((daemon, control))
+}
+
+/// The calling session saw a few calls and no error, and the daemon is still ready.
+async fn untouched(daemon: Daemon, control: ControlSession) -> anyhow::Result<()> {
+    control.wait_for_calls(3).await?;
+    control.finish().await?;
+    let (status, readiness) = daemon.admin_get("/readyz").await?;
+    ensure!(status == 200, "{status} {readiness}");
+    daemon.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session(
+) -> anyhow::Result<()> {
+    let (daemon, control) = watched().await?;
     let mut session = RawHttpSession::connect(&daemon.url).await?;
     for (what, body, says) in worst_cases() {
         let started = Instant::now();
@@ -123,12 +139,7 @@ async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session
         echoed["result"]["content"][0]["text"] == "after",
         "{echoed}"
     );
-    control.wait_for_calls(3).await?;
-    control.finish().await?;
-    let (status, readiness) = daemon.admin_get("/readyz").await?;
-    ensure!(status == 200, "{status} {readiness}");
-    daemon.stop().await?;
-    Ok(())
+    untouched(daemon, control).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,12 +198,7 @@ async fn the_worst_stdio_lines_are_answered_precisely_and_the_front_serves_on() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session(
 ) -> anyhow::Result<()> {
-    let daemon = Daemon::builder()
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    daemon.wait_ready(Duration::from_secs(30)).await?;
-    let control = ControlSession::start(&daemon.url, "fx__echo").await?;
+    let (daemon, control) = watched().await?;
     let headers = [
         ("mcp-protocol-version", "2026-07-28"),
         ("mcp-method", "tools/call"),
@@ -284,12 +290,7 @@ async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session
         "{sent} hostile requests in {:?}: statuses {statuses:?}",
         started.elapsed()
     );
-    control.wait_for_calls(3).await?;
-    control.finish().await?;
-    let (status, readiness) = daemon.admin_get("/readyz").await?;
-    ensure!(status == 200, "{status} {readiness}");
-    daemon.stop().await?;
-    Ok(())
+    untouched(daemon, control).await
 }
 
 /// Hostile `initialize` requests (value mutants: versions, capabilities, client
@@ -299,12 +300,7 @@ async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_initialize_requests_are_answered_and_touch_no_other_session() -> anyhow::Result<()>
 {
-    let daemon = Daemon::builder()
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
-    daemon.wait_ready(Duration::from_secs(30)).await?;
-    let control = ControlSession::start(&daemon.url, "fx__echo").await?;
+    let (daemon, control) = watched().await?;
     let seed = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18",
         "capabilities": {"roots": {"listChanged": true}, "sampling": {}, "elicitation": {"form": {}}},
@@ -344,10 +340,5 @@ async fn hostile_initialize_requests_are_answered_and_touch_no_other_session() -
         }
     }
     println!("400 hostile initialize requests: statuses {statuses:?}");
-    control.wait_for_calls(3).await?;
-    control.finish().await?;
-    let (status, readiness) = daemon.admin_get("/readyz").await?;
-    ensure!(status == 200, "{status} {readiness}");
-    daemon.stop().await?;
-    Ok(())
+    untouched(daemon, control).await
 }

@@ -10,7 +10,7 @@ use anyhow::{ensure, Context};
 use plexus_tests::answering::{
     call, exercise_common, fixture_with_cancel_log, len_of, AnsweringClient, AnsweringService,
 };
-use plexus_tests::{answer_of, fixture_upstream, json_of, plexus_stdio_command, Daemon};
+use plexus_tests::{answer_of, fixture_upstream, heard_on, json_of, plexus_stdio_command, Daemon};
 use rmcp::model::{
     CallToolRequestParams, ProtocolVersion, ReadResourceRequestParams, ServerNotification,
     SubscriptionFilter,
@@ -144,20 +144,16 @@ async fn exercise(
         subscription.acknowledged()
     );
     call(client, "everything__toggle-subscriber-updates", json!({})).await?;
-    let update = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            match subscription.next().await {
-                Ok(Some(ServerNotification::ResourceUpdatedNotification(update))) => {
-                    return Ok(update.params.uri)
-                }
-                Ok(Some(_)) => continue,
-                Ok(None) => anyhow::bail!("the listen stream ended"),
-                Err(error) => return Err(error.into()),
-            }
-        }
-    })
+    let update = heard_on(
+        &mut subscription,
+        Duration::from_secs(15),
+        |heard| match heard {
+            ServerNotification::ResourceUpdatedNotification(update) => Some(update.params.uri),
+            _ => None,
+        },
+    )
     .await
-    .context("no resource update on the listen stream")??;
+    .context("no resource update on the listen stream")?;
     ensure!(update == uri, "{update} for {uri}");
     call(client, "everything__toggle-subscriber-updates", json!({})).await?;
     drop(subscription);
@@ -730,24 +726,16 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
     filter.tools_list_changed = Some(true);
     let mut subscription = client.peer().listen(filter).await?;
     ensure!(subscription.acknowledged().tools_list_changed == Some(true));
-    let changed = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            match subscription.next().await {
-                Ok(Some(ServerNotification::ToolListChangedNotification(_))) => return Ok(()),
-                Ok(Some(_)) => continue,
-                Ok(None) => anyhow::bail!("the listen stream ended"),
-                Err(error) => return Err(anyhow::Error::from(error)),
-            }
-        }
+    heard_on(&mut subscription, Duration::from_secs(30), |heard| {
+        matches!(heard, ServerNotification::ToolListChangedNotification(_)).then_some(())
     })
     .await
-    .map_err(|_| {
-        anyhow::anyhow!(
+    .with_context(|| {
+        format!(
             "no tools/list_changed on the listen stream\n{}",
             daemon.log()
         )
     })?;
-    changed?;
     let tools = client.list_all_tools().await?;
     ensure!(tools.iter().any(|t| t.name == "late__echo"), "{tools:?}");
     drop(subscription);

@@ -59,8 +59,17 @@ pub(crate) struct Protected {
 impl Protected {
     /// With the provider's settings `idp_env`.
     pub(crate) async fn start(dir: &Path, idp_env: &[(&str, &str)]) -> anyhow::Result<Protected> {
+        Protected::launch(dir, idp_env, &[]).await
+    }
+
+    /// With the provider's settings `idp_env` and command-line `idp_args`.
+    async fn launch(
+        dir: &Path,
+        idp_env: &[(&str, &str)],
+        idp_args: &[&str],
+    ) -> anyhow::Result<Protected> {
         let port = restartable_port()?;
-        let idp = Idp::start_with(dir, restartable_port()?, &audience(port), idp_env).await?;
+        let idp = Idp::launch(dir, restartable_port()?, &audience(port), idp_env, idp_args).await?;
         let daemon = Daemon::builder()
             .listen(format!("127.0.0.1:{port}"))
             .daemon(daemon_lines(&idp.issuer(), port, ""))
@@ -89,16 +98,6 @@ impl Idp {
         env: &[(&str, &str)],
     ) -> anyhow::Result<Idp> {
         Idp::launch(dir, port, audience, env, &[]).await
-    }
-
-    /// Like [`Idp::start`], signing with `alg` (`RS256`, `ES256` or `EdDSA`).
-    pub(crate) async fn start_alg(
-        dir: &std::path::Path,
-        port: u16,
-        audience: &str,
-        alg: &str,
-    ) -> anyhow::Result<Idp> {
-        Idp::launch(dir, port, audience, &[], &["--alg", alg]).await
     }
 
     async fn launch(
@@ -509,15 +508,8 @@ async fn es256_and_eddsa_tokens_are_admitted() -> anyhow::Result<()> {
     }
     let dir = tempfile::tempdir()?;
     for alg in ["ES256", "EdDSA"] {
-        let port = restartable_port()?;
-        let idp = Idp::start_alg(dir.path(), restartable_port()?, &audience(port), alg).await?;
-        let daemon = Daemon::builder()
-            .listen(format!("127.0.0.1:{port}"))
-            .daemon(daemon_lines(&idp.issuer(), port, ""))
-            .upstreams(fixture_upstream("fx", "", &[]))
-            .start()
-            .await?;
-        daemon.wait_ready(Duration::from_secs(60)).await?;
+        let Protected { idp, daemon, .. } =
+            Protected::launch(dir.path(), &[], &["--alg", alg]).await?;
         let token = idp.mint(json!({"sub": "alice"})).await?;
         let started = std::fs::read_to_string(&idp.log)?;
         ensure!(

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use plexus_tests::answering::AnsweringClient;
-use plexus_tests::{arguments, eventually, json_of, Daemon, RawStdioSession};
+use plexus_tests::{arguments, eventually, heard_on, json_of, Daemon, RawStdioSession};
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, ListRootsResult, ProtocolVersion,
     ResourceUpdatedNotificationParam, Root, ServerNotification, SubscribeRequestParams,
@@ -296,20 +296,16 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
             CallToolRequestParams::new("memory__add_observations").with_arguments(arguments(more)),
         )
         .await?;
-    let heard = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            match subscription.next().await {
-                Ok(Some(ServerNotification::ResourceUpdatedNotification(update))) => {
-                    return Ok(update.params.uri)
-                }
-                Ok(Some(_)) => continue,
-                Ok(None) => anyhow::bail!("the listen stream ended"),
-                Err(error) => return Err(error.into()),
-            }
-        }
-    })
+    let heard = heard_on(
+        &mut subscription,
+        Duration::from_secs(15),
+        |heard| match heard {
+            ServerNotification::ResourceUpdatedNotification(update) => Some(update.params.uri),
+            _ => None,
+        },
+    )
     .await
-    .context("no update on the 2026-07-28 listen stream")??;
+    .context("no update on the 2026-07-28 listen stream")?;
     ensure!(heard == exposed, "{heard} for {exposed}");
     // The subscriber hears that change once too, as it would directly.
     eventually(Duration::from_secs(10), async || {
