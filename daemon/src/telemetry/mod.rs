@@ -7,6 +7,7 @@
 //! Spans: `spans.rs`; the W3C `traceparent` in `_meta` and headers: `propagate.rs`.
 
 mod export;
+mod otlp;
 mod propagate;
 mod spans;
 
@@ -97,6 +98,8 @@ pub struct Exporting {
 pub enum TelemetryError {
     #[error("cannot set up the OpenTelemetry exporter's TLS: {0}")]
     Tls(String),
+    #[error("cannot export OpenTelemetry spans to {endpoint}: {reason}")]
+    SpanExporter { endpoint: String, reason: String },
     #[error("cannot export OpenTelemetry data to {endpoint}: {source}")]
     Exporter {
         endpoint: String,
@@ -123,15 +126,13 @@ pub fn start(settings: &TracingSettings) -> Result<Option<Exporting>, TelemetryE
     let traces = match &settings.traces_endpoint {
         None => None,
         Some(endpoint) => {
-            let exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_shared_http_client(poster.clone())
-                .with_endpoint(endpoint.clone())
-                .with_protocol(Protocol::HttpBinary)
-                .build()
-                .map_err(|source| TelemetryError::Exporter {
+            let headers = std::env::var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+                .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_HEADERS"))
+                .ok();
+            let exporter = otlp::Exporter::new(endpoint, headers.as_deref(), poster.clone())
+                .map_err(|reason| TelemetryError::SpanExporter {
                     endpoint: endpoint.clone(),
-                    source,
+                    reason,
                 })?;
             Some(
                 SdkTracerProvider::builder()
