@@ -312,6 +312,16 @@ impl Session {
             .clone()
     }
 
+    /// The negotiated version as one of the versions plexus speaks (it is always one).
+    fn protocol_version_name(&self) -> Option<&'static str> {
+        let hello = self.hello.lock().unwrap_or_else(PoisonError::into_inner);
+        let version = hello.protocol_version.as_deref()?;
+        era::ALL_VERSIONS
+            .iter()
+            .find(|known| **known == version)
+            .copied()
+    }
+
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -372,8 +382,8 @@ impl Session {
                 let related = related.unwrap_or(&self.outbound);
                 let traced =
                     telemetry::server_call(&method, params.as_ref(), &id, self.id, || match era {
-                        Era::Modern => Some(era::MODERN_VERSION.to_string()),
-                        _ => self.protocol_version(),
+                        Era::Modern => Some(era::MODERN_VERSION),
+                        _ => self.protocol_version_name(),
                     });
                 if let Some(traced) = traced {
                     // Boxed: the untraced request's future stays the size it was.

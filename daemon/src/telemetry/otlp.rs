@@ -114,7 +114,7 @@ pub(super) fn encode(resource: &[KeyValue], spans: &[SpanData]) -> Vec<u8> {
     nested(&mut out, 1, |out| {
         nested(out, 1, |out| {
             for attribute in resource {
-                nested(out, 1, |out| key_value(out, attribute));
+                write_attribute(out, 1, attribute);
             }
         });
         let mut scopes: Vec<&InstrumentationScope> = Vec::new();
@@ -131,7 +131,7 @@ pub(super) fn encode(resource: &[KeyValue], spans: &[SpanData]) -> Vec<u8> {
                         string(out, 2, version);
                     }
                     for attribute in scope.attributes() {
-                        nested(out, 3, |out| key_value(out, attribute));
+                        write_attribute(out, 3, attribute);
                     }
                 });
                 for span in spans
@@ -172,7 +172,7 @@ fn write_span(out: &mut Vec<u8>, span: &SpanData) {
     fixed64(out, 7, nanos(span.start_time));
     fixed64(out, 8, nanos(span.end_time));
     for attribute in &span.attributes {
-        nested(out, 9, |out| key_value(out, attribute));
+        write_attribute(out, 9, attribute);
     }
     if span.dropped_attributes_count > 0 {
         varint_field(out, 10, u64::from(span.dropped_attributes_count));
@@ -182,7 +182,7 @@ fn write_span(out: &mut Vec<u8>, span: &SpanData) {
             fixed64(out, 1, nanos(event.timestamp));
             string(out, 2, &event.name);
             for attribute in &event.attributes {
-                nested(out, 3, |out| key_value(out, attribute));
+                write_attribute(out, 3, attribute);
             }
             if event.dropped_attributes_count > 0 {
                 varint_field(out, 4, u64::from(event.dropped_attributes_count));
@@ -203,7 +203,7 @@ fn write_span(out: &mut Vec<u8>, span: &SpanData) {
                 string(out, 3, &state);
             }
             for attribute in &link.attributes {
-                nested(out, 4, |out| key_value(out, attribute));
+                write_attribute(out, 4, attribute);
             }
             if link.dropped_attributes_count > 0 {
                 varint_field(out, 5, u64::from(link.dropped_attributes_count));
@@ -234,6 +234,35 @@ fn flags(out: &mut Vec<u8>, field: u32, trace: opentelemetry::trace::TraceFlags,
     }
     key(out, field, 5);
     out.extend_from_slice(&flags.to_le_bytes());
+}
+
+/// A `KeyValue` as field `field`. A scalar value's length is known before it is
+/// written, so the attribute goes in place; an array goes through [`nested`].
+fn write_attribute(out: &mut Vec<u8>, field: u32, attribute: &KeyValue) {
+    // The AnyValue's length: one byte of tag (its fields are all below 16), then the value.
+    let value = match &attribute.value {
+        Value::String(text) => delimited_len(text.as_str().len()),
+        Value::Bool(_) => 2,
+        Value::I64(number) => 1 + varint_len(*number as u64),
+        Value::F64(_) => 9,
+        _ => return nested(out, field, |out| key_value(out, attribute)),
+    };
+    let name = attribute.key.as_str();
+    key(out, field, 2);
+    varint(out, (delimited_len(name.len()) + delimited_len(value)) as u64);
+    string(out, 1, name);
+    key(out, 2, 2);
+    varint(out, value as u64);
+    any_value(out, &attribute.value);
+}
+
+/// A length-delimited field of `len` bytes whose field number is below 16.
+fn delimited_len(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
+}
+
+fn varint_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 fn key_value(out: &mut Vec<u8>, attribute: &KeyValue) {
@@ -384,6 +413,8 @@ mod tests {
                 Value::Array(Array::I64(vec![i64::MIN, 0, i64::MAX])),
             ),
             KeyValue::new("floats", Value::Array(Array::F64(vec![-1.5, f64::MAX]))),
+            // Lengths of two and three bytes as varints.
+            KeyValue::new("x".repeat(200), "y".repeat(20_000)),
         ];
         let scope = InstrumentationScope::builder("plexus")
             .with_version("1.2.3")

@@ -66,24 +66,17 @@ pub(super) fn inject(context: &Context, params: &mut Option<Value>) {
     }
 }
 
-/// `00-<trace id>-<span id>-<flags>` in lower-case hex, written digit by digit:
+/// `00-<trace id>-<span id>-<flags>` in lower-case hex, written into place:
 /// through the formatter it cost as much as the rest of the CLIENT span's start.
 fn traceparent(span: &opentelemetry::trace::SpanContext) -> String {
-    fn hex(text: &mut String, bytes: &[u8]) {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        for byte in bytes {
-            text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-            text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
-        }
+    let mut text = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    let written = hex::encode_to_slice(span.trace_id().to_bytes(), &mut text[3..35])
+        .and_then(|()| hex::encode_to_slice(span.span_id().to_bytes(), &mut text[36..52]))
+        .and_then(|()| hex::encode_to_slice([span.trace_flags().to_u8()], &mut text[53..55]));
+    match (written, std::str::from_utf8(&text)) {
+        (Ok(()), Ok(text)) => text.to_string(),
+        _ => String::new(),
     }
-    let mut text = String::with_capacity(55);
-    text.push_str("00-");
-    hex(&mut text, &span.trace_id().to_bytes());
-    text.push('-');
-    hex(&mut text, &span.span_id().to_bytes());
-    text.push('-');
-    hex(&mut text, &[span.trace_flags().to_u8()]);
-    text
 }
 
 struct Headers<'a>(&'a HeaderMap);

@@ -42,7 +42,7 @@ pub fn server_call(
     id: &Value,
     session: u64,
     // The version of the request's era: asked for only when exporting.
-    protocol: impl FnOnce() -> Option<String>,
+    protocol: impl FnOnce() -> Option<&'static str>,
 ) -> Option<ServerCall> {
     let telemetry = active()?;
     let started = Instant::now();
