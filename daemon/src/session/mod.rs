@@ -397,7 +397,7 @@ impl Session {
                             capabilities,
                             era
                         ));
-                        let handled = telemetry::within(traced.context(), dispatch).await;
+                        let handled = traced.serve(dispatch).await;
                         traced.end(match &handled {
                             Handled::Respond(answer) => Some(answer),
                             Handled::Nothing => None,

@@ -249,7 +249,10 @@ fn write_attribute(out: &mut Vec<u8>, field: u32, attribute: &KeyValue) {
     };
     let name = attribute.key.as_str();
     key(out, field, 2);
-    varint(out, (delimited_len(name.len()) + delimited_len(value)) as u64);
+    varint(
+        out,
+        (delimited_len(name.len()) + delimited_len(value)) as u64,
+    );
     string(out, 1, name);
     key(out, 2, 2);
     varint(out, value as u64);

@@ -6,6 +6,7 @@
 //! and INTERNAL spans for waits that did not finish at once ([`waited`]).
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,21 @@ use crate::jsonrpc::{Answer, RelayError};
 /// Set by a CLIENT span whose result had `isError`, read by its SERVER span.
 #[derive(Clone, Default)]
 struct ToolError(Arc<AtomicBool>);
+
+thread_local! {
+    /// The mark of the SERVER span whose request this thread is polling
+    /// ([`ServerCall::serve`]): a context value instead cost four allocations a request.
+    static SERVING: Cell<Option<ToolError>> = const { Cell::new(None) };
+}
+
+/// Puts back the mark that was current before a poll, however the poll ends.
+struct Restore(Option<ToolError>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        SERVING.set(self.0.take());
+    }
+}
 
 /// A client's request being served: its SERVER span and its start.
 pub struct ServerCall {
@@ -67,8 +83,7 @@ pub fn server_call(
             parent.with_span(span)
         }
         None => parent,
-    }
-    .with_value(tool_error.clone());
+    };
     Some(ServerCall {
         context,
         started,
@@ -78,9 +93,17 @@ pub fn server_call(
 }
 
 impl ServerCall {
-    /// The context the request is served under (its span the parent of what follows).
-    pub fn context(&self) -> Context {
-        self.context.clone()
+    /// Polls `work`, the request's handling, with the span's context current (the
+    /// parent of what it sends upstream) and its tool-error mark where the CLIENT
+    /// span of a call that returns `isError` sets it. Through a pointer: a future
+    /// wrapped by value is copied whole into its wrapper.
+    pub async fn serve<F: Future>(&self, mut work: Pin<&mut F>) -> F::Output {
+        std::future::poll_fn(|cx| {
+            let _current = self.context.clone().attach();
+            let _restore = Restore(SERVING.replace(Some(self.tool_error.clone())));
+            work.as_mut().poll(cx)
+        })
+        .await
     }
 
     /// Ends the span with the answer's outcome: a JSON-RPC error, or a tool's `isError`.
@@ -180,9 +203,11 @@ impl ClientSpan {
             Err(error) => Some(error.kind().to_string()),
         };
         if error.as_deref() == Some("tool_error") {
-            if let Some(mark) = Context::current().get::<ToolError>() {
+            let mark = SERVING.take();
+            if let Some(mark) = &mark {
                 mark.0.store(true, Ordering::Relaxed);
             }
+            SERVING.set(mark);
         }
         end_and_record(
             &self.context,
