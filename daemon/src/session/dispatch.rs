@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::audit_lines::RequestRecord;
-use super::forward::{expose_content_uris, with_string};
+use super::forward::{expose_content_uris, expose_prompt_uris, with_string};
 use super::lists::list_kind;
 use super::routing::{unrouted, Router};
 use super::search::{self, MetaCall};
@@ -295,10 +295,12 @@ impl<'a> Dispatch<'a> {
                 let (params, name) = take_string(params, "name")?;
                 let route = router.prompt(&name).await?;
                 audit_route(&route);
-                self.session
+                let reply = self
+                    .session
                     .forwarder(self.related)
                     .forward_named(method, params, None, &route, &[])
-                    .await
+                    .await?;
+                Ok(expose_prompt_uris(router.catalog(), &route.upstream, reply))
             }
             "resources/read" => {
                 let (params, uri) = take_string(params, "uri")?;

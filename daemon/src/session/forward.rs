@@ -263,17 +263,42 @@ fn expose_linked_uris(
     upstream: &str,
     reply: adapters::Reply,
 ) -> adapters::Reply {
-    in_result(
-        reply,
-        "content",
-        |block| match block.get("type").and_then(Value::as_str) {
-            Some("resource_link") => block.get_mut("uri"),
-            Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
-            _ => None,
-        },
-        catalog,
-        upstream,
-    )
+    in_result(reply, "content", linked_uri, catalog, upstream)
+}
+
+/// The same for a prompt's messages: each message's content is one block (or, as
+/// a tool result's, a list of them).
+pub(super) fn expose_prompt_uris(
+    catalog: &Catalog,
+    upstream: &str,
+    reply: adapters::Reply,
+) -> adapters::Reply {
+    let Reply::Result(mut result) = reply else {
+        return reply;
+    };
+    if let Some(Value::Array(messages)) = result.get_mut("messages") {
+        for content in messages.iter_mut().filter_map(|m| m.get_mut("content")) {
+            let blocks: Vec<&mut Value> = match content {
+                Value::Array(blocks) => blocks.iter_mut().collect(),
+                block => vec![block],
+            };
+            for block in blocks {
+                if let Some(Value::String(uri)) = linked_uri(block) {
+                    *uri = catalog.expose_uri(upstream, uri);
+                }
+            }
+        }
+    }
+    Reply::Result(result)
+}
+
+/// The URI of a content block that names a resource: a link, or one embedded.
+fn linked_uri(block: &mut Value) -> Option<&mut Value> {
+    match block.get("type").and_then(Value::as_str) {
+        Some("resource_link") => block.get_mut("uri"),
+        Some("resource") => block.get_mut("resource").and_then(|r| r.get_mut("uri")),
+        _ => None,
+    }
 }
 
 /// Exposes the URI that `uri_of` finds in each element of the result's `list` array.

@@ -12,8 +12,8 @@ use plexus_tests::answering::{
 };
 use plexus_tests::{answer_of, fixture_upstream, heard_on, json_of, plexus_stdio_command, Daemon};
 use rmcp::model::{
-    CallToolRequestParams, ProtocolVersion, ReadResourceRequestParams, ServerNotification,
-    SubscriptionFilter,
+    CallToolRequestParams, GetPromptRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ServerNotification, SubscriptionFilter,
 };
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
@@ -640,6 +640,24 @@ async fn upstreams_and_clients_of_both_eras_meet_through_plexus() -> anyhow::Res
                     && linked["content"][2]["type"] == "resource_link"
                     && linked["content"][2]["uri"] == exposed.as_str(),
                 "{name} client, {upstream}: {linked}"
+            );
+            // So do a prompt's.
+            let prompt = client
+                .get_prompt(
+                    GetPromptRequestParams::new(format!("{upstream}__greet")).with_arguments(
+                        json!({"name": "Ada", "link": "fixture://items/7"})
+                            .as_object()
+                            .cloned()
+                            .unwrap_or_default(),
+                    ),
+                )
+                .await?;
+            let messages = serde_json::to_value(&prompt.messages)?;
+            ensure!(
+                messages[1]["content"]["resource"]["uri"] == exposed.as_str()
+                    && messages[2]["content"]["type"] == "resource_link"
+                    && messages[2]["content"]["uri"] == exposed.as_str(),
+                "{name} client, {upstream}: {messages}"
             );
             for kind in ["sampling", "elicitation", "roots"] {
                 let text = ask(client, &format!("{upstream}__ask"), kind)
