@@ -326,10 +326,12 @@ impl<'a> Dispatch<'a> {
                 task_extension::serve(self.session, method, params, self.related).await
             }
             "tasks/list" => {
-                self.session
+                let reply = self
+                    .session
                     .hub
                     .list_tasks(self.session.call_context(None, self.related))
-                    .await
+                    .await?;
+                Ok(task_extension::own_tasks(self.session, reply))
             }
             "logging/setLevel" => {
                 let level = params

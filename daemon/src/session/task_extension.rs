@@ -45,6 +45,16 @@ pub(super) async fn serve(
     params: Option<Value>,
     related: &mpsc::Sender<Value>,
 ) -> Result<Reply, RelayError> {
+    // Another client's task is unknown here, as one never created is.
+    if let Some(id) = params
+        .as_ref()
+        .and_then(|p| p.get("taskId"))
+        .and_then(Value::as_str)
+    {
+        if !reachable(session, id) {
+            return Err(RelayError::InvalidParams(format!("unknown task `{id}`")));
+        }
+    }
     if session.era() == Era::Modern && method == "tasks/update" {
         if let Some(reply) = held_tasks::update(session, &params, related).await? {
             return Ok(reply);
@@ -183,6 +193,46 @@ async fn waiting_for_input(session: &Session, exposed: &str, task: &Map<String, 
         detailed.remove("statusMessage");
     }
     Value::Object(detailed)
+}
+
+/// Whether `session` may reach the task it names `exposed`: not one plexus handed
+/// to another principal, nor one of an upstream its view hides. A task whose route
+/// plexus no longer keeps (it restarted since) is reachable by its id, which only
+/// the client it was handed to knows.
+fn reachable(session: &Session, exposed: &str) -> bool {
+    let owner = session.hub.task_principal(exposed);
+    owner.is_none_or(|owner| owner == session.identity.principal) && shown(session, exposed)
+}
+
+fn shown(session: &Session, exposed: &str) -> bool {
+    session.identity.view.is_none()
+        || session
+            .hub
+            .task_route(exposed)
+            .is_some_and(|(upstream, _)| session.catalog().shows_upstream(&upstream))
+}
+
+/// `tasks/list` as one client sees it: the tasks plexus handed to its principal,
+/// of upstreams its view shows. An upstream lists every task it holds, and plexus
+/// shares one upstream among its clients.
+pub(super) fn own_tasks(session: &Session, reply: Reply) -> Reply {
+    let Reply::Result(mut result) = reply else {
+        return reply;
+    };
+    if let Some(Value::Array(tasks)) = result.get_mut("tasks") {
+        tasks.retain(|task| {
+            task.get("taskId")
+                .and_then(Value::as_str)
+                .is_some_and(|id| {
+                    session
+                        .hub
+                        .task_principal(id)
+                        .is_some_and(|owner| owner == session.identity.principal)
+                        && shown(session, id)
+                })
+        });
+    }
+    Reply::Result(result)
 }
 
 /// The ids of a listen's `taskIds` it hears of (the acknowledgement's): those of

@@ -338,3 +338,70 @@ async fn tasks_are_namespaced_and_routed_by_id() -> anyhow::Result<()> {
     ensure!(daemon.stop().await?.success());
     Ok(())
 }
+
+/// Two principals share one upstream, which lists every task it holds: each sees
+/// and reaches only the tasks plexus handed to it; another's is unknown, as one
+/// never created is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_sees_and_reaches_only_its_own_tasks() -> anyhow::Result<()> {
+    const ALICE: &str = "alice-token-0123456789abcdef0123456789";
+    const BOB: &str = "bob-token-0123456789abcdef0123456789abc";
+    let daemon = Daemon::builder()
+        .daemon(format!(
+            "auth_tokens = {{ alice = \"{ALICE}\", bob = \"{BOB}\" }}"
+        ))
+        .upstreams(everything_section(""))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(240)).await?;
+    let bearer = |token: &str| format!("Bearer {token}");
+    let (alice_token, bob_token) = (bearer(ALICE), bearer(BOB));
+    let mut alice =
+        plexus_tests::RawHttpSession::connect_with(&daemon.url, &[("authorization", &alice_token)])
+            .await?;
+    let mut bob =
+        plexus_tests::RawHttpSession::connect_with(&daemon.url, &[("authorization", &bob_token)])
+            .await?;
+    let start = json!({"name": "everything__simulate-research-query", "arguments": {"topic": "mine"}, "task": {"ttl": 60000}});
+    let mut ids = Vec::new();
+    for session in [&mut alice, &mut bob] {
+        let created = session.request("tools/call", start.clone()).await?;
+        ids.push(
+            created["result"]["task"]["taskId"]
+                .as_str()
+                .with_context(|| format!("no task in {created}"))?
+                .to_string(),
+        );
+    }
+    let (alices, bobs) = (&ids[0], &ids[1]);
+    for (session, own, other) in [(&mut alice, alices, bobs), (&mut bob, bobs, alices)] {
+        let listed = session.request("tasks/list", json!({})).await?;
+        let listed_ids: Vec<&str> = listed["result"]["tasks"]
+            .as_array()
+            .with_context(|| format!("{listed}"))?
+            .iter()
+            .filter_map(|task| task["taskId"].as_str())
+            .collect();
+        ensure!(listed_ids == [own.as_str()], "{listed}");
+        let own_status = session.request("tasks/get", json!({"taskId": own})).await?;
+        ensure!(
+            own_status["result"]["taskId"] == own.as_str(),
+            "{own_status}"
+        );
+        for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+            let refused = session.request(method, json!({"taskId": other})).await?;
+            ensure!(
+                refused["error"]["code"] == -32602
+                    && refused["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("unknown task")),
+                "{method} of another's task: {refused}"
+            );
+        }
+    }
+    // Neither refusal touched the other's task: it still finishes.
+    let status = bob.request("tasks/result", json!({"taskId": bobs})).await?;
+    ensure!(status["result"]["content"].is_array(), "{status}");
+    ensure!(daemon.stop().await?.success());
+    Ok(())
+}
