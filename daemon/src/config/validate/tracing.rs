@@ -82,6 +82,30 @@ pub(super) fn validate_tracing(
             });
         }
     }
+    // Bodies go out uncompressed, which every collector takes; a compression asked
+    // for is refused by name rather than left unapplied.
+    for (endpoint, own) in [
+        (&traces_endpoint, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"),
+        (&metrics_endpoint, "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION"),
+    ] {
+        let compression = variable(own)
+            .map(|value| (own, value))
+            .or_else(|| {
+                variable("OTEL_EXPORTER_OTLP_COMPRESSION")
+                    .map(|value| ("OTEL_EXPORTER_OTLP_COMPRESSION", value))
+            })
+            .filter(|(_, value)| value.trim() != "none");
+        if let (Some(_), Some((key, value))) = (endpoint, compression) {
+            if !issues.iter().any(|issue| issue.key == key) {
+                issues.push(ConfigIssue {
+                    key: key.into(),
+                    message: format!(
+                        "`{value}` is not supported: plexus exports uncompressed (unset it, or `none`)"
+                    ),
+                });
+            }
+        }
+    }
     let service_name = raw
         .service_name
         .or_else(|| variable("OTEL_SERVICE_NAME"))
@@ -202,6 +226,31 @@ mod tests {
         );
         assert_eq!(keyed.service_name, "edge");
         assert_eq!(keyed.sampler, Sampler::AlwaysOn);
+    }
+
+    #[test]
+    fn a_compression_is_refused_by_name_while_its_signal_is_exported() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        let (_, issues) = resolve("", &[endpoint, ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]);
+        let keys: Vec<&str> = issues.iter().map(|issue| issue.key.as_str()).collect();
+        assert_eq!(keys, ["OTEL_EXPORTER_OTLP_COMPRESSION"], "{issues:?}");
+        let (_, issues) = resolve(
+            "",
+            &[
+                endpoint,
+                ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+                ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "zstd"),
+            ],
+        );
+        let keys: Vec<&str> = issues.iter().map(|issue| issue.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["OTEL_EXPORTER_OTLP_METRICS_COMPRESSION"],
+            "{issues:?}"
+        );
+        // Nothing exported: nothing to compress, and nothing refused.
+        let (_, issues) = resolve("", &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]);
+        assert!(issues.is_empty(), "{issues:?}");
     }
 
     #[test]
