@@ -384,36 +384,55 @@ impl Hub {
             .map(|upstream| upstream.name().to_string())
             .collect();
         for upstream in listing {
-            let context = CallContext {
-                session: call.session,
-                owner: call.owner,
-                tool: None,
-                related: call.related,
-                headers: &[],
-                result_unread: false,
-                arguments: None,
-            };
-            match self
-                .forward(&upstream, "tasks/list", Some(json!({})), context)
-                .await
-            {
-                Ok(reply) => {
-                    if let Reply::Result(mut result) = self.expose_tasks(&upstream, None, reply) {
+            // Every page: the tasks a client may see can be on any of them.
+            let mut cursor: Option<Value> = None;
+            for _ in 0..MAX_TASK_PAGES {
+                let context = CallContext {
+                    session: call.session,
+                    owner: call.owner,
+                    tool: None,
+                    related: call.related,
+                    headers: &[],
+                    result_unread: false,
+                    arguments: None,
+                };
+                let params = match cursor.take() {
+                    Some(cursor) => json!({ "cursor": cursor }),
+                    None => json!({}),
+                };
+                match self
+                    .forward(&upstream, "tasks/list", Some(params), context)
+                    .await
+                {
+                    Ok(reply) => {
+                        let Reply::Result(mut result) = self.expose_tasks(&upstream, None, reply)
+                        else {
+                            break;
+                        };
                         if let Some(Value::Array(found)) = result.get_mut("tasks").map(Value::take)
                         {
                             tasks.extend(found);
                         }
+                        match result.get_mut("nextCursor").map(Value::take) {
+                            Some(next) if !next.is_null() => cursor = Some(next),
+                            _ => break,
+                        }
                     }
-                }
-                // One upstream being down leaves the others' tasks listed.
-                Err(error) => {
-                    tracing::debug!(upstream, %error, "listing an upstream's tasks failed")
+                    // One upstream being down leaves the others' tasks listed.
+                    Err(error) => {
+                        tracing::debug!(upstream, %error, "listing an upstream's tasks failed");
+                        break;
+                    }
                 }
             }
         }
         Ok(Reply::Result(json!({ "tasks": tasks })))
     }
 }
+
+/// The most pages of one upstream's `tasks/list` a client's `tasks/list` reads (an
+/// upstream that never stops paging is cut off there).
+const MAX_TASK_PAGES: usize = 100;
 
 /// An upstream refused a request plexus made on a session's behalf.
 fn refused(route: &Route, method: &str, error: &Value) -> RelayError {

@@ -373,16 +373,34 @@ async fn a_principal_sees_and_reaches_only_its_own_tasks() -> anyhow::Result<()>
                 .to_string(),
         );
     }
+    // Eleven more of alice's: the server lists ten tasks a page, so hers and bob's
+    // are on several pages.
+    let mut alices_all = vec![ids[0].clone()];
+    for _ in 0..11 {
+        let created = alice.request("tools/call", start.clone()).await?;
+        alices_all.push(
+            created["result"]["task"]["taskId"]
+                .as_str()
+                .with_context(|| format!("no task in {created}"))?
+                .to_string(),
+        );
+    }
+    alices_all.sort();
     let (alices, bobs) = (&ids[0], &ids[1]);
-    for (session, own, other) in [(&mut alice, alices, bobs), (&mut bob, bobs, alices)] {
+    let bobs_all = vec![bobs.clone()];
+    for (session, all, own, other) in [
+        (&mut alice, &alices_all, alices, bobs),
+        (&mut bob, &bobs_all, bobs, alices),
+    ] {
         let listed = session.request("tasks/list", json!({})).await?;
-        let listed_ids: Vec<&str> = listed["result"]["tasks"]
+        let mut listed_ids: Vec<String> = listed["result"]["tasks"]
             .as_array()
             .with_context(|| format!("{listed}"))?
             .iter()
-            .filter_map(|task| task["taskId"].as_str())
+            .filter_map(|task| task["taskId"].as_str().map(str::to_string))
             .collect();
-        ensure!(listed_ids == [own.as_str()], "{listed}");
+        listed_ids.sort();
+        ensure!(&listed_ids == all, "{listed}");
         let own_status = session.request("tasks/get", json!({"taskId": own})).await?;
         ensure!(
             own_status["result"]["taskId"] == own.as_str(),
