@@ -62,12 +62,13 @@ async fn a_lazy_upstream_starts_on_demand_idles_out_and_stays_listed() -> anyhow
         "the lazy upstream was never listed\n{}",
         daemon.log()
     );
+    // The process goes first; the state follows once the supervisor has reaped it.
     eventually(Duration::from_secs(10), async || {
         ensure!(running() == 0, "it did not idle out");
+        ensure!(state_of(&daemon, "lazy").await? == "idle");
         Ok(())
     })
     .await?;
-    ensure!(state_of(&daemon, "lazy").await? == "idle");
 
     // The first call starts it and is answered.
     let who = session

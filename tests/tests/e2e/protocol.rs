@@ -51,7 +51,8 @@ async fn exercise(
         let long = call(
             client,
             "everything__trigger-long-running-operation",
-            json!({"duration": 2, "steps": 2}),
+            // Long enough to still be in flight when a loaded machine's server asks.
+            json!({"duration": 6, "steps": 3}),
         );
         let refresh = async {
             client.peer().notify_roots_list_changed().await?;
