@@ -363,31 +363,23 @@ async fn a_principal_sees_and_reaches_only_its_own_tasks() -> anyhow::Result<()>
     let mut bob =
         plexus_tests::RawHttpSession::connect_with(&daemon.url, &[("authorization", &bob_token)])
             .await?;
-    let start = json!({"name": "everything__simulate-research-query", "arguments": {"topic": "mine"}, "task": {"ttl": 60000}});
-    let mut ids = Vec::new();
-    for session in [&mut alice, &mut bob] {
-        let created = session.request("tools/call", start.clone()).await?;
-        ids.push(
-            created["result"]["task"]["taskId"]
-                .as_str()
-                .with_context(|| format!("no task in {created}"))?
-                .to_string(),
-        );
+    async fn start_task(session: &mut plexus_tests::RawHttpSession) -> anyhow::Result<String> {
+        let start = json!({"name": "everything__simulate-research-query", "arguments": {"topic": "mine"}, "task": {"ttl": 60000}});
+        let created = session.request("tools/call", start).await?;
+        Ok(created["result"]["task"]["taskId"]
+            .as_str()
+            .with_context(|| format!("no task in {created}"))?
+            .to_string())
     }
+    let (alices, bobs) = (start_task(&mut alice).await?, start_task(&mut bob).await?);
     // Eleven more of alice's: the server lists ten tasks a page, so hers and bob's
     // are on several pages.
-    let mut alices_all = vec![ids[0].clone()];
+    let mut alices_all = vec![alices.clone()];
     for _ in 0..11 {
-        let created = alice.request("tools/call", start.clone()).await?;
-        alices_all.push(
-            created["result"]["task"]["taskId"]
-                .as_str()
-                .with_context(|| format!("no task in {created}"))?
-                .to_string(),
-        );
+        alices_all.push(start_task(&mut alice).await?);
     }
     alices_all.sort();
-    let (alices, bobs) = (&ids[0], &ids[1]);
+    let (alices, bobs) = (&alices, &bobs);
     let bobs_all = vec![bobs.clone()];
     for (session, all, own, other) in [
         (&mut alice, &alices_all, alices, bobs),
