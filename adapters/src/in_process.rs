@@ -12,7 +12,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::pipes::{pipe_up, Piped};
+use crate::pipes::pipe_up;
 use crate::rpc::{Events, Spawned};
 use crate::stdio::{ExitReport, SpawnError, StdioOptions, StdioTransport};
 
@@ -82,14 +82,7 @@ fn start(
     };
     let (to_upstream, from_plexus) = pipe::pipe().map_err(io)?;
     let (to_plexus, from_upstream) = pipe::pipe().map_err(io)?;
-    let Piped {
-        pending,
-        closed,
-        stop,
-        stats,
-        writer,
-        tasks,
-    } = pipe_up(
+    let piped = pipe_up(
         &upstream,
         (to_upstream, from_upstream),
         options.stats.clone(),
@@ -98,8 +91,8 @@ fn start(
     );
     let (exit_tx, exit) = watch::channel(None);
     // The server has exited once its output has ended.
-    let ended = closed.clone();
-    tasks.spawn(async move {
+    let ended = piped.closed.clone();
+    piped.tasks.spawn(async move {
         ended.cancelled().await;
         let _ = exit_tx.send(Some(ExitReport {
             code: None,
@@ -109,20 +102,12 @@ fn start(
     serve(ServerPipes {
         from_plexus,
         to_plexus,
-        stopped: stop.clone(),
+        stopped: piped.stop.clone(),
     });
-    Ok(Spawned {
-        upstream,
-        pending,
-        closed,
-        stop,
-        stats,
-        tasks,
-        transport: StdioTransport {
-            writer,
-            exit,
-            pid: None,
-            stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
-        },
-    })
+    Ok(piped.spawned(upstream, |writer| StdioTransport {
+        writer,
+        exit,
+        pid: None,
+        stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+    }))
 }

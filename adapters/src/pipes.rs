@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 use crate::framing::{Frame, LineDecoder};
 use crate::rpc::{
     classify, count_sampled, id_in_head, our_id, read_message, with_paired_surrogates,
-    ConnectionError, ConnectionStats, Events, Incoming, PendingRequests, SharedPending,
+    ConnectionError, ConnectionStats, Events, Incoming, PendingRequests, SharedPending, Spawned,
     UpstreamEvent,
 };
 use crate::stdin_writer::StdinWriter;
@@ -30,6 +30,25 @@ pub(crate) struct Piped {
     pub(crate) stats: Arc<ConnectionStats>,
     pub(crate) writer: Arc<StdinWriter>,
     pub(crate) tasks: TaskTracker,
+}
+
+impl Piped {
+    /// The connection, its transport made from the stdin writer.
+    pub(crate) fn spawned<T>(
+        self,
+        upstream: Arc<str>,
+        transport: impl FnOnce(Arc<StdinWriter>) -> T,
+    ) -> Spawned<T> {
+        Spawned {
+            upstream,
+            pending: self.pending,
+            closed: self.closed,
+            stop: self.stop,
+            stats: self.stats,
+            tasks: self.tasks,
+            transport: transport(self.writer),
+        }
+    }
 }
 
 /// Starts writing to `stdin` and reading `stdout`: the wiring a child and an

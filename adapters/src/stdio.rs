@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
-use crate::pipes::{pipe_up, Piped};
+use crate::pipes::pipe_up;
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{encode_request, ConnectionError, Events, MetaFields, Params};
@@ -232,14 +232,7 @@ pub(crate) fn spawn(
             program: spec.program.clone(),
             source,
         })?;
-    let Piped {
-        pending,
-        closed,
-        stop,
-        stats,
-        writer,
-        tasks,
-    } = pipe_up(
+    let piped = pipe_up(
         &upstream,
         (stdin, stdout),
         options.stats.clone(),
@@ -248,7 +241,7 @@ pub(crate) fn spawn(
     );
     let (exit_tx, exit) = watch::channel(None);
     let stderr_done = CancellationToken::new();
-    tasks.spawn(stderr_loop(
+    piped.tasks.spawn(stderr_loop(
         upstream.clone(),
         stderr,
         stderr_tail.clone(),
@@ -256,30 +249,21 @@ pub(crate) fn spawn(
         options.stats.clone(),
         stderr_done.clone(),
     ));
-    tasks.spawn(child_loop(
+    piped.tasks.spawn(child_loop(
         upstream.clone(),
         child,
-        stop.clone(),
+        piped.stop.clone(),
         options.stop_grace,
         (exit_tx, stderr_done),
         options.keeper.clone(),
     ));
 
-    let transport = StdioTransport {
+    Ok(piped.spawned(upstream, |writer| StdioTransport {
         writer,
         exit,
         pid,
         stderr_tail,
-    };
-    Ok(Spawned {
-        upstream,
-        pending,
-        closed,
-        stop,
-        stats,
-        tasks,
-        transport,
-    })
+    }))
 }
 
 /// Bytes read from an upstream's stderr at once: a flood is drained in few reads.
