@@ -489,18 +489,7 @@ mod tests {
 
     /// `upstream`'s listing under `prefix`, nothing in it yet.
     fn listing(upstream: &str, prefix: &str) -> UpstreamListing {
-        UpstreamListing {
-            upstream: Arc::from(upstream),
-            prefix: prefix.into(),
-            tool_filter: ToolFilter::default(),
-            tools: Vec::new(),
-            prompts: Vec::new(),
-            resources: Vec::new(),
-            resource_templates: Vec::new(),
-            instructions: None,
-            quarantine: Quarantine::default(),
-            cache: [None; 4],
-        }
+        UpstreamListing::empty(Arc::from(upstream), prefix.into(), ToolFilter::default())
     }
 
     /// A request routes in the published snapshot, so "listed" means published:

@@ -15,18 +15,14 @@ use registry::{Catalog, CatalogOptions, Kind, UpstreamListing, UpstreamPart};
 use serde_json::{json, Value};
 
 fn listing(upstream: &str, tools: Vec<Value>, instructions: Option<String>) -> UpstreamListing {
-    UpstreamListing {
-        upstream: Arc::from(upstream),
-        prefix: upstream.to_string(),
-        tool_filter: Default::default(),
-        tools,
-        prompts: Vec::new(),
-        resources: Vec::new(),
-        resource_templates: Vec::new(),
-        instructions,
-        quarantine: Default::default(),
-        cache: [None; 4],
-    }
+    let mut listing = UpstreamListing::empty(
+        Arc::from(upstream),
+        upstream.to_string(),
+        Default::default(),
+    );
+    listing.tools = tools;
+    listing.instructions = instructions;
+    listing
 }
 
 fn read_json(path: &Path) -> anyhow::Result<Value> {

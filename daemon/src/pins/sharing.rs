@@ -272,18 +272,12 @@ mod tests {
         file.observe("alpha", &drifted, false);
         let before = file.to_bytes();
         let part = |snapshot: &ListingSnapshot| {
-            let listing = registry::UpstreamListing {
-                upstream: "alpha".into(),
-                prefix: "alpha".into(),
-                tool_filter: registry::ToolFilter::default(),
-                tools: snapshot.tools.clone(),
-                prompts: Vec::new(),
-                resources: Vec::new(),
-                resource_templates: Vec::new(),
-                instructions: None,
-                quarantine: registry::Quarantine::default(),
-                cache: [None; 4],
-            };
+            let mut listing = registry::UpstreamListing::empty(
+                "alpha".into(),
+                "alpha".into(),
+                registry::ToolFilter::default(),
+            );
+            listing.tools = snapshot.tools.clone();
             registry::UpstreamPart::build(&listing, 64).0
         };
         // The catalog lists the drifted tools: the pending definitions and the

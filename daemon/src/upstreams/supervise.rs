@@ -565,18 +565,11 @@ pub const DISCOVER_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An empty listing of `config`'s upstream, ready to be filled.
 pub fn empty_listing(config: &UpstreamConfig) -> UpstreamListing {
-    UpstreamListing {
-        upstream: Arc::from(config.name.as_str()),
-        prefix: config.prefix.clone(),
-        tool_filter: ToolFilter::new(config.allow_tools.clone(), config.deny_tools.clone()),
-        tools: Vec::new(),
-        prompts: Vec::new(),
-        resources: Vec::new(),
-        resource_templates: Vec::new(),
-        instructions: None,
-        quarantine: Default::default(),
-        cache: [None; 4],
-    }
+    UpstreamListing::empty(
+        Arc::from(config.name.as_str()),
+        config.prefix.clone(),
+        ToolFilter::new(config.allow_tools.clone(), config.deny_tools.clone()),
+    )
 }
 
 /// Lists every kind the upstream advertised.

@@ -65,6 +65,22 @@ pub struct UpstreamListing {
 }
 
 impl UpstreamListing {
+    /// `upstream`'s listing under `prefix`, filtered by `tool_filter`, nothing in it yet.
+    pub fn empty(upstream: Arc<str>, prefix: String, tool_filter: ToolFilter) -> UpstreamListing {
+        UpstreamListing {
+            upstream,
+            prefix,
+            tool_filter,
+            tools: Vec::new(),
+            prompts: Vec::new(),
+            resources: Vec::new(),
+            resource_templates: Vec::new(),
+            instructions: None,
+            quarantine: Quarantine::default(),
+            cache: [None; 4],
+        }
+    }
+
     /// Every entry's security digest, by kind and place (what the pins judge a
     /// listing by), taken where the listing was read rather than where it is judged.
     pub fn security_digests(&self) -> crate::fingerprint::SecurityDigests {

@@ -9,18 +9,11 @@ use crate::filter::ToolFilter;
 
 /// A listing of `upstream` under `prefix`, with nothing listed yet.
 pub(crate) fn listing(upstream: &str, prefix: &str) -> UpstreamListing {
-    UpstreamListing {
-        upstream: Arc::from(upstream),
-        prefix: prefix.to_string(),
-        tool_filter: ToolFilter::default(),
-        tools: Vec::new(),
-        prompts: Vec::new(),
-        resources: Vec::new(),
-        resource_templates: Vec::new(),
-        instructions: None,
-        quarantine: Default::default(),
-        cache: [None; 4],
-    }
+    UpstreamListing::empty(
+        Arc::from(upstream),
+        prefix.to_string(),
+        ToolFilter::default(),
+    )
 }
 
 /// A tool with a valid schema.
