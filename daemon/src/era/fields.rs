@@ -2,7 +2,7 @@
 //! era requires and the other lacks"): what plexus adds, removes or mints for
 //! each as a message crosses from one era to the other.
 
-use adapters::Reply;
+use adapters::{RawObject, Reply};
 use serde_json::{Map, Value};
 
 use super::wire::{
@@ -146,11 +146,7 @@ pub fn answering_as_plexus(reply: Reply) -> Reply {
             Reply::Result(Value::Object(result))
         }
         Reply::Unread(raw) => {
-            let mentioned = raw
-                .member("_meta")
-                .filter(|meta| memchr::memmem::find(meta, META_SERVER_INFO.as_bytes()).is_some());
-            let Some(Ok(Value::Object(mut meta))) = mentioned.map(serde_json::from_slice::<Value>)
-            else {
+            let Some(mut meta) = meta_naming_a_server(&raw) else {
                 return Reply::Unread(raw);
             };
             if !named(&mut meta) {
@@ -198,11 +194,7 @@ pub fn without_server_info(reply: &mut Reply) {
             }
         }
         Reply::Unread(raw) => {
-            let mentioned = raw
-                .member("_meta")
-                .filter(|meta| memchr::memmem::find(meta, META_SERVER_INFO.as_bytes()).is_some());
-            let Some(Ok(Value::Object(mut meta))) = mentioned.map(serde_json::from_slice::<Value>)
-            else {
+            let Some(mut meta) = meta_naming_a_server(raw) else {
                 return;
             };
             if meta.remove(META_SERVER_INFO).is_none() {
@@ -222,6 +214,18 @@ pub fn without_server_info(reply: &mut Reply) {
             }
         }
         _ => {}
+    }
+}
+
+/// An unread result's `_meta`, read, when its text mentions a `serverInfo` (else
+/// the result stays unread).
+fn meta_naming_a_server(raw: &RawObject) -> Option<Map<String, Value>> {
+    let meta = raw
+        .member("_meta")
+        .filter(|meta| memchr::memmem::find(meta, META_SERVER_INFO.as_bytes()).is_some())?;
+    match serde_json::from_slice(meta) {
+        Ok(Value::Object(meta)) => Some(meta),
+        _ => None,
     }
 }
 
