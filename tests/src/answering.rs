@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rmcp::model::ProtocolVersion;
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
     CustomNotification, ElicitRequestParams, ElicitResult, ElicitationAction, ListRootsResult,
@@ -17,7 +18,8 @@ use rmcp::model::{
     Root, SamplingMessage,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
-use rmcp::{ClientHandler, ErrorData, RoleClient};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -65,6 +67,20 @@ impl AnsweringClient {
     pub fn modern(mut self) -> AnsweringClient {
         self.version = "2026-07-28";
         self
+    }
+
+    /// This client, made `modern`, as a 2026-07-28 client of the HTTP front at `url`
+    /// (it discovers the revision rather than sending `initialize`).
+    pub async fn connect_modern(&self, url: &str) -> anyhow::Result<AnsweringService> {
+        let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+        let lifecycle = ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        };
+        Ok(self
+            .clone()
+            .modern()
+            .serve_with_lifecycle(transport, lifecycle)
+            .await?)
     }
 
     /// The text its sampling answers carry.

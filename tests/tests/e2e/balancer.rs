@@ -15,9 +15,8 @@ use anyhow::{ensure, Context};
 use plexus_tests::answering::{call, AnsweringClient};
 use plexus_tests::balancer::Balancer;
 use plexus_tests::cluster::TestCluster;
-use rmcp::model::ProtocolVersion;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
+use rmcp::ServiceExt;
 use serde_json::{json, Value};
 
 /// Three nodes and HAProxy, or None (and a note) where HAProxy is not installed.
@@ -78,14 +77,7 @@ async fn sessions_sampling_and_paused_rounds_complete_through_round_robin() -> a
     // A 2026-07-28 client: the round's retry goes to the next node, which sends it
     // to the one holding the paused call.
     let handler = AnsweringClient::named("modern").modern();
-    let transport = StreamableHttpClientTransport::from_uri(balancer.url());
-    let lifecycle = ClientLifecycleMode::Discover {
-        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-    };
-    let client = handler
-        .clone()
-        .serve_with_lifecycle(transport, lifecycle)
-        .await?;
+    let client = handler.connect_modern(&balancer.url()).await?;
     for kind in ["sampling", "roots"] {
         let start = forwarded(&cluster, "ok").await?;
         let asked = call(&client, "fx__ask", json!({ "kind": kind })).await?;

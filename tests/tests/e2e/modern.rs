@@ -29,15 +29,6 @@ fn modern() -> ClientLifecycleMode {
     }
 }
 
-/// `handler` as a 2026-07-28 client of the HTTP front at `url`.
-async fn connect_modern(handler: &AnsweringClient, url: &str) -> anyhow::Result<Client> {
-    let transport = StreamableHttpClientTransport::from_uri(url.to_string());
-    Ok(handler
-        .clone()
-        .serve_with_lifecycle(transport, modern())
-        .await?)
-}
-
 fn everything_section() -> String {
     format!("[upstreams.everything]\nnpx = \"{EVERYTHING}\"\ninit_timeout = \"180s\"\n")
 }
@@ -189,7 +180,7 @@ async fn a_2026_client_over_http_and_stdio_is_bridged_to_handshake_era_upstreams
 
     let over_http = AnsweringClient::named("http-modern").modern();
     let started = Instant::now();
-    let http = connect_modern(&over_http, &daemon.url).await?;
+    let http = over_http.connect_modern(&daemon.url).await?;
     let connect = started.elapsed();
     ensure!(
         connect < Duration::from_secs(1),
@@ -460,7 +451,7 @@ async fn old_and_new_clients(
     )
     .await?;
     let new = AnsweringClient::named("new").modern();
-    let modern = connect_modern(&new, url).await?;
+    let modern = new.connect_modern(url).await?;
     Ok(((old, legacy), (new, modern)))
 }
 
@@ -735,7 +726,9 @@ async fn a_listen_stream_announces_list_changes() -> anyhow::Result<()> {
         .upstreams(&late)
         .start()
         .await?;
-    let client = connect_modern(&AnsweringClient::named("listener").modern(), &daemon.url).await?;
+    let client = AnsweringClient::named("listener")
+        .connect_modern(&daemon.url)
+        .await?;
     ensure!(
         client.list_all_tools().await?.is_empty(),
         "the upstream should not have joined yet"
@@ -838,7 +831,7 @@ async fn a_2026_upstream_hears_the_clients_capabilities_not_plexuss() -> anyhow:
     ask_bare().await?;
 
     let handler = AnsweringClient::named("capable").modern();
-    let capable = connect_modern(&handler, &daemon.url).await?;
+    let capable = handler.connect_modern(&daemon.url).await?;
     let answer = call(&capable, "fx__ask", json!({"kind": "elicitation"})).await?;
     ensure!(answer.to_string().contains("accept:"), "{answer}");
     // Taking turns, each is still told apart.
@@ -933,7 +926,7 @@ async fn a_dual_era_upstream_meets_each_client_in_its_own_era() -> anyhow::Resul
     // A 2026-07-28 client: `ask` pauses as an input-required round, answered by the
     // client, as directly, relayed from `dual` and bridged from `hs`.
     let new = AnsweringClient::named("new").modern();
-    let modern_client = connect_modern(&new, &daemon.url).await?;
+    let modern_client = new.connect_modern(&daemon.url).await?;
     let direct_new = AnsweringClient::named("new").modern();
     let mut command = tokio::process::Command::new(&fixture);
     command.args(args);
@@ -1068,7 +1061,9 @@ async fn a_listen_streams_subscriptions_are_bounded() -> anyhow::Result<()> {
     let sections = fixture_upstream("fx", "", &["--name", "fx", "--conformance"]);
     let daemon = Daemon::builder().upstreams(&sections).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
-    let client = connect_modern(&AnsweringClient::named("listener").modern(), &daemon.url).await?;
+    let client = AnsweringClient::named("listener")
+        .connect_modern(&daemon.url)
+        .await?;
     let uris: Vec<String> = (0..1005)
         .map(|n| format!("fx+test://template/{n}/data"))
         .collect();
@@ -1157,7 +1152,9 @@ async fn a_2026_upstream_echoes(
         )),
         "{log}"
     );
-    let client = connect_modern(&AnsweringClient::named("caller").modern(), &daemon.url).await?;
+    let client = AnsweringClient::named("caller")
+        .connect_modern(&daemon.url)
+        .await?;
     let answer = call(&client, &format!("{name}__echo"), json!({"text": text})).await?;
     ensure!(answer["content"][0]["text"] == text, "{answer}");
     client.cancel().await?;
@@ -1231,7 +1228,9 @@ async fn requests_a_handshake_era_tool_sends_together_are_one_round() -> anyhow:
     );
     let daemon = Daemon::builder().upstreams(&section).start().await?;
     daemon.wait_ready(Duration::from_secs(30)).await?;
-    let client = connect_modern(&AnsweringClient::named("new").modern(), &daemon.url).await?;
+    let client = AnsweringClient::named("new")
+        .connect_modern(&daemon.url)
+        .await?;
     let first = client
         .peer()
         .call_tool_once(CallToolRequestParams::new(
@@ -1271,7 +1270,9 @@ async fn a_question_during_a_completion_does_not_pause_a_2026_client() -> anyhow
         "ref": {"type": "ref/prompt", "name": "fx__test_prompt_with_arguments"},
         "argument": {"name": "arg1", "value": "ask the client first"},
     });
-    let new = connect_modern(&AnsweringClient::named("new").modern(), &daemon.url).await?;
+    let new = AnsweringClient::named("new")
+        .connect_modern(&daemon.url)
+        .await?;
     let answered = new
         .peer()
         .complete(serde_json::from_value(complete.clone())?)

@@ -15,9 +15,7 @@ use plexus_tests::answering::AnsweringClient;
 use plexus_tests::{
     eventually, fixture_upstream, plexus_binary, Daemon, RawHttpSession, RawStdioSession,
 };
-use rmcp::model::{ProtocolVersion, SubscriptionFilter};
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{ClientLifecycleMode, ClientServiceExt};
+use rmcp::model::SubscriptionFilter;
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -661,13 +659,7 @@ async fn held_prompts_resources_and_templates_are_refused_on_every_path() -> any
     let (_, answer, _) = plexus_tests::answer_of(response).await?;
     quarantined(&answer, "security").context("a 2026-07-28 prompts/get")?;
     let client = AnsweringClient::named("listener")
-        .modern()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            },
-        )
+        .connect_modern(&daemon.url)
         .await?;
     let mut filter = SubscriptionFilter::new();
     filter.resource_subscriptions = Some(vec![

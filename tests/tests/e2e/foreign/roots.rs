@@ -14,15 +14,12 @@ use anyhow::{ensure, Context};
 use plexus_tests::answering::AnsweringClient;
 use plexus_tests::{arguments, eventually, heard_on, json_of, Daemon, RawStdioSession};
 use rmcp::model::{
-    CallToolRequestParams, ClientConfig, ListRootsResult, ProtocolVersion,
-    ResourceUpdatedNotificationParam, Root, ServerNotification, SubscribeRequestParams,
-    SubscriptionFilter,
+    CallToolRequestParams, ClientConfig, ListRootsResult, ResourceUpdatedNotificationParam, Root,
+    ServerNotification, SubscribeRequestParams, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{
-    ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient, ServiceExt,
-};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
 use super::{exposed_uri, make_scenario, servers, start_directly};
@@ -274,13 +271,7 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
     // A 2026-07-28 client listening for the same resource hears the next change,
     // made by the handshake-era client, on its listen stream.
     let modern = AnsweringClient::named("listener")
-        .modern()
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(daemon.url.clone()),
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            },
-        )
+        .connect_modern(&daemon.url)
         .await?;
     let mut filter = SubscriptionFilter::new();
     filter.resource_subscriptions = Some(vec![exposed.clone()]);
