@@ -156,6 +156,16 @@ pub async fn heard_on<T>(
     .with_context(|| format!("nothing wanted on the listen stream within {within:?}"))?
 }
 
+/// The URI of a resource update, for [`heard_on`].
+pub fn updated_uri(heard: rmcp::model::ServerNotification) -> Option<String> {
+    match heard {
+        rmcp::model::ServerNotification::ResourceUpdatedNotification(update) => {
+            Some(update.params.uri)
+        }
+        _ => None,
+    }
+}
+
 /// A test client that counts the list changes it is told about.
 #[derive(Clone, Default)]
 pub struct TestClient {

@@ -138,10 +138,7 @@ async fn exercise(
     let update = heard_on(
         &mut subscription,
         Duration::from_secs(15),
-        |heard| match heard {
-            ServerNotification::ResourceUpdatedNotification(update) => Some(update.params.uri),
-            _ => None,
-        },
+        plexus_tests::updated_uri,
     )
     .await
     .context("no resource update on the listen stream")?;

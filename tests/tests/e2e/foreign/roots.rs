@@ -15,7 +15,7 @@ use plexus_tests::answering::AnsweringClient;
 use plexus_tests::{arguments, eventually, heard_on, json_of, Daemon, RawStdioSession};
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, ListRootsResult, ResourceUpdatedNotificationParam, Root,
-    ServerNotification, SubscribeRequestParams, SubscriptionFilter,
+    SubscribeRequestParams, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -290,10 +290,7 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
     let heard = heard_on(
         &mut subscription,
         Duration::from_secs(15),
-        |heard| match heard {
-            ServerNotification::ResourceUpdatedNotification(update) => Some(update.params.uri),
-            _ => None,
-        },
+        plexus_tests::updated_uri,
     )
     .await
     .context("no update on the 2026-07-28 listen stream")?;
