@@ -456,15 +456,8 @@ async fn a_key_rotation_at_the_provider_is_picked_up() -> anyhow::Result<()> {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let port = restartable_port()?;
-    let idp_port = restartable_port()?;
-    let idp = Idp::start(dir.path(), idp_port, &audience(port)).await?;
-    let daemon = Daemon::builder()
-        .listen(format!("127.0.0.1:{port}"))
-        .daemon(daemon_lines(&idp.issuer(), port, ""))
-        .upstreams(fixture_upstream("fx", "", &[]))
-        .start()
-        .await?;
+    let Protected { idp, daemon, port } = Protected::start(dir.path(), &[]).await?;
+    let idp_port = idp.port;
     let old_key = idp.mint(json!({"sub": "alice"})).await?;
     assert_eq!(knock(&daemon.url, Some(&old_key)).await?.0, 200);
     assert_eq!(idp.jwks_fetches().await?, 1);
