@@ -36,6 +36,14 @@ impl RootedClient {
     fn set_root(&self, uri: &str) {
         *self.root.lock().unwrap_or_else(|e| e.into_inner()) = uri.to_string();
     }
+
+    /// The URIs of the updates heard so far.
+    fn updates(&self) -> Vec<String> {
+        self.updates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl ClientHandler for RootedClient {
@@ -255,11 +263,7 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
         )
         .await?;
     eventually(Duration::from_secs(10), async || {
-        let updates = client
-            .updates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let updates = client.updates();
         ensure!(
             updates == vec![exposed.clone()],
             "through plexus, after a change: {updates:?}"
@@ -297,11 +301,7 @@ async fn published_servers_get_roots_and_send_updates_through_plexus_as_directly
     ensure!(heard == exposed, "{heard} for {exposed}");
     // The subscriber hears that change once too, as it would directly.
     eventually(Duration::from_secs(10), async || {
-        let updates = client
-            .updates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let updates = client.updates();
         ensure!(
             updates == vec![exposed.clone(), exposed.clone()],
             "through plexus, after two changes: {updates:?}"
