@@ -118,6 +118,20 @@ async fn untouched(daemon: Daemon, control: ControlSession) -> anyhow::Result<()
     Ok(())
 }
 
+/// The call a session that was sent the worst inputs must still have answered.
+fn echo_after() -> Value {
+    json!({"name": "fx__echo", "arguments": {"text": "after"}})
+}
+
+/// Whether `echoed` answers [`echo_after`].
+fn served_on(echoed: &Value) -> anyhow::Result<()> {
+    ensure!(
+        echoed["result"]["content"][0]["text"] == "after",
+        "{echoed}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session(
 ) -> anyhow::Result<()> {
@@ -129,16 +143,7 @@ async fn the_worst_http_bodies_are_answered_precisely_and_touch_no_other_session
         unparsed(what, &answer, says, started.elapsed())?;
     }
     // The session that sent them is served on, as is the one calling meanwhile.
-    let echoed = session
-        .request(
-            "tools/call",
-            json!({"name": "fx__echo", "arguments": {"text": "after"}}),
-        )
-        .await?;
-    ensure!(
-        echoed["result"]["content"][0]["text"] == "after",
-        "{echoed}"
-    );
+    served_on(&session.request("tools/call", echo_after()).await?)?;
     untouched(daemon, control).await
 }
 
@@ -177,16 +182,7 @@ async fn the_worst_stdio_lines_are_answered_precisely_and_the_front_serves_on() 
             .context(what)?;
         unparsed(what, &answer, says, started.elapsed())?;
     }
-    let echoed = session
-        .request(
-            "tools/call",
-            json!({"name": "fx__echo", "arguments": {"text": "after"}}),
-        )
-        .await?;
-    ensure!(
-        echoed["result"]["content"][0]["text"] == "after",
-        "{echoed}"
-    );
+    served_on(&session.request("tools/call", echo_after()).await?)?;
     session.close().await;
     Ok(())
 }
