@@ -261,25 +261,8 @@ async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session
                 return Err(error).with_context(|| mutations::describe(value));
             }
         };
-        let status = response.status().as_u16();
+        let status = answered_below_500(response, value).await?;
         *statuses.entry(status).or_default() += 1;
-        let text = response.text().await?;
-        ensure!(
-            status < 500,
-            "{status} for {}: {text:.300}",
-            mutations::describe(value)
-        );
-        let answer = text
-            .lines()
-            .rev()
-            .find_map(|line| line.strip_prefix("data: "))
-            .unwrap_or(&text);
-        if let Ok(answer) = serde_json::from_str::<Value>(answer) {
-            ensure!(
-                answer.get("result").is_some() != answer.get("error").is_some(),
-                "{status}: {answer:.300}"
-            );
-        }
         sent += 1;
     }
     println!(
@@ -287,6 +270,30 @@ async fn hostile_2026_headers_and_bodies_are_answered_and_touch_no_other_session
         started.elapsed()
     );
     untouched(daemon, control).await
+}
+
+/// A hostile request's answer: below 500, and one JSON-RPC result or error when it
+/// is JSON (the last event of a stream); its status.
+async fn answered_below_500(response: reqwest::Response, sent: &[u8]) -> anyhow::Result<u16> {
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    ensure!(
+        status < 500,
+        "{status} for {}: {text:.300}",
+        mutations::describe(sent)
+    );
+    let answer = text
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("data: "))
+        .unwrap_or(&text);
+    if let Ok(answer) = serde_json::from_str::<Value>(answer) {
+        ensure!(
+            answer.get("result").is_some() != answer.get("error").is_some(),
+            "{status}: {answer:.300}"
+        );
+    }
+    Ok(status)
 }
 
 /// Hostile `initialize` requests (value mutants: versions, capabilities, client
@@ -315,25 +322,8 @@ async fn hostile_initialize_requests_are_answered_and_touch_no_other_session() -
             .send()
             .await
             .with_context(|| mutations::describe(&body))?;
-        let status = response.status().as_u16();
+        let status = answered_below_500(response, &body).await?;
         *statuses.entry(status).or_default() += 1;
-        let text = response.text().await?;
-        ensure!(
-            status < 500,
-            "{status} for {}: {text:.300}",
-            mutations::describe(&body)
-        );
-        let answer = text
-            .lines()
-            .rev()
-            .find_map(|line| line.strip_prefix("data: "))
-            .unwrap_or(&text);
-        if let Ok(answer) = serde_json::from_str::<Value>(answer) {
-            ensure!(
-                answer.get("result").is_some() != answer.get("error").is_some(),
-                "{status}: {answer:.300}"
-            );
-        }
     }
     println!("400 hostile initialize requests: statuses {statuses:?}");
     untouched(daemon, control).await
