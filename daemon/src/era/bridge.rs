@@ -27,8 +27,10 @@ use crate::jsonrpc::{self, RelayError};
 /// Marks a `requestState` plexus issued, as opposed to one an upstream issued.
 const STATE_PREFIX: &str = "plexus.";
 /// How long after an upstream's request to the client another may still join its
-/// round, and how long a round may be gathered in all.
-const GATHER_QUIET: Duration = Duration::from_millis(20);
+/// round, and how long a round may be gathered in all. Requests a server sends
+/// together came more than 20 ms apart on a loaded 2-core machine (the round then
+/// split in two); a round costs the client this much waiting, once.
+const GATHER_QUIET: Duration = Duration::from_millis(60);
 const GATHER_AT_MOST: Duration = Duration::from_millis(200);
 /// How long a paused call waits for the client's retry before it is cancelled,
 /// and how long a held task's result is asked for without news from its client.
