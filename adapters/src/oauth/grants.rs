@@ -235,6 +235,7 @@ impl OAuthClient {
                 self.interaction.wait.min(Duration::from_secs(seconds))
             });
         let deadline = tokio::time::Instant::now() + lifetime;
+        let mut unanswered = 0;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             tokio::time::sleep(poll_wait(interval, left)).await;
@@ -249,15 +250,29 @@ impl OAuthClient {
                 Ok(tokens) => return Ok(tokens),
                 Err(OAuthError::Token {
                     code: Some(code), ..
-                }) if code == "authorization_pending" => {}
+                }) if code == "authorization_pending" => unanswered = 0,
                 Err(OAuthError::Token {
                     code: Some(code), ..
-                }) if code == "slow_down" => interval = interval.saturating_add(5),
+                }) if code == "slow_down" => {
+                    interval = interval.saturating_add(5);
+                    unanswered = 0;
+                }
+                // A poll that got no answer (a kept-alive connection the server
+                // closed as it was reused) is made again at the next interval; a
+                // server that stays unreachable still ends the login.
+                Err(OAuthError::Exchange { url, reason }) if unanswered < MAX_UNANSWERED_POLLS => {
+                    unanswered += 1;
+                    tracing::debug!(%url, %reason, "a device grant poll got no answer; polling again");
+                    continue;
+                }
                 Err(error) => return Err(error),
             }
         }
     }
 }
+
+/// How many device grant polls in a row may get no answer before the login fails.
+const MAX_UNANSWERED_POLLS: u32 = 3;
 
 /// How long a device grant waits before polling again: the server's interval,
 /// but not past the code's deadline (an interval of u64::MAX seconds, or one
