@@ -12,11 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::launch::LaunchSpec;
 use crate::remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransport};
+use crate::request_line::{MetaFields, Params};
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Events;
 use crate::rpc::{
-    encode_notification, encode_response, ConnectionError, MetaFields, Params, Reply,
-    SharedPending, Spawned,
+    encode_notification, encode_response, ConnectionError, Reply, SharedPending, Spawned,
 };
 use tokio_util::task::TaskTracker;
 

@@ -16,6 +16,7 @@ pub mod oauth;
 mod pipes;
 pub mod raw_object;
 pub mod remote;
+mod request_line;
 pub mod rpc;
 pub mod skim;
 mod stdin_writer;

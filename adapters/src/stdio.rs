@@ -16,9 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
 use crate::pipes::pipe_up;
+use crate::request_line::{encode_request, MetaFields, Params};
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
-use crate::rpc::{encode_request, ConnectionError, Events, MetaFields, Params};
+use crate::rpc::{ConnectionError, Events};
 use crate::stdin_writer::StdinWriter;
 
 /// Limits and timings of one stdio connection.

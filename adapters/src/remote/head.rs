@@ -5,7 +5,7 @@ use base64::Engine as _;
 use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
-use crate::rpc::{meta_field, MetaFields};
+use crate::request_line::{meta_field, MetaFields};
 
 const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 

@@ -42,9 +42,9 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::request_line::{encode_request, MetaFields, Params};
 use crate::rpc::{
-    encode_request, ConnectionError, ConnectionStats, Events, MetaFields, Params, PendingRequests,
-    Reply, SharedPending, Spawned,
+    ConnectionError, ConnectionStats, Events, PendingRequests, Reply, SharedPending, Spawned,
 };
 pub(crate) use client::HttpClient;
 use client::{ExchangeError, PostFailure};

@@ -1,0 +1,308 @@
+//! A request to an upstream as written on its line or in its body: the params
+//! (values, or one member kept as the client wrote it) with the `_meta` fields a
+//! 2026-07-28 upstream gets on every request merged in.
+
+use serde_json::{Map, Value};
+
+use crate::raw_object::WrittenMember;
+
+/// A request's params: values, or JSON passed through as it was written (a
+/// relay's call, never parsed into values).
+#[derive(Debug)]
+pub(crate) enum Params {
+    Values(Option<Value>),
+    /// An object of values (without the member's key) and one member as written.
+    WithMember(Map<String, Value>, WrittenMember),
+}
+
+impl Params {
+    /// The params' object of values, if they are one.
+    pub(crate) fn values(&self) -> Option<&Map<String, Value>> {
+        match self {
+            Params::Values(values) => values.as_ref().and_then(Value::as_object),
+            Params::WithMember(values, _) => Some(values),
+        }
+    }
+
+    /// Whether a connection's `_meta` fields can be merged in: absent params, or an
+    /// object whose `_meta` (if any) is an object too.
+    pub(crate) fn takes_meta(&self) -> bool {
+        match self {
+            Params::Values(None) => true,
+            Params::Values(Some(Value::Object(values))) | Params::WithMember(values, _) => {
+                values.get("_meta").is_none_or(Value::is_object)
+            }
+            Params::Values(Some(_)) => false,
+        }
+    }
+}
+
+/// The `_meta` fields every request to a 2026-07-28 upstream carries, each kept
+/// written too (`"key":value`): a request's line gets them as bytes, not built
+/// from values again for each request.
+#[derive(Debug)]
+pub(crate) struct MetaFields {
+    fields: Map<String, Value>,
+    /// `"key":value` of each field, in the fields' order.
+    written: Vec<Box<[u8]>>,
+}
+
+impl MetaFields {
+    pub(crate) fn new(fields: Map<String, Value>) -> MetaFields {
+        let written = fields
+            .iter()
+            .map(|(key, value)| {
+                let mut member = Vec::new();
+                crate::json_out::write_str(&mut member, key);
+                member.push(b':');
+                crate::json_out::write_value(&mut member, value);
+                member.into_boxed_slice()
+            })
+            .collect();
+        MetaFields { fields, written }
+    }
+
+    pub(crate) fn fields(&self) -> &Map<String, Value> {
+        &self.fields
+    }
+
+    /// `{`, the request's own `_meta` members, the fields it does not carry, `}`.
+    fn write_merged(&self, out: &mut Vec<u8>, own: &Map<String, Value>) {
+        crate::json_out::write_map(out, own);
+        out.pop();
+        let mut first = own.is_empty();
+        for (key, written) in self.fields.keys().zip(&self.written) {
+            if own.contains_key(key) {
+                continue;
+            }
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            out.extend_from_slice(written);
+        }
+        out.push(b'}');
+    }
+}
+
+/// A `_meta` field's value as a request carries it: the request's own (a caller's
+/// log level) wins over the connection's fields, if it has any.
+pub(crate) fn meta_field<'a>(
+    values: Option<&'a Map<String, Value>>,
+    meta: Option<&'a MetaFields>,
+    key: &str,
+) -> Option<&'a Value> {
+    values
+        .and_then(|values| values.get("_meta"))
+        .and_then(Value::as_object)
+        .and_then(|own| own.get(key))
+        .or_else(|| meta?.fields.get(key))
+}
+
+/// An object of params with the connection's `_meta` fields merged into its
+/// own `_meta` (added at its end when it has none); without its closing brace
+/// when `open`, for one more member to follow.
+fn write_params(
+    out: &mut Vec<u8>,
+    values: &Map<String, Value>,
+    meta: Option<&MetaFields>,
+    open: bool,
+) {
+    let Some(meta) = meta else {
+        crate::json_out::write_map(out, values);
+        if open {
+            out.pop();
+            if !values.is_empty() {
+                out.push(b',');
+            }
+        }
+        return;
+    };
+    out.push(b'{');
+    for (index, (key, value)) in values.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        crate::json_out::write_str(out, key);
+        out.push(b':');
+        match value {
+            // A `_meta` that is not an object has nowhere to put them.
+            Value::Object(own) if key == "_meta" => meta.write_merged(out, own),
+            _ => crate::json_out::write_value(out, value),
+        }
+    }
+    if !values.contains_key("_meta") {
+        if !values.is_empty() {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#""_meta":"#);
+        meta.write_merged(out, &Map::new());
+    }
+    out.push(if open { b',' } else { b'}' });
+}
+
+/// `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and a newline, written in
+/// one pass (no map built for the envelope). `meta`: the `_meta` fields of a
+/// 2026-07-28 upstream, merged into params that are an object (or absent);
+/// params of another kind go as they are, for the upstream to judge.
+pub(crate) fn encode_request(
+    id: u64,
+    method: &str,
+    params: Params,
+    meta: Option<&MetaFields>,
+) -> Vec<u8> {
+    let mut line = Vec::with_capacity(match &params {
+        Params::WithMember(_, member) => member.text().len() + 192,
+        Params::Values(_) => 128,
+    });
+    line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    // Writing numbers, strings and values to memory cannot fail.
+    let _ = serde_json::to_writer(&mut line, &id);
+    line.extend_from_slice(br#","method":"#);
+    let _ = serde_json::to_writer(&mut line, method);
+    match &params {
+        Params::Values(None) => {
+            if meta.is_some() {
+                line.extend_from_slice(br#","params":"#);
+                write_params(&mut line, &Map::new(), meta, false);
+            }
+        }
+        Params::Values(Some(Value::Object(values))) => {
+            line.extend_from_slice(br#","params":"#);
+            write_params(&mut line, values, meta, false);
+        }
+        Params::Values(Some(params)) => {
+            line.extend_from_slice(br#","params":"#);
+            crate::json_out::write_value(&mut line, params);
+        }
+        Params::WithMember(values, member) => {
+            line.extend_from_slice(br#","params":"#);
+            // The object's closing brace gives way to one more member.
+            write_params(&mut line, values, meta, true);
+            crate::json_out::write_str(&mut line, member.key());
+            line.push(b':');
+            line.extend_from_slice(member.text());
+            line.push(b'}');
+        }
+    }
+    line.extend_from_slice(b"}\n");
+    line
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use serde_json::json;
+
+    #[test]
+    fn requests_are_encoded_as_one_line() {
+        let line = "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n";
+        let bytes = encode_request(
+            7,
+            "tools/call",
+            Params::Values(Some(json!({"name":"echo"}))),
+            None,
+        );
+        assert_eq!(String::from_utf8(bytes).unwrap(), line);
+        // One member as written, spacing kept, after the values.
+        let arguments =
+            WrittenMember::new("arguments", Bytes::from_static(b"{ \"text\": \"x\" }")).unwrap();
+        let values = json!({"name": "echo", "_meta": {"progressToken": 1}});
+        let Value::Object(values) = values else {
+            unreachable!()
+        };
+        let bytes = encode_request(
+            7,
+            "tools/call",
+            Params::WithMember(values, arguments.clone()),
+            None,
+        );
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"_meta\":{\"progressToken\":1},\"arguments\":{ \"text\": \"x\" }}}\n"
+        );
+        let bytes = encode_request(
+            7,
+            "tools/call",
+            Params::WithMember(Map::new(), arguments),
+            None,
+        );
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"arguments\":{ \"text\": \"x\" }}}\n"
+        );
+        let bytes = encode_request(8, "ping\"", Params::Values(None), None);
+        assert_eq!(
+            serde_json::from_slice::<Value>(&bytes).unwrap(),
+            json!({"jsonrpc": "2.0", "id": 8, "method": "ping\""})
+        );
+    }
+
+    #[test]
+    fn per_request_meta_fields_are_merged_into_the_requests_own() {
+        let fields = json!({"v": "2026-07-28", "info": {"name": "plexus"}, "level": "info"});
+        let Value::Object(fields) = fields else {
+            unreachable!()
+        };
+        let meta = MetaFields::new(fields);
+        let line = |params: Params| {
+            let bytes = encode_request(1, "m", params, Some(&meta));
+            assert_eq!(bytes.last(), Some(&b'\n'));
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        };
+        let object = |value: Value| match value {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        };
+        let all = json!({"v": "2026-07-28", "info": {"name": "plexus"}, "level": "info"});
+        // No params, params without `_meta`, an empty `_meta`.
+        assert_eq!(line(Params::Values(None))["params"], json!({"_meta": all}));
+        assert_eq!(
+            line(Params::Values(Some(json!({"name": "x"}))))["params"],
+            json!({"name": "x", "_meta": all})
+        );
+        assert_eq!(
+            line(Params::Values(Some(json!({"_meta": {}}))))["params"],
+            json!({"_meta": all})
+        );
+        // The request's own fields win and keep their place; the rest are added.
+        let own = json!({"_meta": {"level": "debug", "progressToken": 3}, "name": "x"});
+        assert_eq!(
+            line(Params::Values(Some(own.clone())))["params"],
+            json!({"name": "x", "_meta": {"level": "debug", "progressToken": 3,
+                   "v": "2026-07-28", "info": {"name": "plexus"}}})
+        );
+        // With a member as written, and with no values at all.
+        let arguments = WrittenMember::new("arguments", Bytes::from_static(b"{\"a\":1}")).unwrap();
+        assert_eq!(
+            line(Params::WithMember(object(own), arguments.clone()))["params"]["_meta"]["v"],
+            json!("2026-07-28")
+        );
+        assert_eq!(
+            line(Params::WithMember(Map::new(), arguments))["params"],
+            json!({"_meta": all, "arguments": {"a": 1}})
+        );
+        // Params that are not an object, or a `_meta` that is not one, go as they are.
+        assert_eq!(line(Params::Values(Some(json!([1]))))["params"], json!([1]));
+        assert_eq!(
+            line(Params::Values(Some(json!({"_meta": 5}))))["params"],
+            json!({"_meta": 5})
+        );
+        // What goes as it is takes none of them.
+        assert!(!Params::Values(Some(json!([1]))).takes_meta());
+        assert!(!Params::Values(Some(json!({"_meta": 5}))).takes_meta());
+        assert!(Params::Values(Some(json!({"_meta": {}}))).takes_meta());
+        assert!(Params::Values(None).takes_meta());
+        let values = json!({"_meta": {"v": "own"}});
+        assert_eq!(
+            meta_field(values.as_object(), Some(&meta), "v"),
+            Some(&json!("own"))
+        );
+        assert_eq!(
+            meta_field(None, Some(&meta), "v"),
+            Some(&json!("2026-07-28"))
+        );
+    }
+}
