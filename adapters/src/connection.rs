@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::launch::LaunchSpec;
 use crate::remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransport};
-use crate::request_line::{MetaFields, Params};
+use crate::request_line::{Merge, MetaFields, Params, TraceContext};
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Events;
 use crate::rpc::{
@@ -69,6 +69,7 @@ pub struct OutgoingRequest<'a> {
     message: Option<(String, Params, Option<Arc<MetaFields>>)>,
     reply: Option<oneshot::Receiver<Result<Reply, ConnectionError>>>,
     headers: Vec<(String, String)>,
+    trace: Option<TraceContext>,
 }
 
 impl OutgoingRequest<'_> {
@@ -76,6 +77,12 @@ impl OutgoingRequest<'_> {
     /// other transports ignore them.
     pub fn with_headers(mut self, headers: Vec<(String, String)>) -> Self {
         self.headers = headers;
+        self
+    }
+
+    /// The trace context the request carries upstream, over any of its own.
+    pub fn with_trace(mut self, trace: TraceContext) -> Self {
+        self.trace = Some(trace);
         self
     }
 
@@ -107,7 +114,11 @@ impl OutgoingRequest<'_> {
             armed: true,
         };
         let headers = std::mem::take(&mut self.headers);
-        let sent = inner.send_request(id, &method, params, meta.as_deref(), headers);
+        let merge = Merge {
+            fields: meta.as_deref(),
+            trace: self.trace.as_ref(),
+        };
+        let sent = inner.send_request(id, &method, params, merge, headers);
         if inner.closed.is_cancelled() || sent.is_err() {
             guard.armed = false;
             inner.pending.forget(id);
@@ -141,12 +152,12 @@ impl Inner {
         id: u64,
         method: &str,
         params: Params,
-        meta: Option<&MetaFields>,
+        merge: Merge,
         headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         match &self.transport {
-            Transport::Stdio(stdio) => stdio.send_request(id, method, params, meta),
-            Transport::Http(http) => http.send_request(id, method, params, meta, headers),
+            Transport::Stdio(stdio) => stdio.send_request(id, method, params, merge),
+            Transport::Http(http) => http.send_request(id, method, params, merge, headers),
         }
     }
 
@@ -273,6 +284,7 @@ impl UpstreamConnection {
             message: Some((method.to_string(), params, meta)),
             reply: Some(reply),
             headers: Vec::new(),
+            trace: None,
         }
     }
 

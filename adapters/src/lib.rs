@@ -27,6 +27,7 @@ pub use connection::{ConnectionStats, OutgoingRequest, UpstreamConnection};
 pub use launch::{parse_naked_uri, percent_decode, LaunchError, LaunchSpec, Launcher};
 pub use raw_object::{RawObject, WrittenMember};
 pub use remote::{HttpEndpoint, HttpError, HttpOptions, HttpTransportKind};
+pub use request_line::TraceContext;
 pub use rpc::{Cause, ConnectionError, Events, NotificationTap, Reply, UpstreamEvent};
 pub use stdio::{ExitReport, SpawnError, StdioOptions};
 

@@ -65,21 +65,100 @@ impl MetaFields {
     pub(crate) fn fields(&self) -> &Map<String, Value> {
         &self.fields
     }
+}
 
-    /// `{`, the request's own `_meta` members, the fields it does not carry, `}`.
-    fn write_merged(&self, out: &mut Vec<u8>, own: &Map<String, Value>) {
-        crate::json_out::write_map(out, own);
-        out.pop();
-        let mut first = own.is_empty();
-        for (key, written) in self.fields.keys().zip(&self.written) {
-            if own.contains_key(key) {
-                continue;
-            }
+/// The W3C trace context (SEP-414) of plexus's own span for a request: the
+/// request carries it upstream in `_meta`, over any `traceparent` (and, when
+/// it has one, `tracestate`) of its own; an HTTP upstream gets a header too.
+#[derive(Debug, Clone)]
+pub struct TraceContext {
+    traceparent: String,
+    tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// `traceparent` as W3C writes it; an empty `tracestate` is none.
+    pub fn new(traceparent: String, tracestate: String) -> TraceContext {
+        TraceContext {
+            traceparent,
+            tracestate: (!tracestate.is_empty()).then_some(tracestate),
+        }
+    }
+
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
+
+    /// Whether the request's own `_meta` member `key` gives way to this context.
+    fn replaces(&self, key: &str) -> bool {
+        key == "traceparent" || (key == "tracestate" && self.tracestate.is_some())
+    }
+}
+
+/// What a request's `_meta` gets besides its own members: the connection's
+/// per-request fields (where the request has none of its own) and the trace
+/// context (over the request's own).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Merge<'a> {
+    pub(crate) fields: Option<&'a MetaFields>,
+    pub(crate) trace: Option<&'a TraceContext>,
+}
+
+impl Merge<'_> {
+    fn is_empty(&self) -> bool {
+        self.fields.is_none() && self.trace.is_none()
+    }
+
+    /// About what the merge adds to a line: a line written past its buffer's
+    /// capacity is copied whole into one twice the size.
+    fn written_len(&self) -> usize {
+        let fields = self.fields.map_or(0, |fields| {
+            fields.written.iter().map(|member| member.len() + 1).sum()
+        });
+        let trace = self.trace.map_or(0, |trace| {
+            32 + trace.traceparent.len() + trace.tracestate.as_ref().map_or(0, String::len)
+        });
+        fields + trace
+    }
+
+    /// `{`, the request's own `_meta` members, the fields it does not carry, the
+    /// trace context, `}`.
+    fn write(&self, out: &mut Vec<u8>, own: &Map<String, Value>) {
+        let replaced = |key: &str| self.trace.is_some_and(|trace| trace.replaces(key));
+        out.push(b'{');
+        let mut first = true;
+        let mut separate = |out: &mut Vec<u8>| {
             if !first {
                 out.push(b',');
             }
             first = false;
-            out.extend_from_slice(written);
+        };
+        for (key, value) in own {
+            if replaced(key) {
+                continue;
+            }
+            separate(out);
+            crate::json_out::write_str(out, key);
+            out.push(b':');
+            crate::json_out::write_value(out, value);
+        }
+        if let Some(fields) = self.fields {
+            for (key, written) in fields.fields.keys().zip(&fields.written) {
+                if own.contains_key(key) || replaced(key) {
+                    continue;
+                }
+                separate(out);
+                out.extend_from_slice(written);
+            }
+        }
+        if let Some(trace) = self.trace {
+            separate(out);
+            out.extend_from_slice(br#""traceparent":"#);
+            crate::json_out::write_str(out, &trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                out.extend_from_slice(br#","tracestate":"#);
+                crate::json_out::write_str(out, state);
+            }
         }
         out.push(b'}');
     }
@@ -99,16 +178,11 @@ pub(crate) fn meta_field<'a>(
         .or_else(|| meta?.fields.get(key))
 }
 
-/// An object of params with the connection's `_meta` fields merged into its
-/// own `_meta` (added at its end when it has none); without its closing brace
-/// when `open`, for one more member to follow.
-fn write_params(
-    out: &mut Vec<u8>,
-    values: &Map<String, Value>,
-    meta: Option<&MetaFields>,
-    open: bool,
-) {
-    let Some(meta) = meta else {
+/// An object of params with `merge` merged into its own `_meta` (added at its
+/// end when it has none); without its closing brace when `open`, for one more
+/// member to follow.
+fn write_params(out: &mut Vec<u8>, values: &Map<String, Value>, merge: Merge, open: bool) {
+    if merge.is_empty() {
         crate::json_out::write_map(out, values);
         if open {
             out.pop();
@@ -117,7 +191,7 @@ fn write_params(
             }
         }
         return;
-    };
+    }
     out.push(b'{');
     for (index, (key, value)) in values.iter().enumerate() {
         if index > 0 {
@@ -127,7 +201,7 @@ fn write_params(
         out.push(b':');
         match value {
             // A `_meta` that is not an object has nowhere to put them.
-            Value::Object(own) if key == "_meta" => meta.write_merged(out, own),
+            Value::Object(own) if key == "_meta" => merge.write(out, own),
             _ => crate::json_out::write_value(out, value),
         }
     }
@@ -136,25 +210,23 @@ fn write_params(
             out.push(b',');
         }
         out.extend_from_slice(br#""_meta":"#);
-        meta.write_merged(out, &Map::new());
+        merge.write(out, &Map::new());
     }
     out.push(if open { b',' } else { b'}' });
 }
 
 /// `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and a newline, written in
-/// one pass (no map built for the envelope). `meta`: the `_meta` fields of a
-/// 2026-07-28 upstream, merged into params that are an object (or absent);
-/// params of another kind go as they are, for the upstream to judge.
-pub(crate) fn encode_request(
-    id: u64,
-    method: &str,
-    params: Params,
-    meta: Option<&MetaFields>,
-) -> Vec<u8> {
-    let mut line = Vec::with_capacity(match &params {
-        Params::WithMember(_, member) => member.text().len() + 192,
-        Params::Values(_) => 128,
-    });
+/// one pass (no map built for the envelope). `merge`: the `_meta` fields of a
+/// 2026-07-28 upstream and the trace context, merged into params that are an
+/// object (or absent); params of another kind go as they are, for the upstream
+/// to judge.
+pub(crate) fn encode_request(id: u64, method: &str, params: Params, merge: Merge) -> Vec<u8> {
+    let mut line = Vec::with_capacity(
+        match &params {
+            Params::WithMember(_, member) => member.text().len() + 192,
+            Params::Values(_) => 128,
+        } + merge.written_len(),
+    );
     line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     // Writing numbers, strings and values to memory cannot fail.
     let _ = serde_json::to_writer(&mut line, &id);
@@ -162,14 +234,14 @@ pub(crate) fn encode_request(
     let _ = serde_json::to_writer(&mut line, method);
     match &params {
         Params::Values(None) => {
-            if meta.is_some() {
+            if !merge.is_empty() {
                 line.extend_from_slice(br#","params":"#);
-                write_params(&mut line, &Map::new(), meta, false);
+                write_params(&mut line, &Map::new(), merge, false);
             }
         }
         Params::Values(Some(Value::Object(values))) => {
             line.extend_from_slice(br#","params":"#);
-            write_params(&mut line, values, meta, false);
+            write_params(&mut line, values, merge, false);
         }
         Params::Values(Some(params)) => {
             line.extend_from_slice(br#","params":"#);
@@ -178,7 +250,7 @@ pub(crate) fn encode_request(
         Params::WithMember(values, member) => {
             line.extend_from_slice(br#","params":"#);
             // The object's closing brace gives way to one more member.
-            write_params(&mut line, values, meta, true);
+            write_params(&mut line, values, merge, true);
             crate::json_out::write_str(&mut line, member.key());
             line.push(b':');
             line.extend_from_slice(member.text());
@@ -203,7 +275,7 @@ mod tests {
             7,
             "tools/call",
             Params::Values(Some(json!({"name":"echo"}))),
-            None,
+            Merge::default(),
         );
         assert_eq!(String::from_utf8(bytes).unwrap(), line);
         // One member as written, spacing kept, after the values.
@@ -217,7 +289,7 @@ mod tests {
             7,
             "tools/call",
             Params::WithMember(values, arguments.clone()),
-            None,
+            Merge::default(),
         );
         assert_eq!(
             String::from_utf8(bytes).unwrap(),
@@ -227,13 +299,13 @@ mod tests {
             7,
             "tools/call",
             Params::WithMember(Map::new(), arguments),
-            None,
+            Merge::default(),
         );
         assert_eq!(
             String::from_utf8(bytes).unwrap(),
             "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"arguments\":{ \"text\": \"x\" }}}\n"
         );
-        let bytes = encode_request(8, "ping\"", Params::Values(None), None);
+        let bytes = encode_request(8, "ping\"", Params::Values(None), Merge::default());
         assert_eq!(
             serde_json::from_slice::<Value>(&bytes).unwrap(),
             json!({"jsonrpc": "2.0", "id": 8, "method": "ping\""})
@@ -248,7 +320,11 @@ mod tests {
         };
         let meta = MetaFields::new(fields);
         let line = |params: Params| {
-            let bytes = encode_request(1, "m", params, Some(&meta));
+            let merge = Merge {
+                fields: Some(&meta),
+                trace: None,
+            };
+            let bytes = encode_request(1, "m", params, merge);
             assert_eq!(bytes.last(), Some(&b'\n'));
             serde_json::from_slice::<Value>(&bytes).unwrap()
         };
@@ -303,6 +379,58 @@ mod tests {
         assert_eq!(
             meta_field(None, Some(&meta), "v"),
             Some(&json!("2026-07-28"))
+        );
+    }
+
+    #[test]
+    fn the_trace_context_replaces_the_requests_own_and_leaves_the_rest() {
+        let fields = json!({"v": "2026-07-28", "traceparent": "connection's"});
+        let Value::Object(fields) = fields else {
+            unreachable!()
+        };
+        let fields = MetaFields::new(fields);
+        let plexus = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let line = |params: Params, fields: Option<&MetaFields>, state: &str| {
+            let trace = TraceContext::new(plexus.to_string(), state.to_string());
+            let merge = Merge {
+                fields,
+                trace: Some(&trace),
+            };
+            let bytes = encode_request(1, "m", params, merge);
+            serde_json::from_slice::<Value>(&bytes).unwrap()["params"].clone()
+        };
+        // None of its own: `_meta` is added, params too.
+        assert_eq!(
+            line(Params::Values(None), None, ""),
+            json!({"_meta": {"traceparent": plexus}})
+        );
+        // The client's context gives way; its other keys stay, in their place.
+        let own = json!({"name": "x", "_meta": {"progressToken": 3,
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tracestate": "client=1", "baggage": "k=v"}});
+        assert_eq!(
+            line(Params::Values(Some(own.clone())), Some(&fields), ""),
+            json!({"name": "x", "_meta": {"progressToken": 3, "tracestate": "client=1",
+                "baggage": "k=v", "v": "2026-07-28", "traceparent": plexus}})
+        );
+        // A trace state of plexus's span replaces the client's.
+        assert_eq!(
+            line(Params::Values(Some(own.clone())), None, "plexus=2")["_meta"]["tracestate"],
+            json!("plexus=2")
+        );
+        // With a member as written.
+        let arguments = WrittenMember::new("arguments", Bytes::from_static(b"{\"a\":1}")).unwrap();
+        let Value::Object(values) = own else {
+            unreachable!()
+        };
+        let written = line(Params::WithMember(values, arguments), None, "");
+        assert_eq!(written["_meta"]["traceparent"], json!(plexus));
+        assert_eq!(written["arguments"], json!({"a": 1}));
+        // Params that are not an object, or a `_meta` that is not one, go as they are.
+        assert_eq!(line(Params::Values(Some(json!([1]))), None, ""), json!([1]));
+        assert_eq!(
+            line(Params::Values(Some(json!({"_meta": 5}))), None, ""),
+            json!({"_meta": 5})
         );
     }
 }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::launch::{clean_environment, resolve_program, LaunchError, LaunchSpec};
 use crate::pipes::pipe_up;
-use crate::request_line::{encode_request, MetaFields, Params};
+use crate::request_line::{encode_request, Merge, Params};
 pub use crate::rpc::ConnectionStats;
 use crate::rpc::Spawned;
 use crate::rpc::{ConnectionError, Events};
@@ -126,9 +126,9 @@ impl StdioTransport {
         id: u64,
         method: &str,
         params: Params,
-        meta: Option<&MetaFields>,
+        merge: Merge,
     ) -> Result<(), ConnectionError> {
-        self.send_line(encode_request(id, method, params, meta))
+        self.send_line(encode_request(id, method, params, merge))
     }
 
     pub(crate) fn send_line(&self, line: Vec<u8>) -> Result<(), ConnectionError> {

@@ -1,11 +1,12 @@
-"""An MCP upstream on stdio, built on the official Python SDK 2.x, that exports its
+"""An MCP upstream on stdio (or streamable HTTP with `--http PORT`), built on the official Python SDK 2.x, that exports its
 own OpenTelemetry spans (the SDK's server middleware makes one per request, parented
 by the request's `_meta.traceparent`) over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`,
 and answers with the `_meta` it received.
 
-    target/python-venv/bin/python tests/python/traced_server.py
+    target/python-venv/bin/python tests/python/traced_server.py [--http PORT]
 
-Tools: `meta` (the request's `_meta` as JSON text), `fail` (an `isError` result),
+Tools: `meta` (the request's `_meta` as JSON text), `header` (the request's HTTP
+`traceparent` header; empty on stdio), `fail` (an `isError` result),
 `ask` (asks the client for a sampling while it runs; answers with the sampled text),
 `slow` (answers after 1 s).
 """
@@ -13,6 +14,7 @@ Tools: `meta` (the request's `_meta` as JSON text), `fail` (an `isError` result)
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 
 import anyio
@@ -46,6 +48,12 @@ def meta(ctx: Context) -> str:
 
 
 @server.tool()
+def header(ctx: Context) -> str:
+    """Returns the `traceparent` header of the HTTP request that carried this call."""
+    return (ctx.headers or {}).get("traceparent", "")
+
+
+@server.tool()
 def fail() -> CallToolResult:
     """Fails as a tool does: an `isError` result."""
     return CallToolResult(content=[TextContent(type="text", text="it failed")], is_error=True)
@@ -70,4 +78,7 @@ async def slow() -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

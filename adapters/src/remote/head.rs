@@ -5,7 +5,7 @@ use base64::Engine as _;
 use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
-use crate::request_line::{meta_field, MetaFields};
+use crate::request_line::{meta_field, Merge};
 
 const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 
@@ -25,18 +25,16 @@ pub(super) struct Head {
 }
 
 impl Head {
-    /// `meta`: the connection's per-request fields, which the request carries
-    /// unless it has its own.
-    pub(super) fn of(
-        method: &str,
-        params: Option<&Map<String, Value>>,
-        meta: Option<&MetaFields>,
-    ) -> Head {
+    /// `merge`: the connection's per-request fields, which the request carries
+    /// unless it has its own, and the trace context, over its own.
+    pub(super) fn of(method: &str, params: Option<&Map<String, Value>>, merge: Merge) -> Head {
         let initialize = method == "initialize";
-        let traceparent = params
-            .and_then(|params| params.get("_meta")?.get("traceparent")?.as_str())
-            .and_then(|value| HeaderValue::from_str(value).ok());
-        let modern_version = meta_field(params, meta, PROTOCOL_VERSION_META)
+        let traceparent = match merge.trace {
+            Some(trace) => Some(trace.traceparent()),
+            None => params.and_then(|params| params.get("_meta")?.get("traceparent")?.as_str()),
+        }
+        .and_then(|value| HeaderValue::from_str(value).ok());
+        let modern_version = meta_field(params, merge.fields, PROTOCOL_VERSION_META)
             .and_then(Value::as_str)
             .and_then(|version| HeaderValue::from_str(version).ok());
         if modern_version.is_none() {
@@ -101,6 +99,7 @@ fn header_value_for(text: &str) -> Option<HeaderValue> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::request_line::{MetaFields, TraceContext};
 
     fn plain_params() -> Map<String, Value> {
         Map::from_iter([("name".to_string(), Value::from("echo"))])
@@ -115,21 +114,22 @@ mod tests {
         let Value::Object(params) = params else {
             unreachable!()
         };
-        let head = Head::of("tools/call", Some(&params), None);
+        let head = Head::of("tools/call", Some(&params), Merge::default());
         assert_eq!(head.modern_version.unwrap(), "2026-07-28");
         assert_eq!(head.method.unwrap(), "tools/call");
         assert_eq!(head.name.unwrap(), "=?base64?aMOpbGxv?=");
-        let plain = Head::of("tools/call", Some(&plain_params()), None);
+        let plain = Head::of("tools/call", Some(&plain_params()), Merge::default());
         assert!(plain.modern_version.is_none() && plain.name.is_none());
-        assert!(Head::of("initialize", None, None).initialize);
+        assert!(Head::of("initialize", None, Merge::default()).initialize);
         // The connection's per-request fields name the version when the request does not.
         let fields =
             Map::from_iter([(PROTOCOL_VERSION_META.to_string(), Value::from("2026-07-28"))]);
-        let head = Head::of(
-            "tools/call",
-            Some(&plain_params()),
-            Some(&MetaFields::new(fields)),
-        );
+        let fields = MetaFields::new(fields);
+        let merge = Merge {
+            fields: Some(&fields),
+            trace: None,
+        };
+        let head = Head::of("tools/call", Some(&plain_params()), merge);
         assert_eq!(head.modern_version.unwrap(), "2026-07-28");
         assert_eq!(head.name.unwrap(), "echo");
         assert_eq!(
@@ -137,6 +137,26 @@ mod tests {
             "=?base64?IHBhZGRlZA==?="
         );
         assert_eq!(header_value_for("us-west1").unwrap(), "us-west1");
+    }
+
+    #[test]
+    fn the_traceparent_header_is_the_trace_context_else_the_requests_own() {
+        let own = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let params = serde_json::json!({"_meta": {"traceparent": own}});
+        let params = params.as_object();
+        let head = Head::of("tools/call", params, Merge::default());
+        assert_eq!(head.traceparent.unwrap(), own);
+        let plexus = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let trace = TraceContext::new(plexus.to_string(), String::new());
+        let merge = Merge {
+            fields: None,
+            trace: Some(&trace),
+        };
+        assert_eq!(Head::of("ping", params, merge).traceparent.unwrap(), plexus);
+        assert_eq!(Head::of("ping", None, merge).traceparent.unwrap(), plexus);
+        assert!(Head::of("ping", None, Merge::default())
+            .traceparent
+            .is_none());
     }
 
     #[test]
@@ -149,7 +169,7 @@ mod tests {
                 return;
             };
             for method in ["tools/call", "resources/read", "tasks/get"] {
-                let head = Head::of(method, Some(&params), None);
+                let head = Head::of(method, Some(&params), Merge::default());
                 let key = match method {
                     "tools/call" => "name",
                     "resources/read" => "uri",

@@ -42,7 +42,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::request_line::{encode_request, MetaFields, Params};
+use crate::request_line::{encode_request, Merge, Params};
 use crate::rpc::{
     ConnectionError, ConnectionStats, Events, PendingRequests, Reply, SharedPending, Spawned,
 };
@@ -335,16 +335,21 @@ impl HttpTransport {
         id: u64,
         method: &str,
         params: Params,
-        meta: Option<&MetaFields>,
+        merge: Merge,
         headers: Vec<(String, String)>,
     ) -> Result<(), ConnectionError> {
         let shared = self.shared.clone();
         if shared.closed.is_cancelled() {
             return Err(ConnectionError::NotSent);
         }
-        let merged = meta.filter(|_| params.takes_meta());
+        // `_meta` that is not an object takes nothing merged, so no header says it does.
+        let merged = if params.takes_meta() {
+            merge
+        } else {
+            Merge::default()
+        };
         let head = Head::of(method, params.values(), merged).with_params(headers);
-        let body = Bytes::from(encode_request(id, method, params, meta));
+        let body = Bytes::from(encode_request(id, method, params, merge));
         let mut streams = shared
             .streams
             .lock()

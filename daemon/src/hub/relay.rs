@@ -143,7 +143,7 @@ impl Hub {
                     upstream.name_arc(),
                     instance.owner(),
                 );
-                let traced = telemetry::client_span(&name, method, &mut params);
+                let traced = telemetry::client_span(&name, method, params.as_ref());
                 // The request gets its upstream-side id first, so whatever the upstream sends
                 // while serving it (over HTTP, on this request's own stream) is attributed
                 // to this call, and through it to this session.
@@ -154,6 +154,9 @@ impl Hub {
                     None => connection.prepare(method, params),
                 };
                 let mut request = request.with_headers(call.headers.to_vec());
+                if let Some(trace) = traced.as_ref().and_then(telemetry::ClientSpan::carried) {
+                    request = request.with_trace(trace);
+                }
                 if call.result_unread {
                     request = request.result_unread();
                 }

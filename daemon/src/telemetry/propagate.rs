@@ -1,11 +1,13 @@
 //! W3C trace context (SEP-414): read from a request's `params._meta` or its HTTP
-//! `traceparent` header, written into `params._meta` of the request sent
-//! upstream (the HTTP transport mirrors it into a header). Only `traceparent`
-//! and `tracestate` are ever written; every other `_meta` key stays as it came.
+//! `traceparent` header; for a request sent upstream, handed to the connection
+//! to write into its `_meta` (and an HTTP upstream's header); for one sent to
+//! the client, written into its `params._meta`. Only `traceparent` and
+//! `tracestate` are ever written; every other `_meta` key stays as it came.
 
 use std::future::Future;
 use std::pin::Pin;
 
+use adapters::TraceContext;
 use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
@@ -39,6 +41,14 @@ pub(super) fn meta_parent(params: Option<&Value>) -> Option<Context> {
     meta.get("traceparent")?.as_str()?;
     let context = TraceContextPropagator::new().extract(&Meta(meta));
     context.has_active_span().then_some(context)
+}
+
+/// `context`'s span as a request to an upstream carries it.
+pub(super) fn carried(context: &Context) -> Option<TraceContext> {
+    let span = context.span();
+    let span = span.span_context();
+    span.is_valid()
+        .then(|| TraceContext::new(traceparent(span), span.trace_state().header()))
 }
 
 /// Writes `context`'s span into `params._meta` (made an object if there were no params).
@@ -128,6 +138,11 @@ mod tests {
             false,
             TraceState::default(),
         ));
+        assert_eq!(
+            carried(&child).unwrap().traceparent(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"
+        );
+        assert!(carried(&Context::new()).is_none());
         let mut params = Some(params);
         inject(&child, &mut params);
         assert_eq!(

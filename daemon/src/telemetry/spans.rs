@@ -1,7 +1,7 @@
 //! The spans, named and attributed per the OpenTelemetry MCP conventions: a
 //! SERVER span per client request ([`server_call`], begun and ended in
 //! `Session::handle`), a CLIENT span per request sent upstream ([`client_span`],
-//! in `Hub::forward_to`, its context written into the request), a CLIENT span
+//! in `Hub::forward_to`, its context carried by the request), a CLIENT span
 //! per request an upstream sends the client during a call ([`client_round`]),
 //! and INTERNAL spans for waits that did not finish at once ([`waited`]).
 
@@ -138,15 +138,15 @@ pub struct ClientSpan {
 }
 
 /// Begins the CLIENT span of a request to `upstream`, a child of the current
-/// context, and writes its context into the request's `_meta`.
+/// context; the request carries it as [`ClientSpan::carried`] says.
 pub fn client_span(
     upstream: &Arc<str>,
     method: &str,
-    params: &mut Option<Value>,
+    params: Option<&Value>,
 ) -> Option<ClientSpan> {
     let telemetry = active()?;
     let started = Instant::now();
-    let (name, mut facts) = described(method, params.as_ref());
+    let (name, mut facts) = described(method, params);
     facts.push(KeyValue::new(
         "plexus.upstream",
         StringValue::from(upstream.clone()),
@@ -161,9 +161,7 @@ pub fn client_span(
                 .with_kind(SpanKind::Client)
                 .with_attributes(attributes)
                 .start_with_context(tracer, &parent);
-            let context = parent.with_span(span);
-            propagate::inject(&context, params);
-            context
+            parent.with_span(span)
         }
         None => parent,
     };
@@ -179,6 +177,13 @@ impl ClientSpan {
     /// while it serves this request.
     pub fn trace(&self) -> CallTrace {
         CallTrace(self.context.clone())
+    }
+
+    /// The span's trace context, for the request to carry upstream (none when only
+    /// metrics are exported).
+    pub fn carried(&self) -> Option<adapters::TraceContext> {
+        active()?.tracer.as_ref()?;
+        propagate::carried(&self.context)
     }
 
     /// plexus's id of the request, as the upstream sees it.

@@ -412,6 +412,74 @@ async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyh
     Ok(())
 }
 
+/// An HTTP upstream (streamable HTTP) gets the CLIENT span's context in its body's
+/// `_meta` and in the `traceparent` header, over the client's own context; the
+/// client's other `_meta` keys reach it as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_upstream_gets_the_context_in_meta_and_in_its_header() -> anyhow::Result<()> {
+    if !venv_python().exists() {
+        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let receiver = Receiver::start(dir.path()).await?;
+    let endpoint = receiver.endpoint.as_str();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let _upstream = Command::new(venv_python())
+        .arg(workspace_root().join("tests/python/traced_server.py"))
+        .args(["--http", &port.to_string()])
+        .env("OTEL_SDK_DISABLED", "true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let daemon = Daemon::builder()
+        .env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_SERVICE_NAME", "plexus-under-test"),
+        ])
+        .upstreams(format!(
+            "[upstreams.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+             transport = \"streamable-http\"\n"
+        ))
+        .start()
+        .await?;
+    daemon.wait_ready(Duration::from_secs(60)).await?;
+    let mut client = RawHttpSession::connect(&daemon.url).await?;
+    let meta: Value = serde_json::from_str(&text_of(&mut client, "web__meta").await?)?;
+    let header = text_of(&mut client, "web__header").await?;
+    daemon.stop().await?;
+
+    let spans = receiver.received("span");
+    let trace = &HEADER_PARENT[3..35];
+    let sent_meta = span(&spans, "plexus-under-test", "tools/call meta", trace)?;
+    let sent_header = span(&spans, "plexus-under-test", "tools/call header", trace)?;
+    ensure!(parent_in(&meta, sent_meta), "{meta} {sent_meta}");
+    ensure!(
+        header.starts_with(&traceparent_of(sent_header)),
+        "{header} {sent_header}"
+    );
+    ensure!(
+        meta["kept"] == "yes" && meta["tracestate"] == "client=1",
+        "{meta}"
+    );
+    Ok(())
+}
+
+/// The text `tool` answers a call that carries a client's trace context and one more `_meta` key.
+async fn text_of(client: &mut RawHttpSession, tool: &str) -> anyhow::Result<String> {
+    let params = json!({"name": tool, "arguments": {},
+        "_meta": {"traceparent": HEADER_PARENT, "tracestate": "client=1", "kept": "yes"}});
+    let answer = client.request("tools/call", params).await?;
+    let text = answer["result"]["content"][0]["text"].as_str();
+    Ok(text
+        .with_context(|| format!("{tool}: {answer}"))?
+        .to_string())
+}
+
 /// A span's start and end, in nanoseconds since the epoch.
 fn times(span: &Value) -> (u64, u64) {
     (
