@@ -193,19 +193,21 @@ fn write_params(out: &mut Vec<u8>, values: &Map<String, Value>, merge: Merge, op
         return;
     }
     out.push(b'{');
+    let mut has_meta = false;
     for (index, (key, value)) in values.iter().enumerate() {
         if index > 0 {
             out.push(b',');
         }
         crate::json_out::write_str(out, key);
         out.push(b':');
+        has_meta |= key == "_meta";
         match value {
             // A `_meta` that is not an object has nowhere to put them.
             Value::Object(own) if key == "_meta" => merge.write(out, own),
             _ => crate::json_out::write_value(out, value),
         }
     }
-    if !values.contains_key("_meta") {
+    if !has_meta {
         if !values.is_empty() {
             out.push(b',');
         }
