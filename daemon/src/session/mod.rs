@@ -80,6 +80,8 @@ impl ClientHello {
 
 pub struct Session {
     id: u64,
+    /// The session's id as its requests' SERVER spans name it.
+    span_tag: crate::telemetry::SessionTag,
     /// Whose per-session upstream instances this session's calls use: its own, or
     /// for the scope of a 2026-07-28 request, the connection's it arrived on.
     owner: u64,
@@ -227,6 +229,7 @@ impl Session {
         };
         Arc::new(Session {
             id,
+            span_tag: crate::telemetry::SessionTag::new(id),
             owner: owner.unwrap_or(id),
             hub,
             hello: Mutex::new(ClientHello::default()),
@@ -381,9 +384,11 @@ impl Session {
             Ok(Envelope::Request { id, method, params }) => {
                 let related = related.unwrap_or(&self.outbound);
                 let traced =
-                    telemetry::server_call(&method, params.as_ref(), &id, self.id, || match era {
-                        Era::Modern => Some(era::MODERN_VERSION),
-                        _ => self.protocol_version_name(),
+                    telemetry::server_call(&method, params.as_ref(), &id, &self.span_tag, || {
+                        match era {
+                            Era::Modern => Some(era::MODERN_VERSION),
+                            _ => self.protocol_version_name(),
+                        }
                     });
                 if let Some(traced) = traced {
                     // Boxed: the untraced request's future stays the size it was.

@@ -7,6 +7,7 @@
 //! Spans: `spans.rs`; the W3C `traceparent` in `_meta` and headers: `propagate.rs`.
 
 mod export;
+mod names;
 mod otlp;
 mod propagate;
 mod spans;
@@ -28,7 +29,8 @@ use tokio_util::task::TaskTracker;
 
 pub use propagate::{http_parent, within};
 pub use spans::{
-    client_round, client_span, server_call, waited, CallTrace, ClientRound, ClientSpan, Wait,
+    client_round, client_span, server_call, waited, CallTrace, ClientRound, ClientSpan, SessionTag,
+    Wait,
 };
 
 use crate::config::{Sampler, TracingSettings};
@@ -53,8 +55,44 @@ const MAX_BOUND: usize = 1024;
 /// call's five); one lookup here with foldhash costs a few hundred.
 pub(super) struct Series {
     histogram: Histogram<f64>,
-    bound: Mutex<HashMap<Vec<KeyValue>, BoundHistogram<f64>, foldhash::fast::RandomState>>,
+    bound: Mutex<HashMap<SeriesKey, BoundHistogram<f64>, foldhash::fast::RandomState>>,
 }
+
+/// An attribute set as the key of its bound series. Only the values are hashed (the
+/// keys of a histogram's sets are a few, in the same order), and a text is first
+/// compared by address: the names of methods, tools and versions are shared, not
+/// copies, so a set found again is equal without reading its texts.
+struct SeriesKey(Vec<KeyValue>);
+
+impl std::hash::Hash for SeriesKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0.len());
+        for attribute in &self.0 {
+            match &attribute.value {
+                opentelemetry::Value::String(text) => state.write(text.as_str().as_bytes()),
+                _ => attribute.hash(state),
+            }
+        }
+    }
+}
+
+impl PartialEq for SeriesKey {
+    fn eq(&self, other: &SeriesKey) -> bool {
+        let same = |a: &str, b: &str| std::ptr::eq(a, b) || a == b;
+        self.0.len() == other.0.len()
+            && self.0.iter().zip(&other.0).all(|(a, b)| {
+                same(a.key.as_str(), b.key.as_str())
+                    && match (&a.value, &b.value) {
+                        (opentelemetry::Value::String(a), opentelemetry::Value::String(b)) => {
+                            same(a.as_str(), b.as_str())
+                        }
+                        _ => a == b,
+                    }
+            })
+    }
+}
+
+impl Eq for SeriesKey {}
 
 impl Series {
     fn new(histogram: Histogram<f64>) -> Series {
@@ -68,15 +106,16 @@ impl Series {
         let Ok(mut bound) = self.bound.lock() else {
             return self.histogram.record(seconds, &attributes);
         };
-        if let Some(series) = bound.get(attributes.as_slice()) {
+        let key = SeriesKey(attributes);
+        if let Some(series) = bound.get(&key) {
             return series.record(seconds);
         }
         if bound.len() >= MAX_BOUND {
-            return self.histogram.record(seconds, &attributes);
+            return self.histogram.record(seconds, &key.0);
         }
-        let series = self.histogram.bind(&attributes);
+        let series = self.histogram.bind(&key.0);
         series.record(seconds);
-        bound.insert(attributes, series);
+        bound.insert(key, series);
     }
 }
 
@@ -260,5 +299,37 @@ fn sampler(sampler: Sampler) -> sdktrace::Sampler {
         Sampler::ParentBasedTraceIdRatio(ratio) => {
             Sdk::ParentBased(Box::new(Sdk::TraceIdRatioBased(ratio)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn a_series_key_is_its_attributes_whether_shared_or_copied() {
+        let state = foldhash::fast::RandomState::default();
+        let set = |tool: opentelemetry::StringValue| {
+            SeriesKey(vec![
+                KeyValue::new("mcp.method.name", "tools/call"),
+                KeyValue::new("gen_ai.tool.name", tool),
+                KeyValue::new("plexus.retries", 2),
+            ])
+        };
+        let shared = set("echo".into());
+        let copied = set("echo".to_string().into());
+        assert!(shared == copied);
+        assert_eq!(state.hash_one(&shared), state.hash_one(&copied));
+        let mut other = set("echo".into());
+        other.0[1] = KeyValue::new("gen_ai.tool.name", "echo2");
+        assert!(shared != other);
+        other.0[1] = KeyValue::new("gen_ai.prompt.name", "echo");
+        assert!(shared != other);
+        other.0[1] = KeyValue::new("gen_ai.tool.name", "echo");
+        other.0[2] = KeyValue::new("plexus.retries", 3);
+        assert!(shared != other);
+        other.0.pop();
+        assert!(shared != other);
     }
 }

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use tokio::time::Instant;
 
@@ -20,7 +20,7 @@ use opentelemetry::{Context, KeyValue, StringValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span as SdkSpan};
 use serde_json::Value;
 
-use super::{active, propagate};
+use super::{active, names, propagate};
 use crate::jsonrpc::{Answer, RelayError};
 
 /// Set by a CLIENT span whose result had `isError`, read by its SERVER span.
@@ -42,6 +42,27 @@ impl Drop for Restore {
     }
 }
 
+/// A session's `mcp.session.id`, written once, when its first request is traced.
+pub struct SessionTag {
+    id: u64,
+    text: OnceLock<StringValue>,
+}
+
+impl SessionTag {
+    pub fn new(id: u64) -> SessionTag {
+        SessionTag {
+            id,
+            text: OnceLock::new(),
+        }
+    }
+
+    fn value(&self) -> StringValue {
+        self.text
+            .get_or_init(|| StringValue::from(Arc::<str>::from(decimal(self.id))))
+            .clone()
+    }
+}
+
 /// A client's request being served: its SERVER span and its start.
 pub struct ServerCall {
     context: Context,
@@ -56,7 +77,7 @@ pub fn server_call(
     method: &str,
     params: Option<&Value>,
     id: &Value,
-    session: u64,
+    session: &SessionTag,
     // The version of the request's era: asked for only when exporting.
     protocol: impl FnOnce() -> Option<&'static str>,
 ) -> Option<ServerCall> {
@@ -73,7 +94,7 @@ pub fn server_call(
             // The facts' values are static or shared: copying them copies no text.
             let mut attributes = Vec::with_capacity(facts.len() + 2);
             attributes.extend_from_slice(&facts);
-            attributes.push(KeyValue::new("mcp.session.id", decimal(session)));
+            attributes.push(KeyValue::new("mcp.session.id", session.value()));
             attributes.push(KeyValue::new("jsonrpc.request.id", request_id(id)));
             let span = tracer
                 .span_builder(name)
@@ -395,15 +416,6 @@ impl<F: Future> Future for Waited<'_, F> {
     }
 }
 
-/// `method` and a name after a space (the span name of a call or a prompt's get).
-fn spaced(method: &str, name: &str) -> String {
-    let mut text = String::with_capacity(method.len() + 1 + name.len());
-    text.push_str(method);
-    text.push(' ');
-    text.push_str(name);
-    text
-}
-
 /// The methods named by a static string: their spans' names and `mcp.method.name`
 /// cost no copy of the text.
 const METHODS: &[&str] = &[
@@ -433,7 +445,8 @@ const METHODS: &[&str] = &[
 ];
 
 /// The span name and the attributes the conventions give a request of `method`.
-/// Each text is copied once (a tool's name into an `Arc` its span and histogram share).
+/// A call's or a prompt's names come from [`names::named`]; other texts are copied
+/// once (a resource's URI into an `Arc` its span and histogram share).
 fn described(method: &str, params: Option<&Value>) -> (Cow<'static, str>, Vec<KeyValue>) {
     let known = METHODS.iter().find(|known| **known == method).copied();
     let mut facts = Vec::with_capacity(6);
@@ -448,13 +461,15 @@ fn described(method: &str, params: Option<&Value>) -> (Cow<'static, str>, Vec<Ke
     let shared = |text: &str| StringValue::from(Arc::<str>::from(text));
     let name = match method {
         "tools/call" => text("name").map(|tool| {
-            facts.push(KeyValue::new("gen_ai.tool.name", shared(tool)));
+            let (span, tool) = names::named("tools/call", tool);
+            facts.push(KeyValue::new("gen_ai.tool.name", tool));
             facts.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
-            Cow::Owned(spaced(method, tool))
+            span
         }),
         "prompts/get" => text("name").map(|prompt| {
-            facts.push(KeyValue::new("gen_ai.prompt.name", shared(prompt)));
-            Cow::Owned(spaced(method, prompt))
+            let (span, prompt) = names::named("prompts/get", prompt);
+            facts.push(KeyValue::new("gen_ai.prompt.name", prompt));
+            span
         }),
         _ => {
             if let Some(uri) = text("uri") {
