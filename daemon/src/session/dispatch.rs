@@ -326,6 +326,12 @@ impl<'a> Dispatch<'a> {
                 task_extension::serve(self.session, method, params, self.related).await
             }
             "tasks/list" => {
+                // One page, every upstream's tasks in it: a cursor is none plexus issued.
+                if params.as_ref().and_then(|p| p.get("cursor")).is_some() {
+                    return Err(RelayError::InvalidParams(
+                        "plexus's tasks/list is one page; it issued no cursor".into(),
+                    ));
+                }
                 let reply = self
                     .session
                     .hub

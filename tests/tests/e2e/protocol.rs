@@ -293,6 +293,11 @@ async fn tasks_are_namespaced_and_routed_by_id() -> anyhow::Result<()> {
 
     let listed = session.request("tasks/list", json!({})).await?;
     ensure!(listed.to_string().contains(&task_id), "{listed}");
+    // Every task is on that one page: a cursor is not one plexus issued.
+    let paged = session
+        .request("tasks/list", json!({"cursor": "Mg=="}))
+        .await?;
+    ensure!(paged["error"]["code"] == -32602, "{paged}");
 
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
