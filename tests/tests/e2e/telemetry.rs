@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use plexus_tests::{
-    fixture_upstream, plexus_binary, venv_python, workspace_root, Daemon, RawHttpSession,
+    fixture_upstream, plexus_binary, restartable_port, venv_python, workspace_root, Daemon,
+    RawHttpSession,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -424,9 +425,7 @@ async fn an_http_upstream_gets_the_context_in_meta_and_in_its_header() -> anyhow
     let dir = tempfile::tempdir()?;
     let receiver = Receiver::start(dir.path()).await?;
     let endpoint = receiver.endpoint.as_str();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = restartable_port()?;
     let _upstream = Command::new(venv_python())
         .arg(workspace_root().join("tests/python/traced_server.py"))
         .args(["--http", &port.to_string()])
