@@ -6,7 +6,7 @@
 //! the Collector ships in no package this machine reaches). All of it installed
 //! into `target/python-venv` by `scripts/ensure-python-sdk`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -24,11 +24,18 @@ struct Receiver {
     _child: Child,
     endpoint: String,
     out: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl Receiver {
-    async fn start(dir: &Path) -> anyhow::Result<Receiver> {
-        let out = dir.join("otlp.jsonl");
+    /// None, and the test skipped, when the Python packages are not installed.
+    async fn start() -> anyhow::Result<Option<Receiver>> {
+        if !venv_python().exists() {
+            println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+            return Ok(None);
+        }
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("otlp.jsonl");
         let mut child = Command::new(venv_python())
             .arg(workspace_root().join("tests/python/otlp_receiver.py"))
             .arg(&out)
@@ -47,11 +54,12 @@ impl Receiver {
             .trim()
             .strip_prefix("listening ")
             .context("receiver did not say its port")?;
-        Ok(Receiver {
+        Ok(Some(Receiver {
             endpoint: format!("http://127.0.0.1:{port}"),
             _child: child,
             out,
-        })
+            _dir: dir,
+        }))
     }
 
     fn received(&self, kind: &str) -> Vec<Value> {
@@ -176,12 +184,9 @@ fn parent_in(meta: &Value, span: &Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyhow::Result<()> {
-    if !venv_python().exists() {
-        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+    let Some(receiver) = Receiver::start().await? else {
         return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let receiver = Receiver::start(dir.path()).await?;
+    };
     let endpoint = receiver.endpoint.as_str();
     let daemon = Daemon::builder()
         .env(&[
@@ -377,12 +382,9 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyhow::Result<()> {
-    if !venv_python().exists() {
-        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+    let Some(receiver) = Receiver::start().await? else {
         return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let receiver = Receiver::start(dir.path()).await?;
+    };
     let daemon = Daemon::builder().upstreams(upstreams(None)).start().await?;
     daemon.wait_ready(Duration::from_secs(60)).await?;
     let seen = run_client(&daemon.url, "legacy", &receiver.endpoint, Run::Calls).await?;
@@ -418,12 +420,9 @@ async fn untraced_plexus_passes_the_clients_trace_context_on_unchanged() -> anyh
 /// client's other `_meta` keys reach it as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_upstream_gets_the_context_in_meta_and_in_its_header() -> anyhow::Result<()> {
-    if !venv_python().exists() {
-        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+    let Some(receiver) = Receiver::start().await? else {
         return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let receiver = Receiver::start(dir.path()).await?;
+    };
     let endpoint = receiver.endpoint.as_str();
     let port = restartable_port()?;
     let _upstream = Command::new(venv_python())
@@ -500,12 +499,9 @@ fn within(inner: &Value, outer: &Value) -> bool {
 /// queued behind `max_in_flight` waits under a `plexus.queue` span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_a_round_with_the_client_and_a_queue_have_their_spans() -> anyhow::Result<()> {
-    if !venv_python().exists() {
-        println!("skipped: target/python-venv missing; run scripts/ensure-python-sdk");
+    let Some(receiver) = Receiver::start().await? else {
         return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let receiver = Receiver::start(dir.path()).await?;
+    };
     let endpoint = receiver.endpoint.as_str();
     let python = venv_python().display().to_string();
     let script = workspace_root()
