@@ -4,8 +4,9 @@
 //! copying it and the tool's name for each of a call's two spans, and freeing
 //! them as they are exported, was a twentieth of what tracing adds to a call.
 //!
-//! At most [`MAX_NAMES`] per method are kept (a client may call names that do not
-//! exist, a catalog may change): beyond, each span copies its own again.
+//! At most [`MAX_NAMES`] names per method are kept, each of at most
+//! [`MAX_NAME_BYTES`] (a client may call names that do not exist, as long as a
+//! message may be, and a catalog may change): beyond, each span copies its own.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,6 +16,7 @@ use foldhash::fast::RandomState;
 use opentelemetry::StringValue;
 
 const MAX_NAMES: usize = 4096;
+const MAX_NAME_BYTES: usize = 128;
 
 /// Span names by the tool's or prompt's name: `&NAME[method.len() + 1..]` is the key.
 type Names = RwLock<HashMap<&'static str, &'static str, RandomState>>;
@@ -30,6 +32,9 @@ pub(super) fn named(method: &'static str, name: &str) -> (Cow<'static, str>, Str
         "prompts/get" => &PROMPTS,
         _ => return copied(method, name),
     };
+    if name.len() > MAX_NAME_BYTES {
+        return copied(method, name);
+    }
     let known = names
         .read()
         .unwrap_or_else(PoisonError::into_inner)
@@ -93,6 +98,11 @@ mod tests {
         );
         // A method with no table copies.
         assert!(matches!(named("resources/read", "x").0, Cow::Owned(_)));
+        // A long name is never kept.
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        let (span, tool) = named("tools/call", &long);
+        assert!(matches!(span, Cow::Owned(_)));
+        assert_eq!(tool.as_str(), long);
         for index in 0..MAX_NAMES {
             named("tools/call", &format!("t{index}"));
         }
