@@ -16,7 +16,7 @@ use foldhash::fast::RandomState;
 use opentelemetry::StringValue;
 
 const MAX_NAMES: usize = 4096;
-const MAX_NAME_BYTES: usize = 128;
+pub(super) const MAX_NAME_BYTES: usize = 128;
 
 /// Span names by the tool's or prompt's name: `&NAME[method.len() + 1..]` is the key.
 type Names = RwLock<HashMap<&'static str, &'static str, RandomState>>;

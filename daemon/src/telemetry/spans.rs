@@ -318,6 +318,8 @@ impl ClientRound {
 /// Ends `context`'s span with `error` (its status and `error.type`) and records the
 /// time since `started` in the histogram `which` names, with `facts` (and the
 /// error) as attributes but for the resource URI: a series per URI would be unbounded.
+/// A text longer than a name is `_OTHER` there (a client may call a tool or a method
+/// of a message's length, and a series keeps its attributes as long as the process).
 fn end_and_record(
     context: &Context,
     mut facts: Vec<KeyValue>,
@@ -334,6 +336,13 @@ fn end_and_record(
     span.end();
     if let Some(histograms) = active().and_then(|telemetry| telemetry.histograms.as_ref()) {
         facts.retain(|fact| fact.key.as_str() != "mcp.resource.uri");
+        for fact in &mut facts {
+            if let opentelemetry::Value::String(text) = &fact.value {
+                if text.as_str().len() > names::MAX_NAME_BYTES {
+                    fact.value = opentelemetry::Value::from("_OTHER");
+                }
+            }
+        }
         which(histograms).record(started.elapsed().as_secs_f64(), facts);
     }
 }

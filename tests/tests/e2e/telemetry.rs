@@ -212,6 +212,12 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
         .as_str()
         .context("no text")?;
     let header_meta: Value = serde_json::from_str(text)?;
+    // A call of a tool whose name is longer than any real one's: no such tool.
+    let long_name = "x".repeat(4096);
+    let unknown = raw
+        .request("tools/call", json!({"name": long_name, "arguments": {}}))
+        .await?;
+    ensure!(unknown["error"]["code"] == -32602, "{unknown}");
     // A client behind `plexus connect`: its `_meta` crosses the bridge as it is.
     let bridged = run_client(&daemon.url, "legacy", endpoint, Run::Connect).await?;
     // A stop flushes plexus's batch of spans and its histograms.
@@ -377,6 +383,22 @@ async fn one_trace_runs_from_the_client_through_plexus_to_the_upstream() -> anyh
             "{series}"
         );
     }
+    // The long name is its span's, not a series' (which lives as long as the process).
+    ensure!(
+        spans
+            .iter()
+            .any(|span| span["attributes"]["gen_ai.tool.name"] == long_name.as_str()),
+        "no span of the long name"
+    );
+    ensure!(
+        metrics.iter().any(|metric| {
+            metric["name"] == "mcp.server.operation.duration"
+                && metric["attributes"]["gen_ai.tool.name"] == "_OTHER"
+        }) && !metrics
+            .iter()
+            .any(|metric| metric["attributes"]["gen_ai.tool.name"] == long_name.as_str()),
+        "{metrics:#?}"
+    );
     Ok(())
 }
 
