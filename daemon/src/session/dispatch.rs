@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::audit_lines::RequestRecord;
-use super::forward::{expose_content_uris, expose_prompt_uris, with_string};
+use super::forward::{expose_content_uris, expose_error_uri, expose_prompt_uris, with_string};
 use super::lists::list_kind;
 use super::routing::{unrouted, Router};
 use super::search::{self, MetaCall};
@@ -312,6 +312,7 @@ impl<'a> Dispatch<'a> {
                 let reply = forwarder
                     .forward_with_input(&route.upstream, method, params, call)
                     .await?;
+                let reply = expose_error_uri(reply, &route.original, &uri);
                 Ok(expose_content_uris(
                     router.catalog(),
                     &route.upstream,

@@ -256,6 +256,25 @@ pub(super) fn expose_content_uris(
     )
 }
 
+/// An upstream's error about the resource it was asked for (its `data.uri`, as a
+/// "resource not found" carries it) names the URI the client asked for, not the
+/// upstream's own form of it; a URI other than that one is left as it is.
+pub(super) fn expose_error_uri(
+    reply: adapters::Reply,
+    original: &str,
+    asked: &str,
+) -> adapters::Reply {
+    let Reply::Error(mut error) = reply else {
+        return reply;
+    };
+    if let Some(uri) = error.get_mut("data").and_then(|data| data.get_mut("uri")) {
+        if uri.as_str() == Some(original) {
+            *uri = Value::from(asked);
+        }
+    }
+    Reply::Error(error)
+}
+
 /// Gives the resource links and embedded resources of a tool result the exposed
 /// form of their URIs, so a read of them routes back to the upstream they came from.
 fn expose_linked_uris(
@@ -325,6 +344,25 @@ fn in_result(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstream_error_names_the_uri_the_client_asked_for() {
+        let error = |uri: &str| {
+            Reply::Error(
+                json!({"code": -32002, "message": "resource not found", "data": {"uri": uri}}),
+            )
+        };
+        let exposed = expose_error_uri(error("file:///a"), "file:///a", "fs+file:///a");
+        assert!(matches!(exposed, Reply::Error(e) if e["data"]["uri"] == "fs+file:///a"));
+        // Another URI, a result, an error without data: as they came.
+        let other = expose_error_uri(error("file:///b"), "file:///a", "fs+file:///a");
+        assert!(matches!(other, Reply::Error(e) if e["data"]["uri"] == "file:///b"));
+        let result = expose_error_uri(Reply::Result(json!({})), "file:///a", "fs+file:///a");
+        assert!(matches!(result, Reply::Result(r) if r == json!({})));
+        let bare = Reply::Error(json!({"code": -32603, "message": "x"}));
+        let bare = expose_error_uri(bare, "file:///a", "fs+file:///a");
+        assert!(matches!(bare, Reply::Error(e) if e == json!({"code": -32603, "message": "x"})));
+    }
 
     #[test]
     fn params_rewrite_keeps_every_other_member() {

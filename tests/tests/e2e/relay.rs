@@ -260,6 +260,17 @@ async fn plexus_errors_are_precise_and_the_session_survives() -> anyhow::Result<
         unknown_resource["error"]["code"] == -32002,
         "{unknown_resource}"
     );
+    // An upstream's own "not found" names the URI the client asked for, not the
+    // upstream's form of it.
+    for uri in ["healthy+fixture://items/", "healthy+fixture://nothing/here"] {
+        let missing = session
+            .request("resources/read", json!({"uri": uri}))
+            .await?;
+        ensure!(
+            missing["error"]["code"] == -32002 && missing["error"]["data"]["uri"] == uri,
+            "{missing}"
+        );
+    }
     let missing = session
         .request("tools/call", json!({"arguments": {}}))
         .await?;
