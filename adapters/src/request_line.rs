@@ -1,6 +1,7 @@
 //! A request to an upstream as written on its line or in its body: the params
 //! (values, or one member kept as the client wrote it) with the `_meta` fields a
-//! 2026-07-28 upstream gets on every request merged in.
+//! 2026-07-28 upstream gets on every request, and the trace context of plexus's
+//! span for the request, merged in.
 
 use serde_json::{Map, Value};
 
@@ -24,8 +25,8 @@ impl Params {
         }
     }
 
-    /// Whether a connection's `_meta` fields can be merged in: absent params, or an
-    /// object whose `_meta` (if any) is an object too.
+    /// Whether `_meta` fields (the connection's, a trace context) can be merged in:
+    /// absent params, or an object whose `_meta` (if any) is an object too.
     pub(crate) fn takes_meta(&self) -> bool {
         match self {
             Params::Values(None) => true,
