@@ -328,7 +328,9 @@ impl<'a> Dispatch<'a> {
             }
             "tasks/list" => {
                 // One page, every upstream's tasks in it: a cursor is none plexus issued.
-                if params.as_ref().and_then(|p| p.get("cursor")).is_some() {
+                // (A null cursor is none, as for the catalog's lists.)
+                let cursor = params.as_ref().and_then(|p| p.get("cursor"));
+                if cursor.and_then(Value::as_str).is_some() {
                     return Err(RelayError::InvalidParams(
                         "plexus's tasks/list is one page; it issued no cursor".into(),
                     ));

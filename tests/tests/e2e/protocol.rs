@@ -298,6 +298,10 @@ async fn tasks_are_namespaced_and_routed_by_id() -> anyhow::Result<()> {
         .request("tasks/list", json!({"cursor": "Mg=="}))
         .await?;
     ensure!(paged["error"]["code"] == -32602, "{paged}");
+    let first = session
+        .request("tasks/list", json!({"cursor": null}))
+        .await?;
+    ensure!(first.to_string().contains(&task_id), "{first}");
 
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
