@@ -20,8 +20,9 @@
 // GET /test/registrations counts the dynamic client registrations; POST
 // /test/forget-clients deletes every client registered so far (its next token
 // request gets invalid_client). POST /test/token-fail ({grant_type, count,
-// status, error}) makes the next `count` token requests of that grant type
-// answer `status` with `{error}` (a plain-text body when `error` is absent).
+// status, error, drop}) makes the next `count` token requests of that grant type
+// answer `status` with `{error}` (a plain-text body when `error` is absent), or,
+// with `drop: true`, go unanswered: their connection is closed.
 // The device grant's polling (RFC 8628 §3.5), which oidc-provider leaves to the
 // deployment: with IDP_DEVICE_INTERVAL (seconds) its answers carry that
 // `interval`, and a poll sooner than a code's interval after its last one gets
@@ -199,6 +200,11 @@ provider.use(async (ctx, next) => {
     const failure = tokenFailures[grant];
     if (failure?.count > 0) {
       failure.count -= 1;
+      if (failure.drop) {
+        ctx.respond = false;
+        ctx.req.socket.destroy();
+        return;
+      }
       ctx.status = failure.status ?? 500;
       if (failure.error) ctx.body = { error: failure.error, error_description: 'forced by /test/token-fail' };
       else {

@@ -613,6 +613,17 @@ async fn device_polls(idp: &Idp) -> anyhow::Result<Vec<(Vec<String>, Vec<i64>)>>
         .collect())
 }
 
+const DEVICE_GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
+
+/// The provider's count of device grant token requests (polls), answered or not.
+async fn device_token_requests(idp: &Idp) -> anyhow::Result<u64> {
+    let counts: Value = reqwest::get(format!("{}/test/token-requests", idp.issuer()))
+        .await?
+        .json()
+        .await?;
+    Ok(counts[DEVICE_GRANT].as_u64().unwrap_or(0))
+}
+
 async fn device_settings(idp: &Idp, settings: Value) -> anyhow::Result<()> {
     reqwest::Client::new()
         .post(format!("{}/test/device", idp.issuer()))
@@ -753,6 +764,25 @@ async fn a_login_with_no_browser_uses_the_device_grant() -> anyhow::Result<()> {
     let (_, status) = b.admin_get("/status").await?;
     assert_eq!(upstream_state(&status, "hosted")?, "ready");
     call_echo(&b, "headless again").await?;
+
+    // Two polls in a row go unanswered, their connection closed (as a provider
+    // closes a kept-alive connection just as it is reused): each is made again at
+    // the next interval, and the login goes through.
+    logout(&b).await?;
+    reqwest::Client::new()
+        .post(format!("{}/test/token-fail", idp.issuer()))
+        .body(json!({"grant_type": DEVICE_GRANT, "count": 2, "drop": true}).to_string())
+        .send()
+        .await?
+        .error_for_status()?;
+    let polled_before = device_token_requests(&idp).await?;
+    device_login(&b, &idp, &["login", "hosted", "--device"], &[], &[]).await?;
+    let polled = device_token_requests(&idp).await? - polled_before;
+    ensure!(
+        polled >= 3,
+        "{polled} polls: the two unanswered were not made again"
+    );
+    call_echo(&b, "after unanswered polls").await?;
 
     // A one-shot command with no login held logs in inline, headless: the
     // device grant, its prompt in the complete form, then the call.
