@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::audit_lines::RequestRecord;
 use super::forward::{expose_content_uris, expose_error_uri, expose_prompt_uris, with_string};
-use super::lists::list_kind;
+use super::lists::{cursor_of, list_kind};
 use super::routing::{unrouted, Router};
 use super::search::{self, MetaCall};
 use super::{
@@ -328,9 +328,7 @@ impl<'a> Dispatch<'a> {
             }
             "tasks/list" => {
                 // One page, every upstream's tasks in it: a cursor is none plexus issued.
-                // (A null cursor is none, as for the catalog's lists.)
-                let cursor = params.as_ref().and_then(|p| p.get("cursor"));
-                if cursor.and_then(Value::as_str).is_some() {
+                if cursor_of(&params).is_some() {
                     return Err(RelayError::InvalidParams(
                         "plexus's tasks/list is one page; it issued no cursor".into(),
                     ));

@@ -129,6 +129,7 @@ pub(super) fn list_kind(method: &str) -> Option<Kind> {
     }
 }
 
-fn cursor_of(params: &Option<Value>) -> Option<&str> {
+/// A list request's cursor (a null or non-text one is none).
+pub(super) fn cursor_of(params: &Option<Value>) -> Option<&str> {
     params.as_ref()?.get("cursor")?.as_str()
 }
