@@ -110,18 +110,6 @@ impl Merge<'_> {
         self.fields.is_none() && self.trace.is_none()
     }
 
-    /// About what the merge adds to a line: a line written past its buffer's
-    /// capacity is copied whole into one twice the size.
-    fn written_len(&self) -> usize {
-        let fields = self.fields.map_or(0, |fields| {
-            fields.written.iter().map(|member| member.len() + 1).sum()
-        });
-        let trace = self.trace.map_or(0, |trace| {
-            32 + trace.traceparent.len() + trace.tracestate.as_ref().map_or(0, String::len)
-        });
-        fields + trace
-    }
-
     /// `{`, the request's own `_meta` members, the fields it does not carry, the
     /// trace context, `}`.
     fn write(&self, out: &mut Vec<u8>, own: &Map<String, Value>) {
@@ -224,12 +212,10 @@ fn write_params(out: &mut Vec<u8>, values: &Map<String, Value>, merge: Merge, op
 /// object (or absent); params of another kind go as they are, for the upstream
 /// to judge.
 pub(crate) fn encode_request(id: u64, method: &str, params: Params, merge: Merge) -> Vec<u8> {
-    let mut line = Vec::with_capacity(
-        match &params {
-            Params::WithMember(_, member) => member.text().len() + 192,
-            Params::Values(_) => 128,
-        } + merge.written_len(),
-    );
+    let mut line = Vec::with_capacity(match &params {
+        Params::WithMember(_, member) => member.text().len() + 192,
+        Params::Values(_) => 128,
+    });
     line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     // Writing numbers, strings and values to memory cannot fail.
     let _ = serde_json::to_writer(&mut line, &id);
