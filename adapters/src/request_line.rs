@@ -90,6 +90,10 @@ impl TraceContext {
         &self.traceparent
     }
 
+    pub fn tracestate(&self) -> Option<&str> {
+        self.tracestate.as_deref()
+    }
+
     /// Whether the request's own `_meta` member `key` gives way to this context.
     fn replaces(&self, key: &str) -> bool {
         key == "traceparent" || (key == "tracestate" && self.tracestate.is_some())

@@ -63,16 +63,13 @@ pub(super) fn inject(context: &Context, params: &mut Option<Value>) {
     let Some(meta) = meta.as_object_mut() else {
         return;
     };
-    let span = context.span();
-    let span = span.span_context();
-    if !span.is_valid() {
+    let Some(trace) = carried(context) else {
         return;
-    }
-    meta.insert("traceparent".into(), Value::String(traceparent(span)));
-    // An empty `tracestate` is not written: a client's own stays as it sent it.
-    let state = span.trace_state().header();
-    if !state.is_empty() {
-        meta.insert("tracestate".into(), Value::String(state));
+    };
+    meta.insert("traceparent".into(), Value::from(trace.traceparent()));
+    // An empty `tracestate` is none: a client's own stays as it sent it.
+    if let Some(state) = trace.tracestate() {
+        meta.insert("tracestate".into(), Value::from(state));
     }
 }
 
