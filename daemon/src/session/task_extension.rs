@@ -200,8 +200,14 @@ async fn waiting_for_input(session: &Session, exposed: &str, task: &Map<String, 
 /// plexus no longer keeps (it restarted since) is reachable by its id, which only
 /// the client it was handed to knows.
 fn reachable(session: &Session, exposed: &str) -> bool {
-    let owner = session.hub.task_principal(exposed);
-    owner.is_none_or(|owner| owner == session.identity.principal) && shown(session, exposed)
+    handed_to_principal(session, exposed) != Some(false) && shown(session, exposed)
+}
+
+/// Whether plexus handed the task `exposed` to `session`'s principal (None when it
+/// keeps no route for it).
+fn handed_to_principal(session: &Session, exposed: &str) -> Option<bool> {
+    let owner = session.hub.task_principal(exposed)?;
+    Some(owner == session.identity.principal)
 }
 
 fn shown(session: &Session, exposed: &str) -> bool {
@@ -224,11 +230,7 @@ pub(super) fn own_tasks(session: &Session, reply: Reply) -> Reply {
             task.get("taskId")
                 .and_then(Value::as_str)
                 .is_some_and(|id| {
-                    session
-                        .hub
-                        .task_principal(id)
-                        .is_some_and(|owner| owner == session.identity.principal)
-                        && shown(session, id)
+                    handed_to_principal(session, id) == Some(true) && shown(session, id)
                 })
         });
     }
